@@ -1,0 +1,256 @@
+//! In-process single flight: one task per key does the work, the others wait.
+//!
+//! A flight is a `watch` channel: late joiners still see the final state, so
+//! there is no window in which a result can be missed. The leader holds a
+//! [`Leader`] guard; if that guard is dropped without an outcome (the request
+//! was cancelled, the handler panicked) the waiters are told the flight was
+//! abandoned and one of them takes over. Nobody is stranded.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::entry::Entry;
+use crate::key::Key;
+
+/// An error shared with every waiter of a failed flight. The generic cache
+/// downcasts it back to the caller's error type.
+pub(crate) type SharedError = Arc<dyn Any + Send + Sync>;
+
+/// How a flight ended, as its waiters see it.
+#[derive(Clone)]
+pub(crate) enum Outcome {
+    /// A value every waiter may use. `stale` marks a stale entry served because
+    /// the rebuild failed (stale-if-error).
+    Value { entry: Arc<Entry>, stale: bool },
+    /// The answer must not be shared; each waiter goes to the origin itself.
+    Pass,
+    /// The rebuild failed; the error, when it can be shared.
+    Failed(Option<SharedError>),
+    /// The leader went away without an answer; a waiter takes over.
+    Abandoned,
+}
+
+#[derive(Clone)]
+enum State {
+    Running,
+    Done(Outcome),
+}
+
+struct Flight {
+    tx: watch::Sender<State>,
+}
+
+const SHARDS: usize = 16;
+
+/// Flights in progress, sharded so unrelated keys do not contend on one lock.
+pub(crate) struct Flights {
+    shards: Box<[Mutex<HashMap<Key, Arc<Flight>>>]>,
+}
+
+/// What joining a key's flight gave.
+pub(crate) enum Joined {
+    Lead(Leader),
+    Follow(Follower),
+}
+
+impl Flights {
+    pub(crate) fn new() -> Self {
+        Flights {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+        }
+    }
+
+    fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Key, Arc<Flight>>> {
+        let idx = key.as_bytes()[0] as usize % SHARDS;
+        // No user code runs under this lock, so a poisoned lock still holds a
+        // consistent map.
+        self.shards[idx]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Follows the key's flight, or starts one and leads it.
+    pub(crate) fn join(self: &Arc<Self>, key: Key) -> Joined {
+        let mut shard = self.shard(&key);
+        if let Some(flight) = shard.get(&key) {
+            return Joined::Follow(Follower {
+                rx: flight.tx.subscribe(),
+            });
+        }
+        Joined::Lead(self.start(&mut shard, key))
+    }
+
+    /// Starts a flight only if none runs for the key (a background refresh
+    /// needs no company).
+    pub(crate) fn try_lead(self: &Arc<Self>, key: Key) -> Option<Leader> {
+        let mut shard = self.shard(&key);
+        if shard.contains_key(&key) {
+            return None;
+        }
+        Some(self.start(&mut shard, key))
+    }
+
+    fn start(self: &Arc<Self>, shard: &mut HashMap<Key, Arc<Flight>>, key: Key) -> Leader {
+        let (tx, _) = watch::channel(State::Running);
+        let flight = Arc::new(Flight { tx });
+        shard.insert(key, flight.clone());
+        Leader {
+            flights: self.clone(),
+            key,
+            flight,
+            finished: false,
+        }
+    }
+
+    /// Number of flights running, for tests and diagnostics.
+    #[allow(dead_code)]
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
+    }
+}
+
+/// The one task allowed to rebuild a key. Dropping it without calling
+/// [`Leader::finish`] abandons the flight, and a waiter takes over.
+pub(crate) struct Leader {
+    flights: Arc<Flights>,
+    key: Key,
+    flight: Arc<Flight>,
+    finished: bool,
+}
+
+impl Leader {
+    pub(crate) fn key(&self) -> Key {
+        self.key
+    }
+
+    /// Ends the flight. The caller has already written any value to the L1,
+    /// so that a request arriving after the flight is gone finds it there.
+    pub(crate) fn finish(mut self, outcome: Outcome) {
+        self.finished = true;
+        self.close(outcome);
+    }
+
+    fn close(&self, outcome: Outcome) {
+        {
+            let mut shard = self.flights.shard(&self.key);
+            if shard
+                .get(&self.key)
+                .is_some_and(|f| Arc::ptr_eq(f, &self.flight))
+            {
+                shard.remove(&self.key);
+            }
+        }
+        self.flight.tx.send_replace(State::Done(outcome));
+    }
+}
+
+impl Drop for Leader {
+    fn drop(&mut self) {
+        if !self.finished {
+            tracing::debug!(key = %self.key, "flight abandoned by its leader; a waiter takes over");
+            self.close(Outcome::Abandoned);
+        }
+    }
+}
+
+/// A task waiting on another's rebuild.
+pub(crate) struct Follower {
+    rx: watch::Receiver<State>,
+}
+
+impl Follower {
+    /// Waits for the flight's outcome, for at most `budget`. `None` means the
+    /// budget ran out.
+    pub(crate) async fn wait(mut self, budget: Duration) -> Option<Outcome> {
+        let waited = tokio::time::timeout(
+            budget,
+            self.rx.wait_for(|state| matches!(state, State::Done(_))),
+        )
+        .await;
+        match waited {
+            Ok(Ok(state)) => match &*state {
+                State::Done(outcome) => Some(outcome.clone()),
+                State::Running => Some(Outcome::Abandoned),
+            },
+            // The sender is owned by the flight, which the leader's drop closes
+            // before it goes; treat a vanished sender like an abandoned flight.
+            Ok(Err(_)) => Some(Outcome::Abandoned),
+            Err(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::Lifetime;
+    use bytes::Bytes;
+    use std::time::Instant;
+
+    fn key(n: u8) -> Key {
+        Key::for_value("t", &[n])
+    }
+
+    fn entry() -> Arc<Entry> {
+        Arc::new(Entry::new(
+            Bytes::from_static(b"v"),
+            Lifetime::default(),
+            Duration::ZERO,
+            Duration::ZERO,
+            Instant::now(),
+        ))
+    }
+
+    #[tokio::test]
+    async fn second_joiner_follows_and_sees_the_outcome() {
+        let flights = Arc::new(Flights::new());
+        let Joined::Lead(leader) = flights.join(key(1)) else {
+            panic!("first joiner must lead")
+        };
+        let Joined::Follow(follower) = flights.join(key(1)) else {
+            panic!("second joiner must follow")
+        };
+        assert!(flights.try_lead(key(1)).is_none());
+        leader.finish(Outcome::Value {
+            entry: entry(),
+            stale: false,
+        });
+        assert_eq!(flights.len(), 0);
+        let outcome = follower.wait(Duration::from_secs(5)).await;
+        assert!(matches!(outcome, Some(Outcome::Value { stale: false, .. })));
+    }
+
+    #[tokio::test]
+    async fn dropped_leader_abandons_the_flight() {
+        let flights = Arc::new(Flights::new());
+        let Joined::Lead(leader) = flights.join(key(2)) else {
+            panic!()
+        };
+        let Joined::Follow(follower) = flights.join(key(2)) else {
+            panic!()
+        };
+        drop(leader);
+        assert!(matches!(
+            follower.wait(Duration::from_secs(5)).await,
+            Some(Outcome::Abandoned)
+        ));
+        assert!(matches!(flights.join(key(2)), Joined::Lead(_)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_is_bounded_by_the_budget() {
+        let flights = Arc::new(Flights::new());
+        let _leader = flights.join(key(3));
+        let Joined::Follow(follower) = flights.join(key(3)) else {
+            panic!()
+        };
+        assert!(follower.wait(Duration::from_millis(50)).await.is_none());
+    }
+}

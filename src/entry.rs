@@ -1,0 +1,252 @@
+//! A cached value and the clock that says how long it may be used.
+//!
+//! The engine knows nothing of HTTP: an [`Entry`] holds any value behind an
+//! `Arc<dyn Any>` together with its lifetime. The tower layer stores a
+//! [`CachedResponse`]; the generic [`Cache`](crate::Cache) stores the caller's `V`.
+//! Both share one byte-bounded L1, so every value reports its weight.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+
+/// Fixed bytes charged per entry on top of its value, for the key, the entry's
+/// own fields and the cache's bookkeeping. It keeps a flood of tiny entries
+/// from escaping the byte bound.
+pub(crate) const ENTRY_OVERHEAD: usize = 160;
+
+/// A value the cache can hold: cheap to clone (share data behind `Bytes` or
+/// `Arc`) and able to say roughly how many bytes it keeps alive.
+///
+/// ```
+/// use stampede_guard::CacheValue;
+///
+/// #[derive(Clone)]
+/// struct Report { rows: std::sync::Arc<Vec<u64>> }
+///
+/// impl CacheValue for Report {
+///     fn weight(&self) -> usize { self.rows.len() * 8 }
+/// }
+/// ```
+pub trait CacheValue: Clone + Send + Sync + 'static {
+    /// Approximate heap bytes this value keeps alive; counted against the L1
+    /// byte bound.
+    fn weight(&self) -> usize;
+}
+
+impl CacheValue for Bytes {
+    fn weight(&self) -> usize {
+        self.len()
+    }
+}
+
+impl CacheValue for String {
+    fn weight(&self) -> usize {
+        self.capacity()
+    }
+}
+
+impl CacheValue for Vec<u8> {
+    fn weight(&self) -> usize {
+        self.capacity()
+    }
+}
+
+impl<T: CacheValue> CacheValue for Arc<T> {
+    fn weight(&self) -> usize {
+        T::weight(self)
+    }
+}
+
+/// How long a freshly built value may be used, counted from when it was stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Lifetime {
+    /// Served as fresh for this long.
+    pub ttl: Duration,
+    /// After `ttl`, served at once while one refresh runs in the background.
+    pub stale_while_revalidate: Duration,
+    /// After `ttl`, served when a rebuild fails.
+    pub stale_if_error: Duration,
+}
+
+/// Where an entry stands at a given instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Freshness {
+    Fresh,
+    /// Past its ttl but inside stale-while-revalidate: serve and refresh.
+    Revalidate,
+    /// Past its ttl and stale-while-revalidate, but inside stale-if-error:
+    /// usable only when a rebuild fails.
+    IfError,
+    /// Past every window; only waiting for the L1 to drop it.
+    Expired,
+}
+
+/// One cached value with its lifetime.
+pub(crate) struct Entry {
+    value: Arc<dyn Any + Send + Sync>,
+    weight: u32,
+    stored_at: Instant,
+    /// Age the value already had when stored (an origin's `Age` header).
+    initial_age: Duration,
+    fresh_until: Instant,
+    revalidate_until: Instant,
+    if_error_until: Instant,
+    /// How long the rebuild took; the delta of probabilistic early refresh.
+    rebuild_cost: Duration,
+}
+
+impl Entry {
+    pub(crate) fn new<V: CacheValue>(
+        value: V,
+        lifetime: Lifetime,
+        initial_age: Duration,
+        rebuild_cost: Duration,
+        now: Instant,
+    ) -> Self {
+        let weight = value.weight().saturating_add(ENTRY_OVERHEAD);
+        let fresh_until = now + lifetime.ttl.saturating_sub(initial_age);
+        Entry {
+            value: Arc::new(value),
+            weight: u32::try_from(weight).unwrap_or(u32::MAX),
+            stored_at: now,
+            initial_age,
+            fresh_until,
+            revalidate_until: fresh_until + lifetime.stale_while_revalidate,
+            if_error_until: fresh_until + lifetime.stale_if_error,
+            rebuild_cost,
+        }
+    }
+
+    /// The value, if it is a `V` (an entry written under the same key by a
+    /// different type is a miss, never a panic).
+    pub(crate) fn value<V: 'static>(&self) -> Option<&V> {
+        self.value.downcast_ref()
+    }
+
+    pub(crate) fn weight(&self) -> u32 {
+        self.weight
+    }
+
+    pub(crate) fn freshness(&self, now: Instant) -> Freshness {
+        if now < self.fresh_until {
+            Freshness::Fresh
+        } else if now < self.revalidate_until {
+            Freshness::Revalidate
+        } else if now < self.if_error_until {
+            Freshness::IfError
+        } else {
+            Freshness::Expired
+        }
+    }
+
+    /// Whether a failed rebuild may fall back to this entry.
+    pub(crate) fn usable_on_error(&self, now: Instant) -> bool {
+        now < self.fresh_until || now < self.if_error_until
+    }
+
+    /// The latest instant at which any window still allows serving the entry.
+    pub(crate) fn last_use(&self) -> Instant {
+        self.revalidate_until.max(self.if_error_until)
+    }
+
+    /// How old the value is, for the `Age` header.
+    pub(crate) fn age(&self, now: Instant) -> Duration {
+        self.initial_age + now.saturating_duration_since(self.stored_at)
+    }
+
+    #[allow(dead_code)] // read by probabilistic early refresh
+    pub(crate) fn rebuild_cost(&self) -> Duration {
+        self.rebuild_cost
+    }
+}
+
+/// An HTTP response as the layer stores it: hop-by-hop headers removed, the
+/// body whole in one `Bytes` so a hit copies no body.
+#[derive(Clone, Debug)]
+pub(crate) struct CachedResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl CacheValue for CachedResponse {
+    fn weight(&self) -> usize {
+        let headers: usize = self
+            .headers
+            .iter()
+            .map(|(name, value)| name.as_str().len() + value.len() + 32)
+            .sum();
+        self.body.len() + headers
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lifetime(ttl: u64, swr: u64, sie: u64) -> Lifetime {
+        Lifetime {
+            ttl: Duration::from_secs(ttl),
+            stale_while_revalidate: Duration::from_secs(swr),
+            stale_if_error: Duration::from_secs(sie),
+        }
+    }
+
+    #[test]
+    fn freshness_moves_through_its_windows_in_order() {
+        let t0 = Instant::now();
+        let e = Entry::new(
+            Bytes::from_static(b"x"),
+            lifetime(10, 5, 20),
+            Duration::ZERO,
+            Duration::ZERO,
+            t0,
+        );
+        assert_eq!(e.freshness(t0), Freshness::Fresh);
+        assert_eq!(
+            e.freshness(t0 + Duration::from_secs(12)),
+            Freshness::Revalidate
+        );
+        assert_eq!(
+            e.freshness(t0 + Duration::from_secs(16)),
+            Freshness::IfError
+        );
+        assert!(e.usable_on_error(t0 + Duration::from_secs(29)));
+        assert_eq!(
+            e.freshness(t0 + Duration::from_secs(31)),
+            Freshness::Expired
+        );
+        assert_eq!(e.last_use(), t0 + Duration::from_secs(30));
+    }
+
+    #[test]
+    fn initial_age_shortens_freshness_and_counts_in_age() {
+        let t0 = Instant::now();
+        let e = Entry::new(
+            Bytes::new(),
+            lifetime(10, 0, 0),
+            Duration::from_secs(4),
+            Duration::ZERO,
+            t0,
+        );
+        assert_eq!(e.freshness(t0 + Duration::from_secs(5)), Freshness::Fresh);
+        assert_eq!(e.freshness(t0 + Duration::from_secs(6)), Freshness::Expired);
+        assert_eq!(e.age(t0 + Duration::from_secs(1)), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_value_of_another_type_reads_as_absent() {
+        let e = Entry::new(
+            String::from("s"),
+            lifetime(1, 0, 0),
+            Duration::ZERO,
+            Duration::ZERO,
+            Instant::now(),
+        );
+        assert!(e.value::<Bytes>().is_none());
+        assert_eq!(e.value::<String>().map(String::as_str), Some("s"));
+    }
+}

@@ -1,0 +1,226 @@
+//! [`StampedeGuard`]: the layer, and the per-route policy it carries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Request, StatusCode};
+use tower_layer::Layer;
+
+use crate::backend::Backend;
+use crate::key::{request_key, Key};
+use crate::policy::{Policy, WaitTimeout};
+use crate::service::GuardService;
+
+/// A tower layer that caches responses and lets only one request per key
+/// rebuild an expired entry while the others wait for it or are served stale.
+///
+/// Configure it in one expression; every method takes and returns `self`.
+/// Clones share the backend (and so the cache), each with its own policy, which
+/// is how routes get different settings:
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{routing::get, Router};
+/// use stampede_guard::{Backend, StampedeGuard};
+///
+/// async fn report() -> &'static str { "expensive" }
+/// async fn feed() -> &'static str { "fast-moving" }
+///
+/// let guard = StampedeGuard::new(Backend::local())
+///     .ttl(Duration::from_secs(30))
+///     .stale_while_revalidate(Duration::from_secs(60));
+/// let app: Router = Router::new()
+///     .route("/report", get(report).layer(guard.clone()))
+///     .route("/feed", get(feed).layer(guard.clone().ttl(Duration::from_secs(2))));
+/// ```
+///
+/// Only `GET` and `HEAD` requests are cached (HEAD is answered from the GET
+/// entry). Requests with credentials and responses that must not be shared pass
+/// through untouched unless the route opts in; see the methods below.
+#[derive(Clone, Debug)]
+pub struct StampedeGuard {
+    backend: Backend,
+    policy: Arc<Policy>,
+}
+
+impl StampedeGuard {
+    /// A guard on `backend` with the default policy: 10 s ttl, no stale
+    /// windows, 10 s wait budget, bodies up to 4 MiB, `x-cache` header on.
+    pub fn new(backend: Backend) -> Self {
+        StampedeGuard {
+            backend,
+            policy: Arc::new(Policy::default()),
+        }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Policy)) -> Self {
+        change(Arc::make_mut(&mut self.policy));
+        self
+    }
+
+    /// How long a response is served as fresh.
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.with(|p| p.lifetime.ttl = ttl)
+    }
+
+    /// After the ttl, how long an entry is still served at once while one
+    /// request refreshes it in the background (RFC 5861).
+    pub fn stale_while_revalidate(self, window: Duration) -> Self {
+        self.with(|p| p.lifetime.stale_while_revalidate = window)
+    }
+
+    /// After the ttl, how long an entry may stand in for a failed rebuild: an
+    /// inner-service error or a 5xx response (RFC 5861).
+    pub fn stale_if_error(self, window: Duration) -> Self {
+        self.with(|p| p.lifetime.stale_if_error = window)
+    }
+
+    /// How long a request waits for another request's rebuild before
+    /// [`on_wait_timeout`](Self::on_wait_timeout) applies (default 10 s).
+    pub fn wait_budget(self, budget: Duration) -> Self {
+        self.with(|p| p.wait_budget = budget)
+    }
+
+    /// What a waiter does when its wait budget runs out (default: call the
+    /// origin itself).
+    pub fn on_wait_timeout(self, action: WaitTimeout) -> Self {
+        self.with(|p| p.on_wait_timeout = action)
+    }
+
+    /// Largest body stored (default 4 MiB). A larger response is streamed to
+    /// its client, never buffered whole, and not stored.
+    pub fn max_body_bytes(self, bytes: usize) -> Self {
+        self.with(|p| p.max_body_bytes = bytes)
+    }
+
+    /// Statuses that may be stored (default 200, 203, 204, 300, 301, 308, 404,
+    /// 410). Other responses are still shared with the requests that waited
+    /// for them, but not kept.
+    pub fn cacheable_statuses(self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        let statuses: Arc<[StatusCode]> = statuses.into_iter().collect();
+        self.with(|p| p.statuses = statuses)
+    }
+
+    /// Request headers whose values select different responses (for example
+    /// `accept-language`). They become part of the key; a response whose own
+    /// `Vary` names a header not listed here is not stored.
+    pub fn vary(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        let vary: Arc<[HeaderName]> = headers.into_iter().collect();
+        self.with(|p| p.vary = vary)
+    }
+
+    /// The route's own key, in place of host, path and query. Return `None` to
+    /// pass a request through uncached. Vary headers and the namespace are
+    /// still part of the key.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// // One entry per tenant, whatever the query says.
+    /// let guard = StampedeGuard::new(Backend::local()).key_fn(|req| {
+    ///     let tenant = req.headers.get("x-tenant")?.to_str().ok()?;
+    ///     Some(format!("{}:{}", tenant, req.uri.path()))
+    /// });
+    /// # let _ = guard;
+    /// ```
+    pub fn key_fn<F>(self, key_fn: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        let key_fn: crate::policy::KeyFn = Arc::new(key_fn);
+        self.with(|p| p.key_fn = Some(key_fn))
+    }
+
+    /// Take freshness from the origin's `Cache-Control` (`s-maxage`, then
+    /// `max-age`, `stale-while-revalidate`, `stale-if-error`), falling back to
+    /// the route's settings where the origin says nothing. `s-maxage`,
+    /// `must-revalidate` and `proxy-revalidate` forbid serving stale.
+    pub fn respect_cache_control(self, on: bool) -> Self {
+        self.with(|p| p.respect_cache_control = on)
+    }
+
+    /// Opt in to caching requests that carry `Authorization`, `Cookie` or
+    /// `Proxy-Authorization`. Only for routes whose answer does not depend on
+    /// who asks (or that key on the credential with [`vary`](Self::vary)).
+    pub fn allow_credentials(self, on: bool) -> Self {
+        self.with(|p| p.allow_credentials = on)
+    }
+
+    /// Opt in to storing responses that set cookies, with the `Set-Cookie`
+    /// headers removed from the stored copy: the client that caused the
+    /// rebuild gets its cookie, nobody else does.
+    pub fn strip_set_cookie(self, on: bool) -> Self {
+        self.with(|p| p.strip_set_cookie = on)
+    }
+
+    /// Opt in to storing responses marked `private`, `no-store` or `no-cache`.
+    pub fn cache_private(self, on: bool) -> Self {
+        self.with(|p| p.cache_private = on)
+    }
+
+    /// Opt in to storing responses whose `Vary` is `*` or names headers the
+    /// route does not key on.
+    pub fn ignore_vary(self, on: bool) -> Self {
+        self.with(|p| p.ignore_vary = on)
+    }
+
+    /// How long a key whose answer could not be shared skips coalescing
+    /// (default 5 s), so its requests run side by side, not one after another.
+    pub fn hit_for_miss(self, window: Duration) -> Self {
+        self.with(|p| p.hit_for_miss = window)
+    }
+
+    /// Prefix for every key, to keep apart services or versions that share a
+    /// backend.
+    pub fn namespace(self, namespace: impl Into<String>) -> Self {
+        let namespace: Arc<str> = Arc::from(namespace.into());
+        self.with(|p| p.namespace = namespace)
+    }
+
+    /// Response header that tells how a response was answered (`HIT`, `STALE`,
+    /// `MISS`, `COALESCED`, `BYPASS`); `None` to leave responses as they are.
+    /// Default `x-cache`.
+    pub fn cache_status_header(self, header: Option<HeaderName>) -> Self {
+        self.with(|p| p.status_header = header)
+    }
+
+    /// The backend this guard runs on.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// The key this route gives a request, or `None` if it would not be cached
+    /// under the route's key function.
+    pub fn key_for<B>(&self, request: &Request<B>) -> Option<Key> {
+        let (mut parts, ()) = Request::new(()).into_parts();
+        parts.method = request.method().clone();
+        parts.uri = request.uri().clone();
+        parts.headers = request.headers().clone();
+        let custom = match &self.policy.key_fn {
+            Some(key_fn) => Some(key_fn(&parts)?),
+            None => None,
+        };
+        Some(request_key(
+            &self.policy.namespace,
+            &parts,
+            &self.policy.vary,
+            custom.as_deref(),
+        ))
+    }
+
+    /// Drops the entry a request would be answered from, so the next request
+    /// rebuilds it.
+    pub fn invalidate<B>(&self, request: &Request<B>) {
+        if let Some(key) = self.key_for(request) {
+            self.backend.engine.invalidate(&key);
+        }
+    }
+}
+
+impl<S> Layer<S> for StampedeGuard {
+    type Service = GuardService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        GuardService::new(inner, self.backend.clone(), self.policy.clone())
+    }
+}

@@ -1,0 +1,77 @@
+//! # stampede-guard
+//!
+//! A [tower] layer that stops cache stampedes.
+//!
+//! When a hot cached response expires, every request that arrives before it is
+//! rebuilt misses at once, and each runs the same expensive handler: a herd of
+//! identical database aggregates or upstream calls, exactly when the origin can
+//! least afford it. `stampede-guard` answers hot keys from memory and, on a
+//! miss, lets **one** request per key run the handler while the others wait for
+//! its answer or are served the stale copy.
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{routing::get, Router};
+//! use stampede_guard::{Backend, StampedeGuard};
+//!
+//! async fn report() -> String { "an expensive aggregate".into() }
+//! async fn feed() -> String { "something fast-moving".into() }
+//!
+//! let guard = StampedeGuard::new(Backend::local())   // the embedded backend
+//!     .ttl(Duration::from_secs(30))
+//!     .stale_while_revalidate(Duration::from_secs(60));
+//! let app: Router = Router::new()
+//!     .route("/report", get(report).layer(guard.clone()))
+//!     .route("/feed", get(feed).layer(guard.clone().ttl(Duration::from_secs(2))));
+//! ```
+//!
+//! ## A request's path
+//! 1. **Policy** ([`StampedeGuard`]'s builder): only `GET`/`HEAD` without
+//!    credentials are cached unless the route opts in; anything else passes
+//!    straight through.
+//! 2. **Key**: namespace, method class (HEAD shares GET's entry), host, path,
+//!    sorted query and the route's Vary headers, hashed to 128 bits.
+//! 3. **L1**: a byte-bounded `moka` cache. Fresh: `HIT`. Past its ttl but inside
+//!    stale-while-revalidate: `STALE`, and one background refresh.
+//! 4. **Flight**: on a miss the first request runs the handler (`MISS`); the
+//!    others wait for it (`COALESCED`). If it is cancelled or panics, a waiter
+//!    takes over. If its answer cannot be shared (a private response), the key
+//!    is marked hit-for-miss for a moment so its requests run side by side
+//!    instead of one after another.
+//!
+//! Responses carry `x-cache` and `Age`. Counters go through the [`metrics`]
+//! facade (see [`mod@metrics`]); slow paths open `tracing` spans.
+//!
+//! ## Without HTTP
+//! [`Cache`] gives any async value the same protection, on the same backend.
+//!
+//! ## Safe by default
+//! Never stored or shared unless the route opts in: requests with
+//! `Authorization`/`Cookie`, responses with `Set-Cookie`, `private`, `no-store`,
+//! `no-cache`, a `Vary` the route does not key on, bodies over the size cap
+//! (streamed, never buffered whole). Range and conditional requests never
+//! reach the origin in a form whose answer would not fit every waiter.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod backend;
+mod body;
+mod cache;
+mod engine;
+mod entry;
+mod guard;
+mod key;
+pub mod metrics;
+mod policy;
+mod service;
+mod store;
+
+pub use backend::{Backend, BackendBuilder, DEFAULT_L1_MAX_BYTES};
+pub use body::Body;
+pub use cache::Cache;
+pub use entry::CacheValue;
+pub use guard::StampedeGuard;
+pub use key::Key;
+pub use policy::{KeyFn, WaitTimeout};
+pub use service::{GuardService, ResponseFuture};

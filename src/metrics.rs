@@ -1,0 +1,31 @@
+//! Counters published through the [`metrics`] facade.
+//!
+//! Install any `metrics` recorder (Prometheus, StatsD, …) and these appear:
+//!
+//! | counter | counts |
+//! |---|---|
+//! | `stampede_guard_hits_total` | answered from a fresh entry |
+//! | `stampede_guard_stale_total` | answered from a stale entry (while revalidating, or on error) |
+//! | `stampede_guard_misses_total` | requests that led a rebuild |
+//! | `stampede_guard_coalesced_total` | requests answered by another request's rebuild |
+//! | `stampede_guard_origin_calls_total` | calls to the origin (handler or rebuild closure) |
+//! | `stampede_guard_bypass_total` | requests passed through without the cache |
+//! | `stampede_guard_refreshes_total` | background refreshes started |
+//! | `stampede_guard_wait_timeouts_total` | waiters whose wait budget ran out |
+//!
+//! Without a recorder each increment is a no-op.
+
+use metrics::counter;
+
+pub(crate) const HITS: &str = "stampede_guard_hits_total";
+pub(crate) const STALE: &str = "stampede_guard_stale_total";
+pub(crate) const MISSES: &str = "stampede_guard_misses_total";
+pub(crate) const COALESCED: &str = "stampede_guard_coalesced_total";
+pub(crate) const ORIGIN_CALLS: &str = "stampede_guard_origin_calls_total";
+pub(crate) const BYPASS: &str = "stampede_guard_bypass_total";
+pub(crate) const REFRESHES: &str = "stampede_guard_refreshes_total";
+pub(crate) const WAIT_TIMEOUTS: &str = "stampede_guard_wait_timeouts_total";
+
+pub(crate) fn count(name: &'static str) {
+    counter!(name).increment(1);
+}

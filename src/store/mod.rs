@@ -1,0 +1,3 @@
+//! The tiers that hold cached values.
+
+pub(crate) mod local;
