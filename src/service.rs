@@ -159,13 +159,16 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let policy = &self.policy;
         if request_bypass(policy, request.method(), request.headers()).is_some() {
-            return self.pass_through(request, None);
+            return self.pass_through(request, Some(CacheStatus::Bypass));
         }
         let (parts, body) = request.into_parts();
         let custom = match &policy.key_fn {
             Some(key_fn) => match key_fn(&parts) {
                 Some(custom) => Some(custom),
-                None => return self.pass_through(Request::from_parts(parts, body), None),
+                None => {
+                    return self
+                        .pass_through(Request::from_parts(parts, body), Some(CacheStatus::Bypass))
+                }
             },
             None => None,
         };
