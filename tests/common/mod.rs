@@ -1,0 +1,114 @@
+//! Helpers shared by the integration tests: an origin that counts its calls,
+//! and request helpers over real axum routers.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::Router;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
+/// Counts origin calls and the most that ever ran at once.
+#[derive(Clone, Default)]
+pub struct Origin {
+    calls: Arc<AtomicUsize>,
+    running: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl Origin {
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::SeqCst)
+    }
+
+    /// Marks a call as started; the guard marks it finished when dropped.
+    /// Returns the call's number, from 1.
+    pub fn enter(&self) -> (usize, Running) {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        (
+            n,
+            Running {
+                running: self.running.clone(),
+            },
+        )
+    }
+}
+
+pub struct Running {
+    running: Arc<AtomicUsize>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+#[derive(Debug)]
+pub struct Answer {
+    pub status: http::StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn x_cache(&self) -> &str {
+        self.headers
+            .get("x-cache")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+pub async fn collect(response: Response<Body>) -> Answer {
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+pub fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap()
+}
+
+pub async fn send(app: &Router, request: Request<Body>) -> Answer {
+    collect(app.clone().oneshot(request).await.expect("infallible")).await
+}
+
+/// Sends `n` copies of a request at once, each from its own task.
+pub async fn burst(app: &Router, n: usize, make: impl Fn() -> Request<Body>) -> Vec<Answer> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let app = app.clone();
+            let request = make();
+            tokio::spawn(async move { send(&app, request).await })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(n);
+    for task in tasks {
+        answers.push(task.await.expect("request task"));
+    }
+    answers
+}
+
+/// How many answers carry each x-cache value.
+pub fn tally(answers: &[Answer], status: &str) -> usize {
+    answers.iter().filter(|a| a.x_cache() == status).count()
+}
