@@ -57,6 +57,7 @@ impl Expiry<Key, Slot> for SlotExpiry {
 #[derive(Clone)]
 pub(crate) struct LocalTier {
     cache: Moka<Key, Slot>,
+    max_bytes: u64,
 }
 
 impl LocalTier {
@@ -69,14 +70,23 @@ impl LocalTier {
             })
             .expire_after(SlotExpiry)
             .build();
-        LocalTier { cache }
+        LocalTier { cache, max_bytes }
     }
 
     pub(crate) fn get(&self, key: &Key) -> Option<Slot> {
         self.cache.get(key)
     }
 
+    /// Stores `slot`, unless it alone outweighs the whole bound: moka would
+    /// admit it and evict it only at its next housekeeping, letting one huge
+    /// value push out every hot entry in the meantime.
     pub(crate) fn insert(&self, key: Key, slot: Slot) {
+        if let Slot::Value(entry) = &slot {
+            if u64::from(entry.weight()) > self.max_bytes {
+                self.cache.invalidate(&key);
+                return;
+            }
+        }
         self.cache.insert(key, slot);
     }
 
@@ -91,6 +101,6 @@ impl LocalTier {
     }
 
     pub(crate) fn max_bytes(&self) -> u64 {
-        self.cache.policy().max_capacity().unwrap_or(u64::MAX)
+        self.max_bytes
     }
 }
