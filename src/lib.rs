@@ -1,6 +1,6 @@
 //! # stampede-guard
 //!
-//! A [tower] layer that stops cache stampedes.
+//! A [tower](https://docs.rs/tower) layer that stops cache stampedes.
 //!
 //! When a hot cached response expires, every request that arrives before it is
 //! rebuilt misses at once, and each runs the same expensive handler: a herd of

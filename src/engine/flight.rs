@@ -46,9 +46,11 @@ struct Flight {
 
 const SHARDS: usize = 16;
 
+type Shard = HashMap<Key, Arc<Flight>>;
+
 /// Flights in progress, sharded so unrelated keys do not contend on one lock.
 pub(crate) struct Flights {
-    shards: Box<[Mutex<HashMap<Key, Arc<Flight>>>]>,
+    shards: Box<[Mutex<Shard>]>,
 }
 
 /// What joining a key's flight gave.
@@ -64,7 +66,7 @@ impl Flights {
         }
     }
 
-    fn shard(&self, key: &Key) -> MutexGuard<'_, HashMap<Key, Arc<Flight>>> {
+    fn shard(&self, key: &Key) -> MutexGuard<'_, Shard> {
         let idx = key.as_bytes()[0] as usize % SHARDS;
         // No user code runs under this lock, so a poisoned lock still holds a
         // consistent map.
