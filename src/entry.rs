@@ -30,15 +30,39 @@ pub(crate) const ENTRY_OVERHEAD: usize = 160;
 ///     fn weight(&self) -> usize { self.rows.len() * 8 }
 /// }
 /// ```
+///
+/// To be shared through Redis a value must also turn into bytes and back.
+/// A value that does not (the default) is still cached and coalesced in this
+/// process, but each instance of the fleet builds its own.
 pub trait CacheValue: Clone + Send + Sync + 'static {
     /// Approximate heap bytes this value keeps alive; counted against the L1
     /// byte bound.
     fn weight(&self) -> usize;
+
+    /// The value as bytes for the shared tier, or `None` to keep it local.
+    fn encode(&self) -> Option<Bytes> {
+        None
+    }
+
+    /// The value back from bytes written by [`encode`](Self::encode). `None`
+    /// for bytes it does not recognise: they are treated as a miss.
+    fn decode(bytes: Bytes) -> Option<Self> {
+        let _ = bytes;
+        None
+    }
 }
 
 impl CacheValue for Bytes {
     fn weight(&self) -> usize {
         self.len()
+    }
+
+    fn encode(&self) -> Option<Bytes> {
+        Some(self.clone())
+    }
+
+    fn decode(bytes: Bytes) -> Option<Self> {
+        Some(bytes)
     }
 }
 
@@ -46,17 +70,41 @@ impl CacheValue for String {
     fn weight(&self) -> usize {
         self.capacity()
     }
+
+    fn encode(&self) -> Option<Bytes> {
+        Some(Bytes::copy_from_slice(self.as_bytes()))
+    }
+
+    fn decode(bytes: Bytes) -> Option<Self> {
+        String::from_utf8(bytes.to_vec()).ok()
+    }
 }
 
 impl CacheValue for Vec<u8> {
     fn weight(&self) -> usize {
         self.capacity()
     }
+
+    fn encode(&self) -> Option<Bytes> {
+        Some(Bytes::copy_from_slice(self))
+    }
+
+    fn decode(bytes: Bytes) -> Option<Self> {
+        Some(bytes.to_vec())
+    }
 }
 
 impl<T: CacheValue> CacheValue for Arc<T> {
     fn weight(&self) -> usize {
         T::weight(self)
+    }
+
+    fn encode(&self) -> Option<Bytes> {
+        T::encode(self)
+    }
+
+    fn decode(bytes: Bytes) -> Option<Self> {
+        T::decode(bytes).map(Arc::new)
     }
 }
 
@@ -170,17 +218,6 @@ pub(crate) struct CachedResponse {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Bytes,
-}
-
-impl CacheValue for CachedResponse {
-    fn weight(&self) -> usize {
-        let headers: usize = self
-            .headers
-            .iter()
-            .map(|(name, value)| name.as_str().len() + value.len() + 32)
-            .sum();
-        self.body.len() + headers
-    }
 }
 
 #[cfg(test)]

@@ -58,6 +58,7 @@
 mod backend;
 mod body;
 mod cache;
+mod codec;
 mod engine;
 mod entry;
 mod guard;
