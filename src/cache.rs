@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
-use crate::engine::{Finish, Leader, Lookup, Outcome, SharedError};
+use crate::engine::{Finish, FleetPolicy, Leader, Lease, Lookup, Outcome, Plan, SharedError};
 use crate::entry::{CacheValue, Entry, Lifetime};
 use crate::key::Key;
 use crate::metrics::{self as m, count};
@@ -43,6 +43,8 @@ struct Settings {
     namespace: String,
     lifetime: Lifetime,
     wait_budget: Duration,
+    lease: Duration,
+    early_refresh: Option<f64>,
 }
 
 impl<V> Clone for Cache<V> {
@@ -75,6 +77,8 @@ impl<V: CacheValue> Cache<V> {
                     ..Lifetime::default()
                 },
                 wait_budget: Duration::from_secs(10),
+                lease: Duration::from_secs(5),
+                early_refresh: None,
             }),
             _value: PhantomData,
         }
@@ -107,6 +111,19 @@ impl<V: CacheValue> Cache<V> {
         self.with(|s| s.wait_budget = budget)
     }
 
+    /// Fleet-wide rebuild lease time (default 5 s), renewed every third of it
+    /// while a rebuild runs. Only used with a Redis backend.
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with(|s| s.lease = lease)
+    }
+
+    /// Probabilistic early refresh (XFetch) with this `beta`; see
+    /// [`StampedeGuard::early_refresh`](crate::StampedeGuard::early_refresh).
+    pub fn early_refresh(self, beta: f64) -> Self {
+        let beta = (beta.is_finite() && beta > 0.0).then_some(beta);
+        self.with(|s| s.early_refresh = beta)
+    }
+
     /// Prefix for every key, to keep apart caches sharing a backend.
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace = namespace.into();
@@ -137,36 +154,93 @@ impl<V: CacheValue> Cache<V> {
     {
         let key = self.key(key.as_ref());
         let engine = &self.backend.engine;
-        let lifetime = self.settings.lifetime;
-        let mut lookup = engine.lookup(key, Instant::now());
+        let now = Instant::now();
+        let mut lookup = engine.lookup(key, now);
         loop {
             let (follower, stale) = match lookup {
                 Lookup::Fresh(entry) => {
-                    if let Some(value) = entry.value::<V>() {
-                        count(m::HITS);
-                        return Ok(value.clone());
-                    }
-                    return run_alone(rebuild).await;
-                }
-                Lookup::Stale { entry, refresh } => {
                     let Some(value) = entry.value::<V>() else {
                         return run_alone(rebuild).await;
                     };
-                    count(m::STALE);
-                    if let Some(leader) = refresh {
-                        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                            count(m::REFRESHES);
-                            let backend = self.backend.clone();
-                            runtime.spawn(async move {
-                                let _ = lead(&backend, leader, rebuild, lifetime, None).await;
-                            });
+                    count(m::HITS);
+                    if let Some(beta) = self.settings.early_refresh {
+                        if let Some(leader) = engine.early_refresh(key, &entry, beta, now) {
+                            self.spawn(leader, None, Start::Early, rebuild);
                         }
                     }
                     return Ok(value.clone());
                 }
+                Lookup::Stale { entry, refresh } => {
+                    let Some(value) = entry.value::<V>().cloned() else {
+                        return run_alone(rebuild).await;
+                    };
+                    count(m::STALE);
+                    if let Some(leader) = refresh {
+                        self.spawn(leader, Some(entry), Start::Refresh, rebuild);
+                    }
+                    return Ok(value);
+                }
                 Lookup::Lead { leader, stale } => {
                     count(m::MISSES);
-                    return lead(&self.backend, leader, rebuild, lifetime, stale).await;
+                    let plan = engine
+                        .plan::<V>(key, stale, self.fleet(), true, false)
+                        .await;
+                    return match plan {
+                        Plan::Hit(entry) => {
+                            let value = entry.value::<V>().cloned();
+                            engine.finish(leader, Finish::Store(entry));
+                            match value {
+                                Some(value) => Ok(value),
+                                None => run_alone(rebuild).await,
+                            }
+                        }
+                        Plan::StaleNow { entry, lease } => match entry.value::<V>().cloned() {
+                            Some(value) => {
+                                count(m::STALE);
+                                let start = match lease {
+                                    Some(lease) => Start::Rebuild(lease),
+                                    None => Start::Refresh,
+                                };
+                                self.spawn(leader, Some(entry), start, rebuild);
+                                Ok(value)
+                            }
+                            None => {
+                                lead(
+                                    &self.backend,
+                                    leader,
+                                    rebuild,
+                                    self.settings.lifetime,
+                                    None,
+                                    lease,
+                                )
+                                .await
+                            }
+                        },
+                        Plan::Rebuild { lease, stale } => {
+                            lead(
+                                &self.backend,
+                                leader,
+                                rebuild,
+                                self.settings.lifetime,
+                                stale,
+                                lease,
+                            )
+                            .await
+                        }
+                        // Nobody else's rebuild came in time: build it here.
+                        Plan::TimedOut { stale } => {
+                            count(m::WAIT_TIMEOUTS);
+                            lead(
+                                &self.backend,
+                                leader,
+                                rebuild,
+                                self.settings.lifetime,
+                                stale,
+                                None,
+                            )
+                            .await
+                        }
+                    };
                 }
                 Lookup::Bypass => return run_alone(rebuild).await,
                 Lookup::Follow { follower, stale } => (follower, stale),
@@ -205,6 +279,49 @@ impl<V: CacheValue> Cache<V> {
         }
     }
 
+    fn fleet(&self) -> FleetPolicy {
+        FleetPolicy {
+            lease: self.settings.lease,
+            wait_budget: self.settings.wait_budget,
+        }
+    }
+
+    /// Settles a key in the background: nobody waits on it.
+    fn spawn<F, Fut, E>(&self, leader: Leader, stale: Option<Arc<Entry>>, start: Start, rebuild: F)
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<V, E>> + Send + 'static,
+        E: Send + Sync + 'static,
+    {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        count(m::REFRESHES);
+        let backend = self.backend.clone();
+        let key = leader.key();
+        let (lifetime, fleet) = (self.settings.lifetime, self.fleet());
+        runtime.spawn(async move {
+            let engine = &backend.engine;
+            let plan = match start {
+                Start::Rebuild(lease) => Plan::Rebuild {
+                    lease: Some(lease),
+                    stale,
+                },
+                Start::Refresh => engine.plan::<V>(key, stale, fleet, false, false).await,
+                Start::Early => engine.plan::<V>(key, stale, fleet, false, true).await,
+            };
+            match plan {
+                Plan::Hit(entry) => engine.finish(leader, Finish::Store(entry)),
+                Plan::Rebuild { lease, stale } => {
+                    let _ = lead(&backend, leader, rebuild, lifetime, stale, lease).await;
+                }
+                Plan::StaleNow { .. } | Plan::TimedOut { .. } => {
+                    engine.finish(leader, Finish::Failed(None))
+                }
+            }
+        });
+    }
+
     /// The value for `key` if it is fresh, without rebuilding.
     pub fn get(&self, key: impl AsRef<[u8]>) -> Option<V> {
         match self
@@ -217,9 +334,13 @@ impl<V: CacheValue> Cache<V> {
         }
     }
 
-    /// Drops the value for `key`; the next caller rebuilds it.
-    pub fn invalidate(&self, key: impl AsRef<[u8]>) {
-        self.backend.engine.invalidate(&self.key(key.as_ref()));
+    /// Drops the value for `key`, here and (with Redis) everywhere in the
+    /// fleet; the next caller rebuilds it.
+    pub async fn invalidate(&self, key: impl AsRef<[u8]>) {
+        self.backend
+            .engine
+            .invalidate(&self.key(key.as_ref()))
+            .await;
     }
 }
 
@@ -232,12 +353,21 @@ where
     rebuild().await.map_err(Arc::new)
 }
 
+/// Work on a key that no caller waits for.
+enum Start {
+    Refresh,
+    Early,
+    Rebuild(Lease),
+}
+
+/// Runs `rebuild` as the key's leader and settles the key.
 async fn lead<V, F, Fut, E>(
     backend: &Backend,
     leader: Leader,
     rebuild: F,
     lifetime: Lifetime,
     stale: Option<Arc<Entry>>,
+    lease: Option<Lease>,
 ) -> Result<V, Arc<E>>
 where
     V: CacheValue,
@@ -248,7 +378,7 @@ where
     let engine = &backend.engine;
     count(m::ORIGIN_CALLS);
     let started = Instant::now();
-    match rebuild().await {
+    let (finish, result) = match rebuild().await {
         Ok(value) => {
             let entry = Arc::new(Entry::new(
                 value.clone(),
@@ -262,21 +392,23 @@ where
             } else {
                 Finish::Store(entry)
             };
-            engine.finish(leader, finish);
-            Ok(value)
+            (finish, Ok(value))
         }
         Err(error) => {
             let now = Instant::now();
-            if let Some(entry) = stale.filter(|e| e.usable_on_error(now)) {
-                if let Some(value) = entry.value::<V>().cloned() {
-                    engine.finish(leader, Finish::ServeStale(entry));
-                    return Ok(value);
+            let fallback = stale
+                .filter(|e| e.usable_on_error(now))
+                .and_then(|e| Some((e.value::<V>()?.clone(), e)));
+            match fallback {
+                Some((value, entry)) => (Finish::ServeStale(entry), Ok(value)),
+                None => {
+                    let error = Arc::new(error);
+                    let shared: SharedError = error.clone();
+                    (Finish::Failed(Some(shared)), Err(error))
                 }
             }
-            let error = Arc::new(error);
-            let shared: SharedError = error.clone();
-            engine.finish(leader, Finish::Failed(Some(shared)));
-            Err(error)
         }
-    }
+    };
+    engine.settle::<V>(leader, finish, lease).await;
+    result
 }

@@ -129,6 +129,8 @@ impl CacheValue for CachedResponse {
     fn decode(bytes: Bytes) -> Option<Self> {
         CachedResponse::read(bytes)
     }
+
+    const SHARED: bool = true;
 }
 
 #[cfg(test)]

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 
+use crate::codec::Envelope;
+
 /// Fixed bytes charged per entry on top of its value, for the key, the entry's
 /// own fields and the cache's bookkeeping. It keeps a flood of tiny entries
 /// from escaping the byte bound.
@@ -50,6 +52,11 @@ pub trait CacheValue: Clone + Send + Sync + 'static {
         let _ = bytes;
         None
     }
+
+    /// Whether [`encode`](Self::encode) and [`decode`](Self::decode) are
+    /// implemented. Values that say `false` never touch the shared tier, so
+    /// each instance builds its own instead of waiting on another's.
+    const SHARED: bool = false;
 }
 
 impl CacheValue for Bytes {
@@ -64,6 +71,8 @@ impl CacheValue for Bytes {
     fn decode(bytes: Bytes) -> Option<Self> {
         Some(bytes)
     }
+
+    const SHARED: bool = true;
 }
 
 impl CacheValue for String {
@@ -78,6 +87,8 @@ impl CacheValue for String {
     fn decode(bytes: Bytes) -> Option<Self> {
         String::from_utf8(bytes.to_vec()).ok()
     }
+
+    const SHARED: bool = true;
 }
 
 impl CacheValue for Vec<u8> {
@@ -92,6 +103,8 @@ impl CacheValue for Vec<u8> {
     fn decode(bytes: Bytes) -> Option<Self> {
         Some(bytes.to_vec())
     }
+
+    const SHARED: bool = true;
 }
 
 impl<T: CacheValue> CacheValue for Arc<T> {
@@ -106,6 +119,8 @@ impl<T: CacheValue> CacheValue for Arc<T> {
     fn decode(bytes: Bytes) -> Option<Self> {
         T::decode(bytes).map(Arc::new)
     }
+
+    const SHARED: bool = T::SHARED;
 }
 
 /// How long a freshly built value may be used, counted from when it was stored.
@@ -136,6 +151,7 @@ pub(crate) enum Freshness {
 pub(crate) struct Entry {
     value: Arc<dyn Any + Send + Sync>,
     weight: u32,
+    lifetime: Lifetime,
     stored_at: Instant,
     /// Age the value already had when stored (an origin's `Age` header).
     initial_age: Duration,
@@ -159,6 +175,7 @@ impl Entry {
         Entry {
             value: Arc::new(value),
             weight: u32::try_from(weight).unwrap_or(u32::MAX),
+            lifetime,
             stored_at: now,
             initial_age,
             fresh_until,
@@ -166,6 +183,78 @@ impl Entry {
             if_error_until: fresh_until + lifetime.stale_if_error,
             rebuild_cost,
         }
+    }
+
+    /// An entry read from the shared tier. Redis's clock decides: `fresh` is
+    /// the freshness Redis says is left (`None`: stale), `remaining` the time
+    /// until Redis drops the value. Instants are placed so that this instance
+    /// agrees with every other one, whatever their clocks say.
+    pub(crate) fn from_remote<V: CacheValue>(
+        value: V,
+        envelope: &Envelope,
+        fresh: Option<Duration>,
+        remaining: Option<Duration>,
+        now: Instant,
+    ) -> Self {
+        let lifetime = envelope.lifetime;
+        let windows = lifetime.stale_while_revalidate.max(lifetime.stale_if_error);
+        let fresh_until = match (fresh, remaining) {
+            (Some(left), _) => now + left,
+            // Stale: the value was kept for `windows` past the end of freshness.
+            (None, Some(left)) => now
+                .checked_sub(windows.saturating_sub(left))
+                .unwrap_or(now)
+                .min(now),
+            (None, None) => now,
+        };
+        let fresh_span = lifetime.ttl.saturating_sub(envelope.initial_age);
+        let stored_at = fresh_until.checked_sub(fresh_span).unwrap_or(now).min(now);
+        let weight = value.weight().saturating_add(ENTRY_OVERHEAD);
+        Entry {
+            value: Arc::new(value),
+            weight: u32::try_from(weight).unwrap_or(u32::MAX),
+            lifetime,
+            stored_at,
+            initial_age: envelope.initial_age,
+            fresh_until,
+            revalidate_until: fresh_until + lifetime.stale_while_revalidate,
+            if_error_until: fresh_until + lifetime.stale_if_error,
+            rebuild_cost: envelope.rebuild_cost,
+        }
+    }
+
+    /// What the shared tier stores beside the value.
+    pub(crate) fn envelope(&self) -> Envelope {
+        Envelope {
+            lifetime: self.lifetime,
+            initial_age: self.initial_age,
+            rebuild_cost: self.rebuild_cost,
+        }
+    }
+
+    /// Freshness left at `now`.
+    pub(crate) fn fresh_for(&self, now: Instant) -> Duration {
+        self.fresh_until.saturating_duration_since(now)
+    }
+
+    /// How long the shared tier keeps the value once fresh time `fresh` is
+    /// left: freshness plus the longer stale window.
+    pub(crate) fn keep_for(&self, fresh: Duration) -> Duration {
+        fresh
+            + self
+                .lifetime
+                .stale_while_revalidate
+                .max(self.lifetime.stale_if_error)
+    }
+
+    /// Whether a stale-while-revalidate window covers `now` (fresh counts too).
+    pub(crate) fn servable_while_revalidating(&self, now: Instant) -> bool {
+        now < self.revalidate_until
+    }
+
+    /// When freshness ends.
+    pub(crate) fn fresh_until(&self) -> Instant {
+        self.fresh_until
     }
 
     /// The value, if it is a `V` (an entry written under the same key by a
@@ -205,7 +294,6 @@ impl Entry {
         self.initial_age + now.saturating_duration_since(self.stored_at)
     }
 
-    #[allow(dead_code)] // read by probabilistic early refresh
     pub(crate) fn rebuild_cost(&self) -> Duration {
         self.rebuild_cost
     }

@@ -170,6 +170,24 @@ impl StampedeGuard {
         self.with(|p| p.hit_for_miss = window)
     }
 
+    /// How long the fleet-wide rebuild lease lasts before it must be renewed
+    /// (default 5 s). While the handler runs, a watchdog renews it every third
+    /// of this; if the instance dies, another may rebuild after at most this
+    /// long. Only used with a Redis backend.
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with(|p| p.lease = lease)
+    }
+
+    /// Probabilistic early refresh (XFetch): a fresh entry is refreshed in
+    /// the background, by one request in the fleet, with a chance that grows
+    /// as its expiry nears and with how long it took to build. `beta` scales
+    /// how early (1.0 is the usual choice; larger refreshes earlier). A hot key
+    /// then rarely expires at all.
+    pub fn early_refresh(self, beta: f64) -> Self {
+        let beta = (beta.is_finite() && beta > 0.0).then_some(beta);
+        self.with(|p| p.early_refresh = beta)
+    }
+
     /// Prefix for every key, to keep apart services or versions that share a
     /// backend.
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
@@ -209,10 +227,11 @@ impl StampedeGuard {
     }
 
     /// Drops the entry a request would be answered from, so the next request
-    /// rebuilds it.
-    pub fn invalidate<B>(&self, request: &Request<B>) {
+    /// rebuilds it: in this process and, with a Redis backend, in Redis and
+    /// in every instance's in-process tier.
+    pub async fn invalidate<B>(&self, request: &Request<B>) {
         if let Some(key) = self.key_for(request) {
-            self.backend.engine.invalidate(&key);
+            self.backend.engine.invalidate(&key).await;
         }
     }
 }

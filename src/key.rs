@@ -30,6 +30,24 @@ impl Key {
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.0
     }
+
+    /// Parses the 32 lowercase hex digits that `Display` writes.
+    pub fn from_hex(hex: &str) -> Option<Key> {
+        let hex = hex.as_bytes();
+        if hex.len() != 32 {
+            return None;
+        }
+        let mut out = [0u8; 16];
+        for (i, pair) in hex.chunks_exact(2).enumerate() {
+            let digit = |c: u8| match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                _ => None,
+            };
+            out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+        }
+        Some(Key(out))
+    }
 }
 
 impl fmt::Debug for Key {
@@ -190,6 +208,14 @@ mod tests {
             Key::for_value("ns", b"/k"),
             request_key("ns", &p, &[], None)
         );
+    }
+
+    #[test]
+    fn hex_round_trips_and_rejects_garbage() {
+        let k = Key::for_value("ns", b"k");
+        assert_eq!(Key::from_hex(&k.to_string()), Some(k));
+        assert_eq!(Key::from_hex("zz"), None);
+        assert_eq!(Key::from_hex(&"G".repeat(32)), None);
     }
 
     proptest! {

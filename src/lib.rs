@@ -53,6 +53,11 @@
 //! reach the origin in a form whose answer would not fit every waiter.
 
 #![forbid(unsafe_code)]
+// Without Redis, the shared tier's codec and lease plumbing are compiled but unused.
+#![cfg_attr(
+    not(feature = "redis"),
+    allow(dead_code, unused_imports, unused_variables)
+)]
 #![warn(missing_docs)]
 
 mod backend;
@@ -68,7 +73,9 @@ mod policy;
 mod service;
 mod store;
 
-pub use backend::{Backend, BackendBuilder, DEFAULT_L1_MAX_BYTES};
+pub use backend::{Backend, BackendBuilder, BackendStats, Error, DEFAULT_L1_MAX_BYTES};
+#[cfg(feature = "redis")]
+pub use backend::{RedisBackendBuilder, RedisStats};
 pub use body::Body;
 pub use cache::Cache;
 pub use entry::CacheValue;

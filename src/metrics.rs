@@ -12,6 +12,11 @@
 //! | `stampede_guard_bypass_total` | requests passed through without the cache |
 //! | `stampede_guard_refreshes_total` | background refreshes started |
 //! | `stampede_guard_wait_timeouts_total` | waiters whose wait budget ran out |
+//! | `stampede_guard_l2_hits_total` | misses in this process answered by an entry in Redis |
+//! | `stampede_guard_early_refreshes_total` | probabilistic early refreshes started |
+//! | `stampede_guard_fenced_writes_total` | late commits refused because a newer entry was stored |
+//! | `stampede_guard_corrupt_entries_total` | unreadable entries found in Redis (treated as misses) |
+//! | `stampede_guard_redis_errors_total` | Redis calls that failed or missed their deadline |
 //!
 //! Without a recorder each increment is a no-op.
 
@@ -25,6 +30,11 @@ pub(crate) const ORIGIN_CALLS: &str = "stampede_guard_origin_calls_total";
 pub(crate) const BYPASS: &str = "stampede_guard_bypass_total";
 pub(crate) const REFRESHES: &str = "stampede_guard_refreshes_total";
 pub(crate) const WAIT_TIMEOUTS: &str = "stampede_guard_wait_timeouts_total";
+pub(crate) const L2_HITS: &str = "stampede_guard_l2_hits_total";
+pub(crate) const EARLY_REFRESHES: &str = "stampede_guard_early_refreshes_total";
+pub(crate) const FENCED_WRITES: &str = "stampede_guard_fenced_writes_total";
+pub(crate) const CORRUPT_ENTRIES: &str = "stampede_guard_corrupt_entries_total";
+pub(crate) const REDIS_ERRORS: &str = "stampede_guard_redis_errors_total";
 
 pub(crate) fn count(name: &'static str) {
     counter!(name).increment(1);

@@ -55,6 +55,8 @@ pub(crate) struct Policy {
     pub ignore_vary: bool,
     pub hit_for_miss: Duration,
     pub status_header: Option<HeaderName>,
+    pub lease: Duration,
+    pub early_refresh: Option<f64>,
 }
 
 impl Default for Policy {
@@ -82,6 +84,8 @@ impl Default for Policy {
             ignore_vary: false,
             hit_for_miss: Duration::from_secs(5),
             status_header: Some(HeaderName::from_static("x-cache")),
+            lease: Duration::from_secs(5),
+            early_refresh: None,
         }
     }
 }
@@ -103,6 +107,8 @@ impl fmt::Debug for Policy {
             .field("cache_private", &self.cache_private)
             .field("ignore_vary", &self.ignore_vary)
             .field("hit_for_miss", &self.hit_for_miss)
+            .field("lease", &self.lease)
+            .field("early_refresh", &self.early_refresh)
             .finish()
     }
 }

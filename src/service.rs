@@ -1,21 +1,21 @@
 //! The tower service: HTTP in, engine, HTTP out.
 //!
 //! `call` does the cheap part synchronously: policy, key, one L1 read. A hit
-//! (fresh or stale) is answered from a ready future with no allocation beyond
-//! the response itself. Only misses take the slow path, a boxed future that
+//! (fresh or stale) is answered from a ready future, with no boxing and no
+//! I/O. Only misses take the slow path, a boxed future that asks the fleet,
 //! leads the rebuild or waits for it.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Method, Request, Response};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame};
 use pin_project_lite::pin_project;
 use tower_service::Service;
@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 use crate::backend::Backend;
 use crate::body::Body;
-use crate::engine::{Finish, Leader, Lookup, Outcome};
+use crate::engine::{Engine, Finish, FleetPolicy, Leader, Lease, Lookup, Outcome, Plan};
 use crate::entry::{CachedResponse, Entry};
 use crate::key::{request_key, Key};
 use crate::metrics::{self as m, count};
@@ -130,12 +130,34 @@ impl<F, B: HttpBody, E> fmt::Debug for ResponseFuture<F, B, E> {
     }
 }
 
-/// What a request carries into the slow path and background refreshes.
+/// What a request carries into the slow path and background work.
+#[derive(Clone)]
 struct Ctx {
     backend: Backend,
     policy: Arc<Policy>,
     key: Key,
     head: bool,
+}
+
+impl Ctx {
+    fn engine(&self) -> &Engine {
+        &self.backend.engine
+    }
+
+    fn fleet(&self) -> FleetPolicy {
+        FleetPolicy {
+            lease: self.policy.lease,
+            wait_budget: self.policy.wait_budget,
+        }
+    }
+
+    fn respond<B: HttpBody>(
+        &self,
+        entry: &Entry,
+        status: CacheStatus,
+    ) -> Option<Response<Body<B>>> {
+        respond(&self.policy, self.head, entry, status, Instant::now())
+    }
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for GuardService<S>
@@ -159,16 +181,13 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let policy = &self.policy;
         if request_bypass(policy, request.method(), request.headers()).is_some() {
-            return self.pass_through(request, Some(CacheStatus::Bypass));
+            return self.pass_through(request);
         }
         let (parts, body) = request.into_parts();
         let custom = match &policy.key_fn {
             Some(key_fn) => match key_fn(&parts) {
                 Some(custom) => Some(custom),
-                None => {
-                    return self
-                        .pass_through(Request::from_parts(parts, body), Some(CacheStatus::Bypass))
-                }
+                None => return self.pass_through(Request::from_parts(parts, body)),
             },
             None => None,
         };
@@ -176,35 +195,49 @@ where
         let request = Request::from_parts(parts, body);
         let head = request.method() == Method::HEAD;
         let now = Instant::now();
-        let lookup = self.backend.engine.lookup(key, now);
-        let ctx = Ctx {
-            backend: self.backend.clone(),
-            policy: self.policy.clone(),
-            key,
-            head,
-        };
-        match lookup {
-            Lookup::Fresh(entry) => match respond(&ctx, &entry, CacheStatus::Hit, now) {
-                Some(response) => {
-                    count(m::HITS);
-                    ready(response)
-                }
-                None => self.pass_through(request, Some(CacheStatus::Bypass)),
-            },
-            Lookup::Stale { entry, refresh } => {
-                match respond(&ctx, &entry, CacheStatus::Stale, now) {
-                    Some(response) => {
-                        count(m::STALE);
-                        if let Some(leader) = refresh {
-                            spawn_refresh(ctx, self.inner.clone(), request, leader);
-                        }
-                        ready(response)
+        match self.backend.engine.lookup(key, now) {
+            Lookup::Fresh(entry) => {
+                let Some(response) = respond(policy, head, &entry, CacheStatus::Hit, now) else {
+                    return self.pass_through(request);
+                };
+                count(m::HITS);
+                if let Some(beta) = policy.early_refresh {
+                    if let Some(leader) = self.backend.engine.early_refresh(key, &entry, beta, now)
+                    {
+                        let ctx = self.ctx(key, head);
+                        spawn_background(
+                            ctx,
+                            self.inner.clone(),
+                            request,
+                            leader,
+                            None,
+                            Background::Early,
+                        );
                     }
-                    None => self.pass_through(request, Some(CacheStatus::Bypass)),
                 }
+                ready(response)
             }
-            Lookup::Bypass => self.pass_through(request, Some(CacheStatus::Bypass)),
+            Lookup::Stale { entry, refresh } => {
+                let Some(response) = respond(policy, head, &entry, CacheStatus::Stale, now) else {
+                    return self.pass_through(request);
+                };
+                count(m::STALE);
+                if let Some(leader) = refresh {
+                    let ctx = self.ctx(key, head);
+                    spawn_background(
+                        ctx,
+                        self.inner.clone(),
+                        request,
+                        leader,
+                        Some(entry),
+                        Background::Refresh,
+                    );
+                }
+                ready(response)
+            }
+            Lookup::Bypass => self.pass_through(request),
             lookup => {
+                let ctx = self.ctx(key, head);
                 // The readied service goes with the request; a clone takes its place.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
@@ -219,22 +252,29 @@ where
 }
 
 impl<S> GuardService<S> {
+    fn ctx(&self, key: Key, head: bool) -> Ctx {
+        Ctx {
+            backend: self.backend.clone(),
+            policy: self.policy.clone(),
+            key,
+            head,
+        }
+    }
+
     fn pass_through<ReqBody, ResBody>(
         &mut self,
         request: Request<ReqBody>,
-        status: Option<CacheStatus>,
     ) -> ResponseFuture<S::Future, ResBody, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
         ResBody: HttpBody,
     {
         count(m::BYPASS);
-        let status = status.and_then(|s| {
-            self.policy
-                .status_header
-                .clone()
-                .map(|name| (name, s.header_value()))
-        });
+        let status = self
+            .policy
+            .status_header
+            .clone()
+            .map(|name| (name, CacheStatus::Bypass.header_value()));
         ResponseFuture {
             state: State::Passthrough {
                 future: self.inner.call(request),
@@ -255,13 +295,14 @@ fn ready<F, B: HttpBody, E>(response: Response<Body<B>>) -> ResponseFuture<F, B,
 /// Builds a response from a cached entry. `None` if the entry holds something
 /// other than a response (never for keys this layer writes).
 fn respond<B: HttpBody>(
-    ctx: &Ctx,
+    policy: &Policy,
+    head: bool,
     entry: &Entry,
     status: CacheStatus,
     now: Instant,
 ) -> Option<Response<Body<B>>> {
     let cached = entry.value::<CachedResponse>()?;
-    let body = if ctx.head {
+    let body = if head {
         Body::empty()
     } else {
         Body::full(cached.body.clone())
@@ -270,11 +311,22 @@ fn respond<B: HttpBody>(
     *response.status_mut() = cached.status;
     *response.headers_mut() = cached.headers.clone();
     let headers = response.headers_mut();
-    headers.insert(header::AGE, HeaderValue::from(entry.age(now).as_secs()));
-    if let Some(name) = &ctx.policy.status_header {
+    headers.insert(header::AGE, age_value(entry.age(now).as_secs()));
+    if let Some(name) = &policy.status_header {
         headers.insert(name.clone(), status.header_value());
     }
     Some(response)
+}
+
+/// `Age` values, made once: formatting a number into a fresh header value on
+/// every hit would allocate.
+fn age_value(seconds: u64) -> HeaderValue {
+    static AGES: OnceLock<Vec<HeaderValue>> = OnceLock::new();
+    let ages = AGES.get_or_init(|| (0..3600u64).map(HeaderValue::from).collect());
+    match ages.get(seconds as usize) {
+        Some(value) => value.clone(),
+        None => HeaderValue::from(seconds),
+    }
 }
 
 fn tag<B>(ctx: &Ctx, mut response: Response<B>, status: CacheStatus) -> Response<B> {
@@ -284,6 +336,12 @@ fn tag<B>(ctx: &Ctx, mut response: Response<B>, status: CacheStatus) -> Response
             .insert(name.clone(), status.header_value());
     }
     response
+}
+
+fn empty_response<B: HttpBody>(ctx: &Ctx, code: StatusCode) -> Response<Body<B>> {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = code;
+    tag(ctx, response, CacheStatus::Bypass)
 }
 
 async fn call_inner<S, ReqBody, ResBody>(
@@ -318,52 +376,30 @@ where
         let (follower, stale) = match lookup {
             Lookup::Lead { leader, stale } => {
                 count(m::MISSES);
-                let span = tracing::debug_span!("stampede_guard.rebuild", key = %ctx.key);
-                return match rebuild(&ctx, &mut inner, request, leader, stale)
+                let span = tracing::debug_span!("stampede_guard.lead", key = %ctx.key);
+                return lead(ctx, inner, request, leader, stale)
                     .instrument(span)
-                    .await
-                {
-                    Rebuilt::Entry {
-                        entry,
-                        status,
-                        extra,
-                    } => {
-                        let now = Instant::now();
-                        match respond(&ctx, &entry, status, now) {
-                            Some(mut response) => {
-                                for (name, value) in extra {
-                                    response.headers_mut().append(name, value);
-                                }
-                                Ok(response)
-                            }
-                            None => unreachable_entry(),
-                        }
-                    }
-                    Rebuilt::Response(response) => Ok(response),
-                    Rebuilt::Error(error) => Err(error),
-                };
+                    .await;
             }
             Lookup::Follow { follower, stale } => (follower, stale),
             Lookup::Fresh(entry) => {
-                if let Some(response) = respond(&ctx, &entry, CacheStatus::Hit, Instant::now()) {
+                if let Some(response) = ctx.respond(&entry, CacheStatus::Hit) {
                     count(m::HITS);
                     return Ok(response);
                 }
                 return bypass(&ctx, &mut inner, request).await;
             }
             Lookup::Stale { entry, refresh } => {
-                if let Some(response) = respond(&ctx, &entry, CacheStatus::Stale, Instant::now()) {
+                if let Some(response) = ctx.respond(&entry, CacheStatus::Stale) {
                     count(m::STALE);
                     if let Some(leader) = refresh {
-                        spawn_refresh(
-                            Ctx {
-                                backend: ctx.backend.clone(),
-                                policy: ctx.policy.clone(),
-                                ..ctx
-                            },
+                        spawn_background(
+                            ctx,
                             inner,
                             request,
                             leader,
+                            Some(entry),
+                            Background::Refresh,
                         );
                     }
                     return Ok(response);
@@ -375,7 +411,6 @@ where
 
         let span = tracing::debug_span!("stampede_guard.wait", key = %ctx.key);
         let outcome = follower.wait(ctx.policy.wait_budget).instrument(span).await;
-        let now = Instant::now();
         match outcome {
             Some(Outcome::Value { entry, stale }) => {
                 let status = if stale {
@@ -383,7 +418,7 @@ where
                 } else {
                     CacheStatus::Coalesced
                 };
-                if let Some(response) = respond(&ctx, &entry, status, now) {
+                if let Some(response) = ctx.respond(&entry, status) {
                     count(if stale { m::STALE } else { m::COALESCED });
                     return Ok(response);
                 }
@@ -391,17 +426,21 @@ where
             }
             Some(Outcome::Abandoned) => {
                 // The leader is gone; look again, and perhaps lead.
-                lookup = ctx.backend.engine.lookup(ctx.key, now);
+                lookup = ctx.engine().lookup(ctx.key, Instant::now());
             }
             Some(Outcome::Failed(_)) => {
+                let now = Instant::now();
                 if let Some(response) = stale
                     .filter(|e| e.usable_on_error(now))
-                    .and_then(|e| respond(&ctx, &e, CacheStatus::Stale, now))
+                    .and_then(|e| ctx.respond(&e, CacheStatus::Stale))
                 {
                     count(m::STALE);
                     return Ok(response);
                 }
-                return bypass(&ctx, &mut inner, request).await;
+                return match ctx.policy.on_wait_timeout {
+                    WaitTimeout::Respond(code) => Ok(empty_response(&ctx, code)),
+                    WaitTimeout::FailOpen => bypass(&ctx, &mut inner, request).await,
+                };
             }
             Some(Outcome::Pass) => return bypass(&ctx, &mut inner, request).await,
             None => {
@@ -409,21 +448,97 @@ where
                 tracing::debug!(key = %ctx.key, budget = ?ctx.policy.wait_budget, "wait budget ran out");
                 return match ctx.policy.on_wait_timeout {
                     WaitTimeout::FailOpen => bypass(&ctx, &mut inner, request).await,
-                    WaitTimeout::Respond(code) => {
-                        let mut response = Response::new(Body::empty());
-                        *response.status_mut() = code;
-                        Ok(tag(&ctx, response, CacheStatus::Bypass))
-                    }
+                    WaitTimeout::Respond(code) => Ok(empty_response(&ctx, code)),
                 };
             }
         }
     }
 }
 
+/// The leader of this process's flight: ask the fleet, then serve what it
+/// says, rebuilding if it is our turn.
+async fn lead<S, ReqBody, ResBody>(
+    ctx: Ctx,
+    mut inner: S,
+    request: Request<ReqBody>,
+    leader: Leader,
+    stale: Option<Arc<Entry>>,
+) -> Result<Response<Body<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: HttpBody + Send + 'static,
+    ResBody::Data: Buf + Send,
+    ResBody::Error: Send,
+{
+    let engine = ctx.engine();
+    let plan = engine
+        .plan::<CachedResponse>(ctx.key, stale, ctx.fleet(), true, false)
+        .await;
+    let (lease, stale) = match plan {
+        Plan::Hit(entry) => {
+            engine.finish(leader, Finish::Store(entry.clone()));
+            return match ctx.respond(&entry, CacheStatus::Hit) {
+                Some(response) => Ok(response),
+                None => unreachable_entry(),
+            };
+        }
+        Plan::StaleNow { entry, lease } => {
+            count(m::STALE);
+            let response = ctx.respond(&entry, CacheStatus::Stale);
+            let work = match lease {
+                Some(lease) => Background::Rebuild(lease),
+                None => Background::Refresh,
+            };
+            spawn_background(ctx, inner, request, leader, Some(entry), work);
+            return match response {
+                Some(response) => Ok(response),
+                None => unreachable_entry(),
+            };
+        }
+        Plan::Rebuild { lease, stale } => (lease, stale),
+        Plan::TimedOut { stale } => match ctx.policy.on_wait_timeout {
+            // Nobody else's rebuild came: rebuild here, for this process.
+            WaitTimeout::FailOpen => (None, stale),
+            WaitTimeout::Respond(code) => {
+                count(m::WAIT_TIMEOUTS);
+                engine.finish(leader, Finish::Failed(None));
+                let now = Instant::now();
+                if let Some(response) = stale
+                    .filter(|e| e.usable_on_error(now))
+                    .and_then(|e| ctx.respond(&e, CacheStatus::Stale))
+                {
+                    return Ok(response);
+                }
+                return Ok(empty_response(&ctx, code));
+            }
+        },
+    };
+    match rebuild(&ctx, &mut inner, request, leader, stale, lease).await {
+        Rebuilt::Entry {
+            entry,
+            status,
+            extra,
+        } => match ctx.respond(&entry, status) {
+            Some(mut response) => {
+                for (name, value) in extra {
+                    response.headers_mut().append(name, value);
+                }
+                Ok(response)
+            }
+            None => unreachable_entry(),
+        },
+        Rebuilt::Response(response) => Ok(response),
+        Rebuilt::Error(error) => Err(error),
+    }
+}
+
 #[cold]
 fn unreachable_entry<T>() -> T {
-    // `rebuild` only returns entries it built from a `CachedResponse`.
-    unreachable!("a rebuilt entry always holds a response")
+    // Entries under this layer's keys are only ever built from responses.
+    unreachable!("an entry under a response key always holds a response")
 }
 
 /// Calls the origin for this request alone, without the cache.
@@ -441,11 +556,23 @@ where
     Ok(tag(ctx, response.map(Body::stream), CacheStatus::Bypass))
 }
 
-fn spawn_refresh<S, ReqBody, ResBody>(
+/// Work on a key that no client waits for.
+enum Background {
+    /// Refresh a stale entry: ask the fleet, rebuild if it is our turn.
+    Refresh,
+    /// Refresh a fresh entry early, unless another instance already does.
+    Early,
+    /// The lease is already ours: rebuild.
+    Rebuild(Lease),
+}
+
+fn spawn_background<S, ReqBody, ResBody>(
     ctx: Ctx,
     mut inner: S,
     request: Request<ReqBody>,
     leader: Leader,
+    stale: Option<Arc<Entry>>,
+    work: Background,
 ) where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -455,8 +582,8 @@ fn spawn_refresh<S, ReqBody, ResBody>(
     ResBody::Data: Buf + Send,
     ResBody::Error: Send,
 {
-    // Without a runtime there is nobody to run the refresh; dropping the
-    // leader lets the next request try.
+    // Without a runtime there is nobody to run the work; dropping the leader
+    // lets the next request try.
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -464,9 +591,34 @@ fn spawn_refresh<S, ReqBody, ResBody>(
     let span = tracing::debug_span!("stampede_guard.refresh", key = %ctx.key);
     runtime.spawn(
         async move {
-            // The stale entry stays in place if the refresh fails; nobody waits
-            // on a background refresh, so its own response is dropped.
-            let _ = rebuild(&ctx, &mut inner, request, leader, None).await;
+            let engine = ctx.engine();
+            let plan = match work {
+                Background::Rebuild(lease) => Plan::Rebuild {
+                    lease: Some(lease),
+                    stale,
+                },
+                Background::Refresh => {
+                    engine
+                        .plan::<CachedResponse>(ctx.key, stale, ctx.fleet(), false, false)
+                        .await
+                }
+                Background::Early => {
+                    engine
+                        .plan::<CachedResponse>(ctx.key, stale, ctx.fleet(), false, true)
+                        .await
+                }
+            };
+            match plan {
+                Plan::Hit(entry) => engine.finish(leader, Finish::Store(entry)),
+                // A stale entry stays in place if the refresh fails; nobody
+                // waits on it, so its own response is dropped.
+                Plan::Rebuild { lease, stale } => {
+                    let _ = rebuild(&ctx, &mut inner, request, leader, stale, lease).await;
+                }
+                Plan::StaleNow { .. } | Plan::TimedOut { .. } => {
+                    engine.finish(leader, Finish::Failed(None))
+                }
+            }
         }
         .instrument(span),
     );
@@ -496,14 +648,35 @@ const CONDITIONAL: [HeaderName; 5] = [
     header::IF_RANGE,
 ];
 
-/// Runs the origin as the key's leader and settles the flight.
+/// Runs the origin as the key's leader and settles the key: in the L1 and
+/// this process's flight at once, then in Redis under the lease.
 async fn rebuild<S, ReqBody, ResBody>(
     ctx: &Ctx,
     inner: &mut S,
-    mut request: Request<ReqBody>,
+    request: Request<ReqBody>,
     leader: Leader,
     stale: Option<Arc<Entry>>,
+    lease: Option<Lease>,
 ) -> Rebuilt<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: HttpBody,
+    ResBody::Data: Buf,
+{
+    let (finish, rebuilt) = origin(ctx, inner, request, stale).await;
+    ctx.engine()
+        .settle::<CachedResponse>(leader, finish, lease)
+        .await;
+    rebuilt
+}
+
+/// Calls the origin and decides what its answer becomes.
+async fn origin<S, ReqBody, ResBody>(
+    ctx: &Ctx,
+    inner: &mut S,
+    mut request: Request<ReqBody>,
+    stale: Option<Arc<Entry>>,
+) -> (Finish, Rebuilt<ResBody, S::Error>)
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: HttpBody,
@@ -520,20 +693,17 @@ where
         Ok(response) => response,
         Err(error) => {
             return match usable_stale(&stale) {
-                Some(entry) => serve_stale(ctx, leader, entry),
-                None => {
-                    ctx.backend.engine.finish(leader, Finish::Failed(None));
-                    Rebuilt::Error(error)
-                }
+                Some(entry) => serve_stale(entry),
+                None => (Finish::Failed(None), Rebuilt::Error(error)),
             };
         }
     };
     if response.status().is_server_error() {
         if let Some(entry) = usable_stale(&stale) {
-            return serve_stale(ctx, leader, entry);
+            return serve_stale(entry);
         }
     }
-    settle(ctx, leader, response, started, stale).await
+    decide(ctx, response, started, stale).await
 }
 
 fn usable_stale(stale: &Option<Arc<Entry>>) -> Option<Arc<Entry>> {
@@ -543,50 +713,48 @@ fn usable_stale(stale: &Option<Arc<Entry>>) -> Option<Arc<Entry>> {
         .cloned()
 }
 
-fn serve_stale<B: HttpBody, E>(ctx: &Ctx, leader: Leader, entry: Arc<Entry>) -> Rebuilt<B, E> {
+fn serve_stale<B: HttpBody, E>(entry: Arc<Entry>) -> (Finish, Rebuilt<B, E>) {
     tracing::debug!("rebuild failed; serving stale");
-    ctx.backend
-        .engine
-        .finish(leader, Finish::ServeStale(entry.clone()));
-    Rebuilt::Entry {
-        entry,
-        status: CacheStatus::Stale,
-        extra: Vec::new(),
-    }
+    (
+        Finish::ServeStale(entry.clone()),
+        Rebuilt::Entry {
+            entry,
+            status: CacheStatus::Stale,
+            extra: Vec::new(),
+        },
+    )
 }
 
-/// Decides what the origin's response may become, buffers its body if it may
-/// be shared, and settles the flight.
-async fn settle<B, E>(
+/// Decides what the origin's response may become, and buffers its body if it
+/// may be shared.
+async fn decide<B, E>(
     ctx: &Ctx,
-    leader: Leader,
     response: Response<B>,
     started: Instant,
     stale: Option<Arc<Entry>>,
-) -> Rebuilt<B, E>
+) -> (Finish, Rebuilt<B, E>)
 where
     B: HttpBody,
     B::Data: Buf,
 {
-    let engine = &ctx.backend.engine;
     let policy = &ctx.policy;
     let (mut parts, body) = response.into_parts();
-    let pass = |leader: Leader, reason: &'static str| {
+    let pass = |reason: &'static str| {
         tracing::debug!(reason, "response not shared");
-        engine.finish(
-            leader,
-            Finish::Pass {
-                hit_for_miss: policy.hit_for_miss,
-            },
-        );
+        Finish::Pass {
+            hit_for_miss: policy.hit_for_miss,
+        }
+    };
+    let unshared = |parts, body| {
+        Rebuilt::Response(tag(
+            ctx,
+            Response::from_parts(parts, body),
+            CacheStatus::Miss,
+        ))
     };
 
     let (lifetime, store) = match classify(policy, parts.status, &parts.headers) {
-        Verdict::Pass(reason) => {
-            pass(leader, reason);
-            let response = Response::from_parts(parts, Body::stream(body));
-            return Rebuilt::Response(tag(ctx, response, CacheStatus::Miss));
-        }
+        Verdict::Pass(reason) => return (pass(reason), unshared(parts, Body::stream(body))),
         Verdict::Share { lifetime, store } => (lifetime, store),
     };
     let declared = parts
@@ -595,9 +763,10 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > policy.max_body_bytes as u64) {
-        pass(leader, "body larger than max_body_bytes");
-        let response = Response::from_parts(parts, Body::stream(body));
-        return Rebuilt::Response(tag(ctx, response, CacheStatus::Miss));
+        return (
+            pass("body larger than max_body_bytes"),
+            unshared(parts, Body::stream(body)),
+        );
     }
 
     // Read the body, giving up (and streaming the rest) past the size cap.
@@ -613,20 +782,19 @@ where
                 len += frame.data_ref().map_or(0, Bytes::len);
                 frames.push_back(frame);
                 if trailers || len > policy.max_body_bytes {
-                    pass(leader, "body too large or has trailers");
-                    let response =
-                        Response::from_parts(parts, Body::replay(frames, None, false, body));
-                    return Rebuilt::Response(tag(ctx, response, CacheStatus::Miss));
+                    let body = Body::replay(frames, None, false, body);
+                    return (
+                        pass("body too large or has trailers"),
+                        unshared(parts, body),
+                    );
                 }
             }
             Some(Err(error)) => {
                 if let Some(entry) = usable_stale(&stale) {
-                    return serve_stale(ctx, leader, entry);
+                    return serve_stale(entry);
                 }
-                engine.finish(leader, Finish::Failed(None));
-                let response =
-                    Response::from_parts(parts, Body::replay(frames, Some(error), true, body));
-                return Rebuilt::Response(tag(ctx, response, CacheStatus::Miss));
+                let body = Body::replay(frames, Some(error), true, body);
+                return (Finish::Failed(None), unshared(parts, body));
             }
         }
     }
@@ -665,19 +833,19 @@ where
         started.elapsed(),
         Instant::now(),
     ));
-    engine.finish(
-        leader,
-        if store {
-            Finish::Store(entry.clone())
-        } else {
-            Finish::Share(entry.clone())
+    let finish = if store {
+        Finish::Store(entry.clone())
+    } else {
+        Finish::Share(entry.clone())
+    };
+    (
+        finish,
+        Rebuilt::Entry {
+            entry,
+            status: CacheStatus::Miss,
+            extra,
         },
-    );
-    Rebuilt::Entry {
-        entry,
-        status: CacheStatus::Miss,
-        extra,
-    }
+    )
 }
 
 /// One `Bytes` from the data frames: no copy when the origin sent one chunk.

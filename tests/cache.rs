@@ -173,6 +173,6 @@ async fn invalidate_forces_a_rebuild_and_namespaces_separate_values() {
         .unwrap();
     assert_eq!(b.get("k"), None);
     assert_eq!(a.get("k").as_deref(), Some("from a"));
-    a.invalidate("k");
+    a.invalidate("k").await;
     assert_eq!(a.get("k"), None);
 }

@@ -139,7 +139,7 @@ async fn key_function_and_invalidation() {
     assert_eq!(anonymous.x_cache(), "BYPASS");
     assert_eq!(origin.calls(), 3);
 
-    guard.invalidate(&tenant("a", "ignored"));
+    guard.invalidate(&tenant("a", "ignored")).await;
     assert_eq!(send(&app, tenant("a", "x=1")).await.text(), "call 4 lang -");
 }
 

@@ -8,11 +8,17 @@
 //! 2. **Flight**: otherwise the request joins the key's flight. The first one
 //!    in leads (rebuilds); the rest follow (wait for its outcome).
 //!
+//! 3. **Fleet** (with Redis): the flight's leader asks Redis, in one round
+//!    trip, for the entry or the key's rebuild lease ([`Engine::plan`]). It
+//!    gets a fresh entry another instance built, or the lease, or waits to be
+//!    woken by the lease holder's publish.
+//!
 //! The engine never calls the origin itself: it hands the caller a [`Leader`]
 //! and the caller rebuilds, then reports back with [`Engine::finish`]. That is
 //! what lets the HTTP layer keep the leader's own response (with its streaming
 //! body and headers) while the generic cache works on plain values.
 
+pub(crate) mod early;
 pub(crate) mod flight;
 
 use std::sync::Arc;
@@ -21,9 +27,50 @@ use std::time::{Duration, Instant};
 use flight::{Flights, Joined};
 pub(crate) use flight::{Follower, Leader, Outcome, SharedError};
 
-use crate::entry::{Entry, Freshness};
+#[cfg(feature = "redis")]
+use crate::codec;
+use crate::entry::{CacheValue, Entry, Freshness};
 use crate::key::Key;
+use crate::metrics::{self as m, count};
 use crate::store::local::{LocalTier, Slot};
+#[cfg(feature = "redis")]
+pub(crate) use crate::store::redis::Lease;
+#[cfg(feature = "redis")]
+use crate::store::redis::{Fetched, RedisTier, Remote};
+
+/// A rebuild lease: the fleet-wide right to rebuild a key. On the embedded
+/// backend there is no such thing, and the type is empty.
+#[cfg(not(feature = "redis"))]
+pub(crate) enum Lease {}
+
+/// Per-route settings for the fleet step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FleetPolicy {
+    /// Lease time; renewed every third of it while the rebuild runs.
+    pub lease: Duration,
+    /// The longest a leader waits for another instance's rebuild.
+    pub wait_budget: Duration,
+}
+
+/// What the leader of a local flight does next, after asking the fleet.
+pub(crate) enum Plan {
+    /// Another instance built a fresh entry: store it in L1 and serve it.
+    Hit(Arc<Entry>),
+    /// Rebuild now and settle with this lease (`None`: no Redis, or Redis
+    /// unavailable; the local flight is the only protection).
+    Rebuild {
+        lease: Option<Lease>,
+        stale: Option<Arc<Entry>>,
+    },
+    /// Serve this stale entry at once (stale-while-revalidate); the key must
+    /// still be settled in the background, with the lease if one was taken.
+    StaleNow {
+        entry: Arc<Entry>,
+        lease: Option<Lease>,
+    },
+    /// Waited the whole budget for another instance's rebuild.
+    TimedOut { stale: Option<Arc<Entry>> },
+}
 
 /// What a lookup found, and what the caller must do next.
 pub(crate) enum Lookup {
@@ -65,18 +112,59 @@ pub(crate) enum Finish {
     Failed(Option<SharedError>),
 }
 
-/// L1 and flights for one backend.
+/// L1, flights and (optionally) the Redis tier of one backend.
 pub(crate) struct Engine {
     l1: LocalTier,
     flights: Arc<Flights>,
+    #[cfg(feature = "redis")]
+    l2: Option<Arc<RedisTier>>,
 }
 
 impl Engine {
-    pub(crate) fn new(l1_max_bytes: u64) -> Self {
+    pub(crate) fn new(l1: LocalTier) -> Self {
         Engine {
-            l1: LocalTier::new(l1_max_bytes),
+            l1,
             flights: Arc::new(Flights::new()),
+            #[cfg(feature = "redis")]
+            l2: None,
         }
+    }
+
+    #[cfg(feature = "redis")]
+    pub(crate) fn with_l2(l1: LocalTier, l2: Arc<RedisTier>) -> Self {
+        Engine {
+            l1,
+            flights: Arc::new(Flights::new()),
+            l2: Some(l2),
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    pub(crate) fn l2(&self) -> Option<&Arc<RedisTier>> {
+        self.l2.as_ref()
+    }
+
+    /// Starts a background refresh of a fresh entry if probabilistic early
+    /// refresh says it is due and no flight runs for the key.
+    pub(crate) fn early_refresh(
+        &self,
+        key: Key,
+        entry: &Entry,
+        beta: f64,
+        now: Instant,
+    ) -> Option<Leader> {
+        if !early::due(
+            now,
+            entry.fresh_until(),
+            entry.rebuild_cost(),
+            beta,
+            early::draw(),
+        ) {
+            return None;
+        }
+        let leader = self.flights.try_lead(key)?;
+        count(m::EARLY_REFRESHES);
+        Some(leader)
     }
 
     pub(crate) fn l1(&self) -> &LocalTier {
@@ -160,9 +248,218 @@ impl Engine {
         leader.finish(outcome);
     }
 
-    /// Drops the key from the L1.
-    pub(crate) fn invalidate(&self, key: &Key) {
+    /// Drops the key from this process, and from Redis and every other
+    /// instance when the backend has a Redis tier.
+    pub(crate) async fn invalidate(&self, key: &Key) {
         self.l1.remove(key);
+        #[cfg(feature = "redis")]
+        if let Some(l2) = &self.l2 {
+            let _ = l2.invalidate(key).await;
+        }
+    }
+
+    /// Asks the fleet what a local flight's leader should do. Without Redis
+    /// (or with its circuit open) the answer is always "rebuild".
+    ///
+    /// `serve_stale` lets the plan hand back a stale entry inside
+    /// stale-while-revalidate at once instead of waiting; `early` takes the
+    /// lease even for a fresh entry (probabilistic early refresh).
+    pub(crate) async fn plan<V: CacheValue>(
+        &self,
+        key: Key,
+        stale: Option<Arc<Entry>>,
+        fleet: FleetPolicy,
+        serve_stale: bool,
+        early: bool,
+    ) -> Plan {
+        #[cfg(feature = "redis")]
+        if let Some(l2) = self.l2.as_ref().filter(|_| V::SHARED) {
+            return self
+                .plan_with::<V>(l2, key, stale, fleet, serve_stale, early)
+                .await;
+        }
+        let _ = (key, fleet, serve_stale, early);
+        Plan::Rebuild { lease: None, stale }
+    }
+
+    #[cfg(feature = "redis")]
+    async fn plan_with<V: CacheValue>(
+        &self,
+        l2: &Arc<RedisTier>,
+        key: Key,
+        mut stale: Option<Arc<Entry>>,
+        fleet: FleetPolicy,
+        serve_stale: bool,
+        mut early: bool,
+    ) -> Plan {
+        let give_up = Instant::now() + fleet.wait_budget;
+        loop {
+            if !l2.is_available() {
+                return Plan::Rebuild { lease: None, stale };
+            }
+            // Listen before asking, so a publish between the answer and the
+            // wait still wakes us.
+            let mut registration = l2.notifier.register(key);
+            let fetched = match l2.fetch_or_lease(&key, fleet.lease, early).await {
+                Ok(fetched) => fetched,
+                Err(_) => return Plan::Rebuild { lease: None, stale },
+            };
+            let now = Instant::now();
+            let lease_pttl = match fetched {
+                Fetched::Fresh(remote) => match decode::<V>(remote, now) {
+                    Some(entry) => {
+                        count(m::L2_HITS);
+                        return Plan::Hit(Arc::new(entry));
+                    }
+                    None => {
+                        l2.count_corrupt(&key);
+                        // Take the lease over the unreadable entry.
+                        early = true;
+                        continue;
+                    }
+                },
+                Fetched::Leased { lease, stale: old } => {
+                    stale = newer(
+                        stale,
+                        old.and_then(|r| decode_or_count::<V>(l2, &key, r, now)),
+                    );
+                    if serve_stale {
+                        if let Some(entry) = stale
+                            .as_ref()
+                            .filter(|e| e.servable_while_revalidating(now))
+                        {
+                            return Plan::StaleNow {
+                                entry: entry.clone(),
+                                lease: Some(lease),
+                            };
+                        }
+                    }
+                    return Plan::Rebuild {
+                        lease: Some(lease),
+                        stale,
+                    };
+                }
+                Fetched::Held {
+                    lease_pttl,
+                    stale: old,
+                } => {
+                    stale = newer(
+                        stale,
+                        old.and_then(|r| decode_or_count::<V>(l2, &key, r, now)),
+                    );
+                    if early {
+                        // Someone else is already refreshing this key.
+                        return Plan::TimedOut { stale };
+                    }
+                    if serve_stale {
+                        if let Some(entry) = stale
+                            .as_ref()
+                            .filter(|e| e.servable_while_revalidating(now))
+                        {
+                            return Plan::StaleNow {
+                                entry: entry.clone(),
+                                lease: None,
+                            };
+                        }
+                    }
+                    lease_pttl
+                }
+            };
+            let left = give_up.saturating_duration_since(now);
+            if left.is_zero() {
+                return Plan::TimedOut { stale };
+            }
+            // Woken by the holder's commit or failure notice; failing that,
+            // by the lease running out (its holder died), or the budget.
+            let _ = registration
+                .wait(left.min(lease_pttl + Duration::from_millis(2)))
+                .await;
+        }
+    }
+
+    /// Records a leader's result in the L1, releases its local waiters, then
+    /// commits the entry to Redis under the lease (or gives the lease up).
+    pub(crate) async fn settle<V: CacheValue>(
+        &self,
+        leader: Leader,
+        finish: Finish,
+        lease: Option<Lease>,
+    ) {
+        let stored = match &finish {
+            Finish::Store(entry) => Some(entry.clone()),
+            _ => None,
+        };
+        self.finish(leader, finish);
+        let Some(lease) = lease else { return };
+        #[cfg(feature = "redis")]
+        {
+            let mut lease = lease;
+            let Some(l2) = &self.l2 else { return };
+            let encoded = stored.as_ref().and_then(|entry| {
+                let payload = entry.value::<V>()?.encode()?;
+                Some((entry, codec::encode(&entry.envelope(), &payload)))
+            });
+            match encoded {
+                Some((entry, bytes)) => {
+                    let fresh = entry.fresh_for(Instant::now());
+                    if fresh.is_zero() {
+                        let _ = l2.release(&mut lease).await;
+                    } else {
+                        let _ = l2
+                            .commit(&mut lease, bytes, fresh, entry.keep_for(fresh))
+                            .await;
+                    }
+                }
+                None => {
+                    let _ = l2.release(&mut lease).await;
+                }
+            }
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            let _ = stored;
+            match lease {}
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+fn decode<V: CacheValue>(remote: Remote, now: Instant) -> Option<Entry> {
+    let (envelope, payload) = codec::decode(remote.bytes)?;
+    let value = V::decode(payload)?;
+    Some(Entry::from_remote(
+        value,
+        &envelope,
+        remote.fresh,
+        remote.remaining,
+        now,
+    ))
+}
+
+#[cfg(feature = "redis")]
+fn decode_or_count<V: CacheValue>(
+    l2: &RedisTier,
+    key: &Key,
+    remote: Remote,
+    now: Instant,
+) -> Option<Arc<Entry>> {
+    let entry = decode::<V>(remote, now);
+    if entry.is_none() {
+        l2.count_corrupt(key);
+    }
+    entry.map(Arc::new)
+}
+
+/// The later of two stale entries.
+#[cfg(feature = "redis")]
+fn newer(a: Option<Arc<Entry>>, b: Option<Arc<Entry>>) -> Option<Arc<Entry>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b.fresh_until() >= a.fresh_until() {
+            b
+        } else {
+            a
+        }),
+        (a, b) => a.or(b),
     }
 }
 
@@ -188,7 +485,7 @@ mod tests {
 
     #[test]
     fn cold_key_leads_then_hits_after_store() {
-        let engine = Engine::new(1 << 20);
+        let engine = Engine::new(LocalTier::new(1 << 20));
         let key = Key::for_value("t", b"k");
         let now = Instant::now();
         let Lookup::Lead { leader, stale } = engine.lookup(key, now) else {
@@ -202,7 +499,7 @@ mod tests {
 
     #[test]
     fn only_the_first_stale_reader_refreshes() {
-        let engine = Engine::new(1 << 20);
+        let engine = Engine::new(LocalTier::new(1 << 20));
         let key = Key::for_value("t", b"k");
         let t0 = Instant::now();
         let Lookup::Lead { leader, .. } = engine.lookup(key, t0) else {
@@ -225,7 +522,7 @@ mod tests {
 
     #[test]
     fn hit_for_miss_bypasses_until_it_lapses() {
-        let engine = Engine::new(1 << 20);
+        let engine = Engine::new(LocalTier::new(1 << 20));
         let key = Key::for_value("t", b"k");
         let Lookup::Lead { leader, .. } = engine.lookup(key, Instant::now()) else {
             panic!()
@@ -243,7 +540,7 @@ mod tests {
 
     #[test]
     fn entry_past_revalidate_is_offered_only_for_errors() {
-        let engine = Engine::new(1 << 20);
+        let engine = Engine::new(LocalTier::new(1 << 20));
         let key = Key::for_value("t", b"k");
         let t0 = Instant::now();
         let Lookup::Lead { leader, .. } = engine.lookup(key, t0) else {

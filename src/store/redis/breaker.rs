@@ -1,0 +1,69 @@
+//! A circuit breaker in front of Redis.
+//!
+//! A Redis that fails or hangs must not make every request pay the deadline:
+//! after a run of consecutive failures the circuit opens and the layer runs on
+//! its in-process tier alone. One background probe then pings Redis until it
+//! answers, and closes the circuit. Requests never probe; they only read an
+//! atomic flag.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+/// Consecutive failures that open the circuit.
+pub(crate) const FAILURES_TO_OPEN: u32 = 3;
+
+#[derive(Default)]
+pub(crate) struct Breaker {
+    failures: AtomicU32,
+    open: AtomicBool,
+    /// Set while the probe task runs, so only one is ever started.
+    probing: AtomicBool,
+}
+
+impl Breaker {
+    /// Whether calls may go to Redis.
+    pub(crate) fn is_closed(&self) -> bool {
+        !self.open.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn success(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+    }
+
+    /// Records a failure. Returns true when this failure opened the circuit
+    /// and the caller must start the probe.
+    pub(crate) fn failure(&self) -> bool {
+        let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures < FAILURES_TO_OPEN {
+            return false;
+        }
+        self.open.store(true, Ordering::Release);
+        !self.probing.swap(true, Ordering::AcqRel)
+    }
+
+    /// Called by the probe when Redis answered again.
+    pub(crate) fn close(&self) {
+        self.failures.store(0, Ordering::Relaxed);
+        self.open.store(false, Ordering::Release);
+        self.probing.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opens_after_consecutive_failures_and_starts_one_probe() {
+        let b = Breaker::default();
+        assert!(!b.failure());
+        b.success();
+        assert!(!b.failure());
+        assert!(!b.failure());
+        assert!(b.is_closed());
+        assert!(b.failure(), "third in a row opens and asks for a probe");
+        assert!(!b.is_closed());
+        assert!(!b.failure(), "a probe already runs");
+        b.close();
+        assert!(b.is_closed());
+    }
+}

@@ -1,0 +1,241 @@
+//! Fleet-wide wake-ups over one pub/sub channel per namespace.
+//!
+//! Each process keeps one subscriber connection (RESP3, resubscribed
+//! automatically after a reconnect) on the namespace's channel. Messages name
+//! a key and what happened to it: a value was committed, a rebuild failed, or
+//! the key was invalidated. A task about to wait registers its key *before* it
+//! asks Redis whether the key is ready, so a message that lands between the
+//! question and the wait is never lost.
+//!
+//! Within a process only one task per key talks to Redis (the flight leader),
+//! so the map holds at most one slot per key being rebuilt somewhere else.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::watch;
+
+use crate::key::Key;
+use crate::store::local::LocalTier;
+
+/// What happened to a key, as told on the channel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// Nothing yet.
+    None,
+    /// A new value was stored.
+    Committed,
+    /// The lease holder gave up without a value; retry at once.
+    Failed,
+    /// The entry was dropped.
+    Invalidated,
+    /// The subscriber lost its connection: messages may have been missed.
+    Reconnected,
+}
+
+impl Event {
+    fn tag(self) -> char {
+        match self {
+            Event::Committed => 'c',
+            Event::Failed => 'f',
+            Event::Invalidated => 'i',
+            Event::None | Event::Reconnected => '-',
+        }
+    }
+
+    /// The message that announces this event for `key`.
+    pub(crate) fn message(self, key: &Key) -> String {
+        format!("{}:{key}", self.tag())
+    }
+
+    fn parse(message: &[u8]) -> Option<(Event, Key)> {
+        let text = std::str::from_utf8(message).ok()?;
+        let (tag, hex) = text.split_once(':')?;
+        let event = match tag {
+            "c" => Event::Committed,
+            "f" => Event::Failed,
+            "i" => Event::Invalidated,
+            _ => return None,
+        };
+        Some((event, Key::from_hex(hex)?))
+    }
+}
+
+/// Counts of how waits ended, for tests and diagnostics.
+#[derive(Default)]
+pub(crate) struct WakeStats {
+    pub by_message: AtomicU64,
+    pub by_timeout: AtomicU64,
+}
+
+pub(crate) struct Notifier {
+    slots: Mutex<HashMap<Key, watch::Sender<Event>>>,
+    l1: LocalTier,
+    pub(crate) stats: WakeStats,
+}
+
+impl Notifier {
+    pub(crate) fn new(l1: LocalTier) -> Self {
+        Notifier {
+            slots: Mutex::new(HashMap::new()),
+            l1,
+            stats: WakeStats::default(),
+        }
+    }
+
+    /// Starts listening for `key`. Hold the returned handle across the check
+    /// and the wait.
+    pub(crate) fn register(self: &Arc<Self>, key: Key) -> Registration {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let rx = match slots.get(&key) {
+            Some(tx) => tx.subscribe(),
+            None => {
+                let (tx, rx) = watch::channel(Event::None);
+                slots.insert(key, tx);
+                rx
+            }
+        };
+        Registration {
+            notifier: self.clone(),
+            key,
+            rx,
+        }
+    }
+
+    /// Handles one push from the subscriber connection. Runs on the
+    /// connection's reader, so it only parses and signals.
+    pub(crate) fn on_push(&self, push: PushInfo) {
+        match push.kind {
+            PushKind::Message => {
+                // data: [channel, payload]
+                let Some(Value::BulkString(payload)) = push.data.get(1) else {
+                    return;
+                };
+                let Some((event, key)) = Event::parse(payload) else {
+                    tracing::debug!("ignoring a foreign message on the event channel");
+                    return;
+                };
+                if event == Event::Invalidated {
+                    self.l1.remove(&key);
+                }
+                self.signal(&key, event);
+            }
+            PushKind::Disconnection => {
+                // Messages sent while we reconnect are lost: wake everyone
+                // so each re-checks Redis instead of sleeping out its lease.
+                let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+                for tx in slots.values() {
+                    tx.send_replace(Event::Reconnected);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn signal(&self, key: &Key, event: Event) {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = slots.get(key) {
+            tx.send_replace(event);
+        }
+    }
+}
+
+/// A task's interest in one key's next event.
+pub(crate) struct Registration {
+    notifier: Arc<Notifier>,
+    key: Key,
+    rx: watch::Receiver<Event>,
+}
+
+impl Registration {
+    /// Waits for the next event on the key, at most `limit`. Returns the event,
+    /// or `None` on timeout.
+    pub(crate) async fn wait(&mut self, limit: Duration) -> Option<Event> {
+        match tokio::time::timeout(limit, self.rx.changed()).await {
+            Ok(Ok(())) => {
+                self.notifier
+                    .stats
+                    .by_message
+                    .fetch_add(1, Ordering::Relaxed);
+                Some(*self.rx.borrow_and_update())
+            }
+            Ok(Err(_)) | Err(_) => {
+                self.notifier
+                    .stats
+                    .by_timeout
+                    .fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut slots = self
+            .notifier
+            .slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // Our receiver is still alive here, so one remaining means only us.
+        if slots
+            .get(&self.key)
+            .is_some_and(|tx| tx.receiver_count() <= 1)
+        {
+            slots.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn push(payload: &str) -> PushInfo {
+        PushInfo {
+            kind: PushKind::Message,
+            data: vec![
+                Value::BulkString(b"sg:events".to_vec()),
+                Value::BulkString(payload.as_bytes().to_vec()),
+            ],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_message_before_the_wait_is_not_lost() {
+        let notifier = Arc::new(Notifier::new(LocalTier::new(1 << 20)));
+        let key = Key::for_value("t", b"k");
+        let mut registration = notifier.register(key);
+        notifier.on_push(push(&Event::Committed.message(&key)));
+        let event = registration.wait(Duration::from_secs(5)).await;
+        assert_eq!(event, Some(Event::Committed));
+        assert_eq!(notifier.stats.by_message.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn other_keys_and_garbage_do_not_wake() {
+        let notifier = Arc::new(Notifier::new(LocalTier::new(1 << 20)));
+        let key = Key::for_value("t", b"k");
+        let other = Key::for_value("t", b"other");
+        let mut registration = notifier.register(key);
+        notifier.on_push(push(&Event::Committed.message(&other)));
+        notifier.on_push(push("not a message of ours"));
+        notifier.on_push(push("c:0123"));
+        assert_eq!(registration.wait(Duration::from_millis(10)).await, None);
+    }
+
+    #[test]
+    fn slots_are_dropped_with_their_last_registration() {
+        let notifier = Arc::new(Notifier::new(LocalTier::new(1 << 20)));
+        let key = Key::for_value("t", b"k");
+        let a = notifier.register(key);
+        let b = notifier.register(key);
+        drop(a);
+        assert_eq!(notifier.slots.lock().unwrap().len(), 1);
+        drop(b);
+        assert_eq!(notifier.slots.lock().unwrap().len(), 0);
+    }
+}

@@ -1,0 +1,43 @@
+-- Store a rebuilt entry, unless a newer one is already there; release the
+-- lease if it is still ours; wake every waiter in the fleet.
+--
+-- KEYS[1] value   the encoded entry
+-- KEYS[2] fresh   freshness marker
+-- KEYS[3] lease   the rebuild lease
+-- KEYS[4] fence   hash {next, committed}
+-- ARGV[1] token   our lease token
+-- ARGV[2] fence   our fencing number
+-- ARGV[3] entry   the encoded entry
+-- ARGV[4] fresh   freshness in milliseconds (0: share, do not mark fresh)
+-- ARGV[5] keep    value lifetime in milliseconds: freshness plus the longest stale window
+-- ARGV[6] fkeep   fence hash lifetime in milliseconds
+-- ARGV[7] channel the namespace's event channel
+-- ARGV[8] message the wake-up message for this key
+-- ARGV[9] refused the failure notice, sent when a newer entry won
+--
+-- Returns 1 when stored, 0 when a newer entry won (fenced off).
+local committed = tonumber(redis.call('HGET', KEYS[4], 'committed') or '0')
+local fence = tonumber(ARGV[2])
+local stored = 0
+if fence >= committed then
+  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[5])
+  if tonumber(ARGV[4]) > 0 then
+    redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])
+  else
+    redis.call('DEL', KEYS[2])
+  end
+  redis.call('HSET', KEYS[4], 'committed', fence)
+  redis.call('PEXPIRE', KEYS[4], ARGV[6])
+  stored = 1
+end
+local held = redis.call('GET', KEYS[3]) == ARGV[1]
+if held then
+  redis.call('DEL', KEYS[3])
+end
+if stored == 1 then
+  redis.call('PUBLISH', ARGV[7], ARGV[8])
+elseif held then
+  -- Our waiters would otherwise sleep out a lease nobody holds.
+  redis.call('PUBLISH', ARGV[7], ARGV[9])
+end
+return stored

@@ -1,0 +1,28 @@
+-- Fetch an entry, and take the rebuild lease when it is not fresh.
+-- One round trip for both: a fresh hit, and a miss that wins the lease.
+--
+-- KEYS[1] value   the encoded entry; its PX runs to the end of the last stale window
+-- KEYS[2] fresh   marker whose PX is the remaining freshness (Redis's clock decides)
+-- KEYS[3] lease   the rebuild lease: holds the owner's token
+-- KEYS[4] fence   hash {next = last fencing number issued, committed = number of the stored value}
+-- ARGV[1] token   random owner token for the lease
+-- ARGV[2] lease   lease time in milliseconds
+-- ARGV[3] early   "1" to take the lease even when the entry is fresh (early refresh)
+-- ARGV[4] keep    fence hash lifetime in milliseconds
+--
+-- Returns {status, value, a, b}:
+--   {1, value, fresh_pttl, value_pttl}   fresh hit
+--   {2, value or "", fence, value_pttl}  lease taken: rebuild, then commit with this fence
+--   {3, value or "", lease_pttl, value_pttl}  another owner holds the lease
+local value = redis.call('GET', KEYS[1]) or ''
+local value_pttl = redis.call('PTTL', KEYS[1])
+local fresh_pttl = redis.call('PTTL', KEYS[2])
+if value ~= '' and fresh_pttl > 0 and ARGV[3] ~= '1' then
+  return {1, value, fresh_pttl, value_pttl}
+end
+if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local fence = redis.call('HINCRBY', KEYS[4], 'next', 1)
+  redis.call('PEXPIRE', KEYS[4], ARGV[4])
+  return {2, value, fence, value_pttl}
+end
+return {3, value, redis.call('PTTL', KEYS[3]), value_pttl}
