@@ -293,6 +293,9 @@ impl Engine {
         mut early: bool,
     ) -> Plan {
         let give_up = Instant::now() + fleet.wait_budget;
+        // Set once an unreadable entry was counted, so the same bytes seen
+        // again beside our lease are not counted twice.
+        let mut corrupt = false;
         loop {
             if !l2.is_available() {
                 return Plan::Rebuild { lease: None, stale };
@@ -313,6 +316,7 @@ impl Engine {
                     }
                     None => {
                         l2.count_corrupt(&key);
+                        corrupt = true;
                         // Take the lease over the unreadable entry.
                         early = true;
                         continue;
@@ -321,7 +325,7 @@ impl Engine {
                 Fetched::Leased { lease, stale: old } => {
                     stale = newer(
                         stale,
-                        old.and_then(|r| decode_or_count::<V>(l2, &key, r, now)),
+                        old.and_then(|r| decode_or_count::<V>(l2, &key, r, now, corrupt)),
                     );
                     if serve_stale {
                         if let Some(entry) = stale
@@ -345,7 +349,7 @@ impl Engine {
                 } => {
                     stale = newer(
                         stale,
-                        old.and_then(|r| decode_or_count::<V>(l2, &key, r, now)),
+                        old.and_then(|r| decode_or_count::<V>(l2, &key, r, now, corrupt)),
                     );
                     if early {
                         // Someone else is already refreshing this key.
@@ -442,9 +446,10 @@ fn decode_or_count<V: CacheValue>(
     key: &Key,
     remote: Remote,
     now: Instant,
+    counted: bool,
 ) -> Option<Arc<Entry>> {
     let entry = decode::<V>(remote, now);
-    if entry.is_none() {
+    if entry.is_none() && !counted {
         l2.count_corrupt(key);
     }
     entry.map(Arc::new)

@@ -112,3 +112,4 @@ pub async fn burst(app: &Router, n: usize, make: impl Fn() -> Request<Body>) -> 
 pub fn tally(answers: &[Answer], status: &str) -> usize {
     answers.iter().filter(|a| a.x_cache() == status).count()
 }
+pub mod redis;

@@ -1,0 +1,347 @@
+//! Fleet-wide protection: K instances, each with its own L1 and its own Redis
+//! connections, in front of one origin, against a real redis-server.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use common::redis::RedisServer;
+use common::{get as get_req, send, tally, Answer, Origin};
+use http::Request;
+use stampede_guard::{Backend, StampedeGuard};
+use tokio::sync::Notify;
+
+/// One instance of the service: its own backend (L1 + Redis connections).
+struct Instance {
+    backend: Backend,
+    guard: StampedeGuard,
+    app: Router,
+}
+
+async fn instance(
+    redis: &RedisServer,
+    origin: &Origin,
+    delay: Duration,
+    configure: impl Fn(StampedeGuard) -> StampedeGuard,
+) -> Instance {
+    let backend = Backend::redis(&redis.url()).await.expect("redis backend");
+    let guard = configure(StampedeGuard::new(backend.clone()));
+    let origin = origin.clone();
+    let app = Router::new().route(
+        "/report",
+        get(move || {
+            let origin = origin.clone();
+            async move {
+                let (n, _running) = origin.enter();
+                tokio::time::sleep(delay).await;
+                format!("v{n}")
+            }
+        })
+        .layer(guard.clone()),
+    );
+    Instance {
+        backend,
+        guard,
+        app,
+    }
+}
+
+async fn fleet(
+    redis: &RedisServer,
+    origin: &Origin,
+    k: usize,
+    delay: Duration,
+    configure: impl Fn(StampedeGuard) -> StampedeGuard + Copy,
+) -> Vec<Instance> {
+    let mut instances = Vec::new();
+    for _ in 0..k {
+        instances.push(instance(redis, origin, delay, configure).await);
+    }
+    instances
+}
+
+/// `n` concurrent requests, round-robin over the instances.
+async fn fleet_burst(
+    instances: &[Instance],
+    n: usize,
+    make: impl Fn() -> Request<Body>,
+) -> Vec<Answer> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let app = instances[i % instances.len()].app.clone();
+            let request = make();
+            tokio::spawn(async move { send(&app, request).await })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(n);
+    for t in tasks {
+        answers.push(t.await.expect("request task"));
+    }
+    answers
+}
+
+fn wakeups(instance: &Instance) -> (u64, u64) {
+    let stats = instance.backend.stats().redis.expect("redis stats");
+    (stats.wakeups_by_message, stats.wakeups_by_timeout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_call_the_origin_once_for_a_cold_key() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let instances = fleet(&redis, &origin, 3, Duration::from_millis(100), |g| g).await;
+    let answers = fleet_burst(&instances, 1000, || get_req("/report")).await;
+    assert_eq!(origin.calls(), 1, "one origin call for the whole fleet");
+    assert!(answers.iter().all(|a| a.status == 200 && a.text() == "v1"));
+    assert_eq!(tally(&answers, "MISS"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_key_is_rebuilt_once_for_the_fleet() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let instances = fleet(&redis, &origin, 3, Duration::from_millis(50), |g| {
+        g.ttl(Duration::from_millis(300))
+    })
+    .await;
+    fleet_burst(&instances, 300, || get_req("/report")).await;
+    assert_eq!(origin.calls(), 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let answers = fleet_burst(&instances, 600, || get_req("/report")).await;
+    assert_eq!(origin.calls(), 2, "one rebuild per expiry, fleet-wide");
+    assert!(answers.iter().all(|a| a.text() == "v2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_while_revalidate_refreshes_once_for_the_fleet() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let instances = fleet(&redis, &origin, 3, Duration::from_millis(200), |g| {
+        g.ttl(Duration::from_millis(300))
+            .stale_while_revalidate(Duration::from_secs(30))
+    })
+    .await;
+    fleet_burst(&instances, 30, || get_req("/report")).await;
+    assert_eq!(origin.calls(), 1);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+
+    let answers = fleet_burst(&instances, 600, || get_req("/report")).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.status == 200 && a.text() == "v1" && a.x_cache() == "STALE"),
+        "everyone is served the stale entry at once"
+    );
+    // Wait for the single refresh to land everywhere.
+    for _ in 0..100 {
+        let after = fleet_burst(&instances, 3, || get_req("/report")).await;
+        if after.iter().all(|a| a.text() == "v2") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(origin.calls(), 2, "exactly one refresh for the fleet");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_in_other_instances_are_woken_by_the_publish() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    // A lease far longer than the rebuild: only the publish can wake waiters
+    // in time; a wake by lease expiry would show as a timeout.
+    let instances = fleet(&redis, &origin, 3, Duration::from_millis(300), |g| {
+        g.lease(Duration::from_secs(30))
+    })
+    .await;
+    let answers = fleet_burst(&instances, 90, || get_req("/report")).await;
+    assert_eq!(origin.calls(), 1);
+    assert!(answers.iter().all(|a| a.text() == "v1"));
+    let (by_message, by_timeout): (u64, u64) = instances
+        .iter()
+        .map(wakeups)
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    assert_eq!(by_timeout, 0, "no waiter slept out a timer");
+    assert!(
+        by_message >= 1,
+        "the other instances were woken by the commit's publish"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_longer_than_its_lease_keeps_the_lease() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    // The rebuild outlives five lease periods; the watchdog must renew it.
+    let instances = fleet(&redis, &origin, 3, Duration::from_millis(1000), |g| {
+        g.lease(Duration::from_millis(200))
+    })
+    .await;
+    let answers = fleet_burst(&instances, 300, || get_req("/report")).await;
+    assert_eq!(
+        origin.calls(),
+        1,
+        "nobody else rebuilt while the lease was renewed"
+    );
+    assert!(answers.iter().all(|a| a.text() == "v1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_holders_late_commit_is_fenced_off() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let entered = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let make = |origin: &Origin| {
+        let origin = origin.clone();
+        let entered = entered.clone();
+        let release = release.clone();
+        move || {
+            let origin = origin.clone();
+            let entered = entered.clone();
+            let release = release.clone();
+            async move {
+                let (n, _running) = origin.enter();
+                if n == 1 {
+                    entered.notify_one();
+                    release.notified().await;
+                }
+                format!("v{n}")
+            }
+        }
+    };
+    let a_backend = Backend::redis(&redis.url()).await.unwrap();
+    let b_backend = Backend::redis(&redis.url()).await.unwrap();
+    let guard_a = StampedeGuard::new(a_backend.clone()).ttl(Duration::from_secs(60));
+    let guard_b = StampedeGuard::new(b_backend.clone()).ttl(Duration::from_secs(60));
+    let app_a = Router::new().route("/report", get(make(&origin)).layer(guard_a.clone()));
+    let app_b = Router::new().route("/report", get(make(&origin)).layer(guard_b));
+
+    let slow = {
+        let app_a = app_a.clone();
+        tokio::spawn(async move { send(&app_a, get_req("/report")).await })
+    };
+    entered.notified().await;
+    // A stalls; its lease is lost (as after a long pause or a partition).
+    let key = guard_a.key_for(&get_req("/report")).unwrap();
+    assert_eq!(redis.raw(&["DEL", &format!("sg:{{{key}}}:l")]), ":1");
+
+    let b = send(&app_b, get_req("/report")).await;
+    assert_eq!(b.text(), "v2", "B took the free lease and rebuilt");
+    release.notify_one();
+    let a = slow.await.unwrap();
+    assert_eq!(a.text(), "v1", "A's own client still gets A's answer");
+
+    let stats = a_backend.stats().redis.unwrap();
+    assert_eq!(stats.fenced_writes, 1, "A's late commit was refused");
+    // A fresh instance sees B's value.
+    let c = instance(&redis, &origin, Duration::ZERO, |g| {
+        g.ttl(Duration::from_secs(60))
+    })
+    .await;
+    let answer = send(&c.app, get_req("/report")).await;
+    assert_eq!((answer.text().as_str(), answer.x_cache()), ("v2", "HIT"));
+    assert_eq!(origin.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_round_trips_per_request_by_path() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let a = instance(&redis, &origin, Duration::from_millis(200), |g| g).await;
+    let b = instance(&redis, &origin, Duration::from_millis(200), |g| g).await;
+    let scripts = |redis: &RedisServer| redis.command_calls().get("evalsha").copied().unwrap_or(0);
+
+    // Miss that wins the lease: fetch-or-lease, then commit.
+    redis.reset_stats();
+    send(&a.app, get_req("/report?miss")).await;
+    assert_eq!(scripts(&redis), 2, "miss with lease = 2 round trips");
+
+    // L1 miss, L2 hit (another instance built it): one round trip.
+    redis.reset_stats();
+    let hit = send(&b.app, get_req("/report?miss")).await;
+    assert_eq!(hit.x_cache(), "HIT");
+    assert_eq!(scripts(&redis), 1, "hit = 1 round trip");
+
+    // L1 hit: none.
+    redis.reset_stats();
+    send(&b.app, get_req("/report?miss")).await;
+    assert_eq!(scripts(&redis), 0, "an L1 hit costs no I/O");
+
+    // Waiter: fetch (lease held), woken by the publish, fetch again.
+    let leader = {
+        let app = a.app.clone();
+        tokio::spawn(async move { send(&app, get_req("/report?wait")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    redis.reset_stats();
+    let waited = send(&b.app, get_req("/report?wait")).await;
+    leader.await.unwrap();
+    assert_eq!(waited.text(), "v2");
+    let total = scripts(&redis);
+    // The leader's commit is one of them.
+    assert_eq!(total - 1, 2, "waiter = 2 round trips");
+    assert_eq!(origin.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidation_reaches_redis_and_every_instance() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let instances = fleet(&redis, &origin, 3, Duration::ZERO, |g| {
+        g.ttl(Duration::from_secs(60))
+    })
+    .await;
+    fleet_burst(&instances, 30, || get_req("/report")).await;
+    assert_eq!(origin.calls(), 1);
+    instances[0].guard.invalidate(&get_req("/report")).await;
+    // Let the message reach the other instances' subscribers.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in &instances[1..] {
+        let answer = send(&i.app, get_req("/report")).await;
+        assert_eq!(answer.text(), "v2", "the old entry is gone from every L1");
+    }
+    assert_eq!(origin.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_entries_are_misses_not_panics() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let a = instance(&redis, &origin, Duration::ZERO, |g| {
+        g.ttl(Duration::from_secs(60))
+    })
+    .await;
+    let key = a.guard.key_for(&get_req("/report")).unwrap();
+    // Foreign bytes at our keys, marked fresh.
+    redis.raw(&["SET", &format!("sg:{{{key}}}:v"), "not an entry"]);
+    redis.raw(&["SET", &format!("sg:{{{key}}}:f"), "1", "PX", "60000"]);
+    let answer = send(&a.app, get_req("/report")).await;
+    assert_eq!(
+        (answer.status, answer.text().as_str()),
+        (http::StatusCode::OK, "v1")
+    );
+    assert_eq!(a.backend.stats().redis.unwrap().corrupt_entries, 1);
+    // The rebuild replaced the garbage.
+    let b = instance(&redis, &origin, Duration::ZERO, |g| g).await;
+    assert_eq!(send(&b.app, get_req("/report")).await.text(), "v1");
+    assert_eq!(origin.calls(), 1);
+}
+
+#[tokio::test]
+async fn wrong_credentials_fail_at_start_up_with_a_clear_error() {
+    let redis = RedisServer::start_with(&["--requirepass", "right"]);
+    let url = format!("redis://:wrong@127.0.0.1:{}/", redis.port());
+    let error = Backend::redis(&url).await.expect_err("must not connect");
+    let message = error.to_string();
+    assert!(message.contains("could not set up Redis"), "{message}");
+    assert!(
+        !message.contains("wrong"),
+        "the password is not echoed: {message}"
+    );
+    let ok = Backend::redis(&format!("redis://:right@127.0.0.1:{}/", redis.port())).await;
+    assert!(ok.is_ok());
+}
