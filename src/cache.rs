@@ -10,6 +10,7 @@ use crate::engine::{Finish, FleetPolicy, Leader, Lease, Lookup, Outcome, Plan, S
 use crate::entry::{CacheValue, Entry, Lifetime};
 use crate::key::Key;
 use crate::metrics::{self as m, count};
+use crate::service::EARLY_SLACK;
 
 /// A stampede-safe cache of `V` values: concurrent misses for one key run the
 /// rebuild once and share its result, stale values can be served while one
@@ -165,7 +166,8 @@ impl<V: CacheValue> Cache<V> {
                     count(m::HITS);
                     if let Some(beta) = self.settings.early_refresh {
                         if let Some(leader) = engine.early_refresh(key, &entry, beta, now) {
-                            self.spawn(leader, None, Start::Early, rebuild);
+                            let left = entry.fresh_for(now) + EARLY_SLACK;
+                            self.spawn(leader, None, Start::Early(left), rebuild);
                         }
                     }
                     return Ok(value.clone());
@@ -182,9 +184,7 @@ impl<V: CacheValue> Cache<V> {
                 }
                 Lookup::Lead { leader, stale } => {
                     count(m::MISSES);
-                    let plan = engine
-                        .plan::<V>(key, stale, self.fleet(), true, false)
-                        .await;
+                    let plan = engine.plan::<V>(key, stale, self.fleet(), true, None).await;
                     return match plan {
                         Plan::Hit(entry) => {
                             let value = entry.value::<V>().cloned();
@@ -307,8 +307,8 @@ impl<V: CacheValue> Cache<V> {
                     lease: Some(lease),
                     stale,
                 },
-                Start::Refresh => engine.plan::<V>(key, stale, fleet, false, false).await,
-                Start::Early => engine.plan::<V>(key, stale, fleet, false, true).await,
+                Start::Refresh => engine.plan::<V>(key, stale, fleet, false, None).await,
+                Start::Early(left) => engine.plan::<V>(key, stale, fleet, false, Some(left)).await,
             };
             match plan {
                 Plan::Hit(entry) => engine.finish(leader, Finish::Store(entry)),
@@ -356,7 +356,8 @@ where
 /// Work on a key that no caller waits for.
 enum Start {
     Refresh,
-    Early,
+    /// An early refresh of an entry with this much freshness left.
+    Early(Duration),
     Rebuild(Lease),
 }
 

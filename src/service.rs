@@ -205,13 +205,14 @@ where
                     if let Some(leader) = self.backend.engine.early_refresh(key, &entry, beta, now)
                     {
                         let ctx = self.ctx(key, head);
+                        let left = entry.fresh_for(now) + EARLY_SLACK;
                         spawn_background(
                             ctx,
                             self.inner.clone(),
                             request,
                             leader,
                             None,
-                            Background::Early,
+                            Background::Early(left),
                         );
                     }
                 }
@@ -475,7 +476,7 @@ where
 {
     let engine = ctx.engine();
     let plan = engine
-        .plan::<CachedResponse>(ctx.key, stale, ctx.fleet(), true, false)
+        .plan::<CachedResponse>(ctx.key, stale, ctx.fleet(), true, None)
         .await;
     let (lease, stale) = match plan {
         Plan::Hit(entry) => {
@@ -560,8 +561,9 @@ where
 enum Background {
     /// Refresh a stale entry: ask the fleet, rebuild if it is our turn.
     Refresh,
-    /// Refresh a fresh entry early, unless another instance already does.
-    Early,
+    /// Refresh a fresh entry that has this much freshness left, unless
+    /// another instance already refreshed it or is doing so.
+    Early(Duration),
     /// The lease is already ours: rebuild.
     Rebuild(Lease),
 }
@@ -599,12 +601,12 @@ fn spawn_background<S, ReqBody, ResBody>(
                 },
                 Background::Refresh => {
                     engine
-                        .plan::<CachedResponse>(ctx.key, stale, ctx.fleet(), false, false)
+                        .plan::<CachedResponse>(ctx.key, stale, ctx.fleet(), false, None)
                         .await
                 }
-                Background::Early => {
+                Background::Early(left) => {
                     engine
-                        .plan::<CachedResponse>(ctx.key, stale, ctx.fleet(), false, true)
+                        .plan::<CachedResponse>(ctx.key, stale, ctx.fleet(), false, Some(left))
                         .await
                 }
             };
@@ -637,6 +639,11 @@ enum Rebuilt<B: HttpBody, E> {
     Response(Response<Body<B>>),
     Error(E),
 }
+
+/// Allowance for the instants of this process and Redis's clock to differ
+/// when an early refresh asks whether Redis still holds the entry it judged
+/// due.
+pub(crate) const EARLY_SLACK: Duration = Duration::from_millis(50);
 
 /// Request headers that would let the origin answer with less than the whole
 /// entry (a 304 or a 412), which the waiters did not ask for.

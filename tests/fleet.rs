@@ -345,3 +345,76 @@ async fn wrong_credentials_fail_at_start_up_with_a_clear_error() {
     let ok = Backend::redis(&format!("redis://:right@127.0.0.1:{}/", redis.port())).await;
     assert!(ok.is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn early_refresh_rebuilds_a_hot_key_before_it_expires() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    // beta = 1 with a 50 ms rebuild: a request in the last ~100 ms of the
+    // entry's life refreshes it with a good chance, and hundreds come by.
+    let instances = fleet(&redis, &origin, 3, Duration::from_millis(50), |g| {
+        g.ttl(Duration::from_millis(400)).early_refresh(1.0)
+    })
+    .await;
+    fleet_burst(&instances, 30, || get_req("/report")).await;
+    let started = std::time::Instant::now();
+    let mut answers = Vec::new();
+    for _ in 0..30 {
+        answers.extend(fleet_burst(&instances, 30, || get_req("/report")).await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(origin.calls() >= 2, "the key was refreshed");
+    assert_eq!(origin.peak(), 1, "never two refreshes at once in the fleet");
+    // No request ran the origin in the foreground: every rebuild after the
+    // first fill was a background refresh, started before the key expired.
+    // (A request may still coalesce on its instance's one-round-trip read of
+    // the new entry from Redis; it never waits for the origin.)
+    assert_eq!(tally(&answers, "MISS"), 0);
+    assert!(answers.iter().all(|a| a.status == 200));
+    // About one refresh per ttl window for the fleet, not one per instance
+    // (K = 3) or per request.
+    let windows = started.elapsed().as_secs_f64() / 0.4;
+    assert!(
+        (origin.calls() as f64) <= 2.0 + 2.0 * windows,
+        "calls {} in {windows:.1} windows",
+        origin.calls()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_generic_cache_shares_values_across_the_fleet() {
+    use stampede_guard::Cache;
+    let redis = RedisServer::start();
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut caches = Vec::new();
+    for _ in 0..3 {
+        let backend = Backend::redis(&redis.url()).await.unwrap();
+        caches.push(Cache::<String>::new(backend).ttl(Duration::from_secs(60)));
+    }
+    let tasks: Vec<_> = (0..300)
+        .map(|i| {
+            let cache = caches[i % 3].clone();
+            let calls = calls.clone();
+            tokio::spawn(async move {
+                cache
+                    .get_or_rebuild("user:42", move || async move {
+                        calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        Ok::<_, std::io::Error>("Ada".to_string())
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap(), "Ada");
+    }
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    caches[0].invalidate("user:42").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        caches[2].get("user:42"),
+        None,
+        "invalidation reached every instance"
+    );
+}

@@ -31,7 +31,13 @@ struct Node {
 impl Node {
     fn start(redis: &RedisServer, role: &str) -> Node {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
-            .args(["child_node", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+            .args([
+                "child_node",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
             .env("SG_CHILD_ROLE", role)
             .env("SG_REDIS_URL", redis.url())
             .stdout(Stdio::piped())
@@ -77,7 +83,8 @@ fn read_line(lines: &mut BufReader<ChildStdout>) -> String {
     line
 }
 
-type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, http_body_util::Empty<bytes::Bytes>>;
+type HttpClient =
+    Client<hyper_util::client::legacy::connect::HttpConnector, http_body_util::Empty<bytes::Bytes>>;
 
 fn client() -> HttpClient {
     Client::builder(TokioExecutor::new()).build_http()
@@ -97,7 +104,12 @@ fn request(url: &str) -> http::Request<http_body_util::Empty<bytes::Bytes>> {
 async fn get_text(client: &HttpClient, url: String) -> (u16, String) {
     let response = client.request(request(&url)).await.expect("request");
     let status = response.status().as_u16();
-    let body = response.into_body().collect().await.expect("body").to_bytes();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
@@ -144,17 +156,19 @@ async fn a_holder_killed_mid_rebuild_is_taken_over_after_its_lease() {
     for _ in 0..2 {
         let backend = Backend::redis(&redis.url()).await.unwrap();
         let o = origin.clone();
-        apps.push(Router::new().route(
-            "/report",
-            get(move || {
-                let origin = o.clone();
-                async move {
-                    origin.enter();
-                    "built"
-                }
-            })
-            .layer(StampedeGuard::new(backend.clone()).lease(Duration::from_millis(800))),
-        ));
+        apps.push(
+            Router::new().route(
+                "/report",
+                get(move || {
+                    let origin = o.clone();
+                    async move {
+                        origin.enter();
+                        "built"
+                    }
+                })
+                .layer(StampedeGuard::new(backend.clone()).lease(Duration::from_millis(800))),
+            ),
+        );
         backends.push(backend);
     }
     let waiters: Vec<_> = (0..100)
@@ -170,25 +184,44 @@ async fn a_holder_killed_mid_rebuild_is_taken_over_after_its_lease() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     // ...and the holder dies without a word.
     holder.kill();
-    assert!(stuck.await.unwrap().is_err(), "the holder's client lost its connection");
+    assert!(
+        stuck.await.unwrap().is_err(),
+        "the holder's client lost its connection"
+    );
 
     for w in waiters {
         let answer = tokio::time::timeout(Duration::from_secs(15), w)
             .await
             .expect("no request hangs")
             .unwrap();
-        assert_eq!((answer.status, answer.text().as_str()), (http::StatusCode::OK, "built"));
+        assert_eq!(
+            (answer.status, answer.text().as_str()),
+            (http::StatusCode::OK, "built")
+        );
     }
-    assert_eq!(origin.calls(), 1, "one instance took over once the lease expired");
-    let by_timeout: u64 = backends.iter().map(|b| b.stats().redis.unwrap().wakeups_by_timeout).sum();
-    assert!(by_timeout >= 1, "the waiters woke when the dead holder's lease ran out");
+    assert_eq!(
+        origin.calls(),
+        1,
+        "one instance took over once the lease expired"
+    );
+    let by_timeout: u64 = backends
+        .iter()
+        .map(|b| b.stats().redis.unwrap().wakeups_by_timeout)
+        .sum();
+    assert!(
+        by_timeout >= 1,
+        "the waiters woke when the dead holder's lease ran out"
+    );
 }
 
 /// Entry point of the child processes (does nothing when run directly).
 #[test]
 #[ignore = "started by the multi-process tests"]
 fn child_node() {
-    let (Ok(role), Ok(url)) = (std::env::var("SG_CHILD_ROLE"), std::env::var("SG_REDIS_URL")) else {
+    let (Ok(role), Ok(url)) = (
+        std::env::var("SG_CHILD_ROLE"),
+        std::env::var("SG_REDIS_URL"),
+    ) else {
         return;
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -214,10 +247,13 @@ fn child_node() {
             }
         })
         .layer(StampedeGuard::new(backend).lease(Duration::from_millis(800)));
-        let app = Router::new()
-            .route("/report", report)
-            .route("/calls", get(move || async move { calls.load(Ordering::SeqCst).to_string() }));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let app = Router::new().route("/report", report).route(
+            "/calls",
+            get(move || async move { calls.load(Ordering::SeqCst).to_string() }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         println!("READY {}", listener.local_addr().expect("addr").port());
         // Bounded: the parent kills us long before this.
         let _ = tokio::time::timeout(Duration::from_secs(120), axum::serve(listener, app)).await;

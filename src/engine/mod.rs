@@ -262,15 +262,17 @@ impl Engine {
     /// (or with its circuit open) the answer is always "rebuild".
     ///
     /// `serve_stale` lets the plan hand back a stale entry inside
-    /// stale-while-revalidate at once instead of waiting; `early` takes the
-    /// lease even for a fresh entry (probabilistic early refresh).
+    /// stale-while-revalidate at once instead of waiting. `early` is set for a
+    /// probabilistic early refresh: take the lease even for a fresh entry, as
+    /// long as the one in Redis has no more freshness left than this (if it
+    /// has more, another instance already refreshed it: that is a hit).
     pub(crate) async fn plan<V: CacheValue>(
         &self,
         key: Key,
         stale: Option<Arc<Entry>>,
         fleet: FleetPolicy,
         serve_stale: bool,
-        early: bool,
+        early: Option<Duration>,
     ) -> Plan {
         #[cfg(feature = "redis")]
         if let Some(l2) = self.l2.as_ref().filter(|_| V::SHARED) {
@@ -290,7 +292,7 @@ impl Engine {
         mut stale: Option<Arc<Entry>>,
         fleet: FleetPolicy,
         serve_stale: bool,
-        mut early: bool,
+        mut early: Option<Duration>,
     ) -> Plan {
         let give_up = Instant::now() + fleet.wait_budget;
         // Set once an unreadable entry was counted, so the same bytes seen
@@ -318,7 +320,7 @@ impl Engine {
                         l2.count_corrupt(&key);
                         corrupt = true;
                         // Take the lease over the unreadable entry.
-                        early = true;
+                        early = Some(Duration::MAX);
                         continue;
                     }
                 },
@@ -351,10 +353,9 @@ impl Engine {
                         stale,
                         old.and_then(|r| decode_or_count::<V>(l2, &key, r, now, corrupt)),
                     );
-                    if early {
-                        // Someone else is already refreshing this key.
-                        return Plan::TimedOut { stale };
-                    }
+                    // (An early refresh that finds another instance already
+                    // refreshing waits for its commit too, and so loads the
+                    // new entry before its own copy expires.)
                     if serve_stale {
                         if let Some(entry) = stale
                             .as_ref()

@@ -279,13 +279,14 @@ impl RedisTier {
         });
     }
 
-    /// Returns the entry if fresh; otherwise tries to take the lease (also
-    /// when fresh, if `early`). One round trip.
+    /// Returns the entry if fresh; otherwise tries to take the lease. With
+    /// `early`, also takes the lease for a fresh entry that has no more than
+    /// that much freshness left. One round trip.
     pub(crate) async fn fetch_or_lease(
         self: &Arc<Self>,
         key: &Key,
         lease_time: Duration,
-        early: bool,
+        early: Option<Duration>,
     ) -> Result<Fetched, TierError> {
         let keys = self.keys(key);
         let token = Lease::new_token();
@@ -297,7 +298,7 @@ impl RedisTier {
         invocation
             .arg(&token)
             .arg(millis(lease_time).max(1))
-            .arg(if early { "1" } else { "0" })
+            .arg(early.map_or(-1, |d| millis(d).min(1 << 52) as i64))
             .arg(millis(FENCE_KEEP));
         let (status, value, a, value_pttl): (i64, Vec<u8>, i64, i64) =
             self.call(invocation.invoke_async(&mut conn)).await?;

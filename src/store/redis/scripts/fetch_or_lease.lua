@@ -7,7 +7,9 @@
 -- KEYS[4] fence   hash {next = last fencing number issued, committed = number of the stored value}
 -- ARGV[1] token   random owner token for the lease
 -- ARGV[2] lease   lease time in milliseconds
--- ARGV[3] early   "1" to take the lease even when the entry is fresh (early refresh)
+-- ARGV[3] early   -1, or take the lease even when the entry is fresh if at most
+--                 this many milliseconds of freshness are left (early refresh;
+--                 a newer entry than the caller's has more left and is returned)
 -- ARGV[4] keep    fence hash lifetime in milliseconds
 --
 -- Returns {status, value, a, b}:
@@ -17,7 +19,8 @@
 local value = redis.call('GET', KEYS[1]) or ''
 local value_pttl = redis.call('PTTL', KEYS[1])
 local fresh_pttl = redis.call('PTTL', KEYS[2])
-if value ~= '' and fresh_pttl > 0 and ARGV[3] ~= '1' then
+local early = tonumber(ARGV[3])
+if value ~= '' and fresh_pttl > 0 and (early < 0 or fresh_pttl > early) then
   return {1, value, fresh_pttl, value_pttl}
 end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
