@@ -65,23 +65,104 @@ impl fmt::Display for Key {
     }
 }
 
-struct KeyHasher(blake3::Hasher);
+/// Feeds the key's parts to BLAKE3. Requests keys are short, so the parts are
+/// gathered in a stack buffer and hashed in one call, which is much cheaper
+/// than many small updates; a longer input spills over into the incremental
+/// hasher (same digest either way).
+struct KeyHasher {
+    buf: [u8; 256],
+    len: usize,
+    spill: Option<blake3::Hasher>,
+}
 
 impl KeyHasher {
     fn new(domain: &[u8]) -> Self {
-        let mut h = KeyHasher(blake3::Hasher::new());
+        let mut h = KeyHasher {
+            buf: [0; 256],
+            len: 0,
+            spill: None,
+        };
         h.part(domain);
         h
     }
 
+    fn write(&mut self, bytes: &[u8]) {
+        if let Some(spill) = &mut self.spill {
+            spill.update(bytes);
+        } else if self.len + bytes.len() <= self.buf.len() {
+            self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+            self.len += bytes.len();
+        } else {
+            let mut spill = blake3::Hasher::new();
+            spill.update(&self.buf[..self.len]);
+            spill.update(bytes);
+            self.spill = Some(spill);
+        }
+    }
+
+    fn prefix(&mut self, len: usize) {
+        self.write(&(len as u64).to_le_bytes());
+    }
+
     fn part(&mut self, bytes: &[u8]) {
-        self.0.update(&(bytes.len() as u64).to_le_bytes());
-        self.0.update(bytes);
+        self.prefix(bytes.len());
+        self.write(bytes);
+    }
+
+    /// A part written in ASCII lowercase, without allocating.
+    fn part_lowercase(&mut self, bytes: &[u8]) {
+        self.prefix(bytes.len());
+        let mut chunk = [0u8; 64];
+        for piece in bytes.chunks(chunk.len()) {
+            let out = &mut chunk[..piece.len()];
+            out.copy_from_slice(piece);
+            out.make_ascii_lowercase();
+            self.write(out);
+        }
+    }
+
+    /// The query with its pairs sorted and empty pairs dropped, as one part
+    /// (the same bytes `normalize_query` returns), without allocating for the
+    /// usual handful of pairs.
+    fn part_query(&mut self, query: &str) {
+        const INLINE: usize = 16;
+        let mut inline = [""; INLINE];
+        let mut count = 0;
+        let mut spilled = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            if count < INLINE {
+                inline[count] = pair;
+            } else {
+                if spilled.is_empty() {
+                    spilled.extend_from_slice(&inline);
+                }
+                spilled.push(pair);
+            }
+            count += 1;
+        }
+        let pairs: &mut [&str] = if count > INLINE {
+            &mut spilled
+        } else {
+            &mut inline[..count]
+        };
+        pairs.sort_unstable();
+        let len = pairs.iter().map(|p| p.len()).sum::<usize>() + pairs.len().saturating_sub(1);
+        self.prefix(len);
+        for (i, pair) in pairs.iter().enumerate() {
+            if i > 0 {
+                self.write(b"&");
+            }
+            self.write(pair.as_bytes());
+        }
     }
 
     fn finish(&self) -> Key {
+        let digest = match &self.spill {
+            Some(spill) => spill.finalize(),
+            None => blake3::hash(&self.buf[..self.len]),
+        };
         let mut out = [0u8; 16];
-        out.copy_from_slice(&self.0.finalize().as_bytes()[..16]);
+        out.copy_from_slice(&digest.as_bytes()[..16]);
         Key(out)
     }
 }
@@ -110,10 +191,9 @@ pub(crate) fn request_key(
                 .map(|a| a.as_str().as_bytes())
                 .or_else(|| parts.headers.get(HOST).map(|v| v.as_bytes()))
                 .unwrap_or_default();
-            h.part(&host.to_ascii_lowercase());
+            h.part_lowercase(host);
             h.part(parts.uri.path().as_bytes());
-            let query = normalize_query(parts.uri.query().unwrap_or(""));
-            h.part(query.as_bytes());
+            h.part_query(parts.uri.query().unwrap_or(""));
         }
     }
     for name in vary {
@@ -132,7 +212,9 @@ pub(crate) fn request_key(
 
 /// Sorts the query's pairs so that `?b=2&a=1` and `?a=1&b=2` share an entry, and
 /// drops empty pairs (`?a=1&&`). Values keep their encoding: `%41` and `A` stay
-/// different, as an origin may treat them differently.
+/// different, as an origin may treat them differently. (The key hashes these
+/// bytes without building the string; this is its reference form.)
+#[cfg(test)]
 pub(crate) fn normalize_query(query: &str) -> String {
     let mut pairs: Vec<&str> = query.split('&').filter(|p| !p.is_empty()).collect();
     if pairs.len() > 1 {
@@ -218,7 +300,47 @@ mod tests {
         assert_eq!(Key::from_hex(&"G".repeat(32)), None);
     }
 
+    fn hashed_query(query: &str) -> Key {
+        let mut h = KeyHasher::new(b"q");
+        h.part_query(query);
+        h.finish()
+    }
+
+    fn hashed_reference(query: &str) -> Key {
+        let mut h = KeyHasher::new(b"q");
+        h.part(normalize_query(query).as_bytes());
+        h.finish()
+    }
+
+    #[test]
+    fn long_inputs_spill_over_to_the_same_digest() {
+        let long = "x".repeat(1000);
+        let mut spilled = KeyHasher::new(b"d");
+        spilled.part(long.as_bytes());
+        let mut whole = blake3::Hasher::new();
+        whole.update(&1u64.to_le_bytes());
+        whole.update(b"d");
+        whole.update(&1000u64.to_le_bytes());
+        whole.update(long.as_bytes());
+        assert_eq!(&spilled.finish().0[..], &whole.finalize().as_bytes()[..16]);
+    }
+
     proptest! {
+        #[test]
+        fn hashing_the_query_in_place_matches_its_reference_form(pairs in proptest::collection::vec("[a-z]{0,3}=?[a-z0-9]{0,3}", 0..40)) {
+            let query = pairs.join("&");
+            prop_assert_eq!(hashed_query(&query), hashed_reference(&query));
+        }
+
+        #[test]
+        fn lowercasing_in_place_matches_to_ascii_lowercase(host in "[A-Za-z0-9.:-]{0,150}") {
+            let mut a = KeyHasher::new(b"h");
+            a.part_lowercase(host.as_bytes());
+            let mut b = KeyHasher::new(b"h");
+            b.part(host.to_ascii_lowercase().as_bytes());
+            prop_assert_eq!(a.finish(), b.finish());
+        }
+
         #[test]
         fn normalised_query_is_order_independent(mut pairs in proptest::collection::vec("[a-z]{1,3}=[a-z0-9]{0,3}", 0..8)) {
             let a = normalize_query(&pairs.join("&"));

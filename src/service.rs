@@ -828,6 +828,16 @@ where
     parts
         .headers
         .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    // Slots for the headers every hit fills in: replacing a value in the
+    // cloned map is cheaper than growing it.
+    parts
+        .headers
+        .insert(header::AGE, HeaderValue::from_static("0"));
+    if let Some(name) = &policy.status_header {
+        parts
+            .headers
+            .insert(name.clone(), CacheStatus::Hit.header_value());
+    }
     let cached = CachedResponse {
         status: parts.status,
         headers: parts.headers,
