@@ -20,7 +20,7 @@ pub struct Key([u8; 16]);
 impl Key {
     /// The key of an application value for the generic [`Cache`](crate::Cache).
     pub(crate) fn for_value(namespace: &str, key: &[u8]) -> Key {
-        let mut h = KeyHasher::new(b"value");
+        let mut h = KeyHasher::new(b"v1");
         h.part(namespace.as_bytes());
         h.part(key);
         h.finish()
@@ -72,7 +72,9 @@ impl fmt::Display for Key {
 struct KeyHasher {
     buf: [u8; 256],
     len: usize,
-    spill: Option<blake3::Hasher>,
+    // Boxed: the incremental hasher is almost 2 KiB, and carrying it inline
+    // made every key cost a 2 KiB copy.
+    spill: Option<Box<blake3::Hasher>>,
 }
 
 impl KeyHasher {
@@ -93,15 +95,32 @@ impl KeyHasher {
             self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
             self.len += bytes.len();
         } else {
-            let mut spill = blake3::Hasher::new();
+            let mut spill = Box::new(blake3::Hasher::new());
             spill.update(&self.buf[..self.len]);
             spill.update(bytes);
             self.spill = Some(spill);
         }
     }
 
+    /// A part's length, LEB128-encoded: one byte for the short parts a key is
+    /// made of, so a typical request key fits one 64-byte BLAKE3 block, and
+    /// still unambiguous.
     fn prefix(&mut self, len: usize) {
-        self.write(&(len as u64).to_le_bytes());
+        let mut len = len as u64;
+        let mut out = [0u8; 10];
+        let mut n = 0;
+        loop {
+            let byte = (len & 0x7f) as u8;
+            len >>= 7;
+            if len == 0 {
+                out[n] = byte;
+                n += 1;
+                break;
+            }
+            out[n] = byte | 0x80;
+            n += 1;
+        }
+        self.write(&out[..n]);
     }
 
     fn part(&mut self, bytes: &[u8]) {
@@ -175,10 +194,10 @@ pub(crate) fn request_key(
     vary: &[HeaderName],
     custom: Option<&str>,
 ) -> Key {
-    let mut h = KeyHasher::new(b"http");
+    // "h1": responses, key format 1. HEAD is answered from the GET entry and
+    // nothing else reaches here, so the method adds nothing to the key.
+    let mut h = KeyHasher::new(b"h1");
     h.part(namespace.as_bytes());
-    // HEAD is answered from the GET entry; everything else that reaches here is GET.
-    h.part(b"GET");
     match custom {
         Some(custom) => {
             h.part(b"custom");
@@ -318,9 +337,9 @@ mod tests {
         let mut spilled = KeyHasher::new(b"d");
         spilled.part(long.as_bytes());
         let mut whole = blake3::Hasher::new();
-        whole.update(&1u64.to_le_bytes());
+        whole.update(&[1]);
         whole.update(b"d");
-        whole.update(&1000u64.to_le_bytes());
+        whole.update(&[0xe8, 0x07]); // 1000 in LEB128
         whole.update(long.as_bytes());
         assert_eq!(&spilled.finish().0[..], &whole.finalize().as_bytes()[..16]);
     }
