@@ -197,6 +197,7 @@ impl<V: CacheValue> Cache<V> {
                         Plan::StaleNow { entry, lease } => match entry.value::<V>().cloned() {
                             Some(value) => {
                                 count(m::STALE);
+                                engine.serve_stale_meanwhile(&leader, &entry);
                                 let start = match lease {
                                     Some(lease) => Start::Rebuild(lease),
                                     None => Start::Refresh,

@@ -488,6 +488,7 @@ where
         }
         Plan::StaleNow { entry, lease } => {
             count(m::STALE);
+            engine.serve_stale_meanwhile(&leader, &entry);
             let response = ctx.respond(&entry, CacheStatus::Stale);
             let work = match lease {
                 Some(lease) => Background::Rebuild(lease),

@@ -418,3 +418,38 @@ async fn the_generic_cache_shares_values_across_the_fleet() {
         "invalidation reached every instance"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_instance_serves_the_fleets_stale_entry_at_once_during_a_refresh() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let configure = |g: StampedeGuard| {
+        g.ttl(Duration::from_millis(300))
+            .stale_while_revalidate(Duration::from_secs(30))
+    };
+    let a = instance(&redis, &origin, Duration::from_millis(300), configure).await;
+    send(&a.app, get_req("/report")).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // A serves stale and starts the fleet's one refresh (300 ms).
+    assert_eq!(send(&a.app, get_req("/report")).await.x_cache(), "STALE");
+
+    // B has never seen the key: it finds the stale entry in Redis, with the
+    // lease held, and serves it at once to all its requests.
+    let b = instance(&redis, &origin, Duration::from_millis(300), configure).await;
+    let answers = fleet_burst(std::slice::from_ref(&b), 100, || get_req("/report")).await;
+    assert!(
+        answers
+            .iter()
+            .all(|x| x.text() == "v1" && x.x_cache() == "STALE"),
+        "{:?}",
+        answers.iter().map(|x| x.x_cache()).collect::<Vec<_>>()
+    );
+    for _ in 0..100 {
+        if send(&b.app, get_req("/report")).await.text() == "v2" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(send(&b.app, get_req("/report")).await.text(), "v2");
+    assert_eq!(origin.calls(), 2, "one refresh for both instances");
+}

@@ -37,6 +37,8 @@ pub(crate) enum Outcome {
 #[derive(Clone)]
 enum State {
     Running,
+    /// The waiters have an answer (a stale entry) while the leader works on.
+    Interim(Outcome),
     Done(Outcome),
 }
 
@@ -139,6 +141,13 @@ impl Leader {
         self.close(outcome);
     }
 
+    /// Answers everyone waiting now, and everyone who joins until the flight
+    /// ends, with `outcome`, while this leader keeps the flight (a stale entry
+    /// served during a refresh that runs on).
+    pub(crate) fn answer_meanwhile(&self, outcome: Outcome) {
+        self.flight.tx.send_replace(State::Interim(outcome));
+    }
+
     fn close(&self, outcome: Outcome) {
         {
             let mut shard = self.flights.shard(&self.key);
@@ -173,12 +182,12 @@ impl Follower {
     pub(crate) async fn wait(mut self, budget: Duration) -> Option<Outcome> {
         let waited = tokio::time::timeout(
             budget,
-            self.rx.wait_for(|state| matches!(state, State::Done(_))),
+            self.rx.wait_for(|state| !matches!(state, State::Running)),
         )
         .await;
         match waited {
             Ok(Ok(state)) => match &*state {
-                State::Done(outcome) => Some(outcome.clone()),
+                State::Done(outcome) | State::Interim(outcome) => Some(outcome.clone()),
                 State::Running => Some(Outcome::Abandoned),
             },
             // The sender is owned by the flight, which the leader's drop closes
@@ -244,6 +253,34 @@ mod tests {
             Some(Outcome::Abandoned)
         ));
         assert!(matches!(flights.join(key(2)), Joined::Lead(_)));
+    }
+
+    #[tokio::test]
+    async fn an_interim_answer_releases_waiters_while_the_leader_works_on() {
+        let flights = Arc::new(Flights::new());
+        let Joined::Lead(leader) = flights.join(key(4)) else {
+            panic!()
+        };
+        let Joined::Follow(early) = flights.join(key(4)) else {
+            panic!()
+        };
+        leader.answer_meanwhile(Outcome::Value {
+            entry: entry(),
+            stale: true,
+        });
+        assert!(matches!(
+            early.wait(Duration::from_secs(5)).await,
+            Some(Outcome::Value { stale: true, .. })
+        ));
+        let Joined::Follow(late) = flights.join(key(4)) else {
+            panic!("the flight still runs")
+        };
+        assert!(matches!(
+            late.wait(Duration::from_secs(5)).await,
+            Some(Outcome::Value { stale: true, .. })
+        ));
+        leader.finish(Outcome::Pass);
+        assert!(matches!(flights.join(key(4)), Joined::Lead(_)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -218,6 +218,24 @@ impl Engine {
         }
     }
 
+    /// Serves a stale entry found in Redis to everyone in this process while
+    /// the leader refreshes it: it goes into the L1 (so newcomers are answered
+    /// `STALE` without a flight), and the flight's current waiters get it now.
+    pub(crate) fn serve_stale_meanwhile(&self, leader: &Leader, entry: &Arc<Entry>) {
+        let key = leader.key();
+        let newer_here = matches!(
+            self.l1.get(&key),
+            Some(Slot::Value(current)) if current.fresh_until() >= entry.fresh_until()
+        );
+        if !newer_here {
+            self.l1.insert(key, Slot::Value(entry.clone()));
+        }
+        leader.answer_meanwhile(Outcome::Value {
+            entry: entry.clone(),
+            stale: true,
+        });
+    }
+
     /// Records a leader's result in the L1, then releases its waiters.
     pub(crate) fn finish(&self, leader: Leader, finish: Finish) {
         let key = leader.key();
