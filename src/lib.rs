@@ -38,6 +38,12 @@
 //!    takes over. If its answer cannot be shared (a private response), the key
 //!    is marked hit-for-miss for a moment so its requests run side by side
 //!    instead of one after another.
+//! 5. **Fleet** (with `Backend::redis`): the leader asks Redis, in one round
+//!    trip, for the entry or the key's rebuild lease. The lease holder runs the
+//!    handler (a watchdog renews the lease; a fencing number guards its
+//!    commit); every other instance waits for its publish or serves stale.
+//!    A slow or dead Redis costs at most a deadline, then a circuit breaker
+//!    keeps the layer on its in-process tier until Redis is back.
 //!
 //! Responses carry `x-cache` and `Age`. Counters go through the [`metrics`]
 //! facade (see [`mod@metrics`]); slow paths open `tracing` spans.
