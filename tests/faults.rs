@@ -1,5 +1,6 @@
 //! Redis failing, slow or gone never takes the service down: it degrades to
 //! in-process protection and recovers when Redis does.
+#![cfg(feature = "redis")]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Fleet-wide protection: K instances, each with its own L1 and its own Redis
 //! connections, in front of one origin, against a real redis-server.
+#![cfg(feature = "redis")]
 
 mod common;
 

@@ -3,6 +3,7 @@
 //!
 //! The child processes are this test binary started again with
 //! `child_node --exact --ignored` and a role in the environment.
+#![cfg(feature = "redis")]
 
 mod common;
 
