@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::Engine;
+use crate::lock::LocalLocks;
 use crate::store::local::LocalTier;
 #[cfg(feature = "redis")]
 use crate::store::redis::{RedisConfig, RedisTier};
@@ -33,6 +34,8 @@ pub const DEFAULT_L1_MAX_BYTES: u64 = 64 << 20;
 #[derive(Clone)]
 pub struct Backend {
     pub(crate) engine: Arc<Engine>,
+    /// Locks of the embedded backend (unused when Redis holds them).
+    pub(crate) locks: Arc<LocalLocks>,
 }
 
 impl Backend {
@@ -225,6 +228,7 @@ impl RedisBackendBuilder {
             })?;
         Ok(Backend {
             engine: Arc::new(Engine::with_l2(l1, tier)),
+            locks: Arc::default(),
         })
     }
 }
@@ -260,6 +264,7 @@ impl BackendBuilder {
     pub fn build(self) -> Backend {
         Backend {
             engine: Arc::new(Engine::new(LocalTier::new(self.l1_max_bytes))),
+            locks: Arc::default(),
         }
     }
 }

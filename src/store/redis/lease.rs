@@ -20,9 +20,7 @@ use tokio::task::JoinHandle;
 use super::RedisTier;
 use crate::key::Key;
 
-/// A fencing number: larger means later.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct FencingToken(pub u64);
+pub(crate) use crate::fence::FencingToken;
 
 pub(crate) struct Lease {
     pub(crate) key: Key,

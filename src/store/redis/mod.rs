@@ -17,6 +17,7 @@
 
 mod breaker;
 pub(crate) mod lease;
+pub(crate) mod lock;
 pub(crate) mod notify;
 
 use std::future::Future;
@@ -99,6 +100,10 @@ struct Scripts {
     release: Script,
     renew: Script,
     invalidate: Script,
+    lock_acquire: Script,
+    lock_release: Script,
+    lock_renew: Script,
+    lock_leave: Script,
 }
 
 impl Scripts {
@@ -109,16 +114,24 @@ impl Scripts {
             release: Script::new(include_str!("scripts/release.lua")),
             renew: Script::new(include_str!("scripts/renew.lua")),
             invalidate: Script::new(include_str!("scripts/invalidate.lua")),
+            lock_acquire: Script::new(include_str!("scripts/lock_acquire.lua")),
+            lock_release: Script::new(include_str!("scripts/lock_release.lua")),
+            lock_renew: Script::new(include_str!("scripts/lock_renew.lua")),
+            lock_leave: Script::new(include_str!("scripts/lock_leave.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 5] {
+    fn all(&self) -> [&Script; 9] {
         [
             &self.fetch_or_lease,
             &self.commit,
             &self.release,
             &self.renew,
             &self.invalidate,
+            &self.lock_acquire,
+            &self.lock_release,
+            &self.lock_renew,
+            &self.lock_leave,
         ]
     }
 }

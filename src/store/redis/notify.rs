@@ -32,6 +32,8 @@ pub(crate) enum Event {
     Failed,
     /// The entry was dropped.
     Invalidated,
+    /// A lock was released, or its queue changed.
+    Released,
     /// The subscriber lost its connection: messages may have been missed.
     Reconnected,
 }
@@ -42,6 +44,7 @@ impl Event {
             Event::Committed => 'c',
             Event::Failed => 'f',
             Event::Invalidated => 'i',
+            Event::Released => 'r',
             Event::None | Event::Reconnected => '-',
         }
     }
@@ -58,6 +61,7 @@ impl Event {
             "c" => Event::Committed,
             "f" => Event::Failed,
             "i" => Event::Invalidated,
+            "r" => Event::Released,
             _ => return None,
         };
         Some((event, Key::from_hex(hex)?))

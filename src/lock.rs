@@ -1,0 +1,544 @@
+//! The rebuild lease as a public lock for critical sections across processes:
+//! a flash sale that must not oversell, a job that must run on one node.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use stampede_guard::{Backend, Lock};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let lock = Lock::new(Backend::redis("redis://127.0.0.1:6379").await?)
+//!     .lease(Duration::from_secs(10))
+//!     .wait_budget(Duration::from_secs(5));
+//!
+//! let guard = lock.acquire("stock:sku-42").await?;
+//! // Hand the fencing token to the resource you change, so it can refuse a
+//! // write from a holder whose lease ran out (see `FencingToken`).
+//! let fence = guard.fencing_token();
+//! tokio::select! {
+//!     _ = sell_one(fence) => {}
+//!     _ = guard.lost() => { /* the lease was lost: stop, do not commit */ }
+//! }
+//! guard.release().await?;
+//! # Ok(()) }
+//! # async fn sell_one(_: stampede_guard::FencingToken) {}
+//! ```
+//!
+//! **Guarantees.** On Redis, a lock is a key holding a random owner token,
+//! with a lease: only the token's holder can renew or release it (both are
+//! compare-token scripts), a watchdog renews it every third of the lease while
+//! the guard lives, and a holder that dies loses it when the lease runs out.
+//! A lease can still run out under a holder that is alive but stalled (a long
+//! pause, a partition), so two holders can briefly overlap: the lock alone is
+//! an *efficiency* lock. For *correctness*, pass the guard's
+//! [`FencingToken`] to the protected resource and have it refuse any token
+//! lower than one it has already seen; the guard's [`lost`](LockGuard::lost)
+//! future also tells the holder when renewal failed.
+//!
+//! **Fairness.** Waiters are served first come, first served: each joins a
+//! queue in Redis, and the lock goes to the head of the queue, so a waiter
+//! cannot starve while others release and re-acquire. A waiter that gives up
+//! or is cancelled leaves the queue; one whose process dies keeps its place
+//! until its wait budget has passed.
+//!
+//! **Waking.** A release publishes on the backend's channel and every waiter
+//! for that lock retries at once; a lease that expires (holder died) wakes
+//! them when it runs out. There is no polling.
+//!
+//! On the embedded backend the same API locks within the process (with the
+//! same queue order, fencing numbers and reentrancy); leases cannot be lost
+//! there.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Notify};
+
+use crate::backend::Backend;
+use crate::key::Key;
+#[cfg(feature = "redis")]
+use crate::store::redis::lock::Attempt;
+#[cfg(feature = "redis")]
+use crate::store::redis::RedisTier;
+
+use crate::fence::FencingToken;
+
+/// A named lock on a backend. Clone it freely.
+#[derive(Clone)]
+pub struct Lock {
+    backend: Backend,
+    lease: Duration,
+    wait_budget: Duration,
+}
+
+impl fmt::Debug for Lock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lock")
+            .field("lease", &self.lease)
+            .field("wait_budget", &self.wait_budget)
+            .finish()
+    }
+}
+
+/// Who holds a lock. Acquisitions with the same owner are reentrant: the lock
+/// counts its holds and is released when the last guard goes.
+#[derive(Clone, PartialEq, Eq)]
+pub struct LockOwner {
+    token: String,
+}
+
+impl LockOwner {
+    /// A new owner with a random 128-bit token (not guessable).
+    pub fn new() -> Self {
+        LockOwner {
+            token: format!("{:032x}", rand::random::<u128>()),
+        }
+    }
+}
+
+impl Default for LockOwner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for LockOwner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The token is a capability: do not print it.
+        f.write_str("LockOwner(..)")
+    }
+}
+
+/// Why a lock was not acquired or released.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LockError {
+    /// Another owner held the lock for the whole wait budget.
+    Timeout,
+    /// The backend could not be asked (Redis unreachable or failing). A lock
+    /// never falls back to a local one: that would not exclude other processes.
+    Unavailable(String),
+}
+
+impl fmt::Display for LockError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LockError::Timeout => f.write_str("lock not acquired within the wait budget"),
+            LockError::Unavailable(why) => write!(f, "lock backend unavailable: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for LockError {}
+
+impl Lock {
+    /// A lock on `backend`: 10 s lease (renewed while held), 10 s wait budget.
+    pub fn new(backend: Backend) -> Self {
+        Lock {
+            backend,
+            lease: Duration::from_secs(10),
+            wait_budget: Duration::from_secs(10),
+        }
+    }
+
+    /// How long a holder keeps the lock without renewing it. The guard's
+    /// watchdog renews it every third of this; a dead holder loses it after
+    /// at most this long.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_millis(3));
+        self
+    }
+
+    /// How long [`acquire`](Self::acquire) waits for the lock.
+    pub fn wait_budget(mut self, budget: Duration) -> Self {
+        self.wait_budget = budget;
+        self
+    }
+
+    fn id(name: &str) -> Key {
+        Key::for_value("lock", name.as_bytes())
+    }
+
+    /// Takes the lock `name`, waiting up to the wait budget.
+    pub async fn acquire(&self, name: &str) -> Result<LockGuard, LockError> {
+        self.acquire_inner(name, &LockOwner::new(), Some(self.wait_budget), false)
+            .await?
+            .ok_or(LockError::Timeout)
+    }
+
+    /// Takes the lock `name` if it is free (and nobody queues for it), without
+    /// waiting.
+    pub async fn try_acquire(&self, name: &str) -> Result<Option<LockGuard>, LockError> {
+        self.acquire_inner(name, &LockOwner::new(), None, false)
+            .await
+    }
+
+    /// Takes the lock `name` for `owner`, waiting up to the wait budget. If
+    /// `owner` already holds it, this adds a hold instead (reentrancy): the
+    /// lock is released when every guard of the owner is gone.
+    pub async fn acquire_as(&self, name: &str, owner: &LockOwner) -> Result<LockGuard, LockError> {
+        self.acquire_inner(name, owner, Some(self.wait_budget), true)
+            .await?
+            .ok_or(LockError::Timeout)
+    }
+
+    async fn acquire_inner(
+        &self,
+        name: &str,
+        owner: &LockOwner,
+        wait: Option<Duration>,
+        reenter: bool,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let id = Self::id(name);
+        #[cfg(feature = "redis")]
+        if let Some(l2) = self.backend.engine.l2() {
+            return self
+                .acquire_redis(l2, id, owner, wait, reenter)
+                .await
+                .map(|held| {
+                    held.map(|(fence, holds)| self.guard(id, owner, fence, holds, Some(l2.clone())))
+                });
+        }
+        let locks = &self.backend.locks;
+        Ok(locks
+            .acquire(id, &owner.token, wait, reenter)
+            .await
+            .map(|(fence, holds)| {
+                #[cfg(feature = "redis")]
+                return self.guard(id, owner, fence, holds, None);
+                #[cfg(not(feature = "redis"))]
+                return self.guard(id, owner, fence, holds);
+            }))
+    }
+
+    #[cfg(feature = "redis")]
+    async fn acquire_redis(
+        &self,
+        l2: &Arc<RedisTier>,
+        id: Key,
+        owner: &LockOwner,
+        wait: Option<Duration>,
+        reenter: bool,
+    ) -> Result<Option<(u64, u64)>, LockError> {
+        let unavailable = |e: crate::store::redis::TierError| LockError::Unavailable(e.to_string());
+        let give_up = wait.map(|w| Instant::now() + w);
+        // A place in the queue lasts as long as this waiter may wait (plus a
+        // margin), so a waiter whose process died cannot block it for longer.
+        let queue_for = wait.map(|w| w + Duration::from_secs(1));
+        // Armed once this waiter has a place in the queue: if the caller
+        // gives up on us (drops the future), the place is given back.
+        let mut leave = LeaveOnDrop {
+            tier: l2.clone(),
+            id,
+            token: None,
+        };
+        loop {
+            // Listen before asking, so a release in between still wakes us.
+            let mut registration = l2.notifier.register(id);
+            let attempt = l2
+                .lock_acquire(&id, &owner.token, self.lease, queue_for, reenter)
+                .await
+                .map_err(unavailable)?;
+            let pttl = match attempt {
+                Attempt::Held { fence, holds } => {
+                    leave.token = None;
+                    return Ok(Some((fence, holds)));
+                }
+                Attempt::Busy { pttl } => pttl,
+            };
+            let left = give_up.map_or(Duration::ZERO, |at| {
+                at.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() {
+                leave.token = None;
+                if wait.is_some() {
+                    let _ = l2.lock_leave(&id, &owner.token).await;
+                }
+                return Ok(None);
+            }
+            leave.token = Some(owner.token.clone());
+            // Woken by a release; failing that, by the holder's lease running
+            // out (it died) or the budget.
+            let sleep = pttl.map_or(left, |p| (p + Duration::from_millis(2)).min(left));
+            registration.wait(sleep).await;
+        }
+    }
+
+    fn guard(
+        &self,
+        id: Key,
+        owner: &LockOwner,
+        fence: u64,
+        holds: u64,
+        #[cfg(feature = "redis")] tier: Option<Arc<RedisTier>>,
+    ) -> LockGuard {
+        let (lost_tx, lost_rx) = watch::channel(false);
+        #[cfg(feature = "redis")]
+        let watchdog = tier.as_ref().and_then(|tier| {
+            let runtime = tokio::runtime::Handle::try_current().ok()?;
+            Some(runtime.spawn(watchdog(
+                tier.clone(),
+                id,
+                owner.token.clone(),
+                self.lease,
+                lost_tx,
+            )))
+        });
+        #[cfg(not(feature = "redis"))]
+        drop(lost_tx);
+        LockGuard {
+            id,
+            token: owner.token.clone(),
+            fence: FencingToken(fence),
+            holds,
+            lost: lost_rx,
+            #[cfg(feature = "redis")]
+            watchdog,
+            #[cfg(feature = "redis")]
+            tier,
+            locks: self.backend.locks.clone(),
+            released: false,
+        }
+    }
+}
+
+/// A cancelled waiter leaves the queue, so it does not hold back the next in
+/// line until its place lapses.
+#[cfg(feature = "redis")]
+struct LeaveOnDrop {
+    tier: Arc<RedisTier>,
+    id: Key,
+    token: Option<String>,
+}
+
+#[cfg(feature = "redis")]
+impl Drop for LeaveOnDrop {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        let (tier, id) = (self.tier.clone(), self.id);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = tier.lock_leave(&id, &token).await;
+            });
+        }
+    }
+}
+
+/// Renews the lock every third of its lease until stopped; reports loss.
+#[cfg(feature = "redis")]
+async fn watchdog(
+    tier: Arc<RedisTier>,
+    id: Key,
+    token: String,
+    lease: Duration,
+    lost: watch::Sender<bool>,
+) {
+    let period = (lease / 3).max(Duration::from_millis(1));
+    let mut renewed = Instant::now();
+    loop {
+        tokio::time::sleep(period).await;
+        match tier.lock_renew(&id, &token, lease).await {
+            Ok(true) => renewed = Instant::now(),
+            Ok(false) => break,
+            Err(_) if renewed.elapsed() >= lease => break,
+            Err(_) => {}
+        }
+    }
+    tracing::warn!(lock = %id, "lock lease lost");
+    lost.send_replace(true);
+}
+
+/// A held lock. Dropping it releases the hold in the background; call
+/// [`release`](Self::release) to wait for that and see its result.
+pub struct LockGuard {
+    id: Key,
+    token: String,
+    fence: FencingToken,
+    holds: u64,
+    lost: watch::Receiver<bool>,
+    #[cfg(feature = "redis")]
+    watchdog: Option<tokio::task::JoinHandle<()>>,
+    #[cfg(feature = "redis")]
+    tier: Option<Arc<RedisTier>>,
+    locks: Arc<LocalLocks>,
+    released: bool,
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("fence", &self.fence)
+            .field("holds", &self.holds)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl LockGuard {
+    /// The fencing number of this acquisition: larger than that of every
+    /// earlier acquisition of the lock (a reentrant hold shares the first
+    /// hold's number).
+    pub fn fencing_token(&self) -> FencingToken {
+        self.fence
+    }
+
+    /// How many holds the owner had when this guard was made (1 unless
+    /// reentrant).
+    pub fn holds(&self) -> u64 {
+        self.holds
+    }
+
+    /// Whether the lease was lost (renewal refused, or Redis unreachable for a
+    /// whole lease): another owner may hold the lock now.
+    pub fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Completes when the lease is lost. Select on it beside the critical
+    /// section to stop before committing anything.
+    pub async fn lost(&self) {
+        let mut lost = self.lost.clone();
+        if lost.wait_for(|lost| *lost).await.is_err() {
+            // The watchdog is gone without reporting a loss (released, or the
+            // embedded backend, where a lock cannot be lost): never completes.
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Releases this hold now. Returns whether it was still ours (false if
+    /// the lease had run out and perhaps passed to another owner).
+    pub async fn release(mut self) -> Result<bool, LockError> {
+        self.released = true;
+        self.stop_watchdog();
+        #[cfg(feature = "redis")]
+        if let Some(tier) = &self.tier {
+            return tier
+                .lock_release(&self.id, &self.token)
+                .await
+                .map_err(|e| LockError::Unavailable(e.to_string()));
+        }
+        Ok(self.locks.release(self.id, &self.token))
+    }
+
+    fn stop_watchdog(&mut self) {
+        #[cfg(feature = "redis")]
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.abort();
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        self.stop_watchdog();
+        #[cfg(feature = "redis")]
+        if let Some(tier) = self.tier.clone() {
+            let (id, token) = (self.id, std::mem::take(&mut self.token));
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = tier.lock_release(&id, &token).await;
+                });
+            }
+            // Without a runtime the lease runs out by itself.
+            return;
+        }
+        self.locks.release(self.id, &self.token);
+    }
+}
+
+/// In-process locks for the embedded backend: the same rules as the Redis
+/// scripts (queue order, fencing numbers, reentrant holds), under a mutex.
+#[derive(Default)]
+pub(crate) struct LocalLocks {
+    locks: Mutex<HashMap<Key, LocalLock>>,
+}
+
+#[derive(Default)]
+struct LocalLock {
+    owner: Option<(String, u64)>,
+    fence: u64,
+    queue: VecDeque<String>,
+    released: Arc<Notify>,
+}
+
+impl LocalLocks {
+    async fn acquire(
+        &self,
+        id: Key,
+        token: &str,
+        wait: Option<Duration>,
+        reenter: bool,
+    ) -> Option<(u64, u64)> {
+        let give_up = wait.map(|w| Instant::now() + w);
+        loop {
+            let released = self
+                .locks
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(id)
+                .or_default()
+                .released
+                .clone();
+            // Listen before looking, so a release in between still wakes us.
+            let notified = released.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            {
+                let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+                let lock = locks.entry(id).or_default();
+                match &mut lock.owner {
+                    Some((owner, holds)) if owner == token && reenter => {
+                        *holds += 1;
+                        return Some((lock.fence, *holds));
+                    }
+                    None if lock.queue.front().map_or(true, |head| head == token) => {
+                        lock.queue.retain(|t| t != token);
+                        lock.fence += 1;
+                        lock.owner = Some((token.to_owned(), 1));
+                        return Some((lock.fence, 1));
+                    }
+                    _ => {}
+                }
+                if wait.is_some() && !lock.queue.iter().any(|t| t == token) {
+                    lock.queue.push_back(token.to_owned());
+                }
+            }
+            let left = give_up.map_or(Duration::ZERO, |at| {
+                at.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() || tokio::time::timeout(left, notified).await.is_err() {
+                let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(lock) = locks.get_mut(&id) {
+                    // The head may have changed: let the others look again.
+                    lock.queue.retain(|t| t != token);
+                    lock.released.notify_waiters();
+                }
+                return None;
+            }
+        }
+    }
+
+    fn release(&self, id: Key, token: &str) -> bool {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(lock) = locks.get_mut(&id) else {
+            return false;
+        };
+        match &mut lock.owner {
+            Some((owner, holds)) if owner == token => {
+                *holds -= 1;
+                if *holds == 0 {
+                    lock.owner = None;
+                    lock.released.notify_waiters();
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+}
