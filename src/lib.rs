@@ -62,7 +62,12 @@
 // Without Redis, the shared tier's codec and lease plumbing are compiled but unused.
 #![cfg_attr(
     not(feature = "redis"),
-    allow(dead_code, unused_imports, unused_variables)
+    allow(
+        dead_code,
+        unused_imports,
+        unused_variables,
+        clippy::extra_unused_type_parameters
+    )
 )]
 #![warn(missing_docs)]
 
