@@ -65,7 +65,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             (server.url(), Some(server))
         }
     };
-    let mut conn = redis::Client::open(url.as_str())?.get_multiplexed_async_connection().await?;
+    let mut conn = redis::Client::open(url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
     let _: () = conn.set(STOCK_KEY, o.stock).await?;
 
     println!(
@@ -115,7 +117,9 @@ async fn worker(url: &str, tasks: usize) -> Result<(), Box<dyn std::error::Error
     let mut handles = Vec::new();
     for _ in 0..tasks {
         let lock = lock.clone();
-        let mut conn = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
+        let mut conn = redis::Client::open(url)?
+            .get_multiplexed_async_connection()
+            .await?;
         handles.push(tokio::spawn(async move {
             let mut sold = 0u64;
             loop {
@@ -151,7 +155,14 @@ impl TempRedis {
     fn start() -> Result<Self, Box<dyn std::error::Error>> {
         let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
             .stdout(Stdio::null())
             .spawn()
             .map_err(|e| format!("redis-server not found ({e}); install it or pass --redis URL"))?;

@@ -328,7 +328,7 @@ impl Engine {
                 Err(_) => return Plan::Rebuild { lease: None, stale },
             };
             let now = Instant::now();
-            let lease_pttl = match fetched {
+            let (lease, lease_pttl, old) = match fetched {
                 Fetched::Fresh(remote) => match decode::<V>(remote, now) {
                     Some(entry) => {
                         count(m::L2_HITS);
@@ -342,52 +342,33 @@ impl Engine {
                         continue;
                     }
                 },
-                Fetched::Leased { lease, stale: old } => {
-                    stale = newer(
-                        stale,
-                        old.and_then(|r| decode_or_count::<V>(l2, &key, r, now, corrupt)),
-                    );
-                    if serve_stale {
-                        if let Some(entry) = stale
-                            .as_ref()
-                            .filter(|e| e.servable_while_revalidating(now))
-                        {
-                            return Plan::StaleNow {
-                                entry: entry.clone(),
-                                lease: Some(lease),
-                            };
-                        }
-                    }
-                    return Plan::Rebuild {
-                        lease: Some(lease),
-                        stale,
+                Fetched::Leased { lease, stale } => (Some(lease), Duration::ZERO, stale),
+                Fetched::Held { lease_pttl, stale } => (None, lease_pttl, stale),
+            };
+            stale = newer(
+                stale,
+                old.and_then(|r| decode_or_count::<V>(l2, &key, r, now, corrupt)),
+            );
+            if serve_stale {
+                if let Some(entry) = stale
+                    .as_ref()
+                    .filter(|e| e.servable_while_revalidating(now))
+                {
+                    return Plan::StaleNow {
+                        entry: entry.clone(),
+                        lease,
                     };
                 }
-                Fetched::Held {
-                    lease_pttl,
-                    stale: old,
-                } => {
-                    stale = newer(
-                        stale,
-                        old.and_then(|r| decode_or_count::<V>(l2, &key, r, now, corrupt)),
-                    );
-                    // (An early refresh that finds another instance already
-                    // refreshing waits for its commit too, and so loads the
-                    // new entry before its own copy expires.)
-                    if serve_stale {
-                        if let Some(entry) = stale
-                            .as_ref()
-                            .filter(|e| e.servable_while_revalidating(now))
-                        {
-                            return Plan::StaleNow {
-                                entry: entry.clone(),
-                                lease: None,
-                            };
-                        }
-                    }
-                    lease_pttl
-                }
-            };
+            }
+            if let Some(lease) = lease {
+                return Plan::Rebuild {
+                    lease: Some(lease),
+                    stale,
+                };
+            }
+            // Another instance holds the lease. (An early refresh that finds
+            // one already refreshing waits for its commit too, and so loads
+            // the new entry before its own copy expires.)
             let left = give_up.saturating_duration_since(now);
             if left.is_zero() {
                 return Plan::TimedOut { stale };
