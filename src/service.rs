@@ -136,7 +136,25 @@ struct Ctx {
     backend: Backend,
     policy: Arc<Policy>,
     key: Key,
+    ask: Ask,
+}
+
+/// What the client asked for beyond the entry itself.
+#[derive(Clone, Default)]
+struct Ask {
+    /// Only the head (HEAD).
     head: bool,
+    /// Only news: the entity tags it already has (`If-None-Match`).
+    if_none_match: Option<HeaderValue>,
+}
+
+impl Ask {
+    fn of<B>(request: &Request<B>) -> Self {
+        Ask {
+            head: request.method() == Method::HEAD,
+            if_none_match: request.headers().get(header::IF_NONE_MATCH).cloned(),
+        }
+    }
 }
 
 impl Ctx {
@@ -156,7 +174,7 @@ impl Ctx {
         entry: &Entry,
         status: CacheStatus,
     ) -> Option<Response<Body<B>>> {
-        respond(&self.policy, self.head, entry, status, Instant::now())
+        respond(&self.policy, &self.ask, entry, status, Instant::now())
     }
 }
 
@@ -193,18 +211,18 @@ where
         };
         let key = request_key(&policy.namespace, &parts, &policy.vary, custom.as_deref());
         let request = Request::from_parts(parts, body);
-        let head = request.method() == Method::HEAD;
+        let ask = Ask::of(&request);
         let now = Instant::now();
         match self.backend.engine.lookup(key, now) {
             Lookup::Fresh(entry) => {
-                let Some(response) = respond(policy, head, &entry, CacheStatus::Hit, now) else {
+                let Some(response) = respond(policy, &ask, &entry, CacheStatus::Hit, now) else {
                     return self.pass_through(request);
                 };
                 count(m::HITS);
                 if let Some(beta) = policy.early_refresh {
                     if let Some(leader) = self.backend.engine.early_refresh(key, &entry, beta, now)
                     {
-                        let ctx = self.ctx(key, head);
+                        let ctx = self.ctx(key, ask);
                         let left = entry.fresh_for(now) + EARLY_SLACK;
                         spawn_background(
                             ctx,
@@ -219,12 +237,12 @@ where
                 ready(response)
             }
             Lookup::Stale { entry, refresh } => {
-                let Some(response) = respond(policy, head, &entry, CacheStatus::Stale, now) else {
+                let Some(response) = respond(policy, &ask, &entry, CacheStatus::Stale, now) else {
                     return self.pass_through(request);
                 };
                 count(m::STALE);
                 if let Some(leader) = refresh {
-                    let ctx = self.ctx(key, head);
+                    let ctx = self.ctx(key, ask);
                     spawn_background(
                         ctx,
                         self.inner.clone(),
@@ -238,7 +256,7 @@ where
             }
             Lookup::Bypass => self.pass_through(request),
             lookup => {
-                let ctx = self.ctx(key, head);
+                let ctx = self.ctx(key, ask);
                 // The readied service goes with the request; a clone takes its place.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
@@ -253,12 +271,12 @@ where
 }
 
 impl<S> GuardService<S> {
-    fn ctx(&self, key: Key, head: bool) -> Ctx {
+    fn ctx(&self, key: Key, ask: Ask) -> Ctx {
         Ctx {
             backend: self.backend.clone(),
             policy: self.policy.clone(),
             key,
-            head,
+            ask,
         }
     }
 
@@ -293,30 +311,61 @@ fn ready<F, B: HttpBody, E>(response: Response<Body<B>>) -> ResponseFuture<F, B,
     }
 }
 
-/// Builds a response from a cached entry. `None` if the entry holds something
-/// other than a response (never for keys this layer writes).
+/// Builds a response from a cached entry: the whole entry, its head for
+/// HEAD, or `304 Not Modified` when the client already has it. `None` if the
+/// entry holds something other than a response (never for keys this layer
+/// writes).
 fn respond<B: HttpBody>(
     policy: &Policy,
-    head: bool,
+    ask: &Ask,
     entry: &Entry,
     status: CacheStatus,
     now: Instant,
 ) -> Option<Response<Body<B>>> {
     let cached = entry.value::<CachedResponse>()?;
-    let body = if head {
+    let not_modified = cached.status == StatusCode::OK
+        && ask
+            .if_none_match
+            .as_ref()
+            .is_some_and(|tags| etag_matches(tags, cached.headers.get(header::ETAG)));
+    let body = if ask.head || not_modified {
         Body::empty()
     } else {
         Body::full(cached.body.clone())
     };
     let mut response = Response::new(body);
-    *response.status_mut() = cached.status;
     *response.headers_mut() = cached.headers.clone();
+    // A 304 carries the headers of the 200 it stands for (RFC 9110 §15.4.5),
+    // Content-Length included: it may, as long as it is the 200's (§8.6).
+    *response.status_mut() = if not_modified {
+        StatusCode::NOT_MODIFIED
+    } else {
+        cached.status
+    };
     let headers = response.headers_mut();
     headers.insert(header::AGE, age_value(entry.age(now).as_secs()));
     if let Some(name) = &policy.status_header {
         headers.insert(name.clone(), status.header_value());
     }
     Some(response)
+}
+
+/// `If-None-Match` against a stored `ETag`, by weak comparison (RFC 9110
+/// §13.1.2): `W/"a"` matches `"a"`; `*` matches any tag.
+fn etag_matches(if_none_match: &HeaderValue, etag: Option<&HeaderValue>) -> bool {
+    let Some(etag) = etag.and_then(|e| e.to_str().ok()) else {
+        return false;
+    };
+    fn opaque(tag: &str) -> &str {
+        tag.trim().trim_start_matches("W/")
+    }
+    let stored = opaque(etag);
+    match if_none_match.to_str() {
+        Ok(list) => list
+            .split(',')
+            .any(|tag| tag.trim() == "*" || opaque(tag) == stored),
+        Err(_) => false,
+    }
 }
 
 /// `Age` values, made once: formatting a number into a fresh header value on

@@ -328,3 +328,58 @@ async fn routes_sharing_a_backend_keep_their_own_policies() {
     assert_eq!(send(&app, get_req("/fast")).await.x_cache(), "MISS");
     assert_eq!(origin.calls(), 3);
 }
+
+#[tokio::test]
+async fn a_client_that_has_the_entry_gets_304_from_the_cache() {
+    let origin = Origin::default();
+    let o = origin.clone();
+    let app = Router::new().route(
+        "/r",
+        get(move || {
+            let origin = o.clone();
+            async move {
+                origin.enter();
+                (
+                    [("etag", "W/\"v1\""), ("cache-control", "public")],
+                    "the body",
+                )
+            }
+        })
+        .layer(guard()),
+    );
+    let with = |tags: &str| {
+        Request::get("/r")
+            .header("if-none-match", tags)
+            .body(Body::empty())
+            .unwrap()
+    };
+    // The first conditional request fills the cache with the whole entry
+    // (the origin never sees the condition) and is answered 304 from it.
+    let first = send(&app, with("\"v1\"")).await;
+    assert_eq!(
+        (first.status, first.x_cache()),
+        (StatusCode::NOT_MODIFIED, "MISS")
+    );
+    let plain = send(&app, get_req("/r")).await;
+    assert_eq!(
+        (plain.status, plain.text().as_str()),
+        (StatusCode::OK, "the body")
+    );
+
+    let hit = send(&app, with("\"other\", \"v1\"")).await;
+    assert_eq!(hit.status, StatusCode::NOT_MODIFIED);
+    assert!(hit.body.is_empty());
+    assert_eq!(hit.headers["etag"], "W/\"v1\"");
+    assert_eq!(hit.headers["cache-control"], "public");
+    // If present, Content-Length must be the 200's (RFC 9110 §8.6).
+    assert_eq!(hit.headers["content-length"], "8");
+    assert_eq!(hit.x_cache(), "HIT");
+
+    assert_eq!(send(&app, with("*")).await.status, StatusCode::NOT_MODIFIED);
+    let changed = send(&app, with("\"v0\"")).await;
+    assert_eq!(
+        (changed.status, changed.text().as_str()),
+        (StatusCode::OK, "the body")
+    );
+    assert_eq!(origin.calls(), 1);
+}
