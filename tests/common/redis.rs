@@ -78,6 +78,8 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        // Never leave a server behind that did not become ready.
+        self.kill();
         false
     }
 
