@@ -16,7 +16,13 @@ use crate::engine::Engine;
 use crate::lock::LocalLocks;
 use crate::store::local::LocalTier;
 #[cfg(feature = "redis")]
-use crate::store::redis::{RedisConfig, RedisTier};
+use crate::store::redis::config::TlsPem;
+#[cfg(feature = "redis")]
+pub use crate::store::redis::config::{RedisConfig, TlsFiles};
+#[cfg(feature = "redis")]
+use crate::store::redis::connection::Topology;
+#[cfg(feature = "redis")]
+use crate::store::redis::{RedisTier, TierConfig};
 
 /// Default L1 bound: 64 MiB of cached values.
 pub const DEFAULT_L1_MAX_BYTES: u64 = 64 << 20;
@@ -80,18 +86,58 @@ impl Backend {
     /// Settings for a Redis-backed backend: an L1 in each process in front of
     /// a Redis shared by the fleet, which holds the entries, the rebuild
     /// leases and the wake-up channel.
+    ///
+    /// The URL also names the topology: `redis://` or `rediss://` for one
+    /// server, `redis-cluster://host1:port1,host2:port2` for Redis Cluster,
+    /// `redis-sentinel://host1:port1,host2:port2/SERVICE` for a primary found
+    /// through Sentinel (see [`RedisConfig`] for every form).
     #[cfg(feature = "redis")]
     pub fn redis_builder(url: &str) -> RedisBackendBuilder {
-        RedisBackendBuilder {
-            l1_max_bytes: DEFAULT_L1_MAX_BYTES,
-            config: RedisConfig {
-                url: url.to_owned(),
-                prefix: "sg".to_owned(),
-                deadline: Duration::from_millis(50),
-                connect_timeout: Duration::from_secs(2),
-                probe_interval: Duration::from_millis(250),
-            },
-        }
+        RedisBackendBuilder::from_config(RedisConfig::new(url))
+    }
+
+    /// A backend on Redis Cluster with the default settings, from the URLs of
+    /// one or more of its nodes. See [`Backend::redis_cluster_builder`].
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), stampede_guard::Error> {
+    /// let backend = stampede_guard::Backend::redis_cluster([
+    ///     "redis://10.0.0.1:6379",
+    ///     "redis://10.0.0.2:6379",
+    /// ])
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis-cluster")]
+    pub async fn redis_cluster<I, S>(nodes: I) -> Result<Self, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::redis_cluster_builder(nodes).connect().await
+    }
+
+    /// Settings for a backend on Redis Cluster, from the URLs of one or more
+    /// of its nodes (`redis://[user:password@]host:port`, or `rediss://`).
+    /// The client learns the rest of the cluster from them, follows MOVED and
+    /// ASK redirections and refreshes its view when a node is lost.
+    #[cfg(feature = "redis-cluster")]
+    pub fn redis_cluster_builder<I, S>(nodes: I) -> RedisBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let nodes: Vec<String> = nodes.into_iter().map(Into::into).collect();
+        let mut builder = RedisBackendBuilder::from_config(RedisConfig::new(nodes.join(",")));
+        builder.topology = Some(Topology::Cluster(nodes));
+        builder
+    }
+
+    /// A Redis-backed backend from settings a service loaded from its own
+    /// configuration (see [`RedisConfig`]).
+    #[cfg(feature = "redis")]
+    pub async fn from_config(config: RedisConfig) -> Result<Self, Error> {
+        RedisBackendBuilder::from_config(config).connect().await
     }
 
     /// Counters and state, for diagnostics.
@@ -173,15 +219,27 @@ impl std::error::Error for Error {
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug)]
 pub struct RedisBackendBuilder {
-    l1_max_bytes: u64,
     config: RedisConfig,
+    /// Set by constructors that know the topology without a URL.
+    topology: Option<Topology>,
+    /// TLS material given in memory (files in `config.tls` add to it).
+    tls: TlsPem,
 }
 
 #[cfg(feature = "redis")]
 impl RedisBackendBuilder {
+    /// A builder with these settings.
+    pub fn from_config(config: RedisConfig) -> Self {
+        RedisBackendBuilder {
+            config,
+            topology: None,
+            tls: TlsPem::default(),
+        }
+    }
+
     /// Bound of each process's in-process tier, in bytes (default 64 MiB).
     pub fn l1_max_bytes(mut self, bytes: u64) -> Self {
-        self.l1_max_bytes = bytes;
+        self.config.l1_max_bytes = bytes;
         self
     }
 
@@ -207,23 +265,61 @@ impl RedisBackendBuilder {
     }
 
     /// How often an open circuit pings Redis to see whether it is back
-    /// (default 250 ms).
+    /// (default 250 ms). Behind Sentinel the probe first asks the sentinels
+    /// where the primary is, and follows it after a failover.
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.config.probe_interval = interval;
         self
     }
 
+    /// Trusts this CA (PEM) for `rediss` connections instead of the system's
+    /// roots: for a private CA, as managed services and self-hosted TLS use.
+    pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate chain and key (PEM) to servers that
+    /// require one (`tls-auth-clients yes`).
+    pub fn tls_client_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.tls.client = Some((cert.into(), key.into()));
+        self
+    }
+
     /// Connects, subscribes to the event channel and loads the scripts.
-    /// Fails with the server's reason if Redis is unreachable or refuses the
-    /// credentials: a misconfigured backend is a start-up error, not a
-    /// silent fallback.
+    /// Fails with the server's reason if Redis is unreachable, refuses the
+    /// credentials or the TLS handshake: a misconfigured backend is a
+    /// start-up error, not a silent fallback.
     pub async fn connect(self) -> Result<Backend, Error> {
-        let l1 = LocalTier::new(self.l1_max_bytes);
-        let shown = redact(&self.config.url);
-        let tier = RedisTier::connect(self.config, l1.clone())
+        let config = self.config;
+        let shown = redact(&config.url);
+        let setup = |message: String| Error {
+            message: format!("could not set up Redis at {shown}: {message}"),
+            source: None,
+        };
+        let topology = match self.topology {
+            Some(topology) => topology,
+            None => Topology::parse(&config.url).map_err(setup)?,
+        };
+        let mut tls = self.tls;
+        if let Some(files) = &config.tls {
+            let read = files.read().map_err(setup)?;
+            tls.ca = read.ca.or(tls.ca);
+            tls.client = read.client.or(tls.client);
+        }
+        let l1 = LocalTier::new(config.l1_max_bytes);
+        let tier_config = TierConfig {
+            topology,
+            tls,
+            prefix: config.prefix,
+            deadline: config.deadline,
+            connect_timeout: config.connect_timeout,
+            probe_interval: config.probe_interval,
+        };
+        let tier = RedisTier::connect(tier_config, l1.clone())
             .await
             .map_err(|e| Error {
-                message: format!("could not set up Redis at {shown}: {e}"),
+                message: format!("could not set up Redis at {shown}: {}", explain(&e)),
                 source: Some(Box::new(e)),
             })?;
         Ok(Backend {
@@ -233,9 +329,27 @@ impl RedisBackendBuilder {
     }
 }
 
+/// The client's error, with a hint for the causes people meet at start-up.
+#[cfg(feature = "redis")]
+fn explain(e: &redis::RedisError) -> String {
+    let text = e.to_string();
+    let lower = text.to_ascii_lowercase();
+    let hint = if lower.contains("wrongpass") || lower.contains("noauth") {
+        " (authentication failed: check the user name and password)"
+    } else if lower.contains("noperm") {
+        " (the user lacks a command, key or channel permission this crate needs; see docs/TOPOLOGY.md)"
+    } else if lower.contains("certificate") || lower.contains("tls") || lower.contains("handshake")
+    {
+        " (TLS failed: check the CA, the server name and the client certificate)"
+    } else {
+        ""
+    };
+    format!("{text}{hint}")
+}
+
 /// The URL without its password, for messages.
 #[cfg(feature = "redis")]
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let userinfo = &url[scheme + 3..at];

@@ -88,7 +88,7 @@ mod store;
 
 pub use backend::{Backend, BackendBuilder, BackendStats, Error, DEFAULT_L1_MAX_BYTES};
 #[cfg(feature = "redis")]
-pub use backend::{RedisBackendBuilder, RedisStats};
+pub use backend::{RedisBackendBuilder, RedisConfig, RedisStats, TlsFiles};
 pub use body::Body;
 pub use cache::Cache;
 pub use entry::CacheValue;

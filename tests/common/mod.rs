@@ -112,4 +112,9 @@ pub async fn burst(app: &Router, n: usize, make: impl Fn() -> Request<Body>) -> 
 pub fn tally(answers: &[Answer], status: &str) -> usize {
     answers.iter().filter(|a| a.x_cache() == status).count()
 }
+pub mod cluster;
+#[cfg(feature = "redis")]
+pub mod fleet;
 pub mod redis;
+pub mod sentinel;
+pub mod tls;

@@ -45,7 +45,7 @@ impl RedisTier {
         queue_for: Option<Duration>,
         reenter: bool,
     ) -> Result<Attempt, TierError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let mut invocation = self.scripts.lock_acquire.prepare_invoke();
         for key in self.lock_keys(id) {
             invocation.key(key);
@@ -76,7 +76,7 @@ impl RedisTier {
         token: &str,
     ) -> Result<bool, TierError> {
         let [lock, ..] = self.lock_keys(id);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let released: i64 = self
             .call(
                 self.scripts
@@ -98,7 +98,7 @@ impl RedisTier {
         lease: Duration,
     ) -> Result<bool, TierError> {
         let [lock, ..] = self.lock_keys(id);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let renewed: i64 = self
             .call(
                 self.scripts
@@ -119,7 +119,7 @@ impl RedisTier {
         token: &str,
     ) -> Result<(), TierError> {
         let [_, _, queue, beats, _] = self.lock_keys(id);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let _: i64 = self
             .call(
                 self.scripts

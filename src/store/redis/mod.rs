@@ -16,24 +16,27 @@
 //! its in-process tier alone.
 
 mod breaker;
+pub(crate) mod config;
+pub(crate) mod connection;
 pub(crate) mod lease;
 pub(crate) mod lock;
 pub(crate) mod notify;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, IntoConnectionInfo, ProtocolVersion, RedisError, Script};
+use redis::{RedisError, Script};
 
 use crate::codec::millis;
 use crate::key::Key;
 use crate::metrics::{self as m, count};
 use crate::store::local::LocalTier;
 use breaker::Breaker;
+use config::TlsPem;
+use connection::{Conn, Link, Options, Sink, Topology};
 pub(crate) use lease::Lease;
 use notify::{Event, Notifier};
 
@@ -43,8 +46,9 @@ const FENCE_KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// Settings of the Redis tier.
 #[derive(Clone, Debug)]
-pub(crate) struct RedisConfig {
-    pub url: String,
+pub(crate) struct TierConfig {
+    pub topology: Topology,
+    pub tls: TlsPem,
     pub prefix: String,
     pub deadline: Duration,
     pub connect_timeout: Duration,
@@ -145,12 +149,13 @@ pub(crate) struct TierStats {
 }
 
 pub(crate) struct RedisTier {
-    conn: ConnectionManager,
-    /// Kept so the subscription lives as long as the tier.
-    subscriber: ConnectionManager,
-    config: RedisConfig,
+    /// The connections; replaced when a Sentinel-managed primary moves.
+    link: RwLock<Arc<Link>>,
+    config: TierConfig,
     channel: String,
     breaker: Breaker,
+    /// Set while a task asks the sentinels where the primary is.
+    following: AtomicBool,
     pub(crate) notifier: Arc<Notifier>,
     scripts: Scripts,
     pub(crate) stats: TierStats,
@@ -161,62 +166,145 @@ impl RedisTier {
     /// the scripts. Fails (with the server's reason) if Redis cannot be
     /// reached or refuses the credentials.
     pub(crate) async fn connect(
-        config: RedisConfig,
+        config: TierConfig,
         l1: LocalTier,
     ) -> Result<Arc<Self>, RedisError> {
-        let info = config.url.as_str().into_connection_info()?;
-        // RESP3 lets the subscriber receive pushes on a connection that the
-        // manager reconnects and resubscribes by itself.
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let client = Client::open(info.set_redis_settings(settings))?;
-
-        let base = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(config.connect_timeout))
-            .set_response_timeout(Some(config.deadline))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(200));
-        let conn = tokio::time::timeout(
-            config.connect_timeout,
-            ConnectionManager::new_with_config(client.clone(), base.clone()),
-        )
-        .await
-        .map_err(|_| timeout_error("connecting to Redis"))??;
-
         let notifier = Arc::new(Notifier::new(l1));
-        let sink = notifier.clone();
-        let sub_config = base
-            .set_push_sender(move |push| -> Result<(), redis::aio::SendError> {
-                sink.on_push(push);
-                Ok(())
-            })
-            .set_automatic_resubscription();
-        let mut subscriber = tokio::time::timeout(
-            config.connect_timeout,
-            ConnectionManager::new_with_config(client, sub_config),
-        )
-        .await
-        .map_err(|_| timeout_error("connecting to Redis"))??;
         let channel = format!("{}:events", config.prefix);
-        subscriber.subscribe(&channel).await?;
-
+        let link = Self::open(&config, &channel, &notifier).await?;
         let scripts = Scripts::new();
-        let mut loader = conn.clone();
+        let mut loader = link.conn.clone();
         for script in scripts.all() {
             script.load_async(&mut loader).await?;
         }
-        Ok(Arc::new(RedisTier {
-            conn,
-            subscriber,
+        let cluster = matches!(config.topology, Topology::Cluster(_));
+        let tier = Arc::new(RedisTier {
+            link: RwLock::new(Arc::new(link)),
             config,
             channel,
             breaker: Breaker::default(),
+            following: AtomicBool::new(false),
             notifier,
             scripts,
             stats: TierStats::default(),
-        }))
+        });
+        if cluster {
+            tier.start_keeper();
+        }
+        Ok(tier)
+    }
+
+    async fn open(
+        config: &TierConfig,
+        channel: &str,
+        notifier: &Arc<Notifier>,
+    ) -> Result<Link, RedisError> {
+        let options = Options {
+            connect_timeout: config.connect_timeout,
+            deadline: config.deadline,
+            tls: &config.tls,
+            channel,
+        };
+        let retired = Arc::new(AtomicBool::new(false));
+        let sink = notifier.clone();
+        let gone = retired.clone();
+        let sink: Sink = Arc::new(move |push| {
+            if !gone.load(Ordering::Acquire) {
+                sink.on_push(push);
+            }
+        });
+        connection::open(&config.topology, &options, sink, retired).await
+    }
+
+    /// Opens new connections, loads the scripts on them and swaps them in.
+    /// Waiters are woken: messages sent while the old ones failed were lost.
+    async fn reopen(&self) -> Result<(), RedisError> {
+        let link = Self::open(&self.config, &self.channel, &self.notifier).await?;
+        // Scripts are not replicated with the data: load them now rather
+        // than pay a NOSCRIPT retry inside a request's deadline.
+        let mut loader = link.conn.clone();
+        for script in self.scripts.all() {
+            script.load_async(&mut loader).await?;
+        }
+        let old = std::mem::replace(
+            &mut *self.link.write().unwrap_or_else(|p| p.into_inner()),
+            Arc::new(link),
+        );
+        old.retired.store(true, Ordering::Release);
+        self.notifier.wake_all();
+        Ok(())
+    }
+
+    /// On a cluster, keeps the subscription alive across the loss of the
+    /// node it was on. The client moves subscriptions when it refreshes its
+    /// slot map, but the subscriber sends no commands that would make it
+    /// refresh; so after a disconnection the tier opens a new subscriber
+    /// (and command client) once the cluster is whole again.
+    fn start_keeper(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let tier = Arc::downgrade(self);
+        let notifier = self.notifier.clone();
+        runtime.spawn(async move {
+            loop {
+                notifier.disconnected.notified().await;
+                loop {
+                    let interval = match tier.upgrade() {
+                        Some(t) => t.config.probe_interval,
+                        None => return,
+                    };
+                    tokio::time::sleep(interval).await;
+                    let Some(t) = tier.upgrade() else { return };
+                    let limit = t.config.connect_timeout;
+                    match tokio::time::timeout(limit, t.reopen()).await {
+                        Ok(Ok(())) => {
+                            tracing::info!("redis cluster subscription re-established");
+                            break;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "cannot re-subscribe to the cluster yet");
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
+        });
+    }
+
+    fn link(&self) -> Arc<Link> {
+        self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The command connection (a cheap clone).
+    pub(crate) fn conn(&self) -> Conn {
+        self.link().conn.clone()
+    }
+
+    /// Behind Sentinel: asks where the primary is now and, if it moved,
+    /// opens new connections to it and swaps them in. Waiters are woken,
+    /// since messages published on the new primary before the swap were
+    /// not heard.
+    async fn follow_primary(&self) -> Result<(), RedisError> {
+        let Topology::Sentinel {
+            sentinels, service, ..
+        } = &self.config.topology
+        else {
+            return Ok(());
+        };
+        let options = Options {
+            connect_timeout: self.config.connect_timeout,
+            deadline: self.config.deadline,
+            tls: &self.config.tls,
+            channel: &self.channel,
+        };
+        let address = connection::resolve(sentinels, service, &options).await?;
+        if self.link().primary.as_ref() == Some(&address) {
+            return Ok(());
+        }
+        self.reopen().await?;
+        tracing::info!(host = %address.0, port = address.1, "redis primary moved; following it");
+        Ok(())
     }
 
     /// Whether the circuit lets calls through.
@@ -253,6 +341,9 @@ impl RedisTier {
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
         count(m::REDIS_ERRORS);
         tracing::debug!(error = %error, "redis call failed");
+        if self.config.topology.needs_resolve() {
+            self.start_follow();
+        }
         if self.breaker.failure() {
             tracing::warn!(
                 "redis failing; serving from the in-process tier until it answers again"
@@ -260,6 +351,29 @@ impl RedisTier {
             self.start_probe();
         }
         Err(error)
+    }
+
+    /// Behind Sentinel, a failed call may mean the primary moved: ask the
+    /// sentinels now (one task at a time) rather than only once the circuit
+    /// has opened, so an instance that was idle during a failover loses at
+    /// most the call that found the old primary gone.
+    fn start_follow(self: &Arc<Self>) {
+        if self.following.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.following.store(false, Ordering::Release);
+            return;
+        };
+        let tier = Arc::downgrade(self);
+        runtime.spawn(async move {
+            let Some(t) = tier.upgrade() else { return };
+            let limit = t.config.connect_timeout;
+            if let Ok(Err(e)) = tokio::time::timeout(limit, t.follow_primary()).await {
+                tracing::debug!(error = %e, "cannot follow the redis primary yet");
+            }
+            t.following.store(false, Ordering::Release);
+        });
     }
 
     /// Pings Redis in the background until it answers, then closes the circuit.
@@ -276,11 +390,24 @@ impl RedisTier {
                 };
                 tokio::time::sleep(interval).await;
                 let Some(t) = tier.upgrade() else { return };
+                if t.config.topology.needs_resolve() {
+                    let limit = t.config.connect_timeout;
+                    match tokio::time::timeout(limit, t.follow_primary()).await {
+                        Ok(Ok(())) => {}
+                        // The sentinels may be unreachable while the primary
+                        // is fine: the ping below decides.
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "cannot follow the redis primary yet");
+                        }
+                        Err(_) => {}
+                    }
+                }
+                let link = t.link();
                 let ping = async {
-                    let mut conn = t.conn.clone();
+                    let mut conn = link.conn.clone();
                     redis::cmd("PING").query_async::<()>(&mut conn).await?;
                     // The subscriber reconnects (and resubscribes) when used.
-                    let mut sub = t.subscriber.clone();
+                    let mut sub = link.subscriber.clone();
                     redis::cmd("PING").query_async::<()>(&mut sub).await
                 };
                 if let Ok(Ok(())) = tokio::time::timeout(t.config.deadline, ping).await {
@@ -303,7 +430,7 @@ impl RedisTier {
     ) -> Result<Fetched, TierError> {
         let keys = self.keys(key);
         let token = Lease::new_token();
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let mut invocation = self.scripts.fetch_or_lease.prepare_invoke();
         for k in &keys {
             invocation.key(k);
@@ -350,7 +477,7 @@ impl RedisTier {
     ) -> Result<bool, TierError> {
         lease.settle();
         let keys = self.keys(&lease.key);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let mut invocation = self.scripts.commit.prepare_invoke();
         for k in &keys {
             invocation.key(k);
@@ -386,7 +513,7 @@ impl RedisTier {
         token: &str,
     ) -> Result<bool, TierError> {
         let [_, _, lease_key, _] = self.keys(key);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let released: i64 = self
             .call(
                 self.scripts
@@ -408,7 +535,7 @@ impl RedisTier {
         time: Duration,
     ) -> Result<bool, TierError> {
         let [_, _, lease_key, _] = self.keys(key);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let renewed: i64 = self
             .call(
                 self.scripts
@@ -425,7 +552,7 @@ impl RedisTier {
     /// Drops the entry from Redis and from every instance's L1.
     pub(crate) async fn invalidate(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
         let [value, fresh, _, fence] = self.keys(key);
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let _: i64 = self
             .call(
                 self.scripts
@@ -449,6 +576,13 @@ impl RedisTier {
     }
 }
 
+impl Drop for RedisTier {
+    fn drop(&mut self) {
+        // Lets a keeper task waiting for a disconnection see the tier gone.
+        self.notifier.disconnected.notify_one();
+    }
+}
+
 fn positive(ms: i64) -> Option<Duration> {
     (ms > 0).then(|| Duration::from_millis(ms as u64))
 }
@@ -458,11 +592,4 @@ fn protocol_error() -> TierError {
         redis::ErrorKind::Client,
         "unexpected reply from a stampede-guard script",
     )))
-}
-
-fn timeout_error(what: &'static str) -> RedisError {
-    RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("timed out {what}"),
-    ))
 }

@@ -79,6 +79,9 @@ pub(crate) struct Notifier {
     slots: Mutex<HashMap<Key, watch::Sender<Event>>>,
     l1: LocalTier,
     pub(crate) stats: WakeStats,
+    /// Signalled when the subscriber lost a connection (and when the tier
+    /// is dropped, so a task waiting on it can end).
+    pub(crate) disconnected: tokio::sync::Notify,
 }
 
 impl Notifier {
@@ -87,6 +90,7 @@ impl Notifier {
             slots: Mutex::new(HashMap::new()),
             l1,
             stats: WakeStats::default(),
+            disconnected: tokio::sync::Notify::new(),
         }
     }
 
@@ -130,12 +134,19 @@ impl Notifier {
             PushKind::Disconnection => {
                 // Messages sent while we reconnect are lost: wake everyone
                 // so each re-checks Redis instead of sleeping out its lease.
-                let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-                for tx in slots.values() {
-                    tx.send_replace(Event::Reconnected);
-                }
+                self.wake_all();
+                self.disconnected.notify_one();
             }
             _ => {}
+        }
+    }
+
+    /// Wakes every waiter so each re-checks Redis: messages may have been
+    /// missed (the connections were replaced).
+    pub(crate) fn wake_all(&self) {
+        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        for tx in slots.values() {
+            tx.send_replace(Event::Reconnected);
         }
     }
 

@@ -1,0 +1,168 @@
+//! The Redis tier's public settings, as a service loads them from its own
+//! configuration file or environment.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where the fleet's Redis is and how to talk to it: every setting of a
+/// Redis-backed [`Backend`](crate::Backend), in one value a service can load
+/// from its own configuration (with the `serde` feature, durations in human
+/// form: `"50ms"`, `"2s"`).
+///
+/// The `url` names the topology:
+///
+/// | URL | topology |
+/// |---|---|
+/// | `redis://[user:password@]host:port[/db]` | one server (or a managed endpoint) |
+/// | `rediss://…` | the same over TLS |
+/// | `redis-cluster://[user:password@]host1:port1,host2:port2` | Redis Cluster, from seed nodes |
+/// | `redis-sentinel://[user:password@]host1:port1,host2:port2/service[/db]` | the primary named `service`, found through Sentinel |
+///
+/// `rediss-cluster://` and `rediss-sentinel://` are the TLS forms (the
+/// sentinels are then reached over TLS too). User and password belong to
+/// the data nodes; sentinels are asked without credentials.
+///
+/// ```
+/// # #[cfg(feature = "serde")] {
+/// use stampede_guard::RedisConfig;
+///
+/// let config: RedisConfig = serde_json::from_str(r#"{
+///     "url": "rediss://cache:secret@redis.internal:6380",
+///     "prefix": "shop",
+///     "deadline": "80ms",
+///     "tls": { "ca_file": "/etc/ssl/redis-ca.pem" }
+/// }"#).unwrap();
+/// assert_eq!(config.deadline, std::time::Duration::from_millis(80));
+/// # }
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(default, deny_unknown_fields)
+)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// Where Redis is (see the table above). Default `redis://127.0.0.1:6379`.
+    pub url: String,
+    /// Prefix of every key and of the event channel (default `sg`).
+    pub prefix: String,
+    /// The longest any Redis call may take (default 50 ms).
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub deadline: Duration,
+    /// How long connecting may take at start-up (default 2 s).
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub connect_timeout: Duration,
+    /// How often an open circuit asks whether Redis is back (default 250 ms).
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub probe_interval: Duration,
+    /// Bound of each process's in-process tier in bytes (default 64 MiB).
+    pub l1_max_bytes: u64,
+    /// Certificates for `rediss` URLs; without them the system's roots are
+    /// trusted and no client certificate is sent.
+    pub tls: Option<TlsFiles>,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password: never print it.
+        f.debug_struct("RedisConfig")
+            .field("url", &crate::backend::redact(&self.url))
+            .field("prefix", &self.prefix)
+            .field("deadline", &self.deadline)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("probe_interval", &self.probe_interval)
+            .field("l1_max_bytes", &self.l1_max_bytes)
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            prefix: "sg".to_owned(),
+            deadline: Duration::from_millis(50),
+            connect_timeout: Duration::from_secs(2),
+            probe_interval: Duration::from_millis(250),
+            l1_max_bytes: crate::backend::DEFAULT_L1_MAX_BYTES,
+            tls: None,
+        }
+    }
+}
+
+impl RedisConfig {
+    /// The defaults, with this URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        RedisConfig {
+            url: url.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// PEM files for TLS: a private CA to trust instead of the system's roots,
+/// and a client certificate for servers that require one (mutual TLS).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize),
+    serde(default, deny_unknown_fields)
+)]
+#[non_exhaustive]
+pub struct TlsFiles {
+    /// CA certificate(s) that signed the server's certificate.
+    pub ca_file: Option<PathBuf>,
+    /// The client's certificate chain (needs `client_key_file`).
+    pub client_cert_file: Option<PathBuf>,
+    /// The client certificate's private key.
+    pub client_key_file: Option<PathBuf>,
+}
+
+/// TLS material in memory, as the connection code consumes it.
+#[derive(Clone, Default)]
+pub(crate) struct TlsPem {
+    pub ca: Option<Vec<u8>>,
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsPem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Keys are secrets: say only what is set.
+        f.debug_struct("TlsPem")
+            .field("ca", &self.ca.is_some())
+            .field("client", &self.client.is_some())
+            .finish()
+    }
+}
+
+impl TlsFiles {
+    /// Reads the files. A missing or unreadable file is a start-up error
+    /// naming the file.
+    pub(crate) fn read(&self) -> Result<TlsPem, String> {
+        let read = |path: &PathBuf, what: &str| {
+            std::fs::read(path)
+                .map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))
+        };
+        let ca = self
+            .ca_file
+            .as_ref()
+            .map(|p| read(p, "TLS CA file"))
+            .transpose()?;
+        let client = match (&self.client_cert_file, &self.client_key_file) {
+            (Some(cert), Some(key)) => Some((
+                read(cert, "TLS client certificate")?,
+                read(key, "TLS client key")?,
+            )),
+            (None, None) => None,
+            _ => {
+                return Err(
+                    "a TLS client certificate needs both client_cert_file and client_key_file"
+                        .to_owned(),
+                )
+            }
+        };
+        Ok(TlsPem { ca, client })
+    }
+}

@@ -1,0 +1,501 @@
+//! The tier's two connections (commands, and the subscriber) on any of the
+//! supported topologies: one server, Redis Cluster, or a primary found
+//! through Sentinel.
+//!
+//! Every topology gives the tier the same thing: a command connection that
+//! implements [`ConnectionLike`] (so scripts run on it unchanged) and a RESP3
+//! subscriber whose pushes go to the notifier. Reconnection is the client's
+//! job on one server and on a cluster (which also follows MOVED and ASK and
+//! refreshes its slot map when a node is lost). A Sentinel-managed primary
+//! can *move*: after a failover the old address is dead or a read-only
+//! replica, so the tier asks the sentinels again and swaps both connections
+//! (see [`Topology::needs_resolve`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::{
+    Client, Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo,
+    RedisError, RedisFuture, Value,
+};
+
+use super::config::TlsPem;
+
+/// Where Redis is, parsed from the URL.
+#[derive(Clone)]
+pub(crate) enum Topology {
+    /// One server (or a managed endpoint that looks like one).
+    Single(String),
+    /// Redis Cluster, from seed nodes' URLs.
+    #[cfg_attr(not(feature = "redis-cluster"), allow(dead_code))]
+    Cluster(Vec<String>),
+    /// The primary named `service`, as the sentinels report it.
+    Sentinel {
+        sentinels: Vec<String>,
+        service: String,
+        master: MasterUrl,
+    },
+}
+
+impl std::fmt::Debug for Topology {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // URLs may carry passwords: print them redacted.
+        use crate::backend::redact;
+        match self {
+            Topology::Single(url) => f.debug_tuple("Single").field(&redact(url)).finish(),
+            Topology::Cluster(nodes) => f
+                .debug_tuple("Cluster")
+                .field(&nodes.iter().map(|n| redact(n)).collect::<Vec<_>>())
+                .finish(),
+            Topology::Sentinel {
+                sentinels, service, ..
+            } => f
+                .debug_struct("Sentinel")
+                .field("sentinels", sentinels)
+                .field("service", service)
+                .finish_non_exhaustive(),
+        }
+    }
+}
+
+/// How to reach a primary once the sentinels have named its address.
+#[derive(Clone)]
+pub(crate) struct MasterUrl {
+    scheme: &'static str,
+    userinfo: String,
+    db: String,
+}
+
+impl MasterUrl {
+    fn at(&self, host: &str, port: u16) -> String {
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.to_owned()
+        };
+        format!(
+            "{}://{}{host}:{port}/{}",
+            self.scheme, self.userinfo, self.db
+        )
+    }
+}
+
+impl Topology {
+    /// Parses `redis[s]://`, `redis[s]-cluster://` and `redis[s]-sentinel://`
+    /// URLs (the last two are this crate's own forms; see `RedisConfig`).
+    pub(crate) fn parse(url: &str) -> Result<Topology, String> {
+        let Some((scheme, rest)) = url.split_once("://") else {
+            return Err("a Redis URL starts with redis://, rediss://, redis-cluster:// or redis-sentinel://".to_owned());
+        };
+        let (base, kind) = match scheme {
+            "redis-cluster" => ("redis", "cluster"),
+            "rediss-cluster" => ("rediss", "cluster"),
+            "redis-sentinel" => ("redis", "sentinel"),
+            "rediss-sentinel" => ("rediss", "sentinel"),
+            _ => return Ok(Topology::Single(url.to_owned())),
+        };
+        let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+        let (userinfo, hosts) = match authority.rfind('@') {
+            Some(at) => (format!("{}@", &authority[..at]), &authority[at + 1..]),
+            None => (String::new(), authority),
+        };
+        let hosts: Vec<&str> = hosts.split(',').filter(|h| !h.is_empty()).collect();
+        if hosts.is_empty() {
+            return Err(format!("{scheme}:// needs at least one host:port"));
+        }
+        match kind {
+            "cluster" => Ok(Topology::Cluster(
+                hosts
+                    .iter()
+                    .map(|h| format!("{base}://{userinfo}{h}/"))
+                    .collect(),
+            )),
+            _ => {
+                let mut parts = path.split('/').filter(|p| !p.is_empty());
+                let Some(service) = parts.next() else {
+                    return Err(format!(
+                        "{scheme}://hosts/SERVICE: the name of the primary is missing"
+                    ));
+                };
+                let db = parts.next().unwrap_or("0").to_owned();
+                Ok(Topology::Sentinel {
+                    sentinels: hosts.iter().map(|h| format!("{base}://{h}/")).collect(),
+                    service: service.to_owned(),
+                    master: MasterUrl {
+                        scheme: base,
+                        userinfo,
+                        db,
+                    },
+                })
+            }
+        }
+    }
+
+    /// Whether the address of the primary can change under the tier, so that
+    /// the probe must ask where it is before it trusts a ping.
+    pub(crate) fn needs_resolve(&self) -> bool {
+        matches!(self, Topology::Sentinel { .. })
+    }
+}
+
+/// A command connection on any topology. Cheap to clone; clones share it.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    #[cfg(feature = "redis-cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            #[cfg(feature = "redis-cluster")]
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The two connections of a tier, and (behind Sentinel) the primary's
+/// address they were opened on.
+pub(crate) struct Link {
+    pub conn: Conn,
+    /// Kept so the subscription lives as long as the link.
+    pub subscriber: Conn,
+    pub primary: Option<(String, u16)>,
+    /// Set when the link is replaced: pushes from its subscriber (closing
+    /// down) are then ignored.
+    pub retired: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What opening a link needs besides the topology.
+pub(crate) struct Options<'a> {
+    pub connect_timeout: Duration,
+    pub deadline: Duration,
+    pub tls: &'a TlsPem,
+    pub channel: &'a str,
+}
+
+/// Receives the subscriber's pushes.
+pub(crate) type Sink = Arc<dyn Fn(PushInfo) + Send + Sync>;
+
+/// Opens both connections and subscribes to the event channel.
+pub(crate) async fn open(
+    topology: &Topology,
+    options: &Options<'_>,
+    sink: Sink,
+    retired: Arc<std::sync::atomic::AtomicBool>,
+) -> Result<Link, RedisError> {
+    let mut link = open_link(topology, options, sink).await?;
+    link.retired = retired;
+    Ok(link)
+}
+
+async fn open_link(
+    topology: &Topology,
+    options: &Options<'_>,
+    sink: Sink,
+) -> Result<Link, RedisError> {
+    match topology {
+        Topology::Single(url) => open_single(url, options, sink, None).await,
+        #[cfg(feature = "redis-cluster")]
+        Topology::Cluster(nodes) => open_cluster(nodes, options, sink).await,
+        #[cfg(not(feature = "redis-cluster"))]
+        Topology::Cluster(_) => Err(RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "Redis Cluster support is not compiled in (enable the `redis-cluster` feature)",
+        ))),
+        Topology::Sentinel {
+            sentinels,
+            service,
+            master,
+        } => {
+            let (host, port) = resolve(sentinels, service, options).await?;
+            open_single(&master.at(&host, port), options, sink, Some((host, port))).await
+        }
+    }
+}
+
+fn client(url: &str, tls: &TlsPem) -> Result<Client, RedisError> {
+    let info = url.into_connection_info()?;
+    // RESP3 lets the subscriber receive pushes on a connection that the
+    // client reconnects and resubscribes by itself.
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    let info = info.set_redis_settings(settings);
+    let secure = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
+    if secure {
+        ensure_crypto_provider();
+    }
+    if tls.ca.is_some() || tls.client.is_some() {
+        #[cfg(feature = "redis-tls")]
+        return Client::build_with_tls(info, certificates(tls));
+        #[cfg(not(feature = "redis-tls"))]
+        return Err(no_tls());
+    }
+    Client::open(info)
+}
+
+#[cfg(feature = "redis-tls")]
+fn certificates(tls: &TlsPem) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: tls
+            .client
+            .as_ref()
+            .map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.clone(),
+                client_key: key.clone(),
+            }),
+        root_cert: tls.ca.clone(),
+    }
+}
+
+#[cfg(not(feature = "redis-tls"))]
+fn no_tls() -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "TLS support is not compiled in (enable the `redis-tls` feature)",
+    ))
+}
+
+/// rustls needs a process-wide crypto provider. If the application has not
+/// installed one, install ring's (the one this crate compiles in); a provider
+/// the application chose is left alone.
+fn ensure_crypto_provider() {
+    #[cfg(feature = "redis-tls")]
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer is fine: a provider is set.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+async fn with_timeout<T>(
+    limit: Duration,
+    what: &'static str,
+    future: impl std::future::Future<Output = Result<T, RedisError>>,
+) -> Result<T, RedisError> {
+    tokio::time::timeout(limit, future)
+        .await
+        .map_err(|_| timeout_error(what))?
+}
+
+pub(crate) fn timeout_error(what: &'static str) -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("timed out {what}"),
+    ))
+}
+
+async fn open_single(
+    url: &str,
+    options: &Options<'_>,
+    sink: Sink,
+    primary: Option<(String, u16)>,
+) -> Result<Link, RedisError> {
+    let client = client(url, options.tls)?;
+    let base = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(options.connect_timeout))
+        .set_response_timeout(Some(options.deadline))
+        .set_number_of_retries(1)
+        .set_max_delay(Duration::from_millis(200));
+    let conn = with_timeout(
+        options.connect_timeout,
+        "connecting to Redis",
+        ConnectionManager::new_with_config(client.clone(), base.clone()),
+    )
+    .await?;
+    if primary.is_some() {
+        // The sentinels may lag behind a failover: only a node that says
+        // it is the primary will do.
+        let mut check = conn.clone();
+        let role: Vec<Value> = with_timeout(
+            options.connect_timeout,
+            "asking the primary its role",
+            redis::cmd("ROLE").query_async(&mut check),
+        )
+        .await?;
+        if !matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") {
+            return Err(RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                "the node the sentinels named is not a primary (yet)",
+            )));
+        }
+    }
+    let sub_config = base
+        .set_push_sender(move |push| -> Result<(), redis::aio::SendError> {
+            sink(push);
+            Ok(())
+        })
+        .set_automatic_resubscription();
+    let mut subscriber = with_timeout(
+        options.connect_timeout,
+        "connecting to Redis",
+        ConnectionManager::new_with_config(client, sub_config),
+    )
+    .await?;
+    with_timeout(
+        options.connect_timeout,
+        "subscribing",
+        subscriber.subscribe(options.channel),
+    )
+    .await?;
+    Ok(Link {
+        conn: Conn::Single(conn),
+        subscriber: Conn::Single(subscriber),
+        primary,
+        retired: Arc::default(),
+    })
+}
+
+#[cfg(feature = "redis-cluster")]
+async fn open_cluster(
+    nodes: &[String],
+    options: &Options<'_>,
+    sink: Sink,
+) -> Result<Link, RedisError> {
+    use redis::cluster::ClusterClientBuilder;
+
+    if nodes.iter().any(|n| n.starts_with("rediss:")) {
+        ensure_crypto_provider();
+    }
+    let builder = |push: Option<Sink>| -> Result<redis::cluster::ClusterClient, RedisError> {
+        let mut b = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
+            .use_protocol(ProtocolVersion::RESP3)
+            .connection_timeout(options.connect_timeout)
+            .response_timeout(options.deadline)
+            .retries(2)
+            .min_retry_wait(10)
+            .max_retry_wait(200);
+        if options.tls.ca.is_some() || options.tls.client.is_some() {
+            #[cfg(feature = "redis-tls")]
+            {
+                b = b.certs(certificates(options.tls));
+            }
+            #[cfg(not(feature = "redis-tls"))]
+            return Err(no_tls());
+        }
+        if let Some(sink) = push {
+            b = b.push_sender(move |push| -> Result<(), redis::aio::SendError> {
+                sink(push);
+                Ok(())
+            });
+        }
+        b.build()
+    };
+    let conn = with_timeout(
+        options.connect_timeout,
+        "connecting to the Redis cluster",
+        builder(None)?.get_async_connection(),
+    )
+    .await?;
+    let mut subscriber = with_timeout(
+        options.connect_timeout,
+        "connecting to the Redis cluster",
+        builder(Some(sink))?.get_async_connection(),
+    )
+    .await?;
+    // Classic pub/sub: a PUBLISH on any node reaches subscribers on every
+    // node, so one subscription anywhere hears the whole fleet.
+    with_timeout(
+        options.connect_timeout,
+        "subscribing",
+        subscriber.subscribe(options.channel),
+    )
+    .await?;
+    Ok(Link {
+        conn: Conn::Cluster(conn),
+        subscriber: Conn::Cluster(subscriber),
+        primary: None,
+        retired: Arc::default(),
+    })
+}
+
+/// Asks the sentinels, in turn, where the primary of `service` is.
+pub(crate) async fn resolve(
+    sentinels: &[String],
+    service: &str,
+    options: &Options<'_>,
+) -> Result<(String, u16), RedisError> {
+    let mut last = None;
+    for sentinel in sentinels {
+        let ask = async {
+            let client = client(sentinel, options.tls)?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(service)
+                .query_async::<Option<(String, u16)>>(&mut conn)
+                .await
+        };
+        match with_timeout(options.connect_timeout, "asking a sentinel", ask).await {
+            Ok(Some(address)) => return Ok(address),
+            Ok(None) => {
+                last = Some(RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "the sentinels know no primary of this name",
+                    service.to_owned(),
+                )))
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        RedisError::from((redis::ErrorKind::InvalidClientConfig, "no sentinel given"))
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_topology_forms() {
+        assert!(matches!(
+            Topology::parse("redis://127.0.0.1:6379/").unwrap(),
+            Topology::Single(u) if u == "redis://127.0.0.1:6379/"
+        ));
+        let Topology::Cluster(nodes) = Topology::parse("rediss-cluster://u:p@a:1,b:2").unwrap()
+        else {
+            panic!("cluster")
+        };
+        assert_eq!(nodes, ["rediss://u:p@a:1/", "rediss://u:p@b:2/"]);
+        let Topology::Sentinel {
+            sentinels,
+            service,
+            master,
+        } = Topology::parse("redis-sentinel://:pw@s1:26379,s2:26379/cache/2").unwrap()
+        else {
+            panic!("sentinel")
+        };
+        assert_eq!(sentinels, ["redis://s1:26379/", "redis://s2:26379/"]);
+        assert_eq!(service, "cache");
+        assert_eq!(master.at("10.0.0.5", 6380), "redis://:pw@10.0.0.5:6380/2");
+        assert!(Topology::parse("redis-sentinel://s1:1").is_err());
+        assert!(Topology::parse("redis-cluster://").is_err());
+        assert!(Topology::parse("localhost:6379").is_err());
+    }
+}

@@ -1,0 +1,188 @@
+//! A real Redis Cluster on loopback: `redis-server --cluster-enabled yes`
+//! per node, joined with `redis-cli --cluster create`. Every node is killed
+//! and its directory removed when the cluster is dropped.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::redis::RedisServer;
+use super::tls::free_port;
+
+pub struct Cluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl Cluster {
+    /// `masters` primaries, each with `replicas` replicas.
+    pub fn start(masters: usize, replicas: usize) -> Self {
+        Self::start_with(masters, replicas, &[])
+    }
+
+    /// The same, with extra settings for every node (`--user …`).
+    pub fn start_with(masters: usize, replicas: usize, extra: &[&str]) -> Self {
+        let count = masters * (1 + replicas);
+        let nodes: Vec<RedisServer> = (0..count)
+            .map(|_| {
+                let bus = free_port().to_string();
+                let mut args = vec![
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    // Short enough that a lost primary is replaced within a
+                    // few seconds, long enough not to flap on a busy machine.
+                    "--cluster-node-timeout",
+                    "1000",
+                    // A replica may take over however long ago it last
+                    // heard from its primary (the test's data is idle).
+                    "--cluster-replica-validity-factor",
+                    "0",
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    "--cluster-port",
+                    &bus,
+                ];
+                args.extend_from_slice(extra);
+                RedisServer::start_with(&args)
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let status = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("redis-cli is installed");
+        assert!(status.success(), "redis-cli --cluster create");
+        let cluster = Cluster { nodes };
+        cluster.wait_until_ok(Duration::from_secs(20));
+        cluster.wait_until_replicas_synced(Duration::from_secs(20));
+        cluster
+    }
+
+    /// Waits until every live node reports the cluster whole: state ok and
+    /// all 16384 slots served by a healthy primary.
+    pub fn wait_until_ok(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let ok = self.nodes.iter().filter(|n| n.ping()).all(|n| {
+                let info = n.raw(&["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+            });
+            if ok {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the cluster did not become ok within {limit:?}");
+    }
+
+    /// Waits until every replica has finished its first sync.
+    pub fn wait_until_replicas_synced(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            let synced = self.nodes.iter().filter(|n| n.ping()).all(|n| {
+                let info = n.raw(&["INFO", "replication"]);
+                info.contains("role:master") || info.contains("master_link_status:up")
+            });
+            if synced {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("the replicas did not sync within {limit:?}");
+    }
+
+    /// Indexes of the live nodes that are primaries.
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&i| {
+                self.nodes[i].ping()
+                    && self.nodes[i]
+                        .raw(&["INFO", "replication"])
+                        .contains("role:master")
+            })
+            .collect()
+    }
+
+    /// Node URLs, for the cluster client.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.url()).collect()
+    }
+
+    /// The crate's own URL form for the cluster.
+    pub fn url(&self) -> String {
+        self.url_as("")
+    }
+
+    /// The URL form with credentials (`user:password@`).
+    pub fn url_as(&self, userinfo: &str) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        format!("redis-cluster://{userinfo}{}", hosts.join(","))
+    }
+
+    /// Keys held by each live primary (DBSIZE).
+    pub fn keys_per_master(&self) -> Vec<u64> {
+        self.masters()
+            .into_iter()
+            .map(|i| {
+                self.nodes[i]
+                    .raw(&["DBSIZE"])
+                    .trim_start_matches(':')
+                    .parse()
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
+    /// Calls of a command summed over the live nodes.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        self.nodes
+            .iter()
+            .filter(|n| n.ping())
+            .map(|n| n.command_calls().get(command).copied().unwrap_or(0))
+            .sum()
+    }
+}
+
+/// Waits until every replica of `primary` has acknowledged everything the
+/// primary had written when this was called (its offsets in `INFO
+/// replication`). Replication is asynchronous; this makes a test's
+/// failover lose nothing, on purpose.
+pub fn wait_replicated(primary: &RedisServer, limit: Duration) {
+    let offset = |line: &str, key: &str| -> Option<u64> {
+        line.split([',', ':'])
+            .find_map(|f| f.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let info = primary.raw(&["INFO", "replication"]);
+    let target = info
+        .lines()
+        .find_map(|l| l.strip_prefix("master_repl_offset:"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .expect("a primary's offset");
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        let info = primary.raw(&["INFO", "replication"]);
+        let acked: Vec<u64> = info
+            .lines()
+            .filter(|l| l.starts_with("slave") && l.contains("offset="))
+            .filter_map(|l| offset(l, "offset="))
+            .collect();
+        if !acked.is_empty() && acked.iter().all(|&o| o >= target) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("the replicas did not catch up within {limit:?}");
+}

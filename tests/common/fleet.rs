@@ -1,0 +1,114 @@
+//! A fleet of service instances on any backend: the same scenarios run on
+//! one server, over TLS, on a cluster and behind Sentinel.
+
+use std::future::Future;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use http::Request;
+use stampede_guard::{Backend, StampedeGuard};
+
+use super::{send, Answer, Origin};
+
+/// One instance of the service: its own backend (L1 + Redis connections).
+pub struct Instance {
+    pub backend: Backend,
+    pub guard: StampedeGuard,
+    pub app: Router,
+}
+
+/// An instance whose `/report` (and `/report/*`) asks `origin`, taking `delay`.
+pub fn instance(
+    backend: Backend,
+    origin: &Origin,
+    delay: Duration,
+    configure: impl Fn(StampedeGuard) -> StampedeGuard,
+) -> Instance {
+    let guard = configure(StampedeGuard::new(backend.clone()));
+    let handler = {
+        let origin = origin.clone();
+        move || {
+            let origin = origin.clone();
+            async move {
+                let (n, _running) = origin.enter();
+                tokio::time::sleep(delay).await;
+                format!("v{n}")
+            }
+        }
+    };
+    let app = Router::new()
+        .route("/report", get(handler.clone()).layer(guard.clone()))
+        .route("/report/{id}", get(handler).layer(guard.clone()));
+    Instance {
+        backend,
+        guard,
+        app,
+    }
+}
+
+/// `k` instances, each on a backend of its own from `connect`.
+pub async fn fleet<F, Fut>(
+    k: usize,
+    origin: &Origin,
+    delay: Duration,
+    connect: F,
+    configure: impl Fn(StampedeGuard) -> StampedeGuard + Copy,
+) -> Vec<Instance>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Backend>,
+{
+    let mut instances = Vec::new();
+    for _ in 0..k {
+        instances.push(instance(connect().await, origin, delay, configure));
+    }
+    instances
+}
+
+/// `n` concurrent requests, round-robin over the instances.
+pub async fn fleet_burst(
+    instances: &[Instance],
+    n: usize,
+    make: impl Fn() -> Request<Body>,
+) -> Vec<Answer> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let app = instances[i % instances.len()].app.clone();
+            let request = make();
+            tokio::spawn(async move { send(&app, request).await })
+        })
+        .collect();
+    let mut answers = Vec::with_capacity(n);
+    for t in tasks {
+        answers.push(t.await.expect("request task"));
+    }
+    answers
+}
+
+/// Waits (bounded) until every instance's circuit is closed.
+pub async fn wait_until_available(instances: &[Instance], limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if instances
+            .iter()
+            .all(|i| i.backend.stats().redis.is_some_and(|r| r.available))
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the circuit did not close within {limit:?}");
+}
+
+/// Sums the wake-up counters over the fleet: (by message, by timeout).
+pub fn wakeups(instances: &[Instance]) -> (u64, u64) {
+    instances
+        .iter()
+        .map(|i| {
+            let s = i.backend.stats().redis.expect("redis stats");
+            (s.wakeups_by_message, s.wakeups_by_timeout)
+        })
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
