@@ -1,0 +1,235 @@
+//! The K instances under test, in one of four modes: no layer, the embedded
+//! backend, the Redis backend, or nginx in front of the origin.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Path;
+use axum::routing::get;
+use axum::Router;
+use stampede_guard::{Backend, StampedeGuard};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::origin::Origin;
+use crate::procs::{Nginx, NginxConfig};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub enum Mode {
+    /// No layer: every request calls the origin.
+    None,
+    /// The embedded backend in each instance: K independent caches.
+    Local,
+    /// The Redis backend: one cache and one rebuild per key for the fleet.
+    Fleet,
+    /// nginx with proxy_cache_lock and use_stale updating, one per instance.
+    Nginx,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::None => "none",
+            Mode::Local => "local",
+            Mode::Fleet => "fleet",
+            Mode::Nginx => "nginx",
+        })
+    }
+}
+
+/// The route's policy, the same for every instance of a run.
+#[derive(Clone, Copy, Debug)]
+pub struct RoutePolicy {
+    pub ttl: Duration,
+    pub stale_while_revalidate: Option<Duration>,
+    pub early_refresh: Option<f64>,
+}
+
+/// Where the instances find what they need.
+#[derive(Clone)]
+pub struct Deps {
+    pub origin: Arc<Origin>,
+    pub redis_url: Option<String>,
+    pub nginx: Option<(PathBuf, SocketAddr)>,
+    pub clients: usize,
+    /// The runtime the instances run on.
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// One running instance.
+enum Instance {
+    App {
+        stop: Option<oneshot::Sender<()>>,
+        task: JoinHandle<()>,
+        backend: Option<Backend>,
+    },
+    /// Held only to be stopped when dropped.
+    Nginx(#[allow(dead_code)] Nginx),
+}
+
+pub struct Fleet {
+    pub addrs: Vec<SocketAddr>,
+    /// What the fleet runs on, for the report: none, local, redis or nginx.
+    pub backend: &'static str,
+    instances: Vec<Instance>,
+}
+
+impl Fleet {
+    pub async fn start(
+        mode: Mode,
+        k: usize,
+        policy: RoutePolicy,
+        deps: &Deps,
+        prefix: &str,
+    ) -> Result<Fleet, String> {
+        let mut fleet = Fleet {
+            addrs: Vec::new(),
+            backend: match (mode, &deps.redis_url) {
+                (Mode::None, _) => "none",
+                (Mode::Local, _) | (Mode::Fleet, None) => "local",
+                (Mode::Fleet, Some(_)) => "redis",
+                (Mode::Nginx, _) => "nginx",
+            },
+            instances: Vec::new(),
+        };
+        for _ in 0..k {
+            let (addr, instance) = match mode {
+                // Starting nginx polls its port with blocking sleeps.
+                Mode::Nginx => tokio::task::block_in_place(|| start_nginx(policy, deps))?,
+                // On the instances' runtime, so that their connections and
+                // background work run there too.
+                _ => {
+                    let (deps, prefix) = (deps.clone(), prefix.to_owned());
+                    deps.runtime
+                        .clone()
+                        .spawn(async move { start_app(mode, policy, &deps, &prefix).await })
+                        .await
+                        .map_err(|e| e.to_string())??
+                }
+            };
+            fleet.addrs.push(addr);
+            fleet.instances.push(instance);
+        }
+        Ok(fleet)
+    }
+
+    /// The instances' backends (none for `none` and nginx).
+    pub fn backends(&self) -> impl Iterator<Item = &Backend> {
+        self.instances.iter().filter_map(|i| match i {
+            Instance::App { backend, .. } => backend.as_ref(),
+            Instance::Nginx(_) => None,
+        })
+    }
+
+    /// Stops every instance. Clients must have closed their connections first,
+    /// or the graceful shutdown waits for them (bounded all the same).
+    pub async fn stop(self) {
+        for instance in self.instances {
+            match instance {
+                Instance::App {
+                    mut stop,
+                    mut task,
+                    backend,
+                } => {
+                    if let Some(stop) = stop.take() {
+                        let _ = stop.send(());
+                    }
+                    if tokio::time::timeout(Duration::from_secs(2), &mut task)
+                        .await
+                        .is_err()
+                    {
+                        task.abort();
+                    }
+                    drop(backend);
+                }
+                // Dropping it stops nginx; that blocks, so not on a runtime worker.
+                Instance::Nginx(nginx) => {
+                    let _ = tokio::task::spawn_blocking(move || drop(nginx)).await;
+                }
+            }
+        }
+    }
+}
+
+async fn start_app(
+    mode: Mode,
+    policy: RoutePolicy,
+    deps: &Deps,
+    prefix: &str,
+) -> Result<(SocketAddr, Instance), String> {
+    let origin = deps.origin.clone();
+    // Each instance's handler calls the shared origin, as K copies of a
+    // service would call the same database.
+    let handler = get(move |Path(key): Path<String>| {
+        let origin = origin.clone();
+        async move { origin.call(&key).await }
+    });
+    let backend = match (mode, &deps.redis_url) {
+        (Mode::None, _) => None,
+        (Mode::Local, _) | (Mode::Fleet, None) => Some(Backend::local()),
+        // Every instance connects on its own: its own L1, its own connections.
+        (Mode::Fleet, Some(url)) => Some(
+            Backend::redis_builder(url)
+                .prefix(prefix)
+                .connect()
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
+        (Mode::Nginx, _) => unreachable!("nginx instances are not axum apps"),
+    };
+    let route = match &backend {
+        None => handler,
+        Some(backend) => {
+            let mut guard = StampedeGuard::new(backend.clone()).ttl(policy.ttl);
+            if let Some(window) = policy.stale_while_revalidate {
+                guard = guard.stale_while_revalidate(window);
+            }
+            if let Some(beta) = policy.early_refresh {
+                guard = guard.early_refresh(beta);
+            }
+            handler.layer(guard)
+        }
+    };
+    let app = Router::new().route("/item/{key}", route);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("binding an instance: {e}"))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await;
+        if let Err(e) = served {
+            eprintln!("instance on {addr} stopped: {e}");
+        }
+    });
+    Ok((
+        addr,
+        Instance::App {
+            stop: Some(stop),
+            task,
+            backend,
+        },
+    ))
+}
+
+fn start_nginx(policy: RoutePolicy, deps: &Deps) -> Result<(SocketAddr, Instance), String> {
+    let Some((binary, origin)) = &deps.nginx else {
+        return Err("nginx mode without nginx".into());
+    };
+    let config = NginxConfig {
+        binary,
+        origin_port: origin.port(),
+        ttl_secs: policy.ttl.as_millis().div_ceil(1000).max(1) as u64,
+        worker_connections: deps.clients + 256,
+    };
+    let nginx = Nginx::start(&config).map_err(|e| e.to_string())?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], nginx.port));
+    Ok((addr, Instance::Nginx(nginx)))
+}
