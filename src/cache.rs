@@ -186,7 +186,7 @@ impl<V: CacheValue> Cache<V> {
                     count(m::MISSES);
                     let plan = engine.plan::<V>(key, stale, self.fleet(), true, None).await;
                     return match plan {
-                        Plan::Hit(entry) => {
+                        Plan::Hit { entry, .. } => {
                             let value = entry.value::<V>().cloned();
                             engine.finish(leader, Finish::Store(entry));
                             match value {
@@ -312,7 +312,7 @@ impl<V: CacheValue> Cache<V> {
                 Start::Early(left) => engine.plan::<V>(key, stale, fleet, false, Some(left)).await,
             };
             match plan {
-                Plan::Hit(entry) => engine.finish(leader, Finish::Store(entry)),
+                Plan::Hit { entry, .. } => engine.finish(leader, Finish::Store(entry)),
                 Plan::Rebuild { lease, stale } => {
                     let _ = lead(&backend, leader, rebuild, lifetime, stale, lease).await;
                 }

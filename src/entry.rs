@@ -6,6 +6,7 @@
 //! Both share one byte-bounded L1, so every value reports its weight.
 
 use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -160,6 +161,9 @@ pub(crate) struct Entry {
     if_error_until: Instant,
     /// How long the rebuild took; the delta of probabilistic early refresh.
     rebuild_cost: Duration,
+    /// When this process last drew for an early refresh of this entry, in
+    /// milliseconds after `stored_at` (plus one; 0: never).
+    last_draw: AtomicU64,
 }
 
 impl Entry {
@@ -182,6 +186,7 @@ impl Entry {
             revalidate_until: fresh_until + lifetime.stale_while_revalidate,
             if_error_until: fresh_until + lifetime.stale_if_error,
             rebuild_cost,
+            last_draw: AtomicU64::new(0),
         }
     }
 
@@ -220,6 +225,7 @@ impl Entry {
             revalidate_until: fresh_until + lifetime.stale_while_revalidate,
             if_error_until: fresh_until + lifetime.stale_if_error,
             rebuild_cost: envelope.rebuild_cost,
+            last_draw: AtomicU64::new(0),
         }
     }
 
@@ -294,6 +300,23 @@ impl Entry {
         self.initial_age + now.saturating_duration_since(self.stored_at)
     }
 
+    /// Claims the right to draw for an early refresh at `now`: granted at
+    /// most once per `gap`. XFetch draws once per request; at tens of
+    /// thousands of hits per second that makes a refresh all but certain
+    /// long before expiry. A fixed number of draws per rebuild time instead
+    /// makes how early a key is refreshed independent of how hot it is.
+    pub(crate) fn claim_draw(&self, now: Instant, gap: Duration) -> bool {
+        let at = now.saturating_duration_since(self.stored_at).as_millis() as u64 + 1;
+        let gap = gap.as_millis().max(1) as u64;
+        let last = self.last_draw.load(Ordering::Relaxed);
+        if last != 0 && at < last + gap {
+            return false;
+        }
+        self.last_draw
+            .compare_exchange(last, at, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
     pub(crate) fn rebuild_cost(&self) -> Duration {
         self.rebuild_cost
     }
@@ -360,6 +383,24 @@ mod tests {
         assert_eq!(e.freshness(t0 + Duration::from_secs(5)), Freshness::Fresh);
         assert_eq!(e.freshness(t0 + Duration::from_secs(6)), Freshness::Expired);
         assert_eq!(e.age(t0 + Duration::from_secs(1)), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn early_refresh_draws_are_rationed_per_rebuild_time() {
+        let t0 = Instant::now();
+        let e = Entry::new(
+            Bytes::new(),
+            lifetime(10, 0, 0),
+            Duration::ZERO,
+            Duration::from_millis(100),
+            t0,
+        );
+        let gap = Duration::from_millis(100);
+        assert!(e.claim_draw(t0, gap));
+        assert!(!e.claim_draw(t0 + Duration::from_millis(50), gap));
+        assert!(!e.claim_draw(t0 + Duration::from_millis(99), gap));
+        assert!(e.claim_draw(t0 + Duration::from_millis(101), gap));
+        assert!(!e.claim_draw(t0 + Duration::from_millis(150), gap));
     }
 
     #[test]

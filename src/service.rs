@@ -528,9 +528,16 @@ where
         .plan::<CachedResponse>(ctx.key, stale, ctx.fleet(), true, None)
         .await;
     let (lease, stale) = match plan {
-        Plan::Hit(entry) => {
+        Plan::Hit { entry, waited } => {
             engine.finish(leader, Finish::Store(entry.clone()));
-            return match ctx.respond(&entry, CacheStatus::Hit) {
+            // A request that waited for another instance's rebuild was
+            // coalesced, not a hit, whatever tier answered it.
+            let status = if waited {
+                CacheStatus::Coalesced
+            } else {
+                CacheStatus::Hit
+            };
+            return match ctx.respond(&entry, status) {
                 Some(response) => Ok(response),
                 None => unreachable_entry(),
             };
@@ -661,7 +668,7 @@ fn spawn_background<S, ReqBody, ResBody>(
                 }
             };
             match plan {
-                Plan::Hit(entry) => engine.finish(leader, Finish::Store(entry)),
+                Plan::Hit { entry, .. } => engine.finish(leader, Finish::Store(entry)),
                 // A stale entry stays in place if the refresh fails; nobody
                 // waits on it, so its own response is dropped.
                 Plan::Rebuild { lease, stale } => {

@@ -161,6 +161,15 @@ async fn waiters_in_other_instances_are_woken_by_the_publish() {
     let answers = fleet_burst(&instances, 90, || get_req("/report")).await;
     assert_eq!(origin.calls(), 1);
     assert!(answers.iter().all(|a| a.text() == "v1"));
+    // Everyone arrived before the value landed: one rebuilt it, the rest
+    // (in every instance) waited for it, and say so.
+    assert_eq!(tally(&answers, "MISS"), 1);
+    assert_eq!(
+        tally(&answers, "COALESCED"),
+        89,
+        "{:?}",
+        answers.iter().map(|a| a.x_cache()).collect::<Vec<_>>()
+    );
     let (by_message, by_timeout): (u64, u64) = instances
         .iter()
         .map(wakeups)
@@ -360,9 +369,10 @@ async fn early_refresh_rebuilds_a_hot_key_before_it_expires() {
     fleet_burst(&instances, 30, || get_req("/report")).await;
     let started = std::time::Instant::now();
     let mut answers = Vec::new();
-    for _ in 0..30 {
+    // Steady traffic: a hot key is one that is asked for all the time.
+    for _ in 0..100 {
         answers.extend(fleet_burst(&instances, 30, || get_req("/report")).await);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(origin.calls() >= 2, "the key was refreshed");
     assert_eq!(origin.peak(), 1, "never two refreshes at once in the fleet");

@@ -7,6 +7,13 @@
 //! values that are slow to build, so a hot key is usually rebuilt, by one
 //! request, before it ever expires. `beta = 1` is the paper's optimum; larger
 //! values refresh earlier.
+//!
+//! The paper draws once per request. At tens of thousands of hits per second
+//! that makes an early refresh all but certain as soon as the chance is not
+//! tiny, far earlier than intended; so each process draws at most eight times
+//! per rebuild time per entry (see `Entry::claim_draw`). With `beta = 1` a hot
+//! key is then refreshed about two rebuild times before it expires, however
+//! many requests it gets.
 
 use std::time::{Duration, Instant};
 

@@ -54,8 +54,9 @@ pub(crate) struct FleetPolicy {
 
 /// What the leader of a local flight does next, after asking the fleet.
 pub(crate) enum Plan {
-    /// Another instance built a fresh entry: store it in L1 and serve it.
-    Hit(Arc<Entry>),
+    /// A fresh entry from Redis: store it in L1 and serve it. `waited` says
+    /// whether this request waited for another instance's rebuild to get it.
+    Hit { entry: Arc<Entry>, waited: bool },
     /// Rebuild now and settle with this lease (`None`: no Redis, or Redis
     /// unavailable; the local flight is the only protection).
     Rebuild {
@@ -153,6 +154,12 @@ impl Engine {
         beta: f64,
         now: Instant,
     ) -> Option<Leader> {
+        // At most eight draws per rebuild time for this entry: enough that a
+        // hot key is refreshed about two rebuild times before it expires,
+        // however many requests it gets.
+        if !entry.claim_draw(now, entry.rebuild_cost() / 8) {
+            return None;
+        }
         if !early::due(
             now,
             entry.fresh_until(),
@@ -316,6 +323,7 @@ impl Engine {
         // Set once an unreadable entry was counted, so the same bytes seen
         // again beside our lease are not counted twice.
         let mut corrupt = false;
+        let mut waited = false;
         loop {
             if !l2.is_available() {
                 return Plan::Rebuild { lease: None, stale };
@@ -332,7 +340,10 @@ impl Engine {
                 Fetched::Fresh(remote) => match decode::<V>(remote, now) {
                     Some(entry) => {
                         count(m::L2_HITS);
-                        return Plan::Hit(Arc::new(entry));
+                        return Plan::Hit {
+                            entry: Arc::new(entry),
+                            waited,
+                        };
                     }
                     None => {
                         l2.count_corrupt(&key);
@@ -378,6 +389,7 @@ impl Engine {
             let _ = registration
                 .wait(left.min(lease_pttl + Duration::from_millis(2)))
                 .await;
+            waited = true;
         }
     }
 
