@@ -4,6 +4,8 @@
 //! the same route answered from the cache, so their ratio is what the guard
 //! costs (or saves) on a hit. `guard_service_hit` drops the router to isolate
 //! the layer itself, and `cache_get_hit` is the generic `Cache` on a warm key.
+//! The `parts` group times pieces of the path: key building and the codec of
+//! entries in Redis.
 //!
 //! ```text
 //! cargo bench --bench hit_path
@@ -126,6 +128,43 @@ fn hit_path(c: &mut Criterion) {
             .iter(|| async { black_box(cache.get_or_rebuild("report:eu", rebuild).await.unwrap()) })
     });
     group.finish();
+
+    // The pieces of a request's path, for where the time goes.
+    let mut parts_group = c.benchmark_group("parts");
+    parts_group
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2));
+    let (parts, ()) = Request::get(URI)
+        .header(header::HOST, "bench.local")
+        .header(header::ACCEPT_LANGUAGE, "en")
+        .body(())
+        .expect("valid request")
+        .into_parts();
+    let vary = [header::ACCEPT_LANGUAGE];
+    parts_group.bench_function("key_building", |b| {
+        b.iter(|| black_box(stampede_guard::__bench::request_key(black_box(&parts), &vary)))
+    });
+    let mut headers = http::HeaderMap::new();
+    headers.insert(header::CONTENT_TYPE, CONTENT_TYPE.parse().expect("valid"));
+    headers.insert(header::CONTENT_LENGTH, "1024".parse().expect("valid"));
+    let encoded = stampede_guard::__bench::encode_response(
+        http::StatusCode::OK,
+        headers.clone(),
+        Bytes::from_static(&PAYLOAD),
+    );
+    parts_group.bench_function("codec_encode_1k", |b| {
+        b.iter(|| {
+            black_box(stampede_guard::__bench::encode_response(
+                http::StatusCode::OK,
+                headers.clone(),
+                Bytes::from_static(&PAYLOAD),
+            ))
+        })
+    });
+    parts_group.bench_function("codec_decode_1k", |b| {
+        b.iter(|| black_box(stampede_guard::__bench::decode_response(encoded.clone())))
+    });
+    parts_group.finish();
 }
 
 criterion_group!(benches, hit_path);

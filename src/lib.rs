@@ -98,3 +98,45 @@ pub use key::Key;
 pub use lock::{Lock, LockError, LockGuard, LockOwner};
 pub use policy::{KeyFn, WaitTimeout};
 pub use service::{GuardService, ResponseFuture};
+
+/// Entry points for the crate's own benchmarks (key building, the entry
+/// codec). Not part of the API: no stability promise.
+#[doc(hidden)]
+pub mod __bench {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http::{HeaderMap, HeaderName, StatusCode};
+
+    use crate::codec::{self, Envelope};
+    use crate::entry::{CacheValue, CachedResponse, Lifetime};
+
+    /// The key of a request, as the layer computes it on every request.
+    pub fn request_key(parts: &http::request::Parts, vary: &[HeaderName]) -> crate::Key {
+        crate::key::request_key("bench", parts, vary, None)
+    }
+
+    /// A response as stored in Redis: envelope + response codec.
+    pub fn encode_response(status: StatusCode, headers: HeaderMap, body: Bytes) -> Bytes {
+        let response = CachedResponse {
+            status,
+            headers,
+            body,
+        };
+        let envelope = Envelope {
+            lifetime: Lifetime {
+                ttl: Duration::from_secs(30),
+                ..Lifetime::default()
+            },
+            initial_age: Duration::ZERO,
+            rebuild_cost: Duration::from_millis(100),
+        };
+        codec::encode(&envelope, &response.encode().unwrap_or_default())
+    }
+
+    /// Reads back what [`encode_response`] wrote; the body length, or `None`.
+    pub fn decode_response(bytes: Bytes) -> Option<usize> {
+        let (_, payload) = codec::decode(bytes)?;
+        CachedResponse::decode(payload).map(|r| r.body.len())
+    }
+}
