@@ -142,7 +142,12 @@ fn hit_path(c: &mut Criterion) {
         .into_parts();
     let vary = [header::ACCEPT_LANGUAGE];
     parts_group.bench_function("key_building", |b| {
-        b.iter(|| black_box(stampede_guard::__bench::request_key(black_box(&parts), &vary)))
+        b.iter(|| {
+            black_box(stampede_guard::__bench::request_key(
+                black_box(&parts),
+                &vary,
+            ))
+        })
     });
     let mut headers = http::HeaderMap::new();
     headers.insert(header::CONTENT_TYPE, CONTENT_TYPE.parse().expect("valid"));
