@@ -6,43 +6,19 @@ mod common;
 
 use std::time::Duration;
 
-use axum::routing::get;
-use axum::Router;
+use common::fleet::{fleet_burst, Instance};
 use common::redis::RedisServer;
-use common::{get as get_req, send, Answer, Origin};
-use stampede_guard::{Backend, StampedeGuard};
+use common::{get as get_req, Answer, Origin};
+use stampede_guard::Backend;
 
-struct Instance {
-    backend: Backend,
-    app: Router,
-}
-
-async fn instance(
-    redis: &RedisServer,
-    origin: &Origin,
-    delay: Duration,
-    ttl: Duration,
-) -> Instance {
-    let backend = Backend::redis_builder(&redis.url())
+/// A backend with a tight deadline and a quick probe, so faults show fast.
+async fn connect(redis: &RedisServer) -> Backend {
+    Backend::redis_builder(&redis.url())
         .deadline(Duration::from_millis(50))
         .probe_interval(Duration::from_millis(100))
         .connect()
         .await
-        .expect("redis backend");
-    let origin = origin.clone();
-    let app = Router::new().route(
-        "/report",
-        get(move || {
-            let origin = origin.clone();
-            async move {
-                let (n, _running) = origin.enter();
-                tokio::time::sleep(delay).await;
-                format!("v{n}")
-            }
-        })
-        .layer(StampedeGuard::new(backend.clone()).ttl(ttl)),
-    );
-    Instance { backend, app }
+        .expect("redis backend")
 }
 
 async fn fleet(
@@ -51,39 +27,15 @@ async fn fleet(
     delay: Duration,
     ttl: Duration,
 ) -> Vec<Instance> {
-    let mut v = Vec::new();
-    for _ in 0..3 {
-        v.push(instance(redis, origin, delay, ttl).await);
-    }
-    v
+    common::fleet::fleet(3, origin, delay, || connect(redis), move |g| g.ttl(ttl)).await
 }
 
 async fn burst(instances: &[Instance], n: usize, uri: &str) -> Vec<Answer> {
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
-            let app = instances[i % instances.len()].app.clone();
-            let uri = uri.to_owned();
-            tokio::spawn(async move { send(&app, get_req(&uri)).await })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.expect("request"));
-    }
-    out
+    fleet_burst(instances, n, || get_req(uri)).await
 }
 
 async fn wait_until_available(instances: &[Instance]) {
-    for _ in 0..200 {
-        if instances
-            .iter()
-            .all(|i| i.backend.stats().redis.is_some_and(|r| r.available))
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the circuit did not close after Redis came back");
+    common::fleet::wait_until_available(instances, Duration::from_secs(10)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,48 +7,26 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
+use common::fleet::{fleet_burst, wakeups, Instance};
 use common::redis::RedisServer;
-use common::{get as get_req, send, tally, Answer, Origin};
-use http::Request;
+use common::{get as get_req, send, tally, Origin};
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Notify;
 
-/// One instance of the service: its own backend (L1 + Redis connections).
-struct Instance {
-    backend: Backend,
-    guard: StampedeGuard,
-    app: Router,
+async fn connect(redis: &RedisServer) -> Backend {
+    Backend::redis(&redis.url()).await.expect("redis backend")
 }
 
+/// One instance of the service: its own backend (L1 + Redis connections).
 async fn instance(
     redis: &RedisServer,
     origin: &Origin,
     delay: Duration,
     configure: impl Fn(StampedeGuard) -> StampedeGuard,
 ) -> Instance {
-    let backend = Backend::redis(&redis.url()).await.expect("redis backend");
-    let guard = configure(StampedeGuard::new(backend.clone()));
-    let origin = origin.clone();
-    let app = Router::new().route(
-        "/report",
-        get(move || {
-            let origin = origin.clone();
-            async move {
-                let (n, _running) = origin.enter();
-                tokio::time::sleep(delay).await;
-                format!("v{n}")
-            }
-        })
-        .layer(guard.clone()),
-    );
-    Instance {
-        backend,
-        guard,
-        app,
-    }
+    common::fleet::instance(connect(redis).await, origin, delay, configure)
 }
 
 async fn fleet(
@@ -58,36 +36,7 @@ async fn fleet(
     delay: Duration,
     configure: impl Fn(StampedeGuard) -> StampedeGuard + Copy,
 ) -> Vec<Instance> {
-    let mut instances = Vec::new();
-    for _ in 0..k {
-        instances.push(instance(redis, origin, delay, configure).await);
-    }
-    instances
-}
-
-/// `n` concurrent requests, round-robin over the instances.
-async fn fleet_burst(
-    instances: &[Instance],
-    n: usize,
-    make: impl Fn() -> Request<Body>,
-) -> Vec<Answer> {
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
-            let app = instances[i % instances.len()].app.clone();
-            let request = make();
-            tokio::spawn(async move { send(&app, request).await })
-        })
-        .collect();
-    let mut answers = Vec::with_capacity(n);
-    for t in tasks {
-        answers.push(t.await.expect("request task"));
-    }
-    answers
-}
-
-fn wakeups(instance: &Instance) -> (u64, u64) {
-    let stats = instance.backend.stats().redis.expect("redis stats");
-    (stats.wakeups_by_message, stats.wakeups_by_timeout)
+    common::fleet::fleet(k, origin, delay, || connect(redis), configure).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,10 +119,7 @@ async fn waiters_in_other_instances_are_woken_by_the_publish() {
         "{:?}",
         answers.iter().map(|a| a.x_cache()).collect::<Vec<_>>()
     );
-    let (by_message, by_timeout): (u64, u64) = instances
-        .iter()
-        .map(wakeups)
-        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let (by_message, by_timeout) = wakeups(&instances);
     assert_eq!(by_timeout, 0, "no waiter slept out a timer");
     assert!(
         by_message >= 1,
