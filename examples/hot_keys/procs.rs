@@ -1,5 +1,5 @@
-//! Child processes the bench starts (a temporary redis-server, nginx), and
-//! the open-file limit it needs.
+//! Child processes the bench starts (a temporary redis-server or Redis
+//! Cluster, nginx), and the open-file limit it needs.
 //!
 //! Every child is registered so that Ctrl-C stops it too: a bench that leaves
 //! servers bound to loopback ports behind would skew the next run.
@@ -124,6 +124,11 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start(binary: &Path) -> std::io::Result<Self> {
+        Self::start_with(binary, &[])
+    }
+
+    /// The same, with extra settings (`--cluster-enabled yes`, ...).
+    fn start_with(binary: &Path, extra: &[String]) -> std::io::Result<Self> {
         let dir = temp_dir("redis")?;
         for _ in 0..5 {
             let port = free_port()?;
@@ -134,6 +139,7 @@ impl RedisServer {
                 .args(["--appendonly", "no"])
                 .arg("--dir")
                 .arg(&dir)
+                .args(extra)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()?;
@@ -159,11 +165,96 @@ impl RedisServer {
     }
 }
 
+/// A temporary Redis Cluster of `masters` primaries (no replicas) on free
+/// loopback ports, each node in its own temp dir. Every node is killed and
+/// its dir removed when this is dropped.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(server: &Path, cli: &Path, masters: usize) -> std::io::Result<Self> {
+        let mut nodes = Vec::with_capacity(masters);
+        for _ in 0..masters {
+            // The bus port is chosen too: the default (port + 10000) can
+            // fall outside the port range for ports the OS hands out.
+            let extra = [
+                "--cluster-enabled".to_owned(),
+                "yes".to_owned(),
+                "--cluster-config-file".to_owned(),
+                "nodes.conf".to_owned(),
+                "--cluster-port".to_owned(),
+                free_port()?.to_string(),
+            ];
+            nodes.push(RedisServer::start_with(server, &extra)?);
+        }
+        let output = Command::new(cli)
+            .arg("--cluster")
+            .arg("create")
+            .args(nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)))
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()?;
+        if !output.status.success() {
+            return Err(std::io::Error::other(format!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&output.stdout)
+                    .lines()
+                    .chain(String::from_utf8_lossy(&output.stderr).lines())
+                    .rfind(|l| !l.trim().is_empty())
+                    .unwrap_or("no output")
+            )));
+        }
+        // The slots are assigned at once, but each node only reports the
+        // cluster usable once gossip has reached it.
+        let ok = wait_until(Duration::from_secs(20), || {
+            nodes.iter().all(|n| {
+                redis_inline(n.port, "CLUSTER INFO").is_some_and(|info| {
+                    info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+                })
+            })
+        });
+        if !ok {
+            return Err(std::io::Error::other(
+                "the cluster did not reach cluster_state:ok within 20 s",
+            ));
+        }
+        Ok(RedisCluster { nodes })
+    }
+
+    /// The crate's URL form for a cluster.
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("redis-cluster://{}", hosts.join(","))
+    }
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.process.take();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// One inline command on a node, its bulk-string reply as text.
+fn redis_inline(port: u16, command: &str) -> Option<String> {
+    use std::io::Read as _;
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .ok()?;
+    stream.write_all(format!("{command}\r\n").as_bytes()).ok()?;
+    let mut reader = BufReader::new(stream);
+    let mut header = String::new();
+    reader.read_line(&mut header).ok()?;
+    let len: usize = header.strip_prefix('$')?.trim().parse().ok()?;
+    let mut body = vec![0; len];
+    reader.read_exact(&mut body).ok()?;
+    String::from_utf8(body).ok()
 }
 
 fn redis_ping(port: u16) -> bool {
