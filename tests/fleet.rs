@@ -15,13 +15,82 @@ use common::{get as get_req, send, tally, Origin};
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Notify;
 
-async fn connect(redis: &RedisServer) -> Backend {
-    Backend::redis(&redis.url()).await.expect("redis backend")
+/// The Redis a test's fleet talks to: a plain server, or one that requires
+/// TLS (a private CA) and an ACL user confined to the crate's keys, channel
+/// and commands, as a managed service is set up. Every scenario below runs on
+/// both. Admin commands of the tests themselves go to the plain port.
+enum Deployment {
+    Plain(RedisServer),
+    #[cfg(all(feature = "redis-tls", feature = "serde"))]
+    Tls(common::tls::Certs, common::tls::TlsRedis),
+}
+
+impl Deployment {
+    fn plain() -> Self {
+        Deployment::Plain(RedisServer::start())
+    }
+
+    #[cfg(all(feature = "redis-tls", feature = "serde"))]
+    fn tls() -> Self {
+        let certs = common::tls::Certs::generate();
+        let server = common::tls::TlsRedis::start(&certs, false);
+        Deployment::Tls(certs, server)
+    }
+
+    async fn connect(&self) -> Backend {
+        match self {
+            Deployment::Plain(server) => {
+                Backend::redis(&server.url()).await.expect("redis backend")
+            }
+            #[cfg(all(feature = "redis-tls", feature = "serde"))]
+            Deployment::Tls(certs, server) => {
+                let mut config = stampede_guard::RedisConfig::new(server.url("app-secret"));
+                let mut tls = stampede_guard::TlsFiles::default();
+                tls.ca_file = Some(certs.path("ca.crt"));
+                config.tls = Some(tls);
+                Backend::from_config(config).await.expect("TLS backend")
+            }
+        }
+    }
+}
+
+impl std::ops::Deref for Deployment {
+    type Target = RedisServer;
+
+    fn deref(&self) -> &RedisServer {
+        match self {
+            Deployment::Plain(server) => server,
+            #[cfg(all(feature = "redis-tls", feature = "serde"))]
+            Deployment::Tls(_, tls) => &tls.server,
+        }
+    }
+}
+
+/// Runs a scenario on a plain Redis and on a TLS + ACL one.
+macro_rules! on_every_deployment {
+    ($($scenario:ident),* $(,)?) => {$(
+        mod $scenario {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn plain() {
+                super::$scenario(super::Deployment::plain()).await;
+            }
+
+            #[cfg(all(feature = "redis-tls", feature = "serde"))]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tls() {
+                super::$scenario(super::Deployment::tls()).await;
+            }
+        }
+    )*};
+}
+
+async fn connect(redis: &Deployment) -> Backend {
+    redis.connect().await
 }
 
 /// One instance of the service: its own backend (L1 + Redis connections).
 async fn instance(
-    redis: &RedisServer,
+    redis: &Deployment,
     origin: &Origin,
     delay: Duration,
     configure: impl Fn(StampedeGuard) -> StampedeGuard,
@@ -30,7 +99,7 @@ async fn instance(
 }
 
 async fn fleet(
-    redis: &RedisServer,
+    redis: &Deployment,
     origin: &Origin,
     k: usize,
     delay: Duration,
@@ -39,9 +108,7 @@ async fn fleet(
     common::fleet::fleet(k, origin, delay, || connect(redis), configure).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_instances_call_the_origin_once_for_a_cold_key() {
-    let redis = RedisServer::start();
+async fn three_instances_call_the_origin_once_for_a_cold_key(redis: Deployment) {
     let origin = Origin::default();
     let instances = fleet(&redis, &origin, 3, Duration::from_millis(100), |g| g).await;
     let answers = fleet_burst(&instances, 1000, || get_req("/report")).await;
@@ -50,9 +117,7 @@ async fn three_instances_call_the_origin_once_for_a_cold_key() {
     assert_eq!(tally(&answers, "MISS"), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_key_is_rebuilt_once_for_the_fleet() {
-    let redis = RedisServer::start();
+async fn an_expired_key_is_rebuilt_once_for_the_fleet(redis: Deployment) {
     let origin = Origin::default();
     let instances = fleet(&redis, &origin, 3, Duration::from_millis(50), |g| {
         g.ttl(Duration::from_millis(300))
@@ -66,9 +131,7 @@ async fn an_expired_key_is_rebuilt_once_for_the_fleet() {
     assert!(answers.iter().all(|a| a.text() == "v2"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stale_while_revalidate_refreshes_once_for_the_fleet() {
-    let redis = RedisServer::start();
+async fn stale_while_revalidate_refreshes_once_for_the_fleet(redis: Deployment) {
     let origin = Origin::default();
     let instances = fleet(&redis, &origin, 3, Duration::from_millis(200), |g| {
         g.ttl(Duration::from_millis(300))
@@ -97,9 +160,7 @@ async fn stale_while_revalidate_refreshes_once_for_the_fleet() {
     assert_eq!(origin.calls(), 2, "exactly one refresh for the fleet");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiters_in_other_instances_are_woken_by_the_publish() {
-    let redis = RedisServer::start();
+async fn waiters_in_other_instances_are_woken_by_the_publish(redis: Deployment) {
     let origin = Origin::default();
     // A lease far longer than the rebuild: only the publish can wake waiters
     // in time; a wake by lease expiry would show as a timeout.
@@ -127,9 +188,7 @@ async fn waiters_in_other_instances_are_woken_by_the_publish() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rebuild_longer_than_its_lease_keeps_the_lease() {
-    let redis = RedisServer::start();
+async fn a_rebuild_longer_than_its_lease_keeps_the_lease(redis: Deployment) {
     let origin = Origin::default();
     // The rebuild outlives five lease periods; the watchdog must renew it.
     let instances = fleet(&redis, &origin, 3, Duration::from_millis(1000), |g| {
@@ -145,9 +204,7 @@ async fn a_rebuild_longer_than_its_lease_keeps_the_lease() {
     assert!(answers.iter().all(|a| a.text() == "v1"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stalled_holders_late_commit_is_fenced_off() {
-    let redis = RedisServer::start();
+async fn a_stalled_holders_late_commit_is_fenced_off(redis: Deployment) {
     let origin = Origin::default();
     let entered = Arc::new(Notify::new());
     let release = Arc::new(Notify::new());
@@ -169,8 +226,8 @@ async fn a_stalled_holders_late_commit_is_fenced_off() {
             }
         }
     };
-    let a_backend = Backend::redis(&redis.url()).await.unwrap();
-    let b_backend = Backend::redis(&redis.url()).await.unwrap();
+    let a_backend = redis.connect().await;
+    let b_backend = redis.connect().await;
     let guard_a = StampedeGuard::new(a_backend.clone()).ttl(Duration::from_secs(60));
     let guard_b = StampedeGuard::new(b_backend.clone()).ttl(Duration::from_secs(60));
     let app_a = Router::new().route("/report", get(make(&origin)).layer(guard_a.clone()));
@@ -203,9 +260,7 @@ async fn a_stalled_holders_late_commit_is_fenced_off() {
     assert_eq!(origin.calls(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_round_trips_per_request_by_path() {
-    let redis = RedisServer::start();
+async fn redis_round_trips_per_request_by_path(redis: Deployment) {
     let origin = Origin::default();
     let a = instance(&redis, &origin, Duration::from_millis(200), |g| g).await;
     let b = instance(&redis, &origin, Duration::from_millis(200), |g| g).await;
@@ -243,9 +298,7 @@ async fn redis_round_trips_per_request_by_path() {
     assert_eq!(origin.calls(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalidation_reaches_redis_and_every_instance() {
-    let redis = RedisServer::start();
+async fn invalidation_reaches_redis_and_every_instance(redis: Deployment) {
     let origin = Origin::default();
     let instances = fleet(&redis, &origin, 3, Duration::ZERO, |g| {
         g.ttl(Duration::from_secs(60))
@@ -263,9 +316,7 @@ async fn invalidation_reaches_redis_and_every_instance() {
     assert_eq!(origin.calls(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn corrupt_entries_are_misses_not_panics() {
-    let redis = RedisServer::start();
+async fn corrupt_entries_are_misses_not_panics(redis: Deployment) {
     let origin = Origin::default();
     let a = instance(&redis, &origin, Duration::ZERO, |g| {
         g.ttl(Duration::from_secs(60))
@@ -302,9 +353,7 @@ async fn wrong_credentials_fail_at_start_up_with_a_clear_error() {
     assert!(ok.is_ok());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn early_refresh_rebuilds_a_hot_key_before_it_expires() {
-    let redis = RedisServer::start();
+async fn early_refresh_rebuilds_a_hot_key_before_it_expires(redis: Deployment) {
     let origin = Origin::default();
     // beta = 1 with a 50 ms rebuild: a request in the last ~100 ms of the
     // entry's life refreshes it with a good chance, and hundreds come by.
@@ -338,14 +387,12 @@ async fn early_refresh_rebuilds_a_hot_key_before_it_expires() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_generic_cache_shares_values_across_the_fleet() {
+async fn the_generic_cache_shares_values_across_the_fleet(redis: Deployment) {
     use stampede_guard::Cache;
-    let redis = RedisServer::start();
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut caches = Vec::new();
     for _ in 0..3 {
-        let backend = Backend::redis(&redis.url()).await.unwrap();
+        let backend = redis.connect().await;
         caches.push(Cache::<String>::new(backend).ttl(Duration::from_secs(60)));
     }
     let tasks: Vec<_> = (0..300)
@@ -376,9 +423,7 @@ async fn the_generic_cache_shares_values_across_the_fleet() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cold_instance_serves_the_fleets_stale_entry_at_once_during_a_refresh() {
-    let redis = RedisServer::start();
+async fn a_cold_instance_serves_the_fleets_stale_entry_at_once_during_a_refresh(redis: Deployment) {
     let origin = Origin::default();
     let configure = |g: StampedeGuard| {
         g.ttl(Duration::from_millis(300))
@@ -410,3 +455,18 @@ async fn a_cold_instance_serves_the_fleets_stale_entry_at_once_during_a_refresh(
     assert_eq!(send(&b.app, get_req("/report")).await.text(), "v2");
     assert_eq!(origin.calls(), 2, "one refresh for both instances");
 }
+
+on_every_deployment!(
+    three_instances_call_the_origin_once_for_a_cold_key,
+    an_expired_key_is_rebuilt_once_for_the_fleet,
+    stale_while_revalidate_refreshes_once_for_the_fleet,
+    waiters_in_other_instances_are_woken_by_the_publish,
+    a_rebuild_longer_than_its_lease_keeps_the_lease,
+    a_stalled_holders_late_commit_is_fenced_off,
+    redis_round_trips_per_request_by_path,
+    invalidation_reaches_redis_and_every_instance,
+    corrupt_entries_are_misses_not_panics,
+    early_refresh_rebuilds_a_hot_key_before_it_expires,
+    a_cold_instance_serves_the_fleets_stale_entry_at_once_during_a_refresh,
+    the_generic_cache_shares_values_across_the_fleet,
+);

@@ -1,21 +1,18 @@
 //! The fleet on a Redis that requires TLS (a private CA, optionally client
 //! certificates) and an ACL user confined to the crate's keys, channel and
 //! commands, as managed services are set up. Certificates are made by the
-//! test with the `openssl` command.
+//! test with the `openssl` command. The fleet scenarios of tests/fleet.rs run
+//! over TLS too; this file holds what is particular to TLS and ACLs.
 #![cfg(all(feature = "redis-tls", feature = "serde"))]
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use axum::routing::get;
-use axum::Router;
 use common::fleet::{fleet, fleet_burst, instance, wakeups};
 use common::tls::{Certs, TlsRedis};
 use common::{get as get_req, send, tally, Origin};
-use stampede_guard::{Backend, Lock, RedisConfig, StampedeGuard, TlsFiles};
-use tokio::sync::Notify;
+use stampede_guard::{Backend, Lock, RedisConfig, TlsFiles};
 
 fn config(redis: &TlsRedis, certs: &Certs, password: &str) -> RedisConfig {
     let mut config = RedisConfig::new(redis.url(password));
@@ -76,64 +73,6 @@ async fn the_fleet_runs_over_tls_as_a_confined_acl_user() {
     // Nothing the crate did was refused by the ACL.
     let stats = instances[0].backend.stats().redis.unwrap();
     assert_eq!(stats.errors, 0, "no call was refused");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stale_holders_late_commit_is_fenced_off_over_tls() {
-    let certs = Certs::generate();
-    let redis = TlsRedis::start(&certs, false);
-    let origin = Origin::default();
-    let entered = Arc::new(Notify::new());
-    let release = Arc::new(Notify::new());
-    let handler = {
-        let origin = origin.clone();
-        let entered = entered.clone();
-        let release = release.clone();
-        move || {
-            let origin = origin.clone();
-            let entered = entered.clone();
-            let release = release.clone();
-            async move {
-                let (n, _running) = origin.enter();
-                if n == 1 {
-                    entered.notify_one();
-                    release.notified().await;
-                }
-                format!("v{n}")
-            }
-        }
-    };
-    let a_backend = connect(&redis, &certs).await;
-    let guard_a = StampedeGuard::new(a_backend.clone()).ttl(Duration::from_secs(60));
-    let app_a = Router::new().route("/report", get(handler.clone()).layer(guard_a.clone()));
-    let b = instance(
-        connect(&redis, &certs).await,
-        &origin,
-        Duration::ZERO,
-        |g| g.ttl(Duration::from_secs(60)),
-    );
-
-    let slow = {
-        let app_a = app_a.clone();
-        tokio::spawn(async move { send(&app_a, get_req("/report")).await })
-    };
-    entered.notified().await;
-    // A stalls and loses its lease (the admin deletes it on the plain port).
-    let key = guard_a.key_for(&get_req("/report")).unwrap();
-    assert_eq!(redis.server.raw(&["DEL", &format!("sg:{{{key}}}:l")]), ":1");
-    assert_eq!(send(&b.app, get_req("/report")).await.text(), "v2");
-    release.notify_one();
-    assert_eq!(slow.await.unwrap().text(), "v1");
-    assert_eq!(a_backend.stats().redis.unwrap().fenced_writes, 1);
-    let c = instance(
-        connect(&redis, &certs).await,
-        &origin,
-        Duration::ZERO,
-        |g| g.ttl(Duration::from_secs(60)),
-    );
-    let answer = send(&c.app, get_req("/report")).await;
-    assert_eq!((answer.text().as_str(), answer.x_cache()), ("v2", "HIT"));
-    assert_eq!(origin.calls(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,100 +172,4 @@ async fn a_prefix_outside_the_users_acl_is_a_clear_start_up_error() {
         .expect_err("the user may not use this channel")
         .to_string();
     assert!(message.contains("permission"), "{message}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stale_while_revalidate_refreshes_once_over_tls() {
-    let certs = Certs::generate();
-    let redis = TlsRedis::start(&certs, false);
-    let origin = Origin::default();
-    let connect = || connect(&redis, &certs);
-    let instances = fleet(3, &origin, Duration::from_millis(200), connect, |g| {
-        g.ttl(Duration::from_millis(300))
-            .stale_while_revalidate(Duration::from_secs(30))
-    })
-    .await;
-    fleet_burst(&instances, 30, || get_req("/report")).await;
-    assert_eq!(origin.calls(), 1);
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let answers = fleet_burst(&instances, 300, || get_req("/report")).await;
-    assert!(answers
-        .iter()
-        .all(|a| a.text() == "v1" && a.x_cache() == "STALE"));
-    for _ in 0..100 {
-        let after = fleet_burst(&instances, 3, || get_req("/report")).await;
-        if after.iter().all(|a| a.text() == "v2") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(origin.calls(), 2, "exactly one refresh for the fleet");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round_trips_per_path_are_the_same_over_tls() {
-    let certs = Certs::generate();
-    let redis = TlsRedis::start(&certs, false);
-    let origin = Origin::default();
-    let a = instance(
-        connect(&redis, &certs).await,
-        &origin,
-        Duration::ZERO,
-        |g| g,
-    );
-    let b = instance(
-        connect(&redis, &certs).await,
-        &origin,
-        Duration::ZERO,
-        |g| g,
-    );
-    let scripts = || {
-        redis
-            .server
-            .command_calls()
-            .get("evalsha")
-            .copied()
-            .unwrap_or(0)
-    };
-    redis.server.reset_stats();
-    send(&a.app, get_req("/report")).await;
-    assert_eq!(scripts(), 2, "miss with lease = 2 round trips");
-    redis.server.reset_stats();
-    assert_eq!(send(&b.app, get_req("/report")).await.x_cache(), "HIT");
-    assert_eq!(scripts(), 1, "hit in Redis = 1 round trip");
-    redis.server.reset_stats();
-    send(&b.app, get_req("/report")).await;
-    assert_eq!(scripts(), 0, "an L1 hit costs no I/O");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_generic_cache_shares_values_over_tls() {
-    use stampede_guard::Cache;
-    let certs = Certs::generate();
-    let redis = TlsRedis::start(&certs, false);
-    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut caches = Vec::new();
-    for _ in 0..3 {
-        caches
-            .push(Cache::<String>::new(connect(&redis, &certs).await).ttl(Duration::from_secs(60)));
-    }
-    let tasks: Vec<_> = (0..300)
-        .map(|i| {
-            let cache = caches[i % 3].clone();
-            let calls = calls.clone();
-            tokio::spawn(async move {
-                cache
-                    .get_or_rebuild("user:42", move || async move {
-                        calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        Ok::<_, std::io::Error>("Ada".to_string())
-                    })
-                    .await
-            })
-        })
-        .collect();
-    for t in tasks {
-        assert_eq!(t.await.unwrap().unwrap(), "Ada");
-    }
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
