@@ -299,12 +299,14 @@ fn parked_first_call(
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_leader_hands_over_to_one_waiter() {
+/// The leader parks in the handler while 100 followers queue on its flight;
+/// then it goes away (its task is aborted, or its handler panics). Returns how
+/// the leader's task ended, the followers' answers and the origin.
+async fn leader_goes_away(panic: bool) -> (tokio::task::JoinError, Vec<common::Answer>, Origin) {
     let origin = Origin::default();
     let entered = Arc::new(Notify::new());
     let release = Arc::new(Notify::new());
-    let app = parked_first_call(&origin, entered.clone(), release, false);
+    let app = parked_first_call(&origin, entered.clone(), release.clone(), panic);
 
     let leader = {
         let app = app.clone();
@@ -315,12 +317,21 @@ async fn cancelled_leader_hands_over_to_one_waiter() {
         let app = app.clone();
         tokio::spawn(async move { burst(&app, 100, || get_req("/report")).await })
     };
-    // Let the followers queue on the flight, then the client goes away.
+    // Let the followers queue on the flight before the leader goes.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    leader.abort();
-    assert!(leader.await.unwrap_err().is_cancelled());
+    if panic {
+        release.notify_one();
+    } else {
+        leader.abort();
+    }
+    let ended = leader.await.expect_err("the leader does not finish");
+    (ended, followers.await.unwrap(), origin)
+}
 
-    let answers = followers.await.unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_leader_hands_over_to_one_waiter() {
+    let (ended, answers, origin) = leader_goes_away(false).await;
+    assert!(ended.is_cancelled());
     assert_eq!(origin.calls(), 2, "exactly one waiter took over");
     assert!(answers.iter().all(|a| a.text() == "v2"));
     assert_eq!(tally(&answers, "MISS"), 1);
@@ -328,25 +339,8 @@ async fn cancelled_leader_hands_over_to_one_waiter() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn panicking_leader_hands_over_to_one_waiter() {
-    let origin = Origin::default();
-    let entered = Arc::new(Notify::new());
-    let release = Arc::new(Notify::new());
-    let app = parked_first_call(&origin, entered.clone(), release.clone(), true);
-
-    let leader = {
-        let app = app.clone();
-        tokio::spawn(async move { send(&app, get_req("/report")).await })
-    };
-    entered.notified().await;
-    let followers = {
-        let app = app.clone();
-        tokio::spawn(async move { burst(&app, 100, || get_req("/report")).await })
-    };
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    release.notify_one();
-    assert!(leader.await.unwrap_err().is_panic());
-
-    let answers = followers.await.unwrap();
+    let (ended, answers, origin) = leader_goes_away(true).await;
+    assert!(ended.is_panic());
     assert_eq!(origin.calls(), 2, "exactly one waiter took over");
     assert!(answers
         .iter()
