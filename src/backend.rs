@@ -145,7 +145,7 @@ impl Backend {
         BackendStats {
             l1_bytes: self.l1_weighted_size(),
             #[cfg(feature = "redis")]
-            redis: self.engine.l2().map(|l2| RedisStats {
+            redis: self.engine.shared().map(|l2| RedisStats {
                 available: l2.is_available(),
                 wakeups_by_message: l2.notifier.stats.by_message.load(Ordering::Relaxed),
                 wakeups_by_timeout: l2.notifier.stats.by_timeout.load(Ordering::Relaxed),
@@ -323,7 +323,7 @@ impl RedisBackendBuilder {
                 source: Some(Box::new(e)),
             })?;
         Ok(Backend {
-            engine: Arc::new(Engine::with_l2(l1, tier)),
+            engine: Arc::new(Engine::with_shared(l1, tier)),
             locks: Arc::default(),
         })
     }
@@ -379,6 +379,16 @@ impl BackendBuilder {
         Backend {
             engine: Arc::new(Engine::new(LocalTier::new(self.l1_max_bytes))),
             locks: Arc::default(),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<crate::store::redis::TierError> for Error {
+    fn from(e: crate::store::redis::TierError) -> Self {
+        Error {
+            message: format!("Redis did not take the call: {e}"),
+            source: None,
         }
     }
 }

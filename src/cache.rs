@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
-use crate::engine::{Finish, FleetPolicy, Leader, Lease, Lookup, Outcome, Plan, SharedError};
-use crate::entry::{CacheValue, Entry, Lifetime};
+use crate::engine::{
+    Answer, Built, CacheValue, FailureKind, FlightPolicy, Held, Lifetime, Looked, Rebuild,
+    SharedError,
+};
 use crate::key::Key;
-use crate::metrics::{self as m, count};
-use crate::service::EARLY_SLACK;
 
 /// A stampede-safe cache of `V` values: concurrent misses for one key run the
 /// rebuild once and share its result, stale values can be served while one
@@ -45,6 +45,7 @@ struct Settings {
     lifetime: Lifetime,
     wait_budget: Duration,
     lease: Duration,
+    rebuild_timeout: Duration,
     early_refresh: Option<f64>,
 }
 
@@ -79,6 +80,7 @@ impl<V: CacheValue> Cache<V> {
                 },
                 wait_budget: Duration::from_secs(10),
                 lease: Duration::from_secs(5),
+                rebuild_timeout: Duration::from_secs(30),
                 early_refresh: None,
             }),
             _value: PhantomData,
@@ -106,8 +108,8 @@ impl<V: CacheValue> Cache<V> {
         self.with(|s| s.lifetime.stale_if_error = window)
     }
 
-    /// How long a caller waits on another caller's rebuild before running its
-    /// own (default 10 s).
+    /// How long a rebuild waits for another instance's rebuild of the same
+    /// key before running its own (default 10 s).
     pub fn wait_budget(self, budget: Duration) -> Self {
         self.with(|s| s.wait_budget = budget)
     }
@@ -116,6 +118,13 @@ impl<V: CacheValue> Cache<V> {
     /// while a rebuild runs. Only used with a Redis backend.
     pub fn lease(self, lease: Duration) -> Self {
         self.with(|s| s.lease = lease)
+    }
+
+    /// The longest a rebuild may run (default 30 s); past it the rebuild is
+    /// abandoned and its callers get stale-if-error or
+    /// [`RebuildError::TimedOut`].
+    pub fn rebuild_timeout(self, timeout: Duration) -> Self {
+        self.with(|s| s.rebuild_timeout = timeout)
     }
 
     /// Probabilistic early refresh (XFetch) with this `beta`; see
@@ -137,17 +146,31 @@ impl<V: CacheValue> Cache<V> {
 
     /// Returns the cached value for `key`, or runs `rebuild` to make it.
     ///
-    /// Concurrent callers for one key share a single `rebuild`: the first runs
-    /// it, the others wait for its value, or for its error (hence `Arc<E>`, as
-    /// in `moka`'s `try_get_with`). A stale value inside stale-while-revalidate
-    /// is returned at once while `rebuild` runs in the background; one inside
-    /// stale-if-error is returned when `rebuild` fails. If the caller running
-    /// `rebuild` is cancelled or panics, a waiting caller runs its own.
+    /// Concurrent callers for one key share a single `rebuild`: the first
+    /// starts it, the others wait for its value. The rebuild runs on its own
+    /// task: it finishes and fills the cache even if every caller waiting for
+    /// it has gone (bounded by the [rebuild timeout](Self::rebuild_timeout)).
+    /// A stale value inside stale-while-revalidate is returned at once while
+    /// `rebuild` runs in the background; one inside stale-if-error is returned
+    /// when `rebuild` fails.
+    ///
+    /// # Errors
+    ///
+    /// When the rebuild failed and no stale value may stand in. Every caller
+    /// that waited for the same rebuild gets the same error (hence `Arc<E>`,
+    /// as in `moka`'s `try_get_with`); no failure sends the waiters to run
+    /// their own rebuilds. See [`RebuildError`].
+    ///
+    /// # Panics
+    ///
+    /// If `rebuild` panics, the caller that started it panics with the same
+    /// payload, as it would without the cache; the callers waiting for it get
+    /// [`RebuildError::Panicked`].
     pub async fn get_or_rebuild<F, Fut, E>(
         &self,
         key: impl AsRef<[u8]>,
         rebuild: F,
-    ) -> Result<V, Arc<E>>
+    ) -> Result<V, RebuildError<E>>
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
@@ -155,262 +178,159 @@ impl<V: CacheValue> Cache<V> {
     {
         let key = self.key(key.as_ref());
         let engine = &self.backend.engine;
-        let now = Instant::now();
-        let mut lookup = engine.lookup(key, now);
-        loop {
-            let (follower, stale) = match lookup {
-                Lookup::Fresh(entry) => {
-                    let Some(value) = entry.value::<V>() else {
-                        return run_alone(rebuild).await;
-                    };
-                    count(m::HITS);
-                    if let Some(beta) = self.settings.early_refresh {
-                        if let Some(leader) = engine.early_refresh(key, &entry, beta, now) {
-                            let left = entry.fresh_for(now) + EARLY_SLACK;
-                            self.spawn(leader, None, Start::Early(left), rebuild);
-                        }
-                    }
-                    return Ok(value.clone());
+        let policy = self.flight();
+        let closure = Closure {
+            rebuild,
+            lifetime: self.settings.lifetime,
+            _types: PhantomData,
+        };
+        let miss = match engine.lookup::<V>(key, &policy, Instant::now()) {
+            Looked::Hit { held, refresh, .. } => {
+                if let Some(refresh) = refresh {
+                    engine.refresh(refresh, policy, closure);
                 }
-                Lookup::Stale { entry, refresh } => {
-                    let Some(value) = entry.value::<V>().cloned() else {
-                        return run_alone(rebuild).await;
-                    };
-                    count(m::STALE);
-                    if let Some(leader) = refresh {
-                        self.spawn(leader, Some(entry), Start::Refresh, rebuild);
-                    }
-                    return Ok(value);
-                }
-                Lookup::Lead { leader, stale } => {
-                    count(m::MISSES);
-                    let plan = engine.plan::<V>(key, stale, self.fleet(), true, None).await;
-                    return match plan {
-                        Plan::Hit { entry, .. } => {
-                            let value = entry.value::<V>().cloned();
-                            engine.finish(leader, Finish::Store(entry));
-                            match value {
-                                Some(value) => Ok(value),
-                                None => run_alone(rebuild).await,
-                            }
-                        }
-                        Plan::StaleNow { entry, lease } => match entry.value::<V>().cloned() {
-                            Some(value) => {
-                                count(m::STALE);
-                                engine.serve_stale_meanwhile(&leader, &entry);
-                                let start = match lease {
-                                    Some(lease) => Start::Rebuild(lease),
-                                    None => Start::Refresh,
-                                };
-                                self.spawn(leader, Some(entry), start, rebuild);
-                                Ok(value)
-                            }
-                            None => {
-                                lead(
-                                    &self.backend,
-                                    leader,
-                                    rebuild,
-                                    self.settings.lifetime,
-                                    None,
-                                    lease,
-                                )
-                                .await
-                            }
-                        },
-                        Plan::Rebuild { lease, stale } => {
-                            lead(
-                                &self.backend,
-                                leader,
-                                rebuild,
-                                self.settings.lifetime,
-                                stale,
-                                lease,
-                            )
-                            .await
-                        }
-                        // Nobody else's rebuild came in time: build it here.
-                        Plan::TimedOut { stale } => {
-                            count(m::WAIT_TIMEOUTS);
-                            lead(
-                                &self.backend,
-                                leader,
-                                rebuild,
-                                self.settings.lifetime,
-                                stale,
-                                None,
-                            )
-                            .await
-                        }
-                    };
-                }
-                Lookup::Bypass => return run_alone(rebuild).await,
-                Lookup::Follow { follower, stale } => (follower, stale),
-            };
-            match follower.wait(self.settings.wait_budget).await {
-                Some(Outcome::Value { entry, stale }) => {
-                    if let Some(value) = entry.value::<V>() {
-                        count(if stale { m::STALE } else { m::COALESCED });
-                        return Ok(value.clone());
-                    }
-                    return run_alone(rebuild).await;
-                }
-                Some(Outcome::Abandoned) => lookup = engine.lookup(key, Instant::now()),
-                Some(Outcome::Failed(error)) => {
-                    let now = Instant::now();
-                    if let Some(value) = stale
-                        .as_ref()
-                        .filter(|e| e.usable_on_error(now))
-                        .and_then(|e| e.value::<V>())
-                    {
-                        count(m::STALE);
-                        return Ok(value.clone());
-                    }
-                    match error.map(|e| e.downcast::<E>()) {
-                        Some(Ok(error)) => return Err(error),
-                        // Another caller's error type: this caller tries itself.
-                        _ => return run_alone(rebuild).await,
-                    }
-                }
-                Some(Outcome::Pass) => return run_alone(rebuild).await,
-                None => {
-                    count(m::WAIT_TIMEOUTS);
-                    return run_alone(rebuild).await;
-                }
+                return Ok(held.value().clone());
             }
+            Looked::Miss(miss) => miss,
+        };
+        match engine.resolve(miss, policy, closure).await {
+            Answer::Served(served) => Ok(served.held.value().clone()),
+            Answer::Private(error) => Err(RebuildError::Failed(error)),
+            Answer::Failed(failure, _) => Err(match failure.kind {
+                FailureKind::Panic => RebuildError::Panicked,
+                FailureKind::Timeout | FailureKind::WaitTimeout => RebuildError::TimedOut,
+                FailureKind::Error => match failure.error.map(|e| e.downcast::<E>()) {
+                    Some(Ok(error)) => RebuildError::Failed(error),
+                    // Another call site's error type, under the same key.
+                    _ => RebuildError::Other,
+                },
+            }),
+            Answer::Alone(closure) => (closure.rebuild)()
+                .await
+                .map_err(|e| RebuildError::Failed(Arc::new(e))),
+            Answer::Panicked(payload) => std::panic::resume_unwind(payload),
         }
     }
 
-    fn fleet(&self) -> FleetPolicy {
-        FleetPolicy {
+    fn flight(&self) -> FlightPolicy {
+        FlightPolicy {
             lease: self.settings.lease,
             wait_budget: self.settings.wait_budget,
+            fail_open: true,
+            rebuild_timeout: self.settings.rebuild_timeout,
+            early_refresh: self.settings.early_refresh,
         }
-    }
-
-    /// Settles a key in the background: nobody waits on it.
-    fn spawn<F, Fut, E>(&self, leader: Leader, stale: Option<Arc<Entry>>, start: Start, rebuild: F)
-    where
-        F: FnOnce() -> Fut + Send + 'static,
-        Fut: Future<Output = Result<V, E>> + Send + 'static,
-        E: Send + Sync + 'static,
-    {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        count(m::REFRESHES);
-        let backend = self.backend.clone();
-        let key = leader.key();
-        let (lifetime, fleet) = (self.settings.lifetime, self.fleet());
-        runtime.spawn(async move {
-            let engine = &backend.engine;
-            let plan = match start {
-                Start::Rebuild(lease) => Plan::Rebuild {
-                    lease: Some(lease),
-                    stale,
-                },
-                Start::Refresh => engine.plan::<V>(key, stale, fleet, false, None).await,
-                Start::Early(left) => engine.plan::<V>(key, stale, fleet, false, Some(left)).await,
-            };
-            match plan {
-                Plan::Hit { entry, .. } => engine.finish(leader, Finish::Store(entry)),
-                Plan::Rebuild { lease, stale } => {
-                    let _ = lead(&backend, leader, rebuild, lifetime, stale, lease).await;
-                }
-                Plan::StaleNow { .. } | Plan::TimedOut { .. } => {
-                    engine.finish(leader, Finish::Failed(None))
-                }
-            }
-        });
     }
 
     /// The value for `key` if it is fresh, without rebuilding.
     pub fn get(&self, key: impl AsRef<[u8]>) -> Option<V> {
-        match self
-            .backend
+        self.backend
             .engine
-            .lookup_fresh(&self.key(key.as_ref()), Instant::now())
-        {
-            Some(entry) => entry.value::<V>().cloned(),
-            None => None,
-        }
+            .peek::<V>(&self.key(key.as_ref()), Instant::now())
+            .map(|held| held.value().clone())
     }
 
     /// Drops the value for `key`, here and (with Redis) everywhere in the
     /// fleet; the next caller rebuilds it.
-    pub async fn invalidate(&self, key: impl AsRef<[u8]>) {
+    ///
+    /// It is a barrier: once it returns, no call that starts afterwards gets
+    /// a value built before it. A rebuild that was already running stores
+    /// nothing, and answers only the callers that were already waiting for it.
+    ///
+    /// # Errors
+    ///
+    /// When the backend has a Redis tier and the invalidation did not reach
+    /// it. This process has dropped the value all the same; other instances
+    /// may still serve it until it expires, so retry.
+    pub async fn invalidate(&self, key: impl AsRef<[u8]>) -> Result<(), crate::Error> {
         self.backend
             .engine
             .invalidate(&self.key(key.as_ref()))
-            .await;
+            .await
     }
 }
 
-async fn run_alone<V, F, Fut, E>(rebuild: F) -> Result<V, Arc<E>>
-where
-    F: FnOnce() -> Fut,
-    Fut: Future<Output = Result<V, E>>,
-{
-    count(m::ORIGIN_CALLS);
-    rebuild().await.map_err(Arc::new)
+/// Why [`Cache::get_or_rebuild`] has no value.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RebuildError<E> {
+    /// The rebuild returned this error. Every caller that waited for the same
+    /// rebuild shares it.
+    Failed(Arc<E>),
+    /// The rebuild panicked (the caller that started it panics instead).
+    Panicked,
+    /// The rebuild ran past the cache's rebuild timeout.
+    TimedOut,
+    /// The rebuild failed with an error of another type: two call sites
+    /// with different error types rebuilt the same key.
+    Other,
 }
 
-/// Work on a key that no caller waits for.
-enum Start {
-    Refresh,
-    /// An early refresh of an entry with this much freshness left.
-    Early(Duration),
-    Rebuild(Lease),
+impl<E> RebuildError<E> {
+    /// The rebuild's own error, if it returned one.
+    pub fn error(&self) -> Option<&Arc<E>> {
+        match self {
+            RebuildError::Failed(error) => Some(error),
+            _ => None,
+        }
+    }
 }
 
-/// Runs `rebuild` as the key's leader and settles the key.
-async fn lead<V, F, Fut, E>(
-    backend: &Backend,
-    leader: Leader,
+impl<E: std::fmt::Display> std::fmt::Display for RebuildError<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RebuildError::Failed(error) => write!(f, "rebuild failed: {error}"),
+            RebuildError::Panicked => f.write_str("rebuild panicked"),
+            RebuildError::TimedOut => f.write_str("rebuild timed out"),
+            RebuildError::Other => f.write_str("rebuild failed with an error of another type"),
+        }
+    }
+}
+
+impl<E: std::error::Error + 'static> std::error::Error for RebuildError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RebuildError::Failed(error) => Some(&**error),
+            _ => None,
+        }
+    }
+}
+
+/// The caller's closure, as the engine's rebuild.
+struct Closure<V, F, E> {
     rebuild: F,
     lifetime: Lifetime,
-    stale: Option<Arc<Entry>>,
-    lease: Option<Lease>,
-) -> Result<V, Arc<E>>
+    _types: PhantomData<fn() -> (V, E)>,
+}
+
+impl<V, F, Fut, E> Rebuild for Closure<V, F, E>
 where
     V: CacheValue,
-    F: FnOnce() -> Fut,
-    Fut: Future<Output = Result<V, E>>,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = Result<V, E>> + Send + 'static,
     E: Send + Sync + 'static,
 {
-    let engine = &backend.engine;
-    count(m::ORIGIN_CALLS);
-    let started = Instant::now();
-    let (finish, result) = match rebuild().await {
-        Ok(value) => {
-            let entry = Arc::new(Entry::new(
-                value.clone(),
-                lifetime,
-                Duration::ZERO,
-                started.elapsed(),
-                Instant::now(),
-            ));
-            let finish = if lifetime.ttl.is_zero() {
-                Finish::Share(entry)
-            } else {
-                Finish::Store(entry)
-            };
-            (finish, Ok(value))
-        }
-        Err(error) => {
-            let now = Instant::now();
-            let fallback = stale
-                .filter(|e| e.usable_on_error(now))
-                .and_then(|e| Some((e.value::<V>()?.clone(), e)));
-            match fallback {
-                Some((value, entry)) => (Finish::ServeStale(entry), Ok(value)),
-                None => {
-                    let error = Arc::new(error);
-                    let shared: SharedError = error.clone();
-                    (Finish::Failed(Some(shared)), Err(error))
+    type Value = V;
+    type Private = Arc<E>;
+
+    async fn rebuild(self, _stale: Option<Held<V>>) -> Built<V, Arc<E>> {
+        match (self.rebuild)().await {
+            Ok(value) => Built::Value {
+                value,
+                lifetime: self.lifetime,
+                initial_age: Duration::ZERO,
+                store: !self.lifetime.ttl.is_zero(),
+                failure: false,
+                private: None,
+            },
+            Err(error) => {
+                let error = Arc::new(error);
+                let shared: SharedError = error.clone();
+                Built::Failed {
+                    shared: Some(shared),
+                    private: Some(error),
                 }
             }
         }
-    };
-    engine.settle::<V>(leader, finish, lease).await;
-    result
+    }
 }

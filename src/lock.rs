@@ -192,7 +192,7 @@ impl Lock {
     ) -> Result<Option<LockGuard>, LockError> {
         let id = Self::id(name);
         #[cfg(feature = "redis")]
-        if let Some(l2) = self.backend.engine.l2() {
+        if let Some(l2) = self.backend.engine.shared() {
             return self
                 .acquire_redis(l2, id, owner, wait, reenter)
                 .await

@@ -61,7 +61,8 @@ async fn a_failed_rebuild_shares_its_error_and_is_not_cached() {
         .collect();
     let mut errors = Vec::new();
     for task in tasks {
-        errors.push(task.await.unwrap().unwrap_err());
+        let error = task.await.unwrap().unwrap_err();
+        errors.push(error.error().expect("the rebuild's own error").clone());
     }
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert!(
@@ -122,18 +123,20 @@ async fn stale_values_cover_for_failures_and_slow_refreshes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_caller_hands_the_rebuild_to_a_waiter() {
-    let cache: Cache<String> = Cache::new(Backend::local());
+async fn a_cancelled_caller_does_not_cancel_its_rebuild() {
+    let cache: Cache<String> = Cache::new(Backend::local()).ttl(Duration::from_secs(60));
     let calls = counter();
+    let release = Arc::new(tokio::sync::Notify::new());
     let first = {
         let cache = cache.clone();
         let calls = calls.clone();
+        let release = release.clone();
         tokio::spawn(async move {
             cache
                 .get_or_rebuild("k", move || async move {
                     calls.fetch_add(1, Ordering::SeqCst);
-                    std::future::pending::<()>().await;
-                    Ok::<_, Boom>("never".to_string())
+                    release.notified().await;
+                    Ok::<_, Boom>("built once".to_string())
                 })
                 .await
         })
@@ -149,7 +152,7 @@ async fn a_cancelled_caller_hands_the_rebuild_to_a_waiter() {
                 cache
                     .get_or_rebuild("k", move || async move {
                         calls.fetch_add(1, Ordering::SeqCst);
-                        Ok::<_, Boom>("taken over".to_string())
+                        Ok::<_, Boom>("second rebuild".to_string())
                     })
                     .await
             })
@@ -157,10 +160,13 @@ async fn a_cancelled_caller_hands_the_rebuild_to_a_waiter() {
         .collect();
     tokio::time::sleep(Duration::from_millis(50)).await;
     first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    release.notify_one();
     for w in waiters {
-        assert_eq!(w.await.unwrap().unwrap(), "taken over");
+        assert_eq!(w.await.unwrap().unwrap(), "built once");
     }
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the rebuild ran once");
+    assert_eq!(cache.get("k").as_deref(), Some("built once"));
 }
 
 #[tokio::test]
@@ -173,6 +179,8 @@ async fn invalidate_forces_a_rebuild_and_namespaces_separate_values() {
         .unwrap();
     assert_eq!(b.get("k"), None);
     assert_eq!(a.get("k").as_deref(), Some("from a"));
-    a.invalidate("k").await;
+    a.invalidate("k")
+        .await
+        .expect("embedded invalidation cannot fail");
     assert_eq!(a.get("k"), None);
 }

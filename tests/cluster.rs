@@ -111,7 +111,11 @@ async fn a_three_master_cluster_calls_the_origin_once_per_cold_key() {
 
     // An invalidation published on one node reaches every instance.
     let calls = origin.calls();
-    instances[0].guard.invalidate(&get_req("/report")).await;
+    instances[0]
+        .guard
+        .invalidate(&get_req("/report"))
+        .await
+        .expect("the invalidation reached Redis");
     tokio::time::sleep(Duration::from_millis(100)).await;
     for instance in &instances[1..] {
         let answer = send(&instance.app, get_req("/report")).await;

@@ -300,8 +300,9 @@ fn parked_first_call(
 }
 
 /// The leader parks in the handler while 100 followers queue on its flight;
-/// then it goes away (its task is aborted, or its handler panics). Returns how
-/// the leader's task ended, the followers' answers and the origin.
+/// then it goes away (its client's task is aborted, and the handler is let go
+/// on), or its handler panics. Returns how the leader's task ended, the
+/// followers' answers and the origin.
 async fn leader_goes_away(panic: bool) -> (tokio::task::JoinError, Vec<common::Answer>, Origin) {
     let origin = Origin::default();
     let entered = Arc::new(Notify::new());
@@ -319,32 +320,44 @@ async fn leader_goes_away(panic: bool) -> (tokio::task::JoinError, Vec<common::A
     };
     // Let the followers queue on the flight before the leader goes.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    if panic {
-        release.notify_one();
-    } else {
+    if !panic {
         leader.abort();
     }
+    release.notify_one();
     let ended = leader.await.expect_err("the leader does not finish");
     (ended, followers.await.unwrap(), origin)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_leader_hands_over_to_one_waiter() {
+async fn a_cancelled_leader_does_not_cancel_the_rebuild() {
     let (ended, answers, origin) = leader_goes_away(false).await;
     assert!(ended.is_cancelled());
-    assert_eq!(origin.calls(), 2, "exactly one waiter took over");
-    assert!(answers.iter().all(|a| a.text() == "v2"));
-    assert_eq!(tally(&answers, "MISS"), 1);
+    assert_eq!(
+        origin.calls(),
+        1,
+        "the rebuild belongs to the key, not the client"
+    );
+    assert!(answers
+        .iter()
+        .all(|a| a.status == StatusCode::OK && a.text() == "v1"));
+    assert_eq!(
+        tally(&answers, "MISS"),
+        0,
+        "nobody started a second rebuild"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn panicking_leader_hands_over_to_one_waiter() {
+async fn a_panicking_handler_fails_its_flight_once_for_every_waiter() {
     let (ended, answers, origin) = leader_goes_away(true).await;
-    assert!(ended.is_panic());
-    assert_eq!(origin.calls(), 2, "exactly one waiter took over");
+    assert!(
+        ended.is_panic(),
+        "the leader's client sees the panic as without the layer"
+    );
+    assert_eq!(origin.calls(), 1, "no waiter went to the origin");
     assert!(answers
         .iter()
-        .all(|a| a.status == StatusCode::OK && a.text() == "v2"));
+        .all(|a| a.status == StatusCode::INTERNAL_SERVER_ERROR && a.x_cache() == "COALESCED"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,7 +380,9 @@ async fn exhausted_wait_budget_answers_as_configured() {
         19
     );
 
-    // Fail open (the default): waiters past the budget call the origin.
+    // Fail open (the default): waiters past the budget are still answered,
+    // and not by a herd of their own origin calls: they keep waiting for the
+    // rebuild that is running.
     let origin = Origin::default();
     let app = slow_app(
         &origin,
@@ -375,8 +390,10 @@ async fn exhausted_wait_budget_answers_as_configured() {
         guard().wait_budget(Duration::from_millis(50)),
     );
     let answers = burst(&app, 10, || get_req("/report")).await;
-    assert_eq!(origin.calls(), 10);
-    assert!(answers.iter().all(|a| a.status == StatusCode::OK));
+    assert_eq!(origin.calls(), 1);
+    assert!(answers
+        .iter()
+        .all(|a| a.status == StatusCode::OK && a.text() == "v1"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -306,7 +306,11 @@ async fn invalidation_reaches_redis_and_every_instance(redis: Deployment) {
     .await;
     fleet_burst(&instances, 30, || get_req("/report")).await;
     assert_eq!(origin.calls(), 1);
-    instances[0].guard.invalidate(&get_req("/report")).await;
+    instances[0]
+        .guard
+        .invalidate(&get_req("/report"))
+        .await
+        .expect("the invalidation reached Redis");
     // Let the message reach the other instances' subscribers.
     tokio::time::sleep(Duration::from_millis(100)).await;
     for i in &instances[1..] {
@@ -414,7 +418,10 @@ async fn the_generic_cache_shares_values_across_the_fleet(redis: Deployment) {
         assert_eq!(t.await.unwrap().unwrap(), "Ada");
     }
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
-    caches[0].invalidate("user:42").await;
+    caches[0]
+        .invalidate("user:42")
+        .await
+        .expect("the invalidation reached Redis");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         caches[2].get("user:42"),

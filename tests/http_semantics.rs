@@ -139,7 +139,10 @@ async fn key_function_and_invalidation() {
     assert_eq!(anonymous.x_cache(), "BYPASS");
     assert_eq!(origin.calls(), 3);
 
-    guard.invalidate(&tenant("a", "ignored")).await;
+    guard
+        .invalidate(&tenant("a", "ignored"))
+        .await
+        .expect("embedded invalidation cannot fail");
     assert_eq!(send(&app, tenant("a", "x=1")).await.text(), "call 4 lang -");
 }
 

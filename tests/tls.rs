@@ -57,7 +57,11 @@ async fn the_fleet_runs_over_tls_as_a_confined_acl_user() {
     assert!(answers.iter().all(|a| a.text() == "v2"));
 
     // Invalidation reaches Redis and every instance's L1.
-    instances[0].guard.invalidate(&get_req("/report")).await;
+    instances[0]
+        .guard
+        .invalidate(&get_req("/report"))
+        .await
+        .expect("the invalidation reached Redis");
     tokio::time::sleep(Duration::from_millis(100)).await;
     for i in &instances[1..] {
         assert_eq!(send(&i.app, get_req("/report")).await.text(), "v3");

@@ -1,36 +1,39 @@
 //! In-process single flight: one task per key does the work, the others wait.
 //!
 //! A flight is a `watch` channel: late joiners still see the final state, so
-//! there is no window in which a result can be missed. The leader holds a
-//! [`Leader`] guard; if that guard is dropped without an outcome (the request
-//! was cancelled, the handler panicked) the waiters are told the flight was
-//! abandoned and one of them takes over. Nobody is stranded.
+//! there is no window in which a result can be missed. The flight's task holds
+//! the [`Leader`] guard; if that guard is dropped without an outcome (the
+//! runtime is shutting down) the waiters are told the flight was abandoned and
+//! one of them takes over. Nobody is stranded.
+//!
+//! Invalidation *detaches* a key's flight: it leaves the map at once, so a
+//! request that arrives afterwards starts a new flight instead of joining one
+//! that began from old data, and the detached flight may still answer the
+//! waiters it already had but may no longer store anything.
 
-use std::any::Any;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::entry::Entry;
+use super::entry::Entry;
+use super::Failure;
 use crate::key::Key;
-
-/// An error shared with every waiter of a failed flight. The generic cache
-/// downcasts it back to the caller's error type.
-pub(crate) type SharedError = Arc<dyn Any + Send + Sync>;
 
 /// How a flight ended, as its waiters see it.
 #[derive(Clone)]
 pub(crate) enum Outcome {
-    /// A value every waiter may use. `stale` marks a stale entry served because
-    /// the rebuild failed (stale-if-error).
+    /// A value every waiter may use. `stale` marks a stale entry (served
+    /// while revalidating, or because the rebuild failed).
     Value { entry: Arc<Entry>, stale: bool },
-    /// The answer must not be shared; each waiter goes to the origin itself.
-    Pass,
-    /// The rebuild failed; the error, when it can be shared.
-    Failed(Option<SharedError>),
-    /// The leader went away without an answer; a waiter takes over.
+    /// The answer was for the request that caused it alone (it sets a
+    /// cookie, it is private): each waiter goes to the origin itself.
+    Unshared,
+    /// The rebuild failed and nothing may stand in for it.
+    Failed(Failure),
+    /// The flight ended without an outcome; a waiter takes over.
     Abandoned,
 }
 
@@ -44,6 +47,8 @@ enum State {
 
 struct Flight {
     tx: watch::Sender<State>,
+    /// Set, under the shard's lock, when an invalidation detached the flight.
+    detached: std::sync::atomic::AtomicBool,
 }
 
 const SHARDS: usize = 16;
@@ -100,7 +105,10 @@ impl Flights {
 
     fn start(self: &Arc<Self>, shard: &mut HashMap<Key, Arc<Flight>>, key: Key) -> Leader {
         let (tx, _) = watch::channel(State::Running);
-        let flight = Arc::new(Flight { tx });
+        let flight = Arc::new(Flight {
+            tx,
+            detached: Default::default(),
+        });
         shard.insert(key, flight.clone());
         Leader {
             flights: self.clone(),
@@ -110,8 +118,17 @@ impl Flights {
         }
     }
 
+    /// Takes the key's flight out of the map, if one runs: later requests
+    /// start their own, and this one may no longer store.
+    pub(crate) fn detach(&self, key: &Key) {
+        let mut shard = self.shard(key);
+        if let Some(flight) = shard.remove(key) {
+            flight.detached.store(true, Ordering::Relaxed);
+        }
+    }
+
     /// Number of flights running, for tests and diagnostics.
-    #[allow(dead_code)]
+    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.shards
             .iter()
@@ -134,31 +151,51 @@ impl Leader {
         self.key
     }
 
-    /// Ends the flight. The caller has already written any value to the L1,
-    /// so that a request arriving after the flight is gone finds it there.
-    pub(crate) fn finish(mut self, outcome: Outcome) {
+    /// Whether an invalidation detached this flight: it must not store.
+    pub(crate) fn is_detached(&self) -> bool {
+        self.flight.detached.load(Ordering::Relaxed)
+    }
+
+    /// Ends the flight. `store` runs first, under the lock that invalidation
+    /// takes, and only if the flight was not detached: a request that
+    /// arrives after the flight is gone finds the value in the L1, and an
+    /// invalidation either comes after the store (and removes it) or
+    /// prevents it. Returns false if the flight was detached.
+    pub(crate) fn finish(mut self, outcome: Outcome, store: impl FnOnce()) -> bool {
         self.finished = true;
-        self.close(outcome);
+        self.close(outcome, store)
     }
 
     /// Answers everyone waiting now, and everyone who joins until the flight
     /// ends, with `outcome`, while this leader keeps the flight (a stale entry
-    /// served during a refresh that runs on).
-    pub(crate) fn answer_meanwhile(&self, outcome: Outcome) {
+    /// served during a refresh that runs on). `store` runs as in `finish`.
+    pub(crate) fn answer_meanwhile(&self, outcome: Outcome, store: impl FnOnce()) {
+        {
+            let _shard = self.flights.shard(&self.key);
+            if !self.is_detached() {
+                store();
+            }
+        }
         self.flight.tx.send_replace(State::Interim(outcome));
     }
 
-    fn close(&self, outcome: Outcome) {
-        {
+    fn close(&self, outcome: Outcome, store: impl FnOnce()) -> bool {
+        let attached = {
             let mut shard = self.flights.shard(&self.key);
-            if shard
-                .get(&self.key)
-                .is_some_and(|f| Arc::ptr_eq(f, &self.flight))
-            {
-                shard.remove(&self.key);
+            let attached = !self.is_detached();
+            if attached {
+                store();
+                if shard
+                    .get(&self.key)
+                    .is_some_and(|f| Arc::ptr_eq(f, &self.flight))
+                {
+                    shard.remove(&self.key);
+                }
             }
-        }
+            attached
+        };
         self.flight.tx.send_replace(State::Done(outcome));
+        attached
     }
 }
 
@@ -166,7 +203,7 @@ impl Drop for Leader {
     fn drop(&mut self) {
         if !self.finished {
             tracing::debug!(key = %self.key, "flight abandoned by its leader; a waiter takes over");
-            self.close(Outcome::Abandoned);
+            self.close(Outcome::Abandoned, || {});
         }
     }
 }
@@ -201,7 +238,7 @@ impl Follower {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::entry::Lifetime;
+    use crate::engine::entry::Lifetime;
     use bytes::Bytes;
     use std::time::Instant;
 
@@ -229,10 +266,13 @@ mod tests {
             panic!("second joiner must follow")
         };
         assert!(flights.try_lead(key(1)).is_none());
-        leader.finish(Outcome::Value {
-            entry: entry(),
-            stale: false,
-        });
+        assert!(leader.finish(
+            Outcome::Value {
+                entry: entry(),
+                stale: false,
+            },
+            || {}
+        ));
         assert_eq!(flights.len(), 0);
         let outcome = follower.wait(Duration::from_secs(5)).await;
         assert!(matches!(outcome, Some(Outcome::Value { stale: false, .. })));
@@ -264,10 +304,13 @@ mod tests {
         let Joined::Follow(early) = flights.join(key(4)) else {
             panic!()
         };
-        leader.answer_meanwhile(Outcome::Value {
-            entry: entry(),
-            stale: true,
-        });
+        leader.answer_meanwhile(
+            Outcome::Value {
+                entry: entry(),
+                stale: true,
+            },
+            || {},
+        );
         assert!(matches!(
             early.wait(Duration::from_secs(5)).await,
             Some(Outcome::Value { stale: true, .. })
@@ -279,8 +322,39 @@ mod tests {
             late.wait(Duration::from_secs(5)).await,
             Some(Outcome::Value { stale: true, .. })
         ));
-        leader.finish(Outcome::Pass);
+        leader.finish(Outcome::Unshared, || {});
         assert!(matches!(flights.join(key(4)), Joined::Lead(_)));
+    }
+
+    #[tokio::test]
+    async fn a_detached_flight_answers_its_waiters_but_does_not_store() {
+        let flights = Arc::new(Flights::new());
+        let Joined::Lead(leader) = flights.join(key(5)) else {
+            panic!()
+        };
+        let Joined::Follow(before) = flights.join(key(5)) else {
+            panic!()
+        };
+        flights.detach(&key(5));
+        let Joined::Lead(after) = flights.join(key(5)) else {
+            panic!("a request after the invalidation starts its own flight")
+        };
+        let mut stored = false;
+        let attached = leader.finish(
+            Outcome::Value {
+                entry: entry(),
+                stale: false,
+            },
+            || stored = true,
+        );
+        assert!(!attached && !stored);
+        assert!(matches!(
+            before.wait(Duration::from_secs(5)).await,
+            Some(Outcome::Value { .. })
+        ));
+        // The old flight's end does not remove the new one from the map.
+        assert!(matches!(flights.join(key(5)), Joined::Follow(_)));
+        drop(after);
     }
 
     #[tokio::test(start_paused = true)]

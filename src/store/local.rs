@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use moka::sync::Cache as Moka;
 use moka::Expiry;
 
-use crate::entry::{Entry, ENTRY_OVERHEAD};
+use crate::engine::entry::{Entry, ENTRY_OVERHEAD};
 use crate::key::Key;
 
 /// What the L1 holds for one key.
@@ -88,6 +88,18 @@ impl LocalTier {
             }
         }
         self.cache.insert(key, slot);
+    }
+
+    /// Stores a stale entry found in the shared tier, unless this process
+    /// already holds one that is fresher.
+    pub(crate) fn insert_unless_newer(&self, key: Key, entry: Arc<Entry>) {
+        let newer_here = matches!(
+            self.get(&key),
+            Some(Slot::Value(current)) if current.fresh_until() >= entry.fresh_until()
+        );
+        if !newer_here {
+            self.insert(key, Slot::Value(entry));
+        }
     }
 
     pub(crate) fn remove(&self, key: &Key) {

@@ -1,67 +1,22 @@
-//! The versioned binary form of entries in the shared tier.
+//! The cached response: what the layer stores for a URL, and its wire form in
+//! the shared tier.
 //!
-//! Every entry in Redis is an envelope (format version, lifetime, the age the
-//! value had when stored, how long it took to build) around the value's own
-//! bytes. Anything that does not parse (another program's data at our keys, a
-//! future format, a truncated write) decodes to `None` and is treated as a
-//! miss: never a panic, never a wrong answer.
-
-use std::time::Duration;
+//! Hop-by-hop headers are gone before a response gets here, and the body is
+//! whole in one `Bytes`, so a hit copies no body. The wire form is versioned
+//! by the engine's envelope around it; anything that does not parse is a
+//! miss, never a panic.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use crate::entry::{CacheValue, CachedResponse, Lifetime};
+use crate::engine::CacheValue;
 
-const MAGIC: &[u8; 2] = b"SG";
-const VERSION: u8 = 1;
-const HEADER_LEN: usize = 2 + 1 + 5 * 8;
-
-/// An entry's metadata, as written beside its value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Envelope {
-    pub lifetime: Lifetime,
-    pub initial_age: Duration,
-    pub rebuild_cost: Duration,
-}
-
-pub(crate) fn encode(envelope: &Envelope, payload: &[u8]) -> Bytes {
-    let mut out = BytesMut::with_capacity(HEADER_LEN + payload.len());
-    out.put_slice(MAGIC);
-    out.put_u8(VERSION);
-    out.put_u64_le(millis(envelope.lifetime.ttl));
-    out.put_u64_le(millis(envelope.lifetime.stale_while_revalidate));
-    out.put_u64_le(millis(envelope.lifetime.stale_if_error));
-    out.put_u64_le(millis(envelope.initial_age));
-    out.put_u64_le(envelope.rebuild_cost.as_micros().min(u64::MAX as u128) as u64);
-    out.put_slice(payload);
-    out.freeze()
-}
-
-pub(crate) fn decode(mut bytes: Bytes) -> Option<(Envelope, Bytes)> {
-    if bytes.len() < HEADER_LEN || &bytes[..2] != MAGIC || bytes[2] != VERSION {
-        return None;
-    }
-    bytes.advance(3);
-    let ttl = Duration::from_millis(bytes.get_u64_le());
-    let swr = Duration::from_millis(bytes.get_u64_le());
-    let sie = Duration::from_millis(bytes.get_u64_le());
-    let initial_age = Duration::from_millis(bytes.get_u64_le());
-    let rebuild_cost = Duration::from_micros(bytes.get_u64_le());
-    let envelope = Envelope {
-        lifetime: Lifetime {
-            ttl,
-            stale_while_revalidate: swr,
-            stale_if_error: sie,
-        },
-        initial_age,
-        rebuild_cost,
-    };
-    Some((envelope, bytes))
-}
-
-pub(crate) fn millis(d: Duration) -> u64 {
-    d.as_millis().min(u64::MAX as u128) as u64
+/// An HTTP response as the layer stores it.
+#[derive(Clone, Debug)]
+pub(crate) struct CachedResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
 }
 
 impl CachedResponse {
@@ -138,37 +93,6 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn envelope() -> Envelope {
-        Envelope {
-            lifetime: Lifetime {
-                ttl: Duration::from_millis(1500),
-                stale_while_revalidate: Duration::from_secs(30),
-                stale_if_error: Duration::from_secs(600),
-            },
-            initial_age: Duration::from_secs(3),
-            rebuild_cost: Duration::from_micros(123_456),
-        }
-    }
-
-    #[test]
-    fn envelope_round_trips() {
-        let bytes = encode(&envelope(), b"payload");
-        let (env, payload) = decode(bytes).expect("decodes");
-        assert_eq!(env, envelope());
-        assert_eq!(&payload[..], b"payload");
-    }
-
-    #[test]
-    fn foreign_or_truncated_bytes_are_rejected() {
-        assert!(decode(Bytes::from_static(b"")).is_none());
-        assert!(decode(Bytes::from_static(b"{\"json\":true}")).is_none());
-        let good = encode(&envelope(), b"x");
-        assert!(decode(good.slice(..HEADER_LEN - 1)).is_none());
-        let mut future = BytesMut::from(&good[..]);
-        future[2] = VERSION + 1;
-        assert!(decode(future.freeze()).is_none());
-    }
-
     #[test]
     fn response_round_trips_with_repeated_headers() {
         let mut headers = HeaderMap::new();
@@ -189,9 +113,7 @@ mod tests {
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
-            let bytes = Bytes::from(bytes);
-            let _ = decode(bytes.clone());
-            let _ = CachedResponse::decode(bytes);
+            let _ = CachedResponse::decode(Bytes::from(bytes));
         }
 
         #[test]

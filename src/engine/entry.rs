@@ -1,19 +1,21 @@
 //! A cached value and the clock that says how long it may be used.
 //!
 //! The engine knows nothing of HTTP: an [`Entry`] holds any value behind an
-//! `Arc<dyn Any>` together with its lifetime. The tower layer stores a
-//! [`CachedResponse`]; the generic [`Cache`](crate::Cache) stores the caller's `V`.
-//! Both share one byte-bounded L1, so every value reports its weight.
+//! `Arc<dyn Any>` together with its lifetime, because the tower layer's
+//! responses and the generic [`Cache`](crate::Cache)'s values share one
+//! byte-bounded L1 (so every value reports its weight). The type is checked
+//! once, where an entry leaves the engine: [`Held`] is an entry known to hold
+//! a `V`.
 
 use std::any::Any;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
 
-use crate::codec::Envelope;
+use super::codec::Envelope;
 
 /// Fixed bytes charged per entry on top of its value, for the key, the entry's
 /// own fields and the cache's bookkeeping. It keeps a flood of tiny entries
@@ -269,6 +271,11 @@ impl Entry {
         self.value.downcast_ref()
     }
 
+    /// Whether the entry holds a `V`.
+    pub(crate) fn holds<V: 'static>(&self) -> bool {
+        self.value.is::<V>()
+    }
+
     pub(crate) fn weight(&self) -> u32 {
         self.weight
     }
@@ -322,13 +329,41 @@ impl Entry {
     }
 }
 
-/// An HTTP response as the layer stores it: hop-by-hop headers removed, the
-/// body whole in one `Bytes` so a hit copies no body.
-#[derive(Clone, Debug)]
-pub(crate) struct CachedResponse {
-    pub status: StatusCode,
-    pub headers: HeaderMap,
-    pub body: Bytes,
+/// An entry known to hold a `V`: what the engine hands its adapters.
+pub(crate) struct Held<V> {
+    entry: Arc<Entry>,
+    _value: PhantomData<fn() -> V>,
+}
+
+impl<V> Clone for Held<V> {
+    fn clone(&self) -> Self {
+        Held {
+            entry: self.entry.clone(),
+            _value: PhantomData,
+        }
+    }
+}
+
+impl<V: CacheValue> Held<V> {
+    /// `None` if the entry holds another type: a miss for this caller.
+    pub(crate) fn new(entry: Arc<Entry>) -> Option<Self> {
+        entry.holds::<V>().then_some(Held {
+            entry,
+            _value: PhantomData,
+        })
+    }
+
+    pub(crate) fn value(&self) -> &V {
+        match self.entry.value::<V>() {
+            Some(value) => value,
+            // `new` checked the type, and an entry's value never changes.
+            None => unreachable!("a held entry holds its type"),
+        }
+    }
+
+    pub(crate) fn entry(&self) -> &Arc<Entry> {
+        &self.entry
+    }
 }
 
 #[cfg(test)]

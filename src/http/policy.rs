@@ -14,7 +14,7 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 
-use crate::entry::Lifetime;
+use crate::engine::{FlightPolicy, Lifetime};
 
 /// A route's own cache key: receives the request head, returns the key (host,
 /// path and query are then left out of it) or `None` to pass the request
@@ -24,9 +24,13 @@ pub type KeyFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sy
 /// What a waiter does when the route's wait budget runs out before the
 /// rebuild it is waiting on lands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WaitTimeout {
-    /// Call the origin itself (the default): slower for the origin, never an
-    /// error for the client.
+    /// Never an error for the client (the default): a request keeps waiting
+    /// for its own process's rebuild, which is itself bounded (it waits for
+    /// another instance's rebuild at most the budget, then rebuilds here;
+    /// the rebuild runs at most the rebuild timeout). Waiters are never sent
+    /// to the origin one by one when the budget runs out.
     FailOpen,
     /// Answer with this status and an empty body (503 or 504 are usual).
     Respond(StatusCode),
@@ -37,6 +41,9 @@ pub enum WaitTimeout {
 /// route is better off not remembering. `404` and `410` are kept: caching
 /// "not found" stops a herd of requests for a missing key reaching the origin.
 pub(crate) const DEFAULT_STATUSES: [u16; 8] = [200, 203, 204, 300, 301, 308, 404, 410];
+
+/// How long a rebuild may run by default before it is abandoned as failed.
+pub(crate) const DEFAULT_REBUILD_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Clone)]
 pub(crate) struct Policy {
@@ -56,7 +63,21 @@ pub(crate) struct Policy {
     pub hit_for_miss: Duration,
     pub status_header: Option<HeaderName>,
     pub lease: Duration,
+    pub rebuild_timeout: Duration,
     pub early_refresh: Option<f64>,
+}
+
+impl Policy {
+    /// What the engine needs to know to run this route's misses.
+    pub(crate) fn flight(&self) -> FlightPolicy {
+        FlightPolicy {
+            lease: self.lease,
+            wait_budget: self.wait_budget,
+            fail_open: self.on_wait_timeout == WaitTimeout::FailOpen,
+            rebuild_timeout: self.rebuild_timeout,
+            early_refresh: self.early_refresh,
+        }
+    }
 }
 
 impl Default for Policy {
@@ -85,6 +106,7 @@ impl Default for Policy {
             hit_for_miss: Duration::from_secs(5),
             status_header: Some(HeaderName::from_static("x-cache")),
             lease: Duration::from_secs(5),
+            rebuild_timeout: DEFAULT_REBUILD_TIMEOUT,
             early_refresh: None,
         }
     }
@@ -108,6 +130,7 @@ impl fmt::Debug for Policy {
             .field("ignore_vary", &self.ignore_vary)
             .field("hit_for_miss", &self.hit_for_miss)
             .field("lease", &self.lease)
+            .field("rebuild_timeout", &self.rebuild_timeout)
             .field("early_refresh", &self.early_refresh)
             .finish()
     }

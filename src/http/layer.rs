@@ -6,10 +6,11 @@ use std::time::Duration;
 use http::{HeaderName, Request, StatusCode};
 use tower_layer::Layer;
 
+use super::key::request_key;
+use super::policy::{KeyFn, Policy, WaitTimeout};
+use super::service::GuardService;
 use crate::backend::Backend;
-use crate::key::{request_key, Key};
-use crate::policy::{Policy, WaitTimeout};
-use crate::service::GuardService;
+use crate::key::Key;
 
 /// A tower layer that caches responses and lets only one request per key
 /// rebuild an expired entry while the others wait for it or are served stale.
@@ -75,14 +76,15 @@ impl StampedeGuard {
         self.with(|p| p.lifetime.stale_if_error = window)
     }
 
-    /// How long a request waits for another request's rebuild before
-    /// [`on_wait_timeout`](Self::on_wait_timeout) applies (default 10 s).
+    /// How long a request waits for a rebuild it did not start before
+    /// [`on_wait_timeout`](Self::on_wait_timeout) applies, and how long a
+    /// rebuild waits for another instance's (default 10 s).
     pub fn wait_budget(self, budget: Duration) -> Self {
         self.with(|p| p.wait_budget = budget)
     }
 
-    /// What a waiter does when its wait budget runs out (default: call the
-    /// origin itself).
+    /// What a waiter does when its wait budget runs out (default: keep
+    /// waiting for this process's own rebuild; see [`WaitTimeout`]).
     pub fn on_wait_timeout(self, action: WaitTimeout) -> Self {
         self.with(|p| p.on_wait_timeout = action)
     }
@@ -127,7 +129,7 @@ impl StampedeGuard {
     where
         F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
     {
-        let key_fn: crate::policy::KeyFn = Arc::new(key_fn);
+        let key_fn: KeyFn = Arc::new(key_fn);
         self.with(|p| p.key_fn = Some(key_fn))
     }
 
@@ -176,6 +178,22 @@ impl StampedeGuard {
     /// long. Only used with a Redis backend.
     pub fn lease(self, lease: Duration) -> Self {
         self.with(|p| p.lease = lease)
+    }
+
+    /// The longest a rebuild may run (default 30 s). A rebuild runs on its
+    /// own task and finishes even if every request waiting for it has gone;
+    /// past this it is abandoned, and its waiters get stale-if-error or
+    /// `504 Gateway Timeout`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// let guard = StampedeGuard::new(Backend::local()).rebuild_timeout(Duration::from_secs(5));
+    /// # let _ = guard;
+    /// ```
+    pub fn rebuild_timeout(self, timeout: Duration) -> Self {
+        self.with(|p| p.rebuild_timeout = timeout)
     }
 
     /// Probabilistic early refresh (XFetch): a fresh entry is refreshed in
@@ -229,9 +247,22 @@ impl StampedeGuard {
     /// Drops the entry a request would be answered from, so the next request
     /// rebuilds it: in this process and, with a Redis backend, in Redis and
     /// in every instance's in-process tier.
-    pub async fn invalidate<B>(&self, request: &Request<B>) {
-        if let Some(key) = self.key_for(request) {
-            self.backend.engine.invalidate(&key).await;
+    ///
+    /// It is a barrier: once it returns, no request that starts afterwards
+    /// is answered with a value built before it. A rebuild that was already
+    /// running stores nothing, and may answer only the requests that were
+    /// already waiting for it.
+    ///
+    /// # Errors
+    ///
+    /// When the backend has a Redis tier and the invalidation did not reach
+    /// it (Redis down, the circuit open, the deadline passed). This process
+    /// has dropped the entry all the same; other instances may still serve
+    /// it until it expires, so retry.
+    pub async fn invalidate<B>(&self, request: &Request<B>) -> Result<(), crate::Error> {
+        match self.key_for(request) {
+            Some(key) => self.backend.engine.invalidate(&key).await,
+            None => Ok(()),
         }
     }
 }

@@ -1,0 +1,625 @@
+//! The driver: one path for every miss, from the flight to the settle.
+//!
+//! [`Engine::resolve`] is the waiter's side: join the key's flight or start
+//! it, then wait for what it gives. [`Engine::fly`] is the flight's side, on
+//! its own task: shared tier, lease, rebuild, settle. A flight ends in exactly
+//! one place ([`Engine::settle`]) whatever happened, and its waiters share
+//! that outcome:
+//!
+//! | the rebuild gave | waiters get | the request that started it gets |
+//! |---|---|---|
+//! | a value | the value (stored if storable) | the value, and its private extras |
+//! | an answer for one client only | the origin, each on its own (hit-for-miss) | that answer |
+//! | an error, a panic, a timeout | stale-if-error, else the shared failure | stale-if-error, else its own error or panic |
+//!
+//! No failure sends the waiters to the origin: a failing origin is called
+//! once per flight, not once per waiter.
+
+use std::any::Any;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+use tracing::Instrument;
+
+use super::entry::{CacheValue, Entry, Freshness, Held, Lifetime};
+use super::flight::{Joined, Leader, Outcome};
+use super::shared::{Lease, Plan, Start};
+use super::{Engine, FlightPolicy, Refresh, SharedError};
+use crate::key::Key;
+use crate::metrics::{self as m, count};
+use crate::store::local::Slot;
+
+/// How an adapter rebuilds a key: the HTTP layer calls the inner service, the
+/// generic cache calls the caller's closure. It runs on the flight's task.
+pub(crate) trait Rebuild: Send + Sized + 'static {
+    /// What the engine stores and shares.
+    type Value: CacheValue;
+    /// What only the request that started the rebuild may have: its own
+    /// response when it may not be shared, its own error.
+    type Private: Send + 'static;
+
+    /// Runs the rebuild once. `stale` is the entry it replaces, if any.
+    fn rebuild(
+        self,
+        stale: Option<Held<Self::Value>>,
+    ) -> impl Future<Output = Built<Self::Value, Self::Private>> + Send + 'static;
+}
+
+/// What a rebuild made.
+pub(crate) enum Built<V, P> {
+    /// A value the waiters may share. `store`: keep it in the tiers too.
+    /// `failure`: an error answer (a 5xx) that a stale-if-error entry may
+    /// replace.
+    Value {
+        value: V,
+        lifetime: Lifetime,
+        initial_age: Duration,
+        store: bool,
+        failure: bool,
+        private: Option<P>,
+    },
+    /// An answer for the request that started the rebuild alone; the key
+    /// skips coalescing for `hit_for_miss`.
+    Unshared { private: P, hit_for_miss: Duration },
+    /// The rebuild failed: `shared` is what the waiters may have of the
+    /// error, `private` what its starter gets.
+    Failed {
+        shared: Option<SharedError>,
+        private: Option<P>,
+    },
+}
+
+/// Why a flight gave no value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FailureKind {
+    /// The rebuild returned an error.
+    Error,
+    /// The rebuild panicked.
+    Panic,
+    /// The rebuild ran past the rebuild timeout.
+    Timeout,
+    /// The wait budget ran out and the policy fails closed.
+    WaitTimeout,
+}
+
+/// A failed flight's outcome, as every waiter shares it.
+#[derive(Clone)]
+pub(crate) struct Failure {
+    pub kind: FailureKind,
+    pub error: Option<SharedError>,
+}
+
+impl Failure {
+    fn new(kind: FailureKind) -> Self {
+        Failure { kind, error: None }
+    }
+}
+
+/// How a caller was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// A fresh entry, without waiting for anyone.
+    Hit,
+    /// A stale entry (while one refresh runs, or standing in for a failure).
+    Stale,
+    /// The rebuild this caller started.
+    Miss,
+    /// A rebuild someone else started.
+    Coalesced,
+}
+
+/// An entry to serve.
+pub(crate) struct Served<V, P> {
+    pub held: Held<V>,
+    pub status: Status,
+    /// Extras for the request that started the rebuild (its cookies).
+    pub private: Option<P>,
+}
+
+/// What a miss resolved to, for one caller.
+pub(crate) enum Answer<R: Rebuild> {
+    Served(Served<R::Value, R::Private>),
+    /// The caller's own answer from the rebuild it started.
+    Private(R::Private),
+    /// Nothing to serve; `Status` says whether this caller started the
+    /// rebuild (`Miss`) or waited for it (`Coalesced`).
+    Failed(Failure, Status),
+    /// Call the origin for this caller alone, uncached: the rebuild back.
+    Alone(R),
+    /// The rebuild this caller started panicked: resume the panic.
+    Panicked(Box<dyn Any + Send>),
+}
+
+/// A miss, as the L1 left it.
+pub(crate) struct Miss {
+    key: Option<Key>,
+    stale: Option<Arc<Entry>>,
+}
+
+impl Miss {
+    pub(super) fn new(key: Key, stale: Option<Arc<Entry>>) -> Self {
+        Miss {
+            key: Some(key),
+            stale,
+        }
+    }
+
+    /// A miss that must not coalesce (hit-for-miss).
+    pub(super) fn alone() -> Self {
+        Miss {
+            key: None,
+            stale: None,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn has_stale(&self) -> bool {
+        self.stale.is_some()
+    }
+}
+
+/// Where the flight sends the answer of the request that started it. Gone
+/// when that request gave up; the flight goes on without it.
+struct Starter<R: Rebuild>(Option<oneshot::Sender<Answer<R>>>);
+
+impl<R: Rebuild> Starter<R> {
+    fn send(&mut self, answer: impl FnOnce() -> Answer<R>) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(answer());
+        }
+    }
+}
+
+/// How a rebuild ended when it gave nothing.
+enum Ended {
+    Panicked(Box<dyn Any + Send>),
+    TimedOut,
+    /// Its task was cancelled: the runtime is shutting down.
+    Cancelled,
+}
+
+impl Engine {
+    /// Step 2 onwards, for a caller that missed in the L1: the flight, and
+    /// what it gives.
+    pub(crate) async fn resolve<R: Rebuild>(
+        self: &Arc<Self>,
+        miss: Miss,
+        policy: FlightPolicy,
+        rebuild: R,
+    ) -> Answer<R> {
+        let Some(key) = miss.key else {
+            return alone(rebuild);
+        };
+        let stale = miss.stale;
+        loop {
+            let follower = match self.flights.join(key) {
+                Joined::Follow(follower) => follower,
+                Joined::Lead(leader) => {
+                    // The previous flight may have ended between the L1 read
+                    // and the join: read again, or its value is rebuilt at once.
+                    let now = Instant::now();
+                    match self.l1.get(&key) {
+                        Some(Slot::Value(entry)) if entry.freshness(now) == Freshness::Fresh => {
+                            if let Some(held) = Held::new(entry.clone()) {
+                                leader.finish(
+                                    Outcome::Value {
+                                        entry,
+                                        stale: false,
+                                    },
+                                    || {},
+                                );
+                                count(m::HITS);
+                                return served(held, Status::Hit);
+                            }
+                        }
+                        Some(Slot::HitForMiss(until)) if now < until => {
+                            leader.finish(Outcome::Unshared, || {});
+                            return alone(rebuild);
+                        }
+                        _ => {}
+                    }
+                    let (tx, rx) = oneshot::channel();
+                    self.spawn_flight(leader, rebuild, stale, policy, Start::Miss, Some(tx));
+                    let answer = rx.await.unwrap_or(Answer::Failed(
+                        Failure::new(FailureKind::Error),
+                        Status::Miss,
+                    ));
+                    tally(&answer, Status::Miss);
+                    return answer;
+                }
+            };
+            // A request waits for a rebuild it did not start only as long as
+            // the budget says when the route fails closed; failing open, it
+            // waits for the flight, which is itself bounded (its wait on
+            // another instance by the budget, its rebuild by the timeout).
+            let budget = if policy.fail_open {
+                Duration::MAX
+            } else {
+                policy.wait_budget
+            };
+            let span = tracing::debug_span!("stampede_guard.wait", key = %key);
+            let outcome = follower.wait(budget).instrument(span).await;
+            let answer = match outcome {
+                Some(Outcome::Value { entry, stale }) => match Held::new(entry) {
+                    Some(held) if stale => served(held, Status::Stale),
+                    Some(held) => served(held, Status::Coalesced),
+                    None => return alone(rebuild),
+                },
+                Some(Outcome::Unshared) => return alone(rebuild),
+                Some(Outcome::Failed(failure)) => {
+                    stale_or(&stale, Answer::Failed(failure, Status::Coalesced))
+                }
+                // The flight ended without an outcome: look again, perhaps lead.
+                Some(Outcome::Abandoned) => continue,
+                None => {
+                    count(m::WAIT_TIMEOUTS);
+                    tracing::debug!(key = %key, budget = ?policy.wait_budget, "wait budget ran out");
+                    stale_or(
+                        &stale,
+                        Answer::Failed(Failure::new(FailureKind::WaitTimeout), Status::Coalesced),
+                    )
+                }
+            };
+            tally(&answer, Status::Coalesced);
+            return answer;
+        }
+    }
+
+    /// Starts a background refresh with the right a lookup handed out.
+    pub(crate) fn refresh<R: Rebuild>(
+        self: &Arc<Self>,
+        refresh: Refresh,
+        policy: FlightPolicy,
+        rebuild: R,
+    ) {
+        let start = match refresh.early {
+            Some(left) => Start::Early(left),
+            None => Start::Refresh,
+        };
+        self.spawn_flight(refresh.leader, rebuild, refresh.stale, policy, start, None);
+    }
+
+    fn spawn_flight<R: Rebuild>(
+        self: &Arc<Self>,
+        leader: Leader,
+        rebuild: R,
+        stale: Option<Arc<Entry>>,
+        policy: FlightPolicy,
+        start: Start,
+        starter: Option<oneshot::Sender<Answer<R>>>,
+    ) {
+        // Without a runtime nobody can run the flight; dropping the leader
+        // abandons it, and the next request tries again.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !matches!(start, Start::Miss) {
+            count(m::REFRESHES);
+        }
+        let span = tracing::debug_span!("stampede_guard.flight", key = %leader.key());
+        let engine = self.clone();
+        runtime.spawn(
+            async move {
+                engine
+                    .fly(leader, rebuild, stale, policy, start, Starter(starter))
+                    .await
+            }
+            .instrument(span),
+        );
+    }
+
+    /// The flight's task: the shared tier, then the rebuild if it is ours.
+    async fn fly<R: Rebuild>(
+        self: Arc<Self>,
+        leader: Leader,
+        rebuild: R,
+        stale: Option<Arc<Entry>>,
+        policy: FlightPolicy,
+        start: Start,
+        mut starter: Starter<R>,
+    ) {
+        let key = leader.key();
+        let (lease, stale) = match self.plan::<R::Value>(key, stale, &policy, start).await {
+            Plan::Hit { entry, waited } => {
+                let held = Held::new(entry.clone());
+                let stored = entry.clone();
+                leader.finish(
+                    Outcome::Value {
+                        entry,
+                        stale: false,
+                    },
+                    || self.l1.insert(key, Slot::Value(stored)),
+                );
+                if let Some(held) = held {
+                    let status = if waited {
+                        Status::Coalesced
+                    } else {
+                        Status::Hit
+                    };
+                    starter.send(|| served(held, status));
+                }
+                return;
+            }
+            Plan::StaleNow { entry, lease } => {
+                // Everyone in this process gets the stale entry now, while
+                // the refresh goes on in the background.
+                let stored = entry.clone();
+                leader.answer_meanwhile(
+                    Outcome::Value {
+                        entry: entry.clone(),
+                        stale: true,
+                    },
+                    || self.l1.insert_unless_newer(key, stored),
+                );
+                if let Some(held) = Held::new(entry.clone()) {
+                    starter.send(|| served(held, Status::Stale));
+                }
+                count(m::REFRESHES);
+                match lease {
+                    Some(lease) => (Some(lease), Some(entry)),
+                    // Another instance refreshes it: wait for its commit.
+                    None => match self
+                        .plan::<R::Value>(key, Some(entry), &policy, Start::Refresh)
+                        .await
+                    {
+                        Plan::Hit { entry, .. } => {
+                            self.settle(
+                                leader,
+                                Outcome::Value {
+                                    entry,
+                                    stale: false,
+                                },
+                                true,
+                            );
+                            return;
+                        }
+                        Plan::Rebuild { lease, stale } => (lease, stale),
+                        _ => {
+                            self.settle(
+                                leader,
+                                Outcome::Failed(Failure::new(FailureKind::WaitTimeout)),
+                                false,
+                            );
+                            return;
+                        }
+                    },
+                }
+            }
+            Plan::Rebuild { lease, stale } => (lease, stale),
+            Plan::TimedOut { stale } => {
+                count(m::WAIT_TIMEOUTS);
+                match start {
+                    // Nobody else's rebuild came in time: rebuild here, for
+                    // this process, without the lease.
+                    Start::Miss if policy.fail_open => (None, stale),
+                    Start::Miss => {
+                        let failure = Failure::new(FailureKind::WaitTimeout);
+                        let answer = self.fail(leader, failure, stale.as_ref());
+                        starter.send(|| answer);
+                        return;
+                    }
+                    // A refresh nobody waits for: the entry stays as it is.
+                    Start::Refresh | Start::Early(_) => {
+                        let failure = Failure::new(FailureKind::WaitTimeout);
+                        self.settle(leader, Outcome::Failed(failure), false);
+                        return;
+                    }
+                }
+            }
+        };
+        self.rebuild(leader, rebuild, stale, lease, policy, starter)
+            .await;
+    }
+
+    /// Runs the rebuild on its own task, bounded by the rebuild timeout, and
+    /// settles the flight with what it gave.
+    async fn rebuild<R: Rebuild>(
+        &self,
+        leader: Leader,
+        rebuild: R,
+        stale: Option<Arc<Entry>>,
+        lease: Option<Lease>,
+        policy: FlightPolicy,
+        mut starter: Starter<R>,
+    ) {
+        count(m::ORIGIN_CALLS);
+        let started = Instant::now();
+        // Its own task, so that a panic is caught as an outcome and a timeout
+        // can abandon it.
+        let mut task = tokio::spawn(rebuild.rebuild(stale.clone().and_then(Held::new)));
+        let built = match tokio::time::timeout(policy.rebuild_timeout, &mut task).await {
+            Ok(Ok(built)) => Ok(built),
+            Ok(Err(e)) if e.is_panic() => Err(Ended::Panicked(e.into_panic())),
+            Ok(Err(_)) => Err(Ended::Cancelled),
+            Err(_) => {
+                task.abort();
+                tracing::warn!(key = %leader.key(), timeout = ?policy.rebuild_timeout, "rebuild timed out");
+                Err(Ended::TimedOut)
+            }
+        };
+        let key = leader.key();
+        match built {
+            Ok(Built::Value {
+                value,
+                lifetime,
+                initial_age,
+                store,
+                failure,
+                private,
+            }) => {
+                if failure && usable_on_error(stale.as_ref()).is_some() {
+                    tracing::debug!(key = %key, "rebuild answered with an error; serving stale");
+                    let answer =
+                        self.fail(leader, Failure::new(FailureKind::Error), stale.as_ref());
+                    self.give_up(lease).await;
+                    starter.send(|| answer);
+                    return;
+                }
+                let entry = Arc::new(Entry::new(
+                    value,
+                    lifetime,
+                    initial_age,
+                    started.elapsed(),
+                    Instant::now(),
+                ));
+                let held = Held::new(entry.clone());
+                let stored = self.settle(
+                    leader,
+                    Outcome::Value {
+                        entry: entry.clone(),
+                        stale: false,
+                    },
+                    store,
+                );
+                // The local waiters have it; the starter is answered once the
+                // fleet has it too, so that what its client saw is what any
+                // instance serves next.
+                match (stored, &held) {
+                    (true, Some(held)) => self.commit(lease, held).await,
+                    _ => self.give_up(lease).await,
+                }
+                if let Some(held) = held {
+                    starter.send(|| {
+                        Answer::Served(Served {
+                            held,
+                            status: Status::Miss,
+                            private,
+                        })
+                    });
+                }
+            }
+            Ok(Built::Unshared {
+                private,
+                hit_for_miss,
+            }) => {
+                let marker = (!hit_for_miss.is_zero()).then(|| Instant::now() + hit_for_miss);
+                leader.finish(Outcome::Unshared, || match marker {
+                    Some(until) => self.l1.insert(key, Slot::HitForMiss(until)),
+                    None => self.l1.remove(&key),
+                });
+                self.give_up(lease).await;
+                starter.send(|| Answer::Private(private));
+            }
+            Ok(Built::Failed { shared, private }) => {
+                let failure = Failure {
+                    kind: FailureKind::Error,
+                    error: shared,
+                };
+                let answer = self.fail(leader, failure, stale.as_ref());
+                self.give_up(lease).await;
+                starter.send(|| match (answer, private) {
+                    (Answer::Failed(..), Some(private)) => Answer::Private(private),
+                    (answer, _) => answer,
+                });
+            }
+            Err(ended) => {
+                let (kind, panic) = match ended {
+                    Ended::Panicked(payload) => (FailureKind::Panic, Some(payload)),
+                    Ended::TimedOut => (FailureKind::Timeout, None),
+                    Ended::Cancelled => (FailureKind::Error, None),
+                };
+                if kind == FailureKind::Panic {
+                    tracing::error!(key = %key, "rebuild panicked");
+                }
+                let answer = self.fail(leader, Failure::new(kind), stale.as_ref());
+                self.give_up(lease).await;
+                starter.send(|| match (answer, panic) {
+                    (Answer::Failed(..), Some(payload)) => Answer::Panicked(payload),
+                    (answer, _) => answer,
+                });
+            }
+        }
+    }
+
+    /// Ends a failed flight: stale-if-error for everyone if the entry allows
+    /// it, else the failure. Returns what the starter gets.
+    fn fail<R: Rebuild>(
+        &self,
+        leader: Leader,
+        failure: Failure,
+        stale: Option<&Arc<Entry>>,
+    ) -> Answer<R> {
+        match usable_on_error(stale) {
+            Some(entry) => {
+                let held = Held::new(entry.clone());
+                self.settle(leader, Outcome::Value { entry, stale: true }, false);
+                match held {
+                    Some(held) => served(held, Status::Stale),
+                    None => Answer::Failed(failure, Status::Miss),
+                }
+            }
+            None => {
+                self.settle(leader, Outcome::Failed(failure.clone()), false);
+                Answer::Failed(failure, Status::Miss)
+            }
+        }
+    }
+
+    /// The one place a flight ends: the L1 (if `store` and no invalidation
+    /// detached the flight), then the waiters. Returns whether it stored.
+    fn settle(&self, leader: Leader, outcome: Outcome, store: bool) -> bool {
+        let key = leader.key();
+        let entry = match (&outcome, store) {
+            (
+                Outcome::Value {
+                    entry,
+                    stale: false,
+                },
+                true,
+            ) => Some(entry.clone()),
+            _ => None,
+        };
+        let stored = entry.is_some();
+        let attached = leader.finish(outcome, || {
+            if let Some(entry) = entry {
+                self.l1.insert(key, Slot::Value(entry));
+            }
+        });
+        stored && attached
+    }
+}
+
+fn served<R: Rebuild>(held: Held<R::Value>, status: Status) -> Answer<R> {
+    Answer::Served(Served {
+        held,
+        status,
+        private: None,
+    })
+}
+
+/// For a caller that may not coalesce: counted here, run by the adapter.
+fn alone<R: Rebuild>(rebuild: R) -> Answer<R> {
+    count(m::BYPASS);
+    count(m::ORIGIN_CALLS);
+    Answer::Alone(rebuild)
+}
+
+fn usable_on_error(stale: Option<&Arc<Entry>>) -> Option<Arc<Entry>> {
+    stale.filter(|e| e.usable_on_error(Instant::now())).cloned()
+}
+
+fn stale_or<R: Rebuild>(stale: &Option<Arc<Entry>>, otherwise: Answer<R>) -> Answer<R> {
+    match usable_on_error(stale.as_ref()).and_then(Held::new) {
+        Some(held) => served(held, Status::Stale),
+        None => otherwise,
+    }
+}
+
+/// Counts a caller once, by how it was answered; `unserved` is how a caller
+/// that got no entry counts (its rebuild's miss, or a coalesced failure).
+fn tally<R: Rebuild>(answer: &Answer<R>, unserved: Status) {
+    let status = match answer {
+        Answer::Served(served) => served.status,
+        Answer::Failed(_, status) => *status,
+        Answer::Private(_) | Answer::Panicked(_) => unserved,
+        Answer::Alone(_) => return,
+    };
+    count(match status {
+        Status::Hit => m::HITS,
+        Status::Stale => m::STALE,
+        Status::Miss => m::MISSES,
+        Status::Coalesced => m::COALESCED,
+    });
+}

@@ -1,0 +1,251 @@
+//! The flight's step in the shared tier: the entry another instance built,
+//! the key's rebuild lease, or a wait for the holder's publish; and, after the
+//! rebuild, the commit under the lease's fence.
+//!
+//! Without Redis (or with its circuit open) the plan is always "rebuild", and
+//! the in-process flight is the only protection.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[cfg(feature = "redis")]
+use super::codec;
+use super::entry::{CacheValue, Entry, Held};
+use super::{Engine, FlightPolicy};
+use crate::key::Key;
+#[cfg(feature = "redis")]
+use crate::metrics::{self as m, count};
+#[cfg(feature = "redis")]
+pub(crate) use crate::store::redis::Lease;
+#[cfg(feature = "redis")]
+use crate::store::redis::{Fetched, RedisTier, Remote};
+
+/// A rebuild lease: the fleet-wide right to rebuild a key. On the embedded
+/// backend there is no such thing, and the type is empty.
+#[cfg(not(feature = "redis"))]
+pub(crate) enum Lease {}
+
+/// Why a flight was started.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Start {
+    /// A request missed: it waits for the answer.
+    Miss,
+    /// A stale entry is being served: refresh it, nobody waits.
+    Refresh,
+    /// An early refresh of an entry with this much freshness left: refresh
+    /// it unless another instance already did or is doing so.
+    Early(Duration),
+}
+
+/// What the flight does next, after asking the shared tier.
+pub(crate) enum Plan {
+    /// A fresh entry from Redis. `waited`: another instance's rebuild was
+    /// waited for to get it.
+    Hit { entry: Arc<Entry>, waited: bool },
+    /// Rebuild now, with this lease (`None`: no shared tier, or it is down).
+    Rebuild {
+        lease: Option<Lease>,
+        stale: Option<Arc<Entry>>,
+    },
+    /// Serve this stale entry at once (stale-while-revalidate) and refresh
+    /// it in the background, with the lease if one was taken.
+    StaleNow {
+        entry: Arc<Entry>,
+        lease: Option<Lease>,
+    },
+    /// Waited the whole budget for another instance's rebuild.
+    TimedOut { stale: Option<Arc<Entry>> },
+}
+
+impl Engine {
+    pub(super) async fn plan<V: CacheValue>(
+        &self,
+        key: Key,
+        stale: Option<Arc<Entry>>,
+        policy: &FlightPolicy,
+        start: Start,
+    ) -> Plan {
+        #[cfg(feature = "redis")]
+        if let Some(shared) = self.shared.as_ref().filter(|_| V::SHARED) {
+            return plan_shared::<V>(shared, key, stale, policy, start).await;
+        }
+        let _ = (key, policy, start);
+        Plan::Rebuild { lease: None, stale }
+    }
+
+    /// Stores a rebuilt entry in Redis under the lease's fence, and wakes
+    /// the fleet.
+    pub(super) async fn commit<V: CacheValue>(&self, lease: Option<Lease>, held: &Held<V>) {
+        let Some(lease) = lease else { return };
+        #[cfg(feature = "redis")]
+        {
+            let mut lease = lease;
+            let Some(shared) = &self.shared else { return };
+            let entry = held.entry();
+            let fresh = entry.fresh_for(Instant::now());
+            match held.value().encode() {
+                Some(payload) if !fresh.is_zero() => {
+                    let bytes = codec::encode(&entry.envelope(), &payload);
+                    let _ = shared
+                        .commit(&mut lease, bytes, fresh, entry.keep_for(fresh))
+                        .await;
+                }
+                _ => {
+                    let _ = shared.release(&mut lease).await;
+                }
+            }
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            let _ = held;
+            match lease {}
+        }
+    }
+
+    /// Gives the lease up without storing; waiters in the fleet retry at once.
+    pub(super) async fn give_up(&self, lease: Option<Lease>) {
+        let Some(lease) = lease else { return };
+        #[cfg(feature = "redis")]
+        {
+            let mut lease = lease;
+            if let Some(shared) = &self.shared {
+                let _ = shared.release(&mut lease).await;
+            }
+        }
+        #[cfg(not(feature = "redis"))]
+        match lease {}
+    }
+}
+
+/// The plan with Redis. `Start::Miss` may hand back a stale entry inside
+/// stale-while-revalidate at once instead of waiting; `Start::Early` takes
+/// the lease even for a fresh entry, as long as the one in Redis has no more
+/// freshness left than the one judged due (if it has more, another instance
+/// already refreshed it: that is a hit).
+#[cfg(feature = "redis")]
+async fn plan_shared<V: CacheValue>(
+    shared: &Arc<RedisTier>,
+    key: Key,
+    mut stale: Option<Arc<Entry>>,
+    policy: &FlightPolicy,
+    start: Start,
+) -> Plan {
+    let give_up = Instant::now() + policy.wait_budget;
+    let serve_stale = matches!(start, Start::Miss);
+    let mut early = match start {
+        Start::Early(left) => Some(left),
+        _ => None,
+    };
+    // Set once an unreadable entry was counted, so the same bytes seen again
+    // beside our lease are not counted twice.
+    let mut corrupt = false;
+    let mut waited = false;
+    loop {
+        if !shared.is_available() {
+            return Plan::Rebuild { lease: None, stale };
+        }
+        // Listen before asking, so a publish between the answer and the wait
+        // still wakes us.
+        let mut registration = shared.notifier.register(key);
+        let fetched = match shared.fetch_or_lease(&key, policy.lease, early).await {
+            Ok(fetched) => fetched,
+            Err(_) => return Plan::Rebuild { lease: None, stale },
+        };
+        let now = Instant::now();
+        let (lease, lease_pttl, old) = match fetched {
+            Fetched::Fresh(remote) => match decode::<V>(remote, now) {
+                Some(entry) => {
+                    count(m::L2_HITS);
+                    return Plan::Hit {
+                        entry: Arc::new(entry),
+                        waited,
+                    };
+                }
+                None => {
+                    shared.count_corrupt(&key);
+                    corrupt = true;
+                    // Take the lease over the unreadable entry.
+                    early = Some(Duration::MAX);
+                    continue;
+                }
+            },
+            Fetched::Leased { lease, stale } => (Some(lease), Duration::ZERO, stale),
+            Fetched::Held { lease_pttl, stale } => (None, lease_pttl, stale),
+        };
+        stale = newer(
+            stale,
+            old.and_then(|r| decode_or_count::<V>(shared, &key, r, now, corrupt)),
+        );
+        if serve_stale {
+            if let Some(entry) = stale
+                .as_ref()
+                .filter(|e| e.servable_while_revalidating(now))
+            {
+                return Plan::StaleNow {
+                    entry: entry.clone(),
+                    lease,
+                };
+            }
+        }
+        if let Some(lease) = lease {
+            return Plan::Rebuild {
+                lease: Some(lease),
+                stale,
+            };
+        }
+        // Another instance holds the lease. (An early refresh that finds one
+        // already refreshing waits for its commit too, and so loads the new
+        // entry before its own copy expires.)
+        let left = give_up.saturating_duration_since(now);
+        if left.is_zero() {
+            return Plan::TimedOut { stale };
+        }
+        // Woken by the holder's commit or failure notice; failing that, by
+        // the lease running out (its holder died), or the budget.
+        let _ = registration
+            .wait(left.min(lease_pttl + Duration::from_millis(2)))
+            .await;
+        waited = true;
+    }
+}
+
+#[cfg(feature = "redis")]
+fn decode<V: CacheValue>(remote: Remote, now: Instant) -> Option<Entry> {
+    let (envelope, payload) = codec::decode(remote.bytes)?;
+    let value = V::decode(payload)?;
+    Some(Entry::from_remote(
+        value,
+        &envelope,
+        remote.fresh,
+        remote.remaining,
+        now,
+    ))
+}
+
+#[cfg(feature = "redis")]
+fn decode_or_count<V: CacheValue>(
+    shared: &RedisTier,
+    key: &Key,
+    remote: Remote,
+    now: Instant,
+    counted: bool,
+) -> Option<Arc<Entry>> {
+    let entry = decode::<V>(remote, now);
+    if entry.is_none() && !counted {
+        shared.count_corrupt(key);
+    }
+    entry.map(Arc::new)
+}
+
+/// The later of two stale entries.
+#[cfg(feature = "redis")]
+fn newer(a: Option<Arc<Entry>>, b: Option<Arc<Entry>>) -> Option<Arc<Entry>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b.fresh_until() >= a.fresh_until() {
+            b
+        } else {
+            a
+        }),
+        (a, b) => a.or(b),
+    }
+}

@@ -1,0 +1,90 @@
+//! The response future of [`GuardService`](super::GuardService).
+//!
+//! A hit is a ready response and a pass-through is the inner future, neither
+//! boxed; only a miss, which waits on a flight, is a boxed future.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use http::header::{HeaderName, HeaderValue};
+use http::Response;
+use http_body::Body as HttpBody;
+use pin_project_lite::pin_project;
+
+use super::body::Body;
+
+pub(crate) type MissFuture<B, E> =
+    Pin<Box<dyn Future<Output = Result<Response<Body<B>>, E>> + Send>>;
+
+pin_project! {
+    /// Response future of [`GuardService`](super::GuardService).
+    pub struct ResponseFuture<F, B, E> where B: HttpBody {
+        #[pin]
+        state: State<F, B, E>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, B, E> where B: HttpBody {
+        Ready { response: Option<Response<Body<B>>> },
+        Passthrough { #[pin] future: F, status: Option<(HeaderName, HeaderValue)> },
+        Miss { future: MissFuture<B, E> },
+    }
+}
+
+impl<F, B: HttpBody, E> ResponseFuture<F, B, E> {
+    pub(crate) fn ready(response: Response<Body<B>>) -> Self {
+        ResponseFuture {
+            state: State::Ready {
+                response: Some(response),
+            },
+        }
+    }
+
+    pub(crate) fn passthrough(future: F, status: Option<(HeaderName, HeaderValue)>) -> Self {
+        ResponseFuture {
+            state: State::Passthrough { future, status },
+        }
+    }
+
+    pub(crate) fn miss(future: MissFuture<B, E>) -> Self {
+        ResponseFuture {
+            state: State::Miss { future },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B, E>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: HttpBody,
+{
+    type Output = Result<Response<Body<B>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Ready { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => panic!("ResponseFuture polled after completion"),
+            },
+            StateProj::Passthrough { future, status } => {
+                let response = std::task::ready!(future.poll(cx))?;
+                let mut response = response.map(Body::stream);
+                if let Some((name, value)) = status.take() {
+                    response.headers_mut().insert(name, value);
+                }
+                Poll::Ready(Ok(response))
+            }
+            StateProj::Miss { future } => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<F, B: HttpBody, E> fmt::Debug for ResponseFuture<F, B, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ResponseFuture")
+    }
+}

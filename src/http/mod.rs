@@ -1,0 +1,30 @@
+//! Everything HTTP: the tower layer, its service and response future, and
+//! the rules that turn requests into keys and origin responses into entries.
+//!
+//! [`StampedeGuard`] (layer.rs) holds a route's configuration and builds a
+//! [`GuardService`] (service.rs) around the inner service; its
+//! [`ResponseFuture`] (future.rs) is a ready response on a hit. A miss goes to
+//! the engine, which knows no HTTP: the service hands it an `Origin` to
+//! rebuild with, `admit` decides what the origin's response may become, and
+//! `respond` presents what comes back.
+
+mod admit;
+mod body;
+mod future;
+pub(crate) mod key;
+mod layer;
+mod policy;
+mod respond;
+pub(crate) mod response;
+mod service;
+
+#[doc(inline)]
+pub use body::Body;
+#[doc(inline)]
+pub use future::ResponseFuture;
+#[doc(inline)]
+pub use layer::StampedeGuard;
+#[doc(inline)]
+pub use policy::{KeyFn, WaitTimeout};
+#[doc(inline)]
+pub use service::GuardService;

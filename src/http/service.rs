@@ -1,0 +1,282 @@
+//! [`GuardService`]: HTTP in, engine, HTTP out.
+//!
+//! `call` does the cheap part synchronously: policy, key, one L1 read. A hit
+//! (fresh or stale) is a ready response, with no boxing and no I/O. A miss
+//! goes to the engine, which owns the rebuild; the service only says how to
+//! rebuild (call the inner service with a plain GET) and presents what comes
+//! back.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Buf;
+use http::{header, HeaderName, Method, Request, Response};
+use http_body::Body as HttpBody;
+use tower_service::Service;
+
+use super::admit::{admit, Admitted, Private};
+use super::body::Body;
+use super::future::ResponseFuture;
+use super::key::request_key;
+use super::policy::{request_bypass, Policy};
+use super::respond::{failure, present, tag, CacheStatus, Conditions};
+use super::response::CachedResponse;
+use crate::backend::Backend;
+use crate::engine::{Answer, Engine, Held, Looked, Miss, Rebuild};
+use crate::metrics::{self as m, count};
+
+/// The service a [`StampedeGuard`](crate::StampedeGuard) wraps around an inner
+/// service.
+#[derive(Clone)]
+pub struct GuardService<S> {
+    inner: S,
+    backend: Backend,
+    policy: Arc<Policy>,
+}
+
+impl<S> GuardService<S> {
+    pub(crate) fn new(inner: S, backend: Backend, policy: Arc<Policy>) -> Self {
+        GuardService {
+            inner,
+            backend,
+            policy,
+        }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes the guard, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for GuardService<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GuardService")
+            .field("inner", &self.inner)
+            .field("policy", &self.policy)
+            .finish()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for GuardService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: HttpBody + Send + 'static,
+    ResBody::Data: Buf + Send,
+    ResBody::Error: Send,
+{
+    type Response = Response<Body<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let policy = &self.policy;
+        if request_bypass(policy, request.method(), request.headers()).is_some() {
+            return self.pass_through(request);
+        }
+        let (parts, body) = request.into_parts();
+        let custom = match &policy.key_fn {
+            Some(key_fn) => match key_fn(&parts) {
+                Some(custom) => Some(custom),
+                None => return self.pass_through(Request::from_parts(parts, body)),
+            },
+            None => None,
+        };
+        let key = request_key(&policy.namespace, &parts, &policy.vary, custom.as_deref());
+        let request = Request::from_parts(parts, body);
+        let conditions = Conditions::of(&request);
+        let flight = policy.flight();
+        let now = Instant::now();
+        let engine = &self.backend.engine;
+        match engine.lookup::<CachedResponse>(key, &flight, now) {
+            Looked::Hit {
+                held,
+                status,
+                refresh,
+            } => {
+                let response = present(policy, &conditions, &held, status.into(), now);
+                if let Some(refresh) = refresh {
+                    let origin = Origin {
+                        inner: self.inner.clone(),
+                        request,
+                        policy: policy.clone(),
+                    };
+                    engine.refresh(refresh, flight, origin);
+                }
+                ResponseFuture::ready(response)
+            }
+            Looked::Miss(miss) => {
+                // The readied service goes with the request; a clone takes its place.
+                let clone = self.inner.clone();
+                let origin = Origin {
+                    inner: std::mem::replace(&mut self.inner, clone),
+                    request,
+                    policy: policy.clone(),
+                };
+                let future = resolve(engine.clone(), miss, conditions, origin);
+                ResponseFuture::miss(Box::pin(future))
+            }
+        }
+    }
+}
+
+impl<S> GuardService<S> {
+    fn pass_through<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        ResBody: HttpBody,
+    {
+        count(m::BYPASS);
+        let status = self
+            .policy
+            .status_header
+            .clone()
+            .map(|name| (name, CacheStatus::Bypass.header_value()));
+        ResponseFuture::passthrough(self.inner.call(request), status)
+    }
+}
+
+/// A miss: what the engine's flight gives, as a response.
+async fn resolve<S, ReqBody, ResBody>(
+    engine: Arc<Engine>,
+    miss: Miss,
+    conditions: Conditions,
+    origin: Origin<S, ReqBody>,
+) -> Result<Response<Body<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: HttpBody + Send + 'static,
+    ResBody::Data: Buf + Send,
+    ResBody::Error: Send,
+{
+    let policy = origin.policy.clone();
+    match engine.resolve(miss, policy.flight(), origin).await {
+        Answer::Served(served) => {
+            let mut response = present(
+                &policy,
+                &conditions,
+                &served.held,
+                served.status.into(),
+                Instant::now(),
+            );
+            if let Some(Private::Headers(headers)) = served.private {
+                for (name, value) in headers {
+                    response.headers_mut().append(name, value);
+                }
+            }
+            Ok(response)
+        }
+        Answer::Private(Private::Response(response)) => Ok(response),
+        Answer::Private(Private::Error(error)) => Err(error),
+        Answer::Private(Private::Headers(_)) => Ok(failure(
+            &policy,
+            crate::engine::FailureKind::Error,
+            CacheStatus::Miss,
+        )),
+        Answer::Failed(failed, status) => Ok(failure(&policy, failed.kind, status.into())),
+        Answer::Alone(origin) => origin.alone().await,
+        // The handler panicked under the request that started the rebuild:
+        // it sees the panic as it would without the layer.
+        Answer::Panicked(payload) => std::panic::resume_unwind(payload),
+    }
+}
+
+/// How the layer rebuilds an entry: the inner service, with the request that
+/// missed.
+struct Origin<S, ReqBody> {
+    inner: S,
+    request: Request<ReqBody>,
+    policy: Arc<Policy>,
+}
+
+/// Request headers that would let the origin answer with less than the whole
+/// entry (a 304 or a 412), which the waiters did not ask for.
+const CONDITIONAL: [HeaderName; 5] = [
+    header::IF_MATCH,
+    header::IF_NONE_MATCH,
+    header::IF_MODIFIED_SINCE,
+    header::IF_UNMODIFIED_SINCE,
+    header::IF_RANGE,
+];
+
+impl<S, ReqBody, ResBody> Origin<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: HttpBody,
+{
+    async fn call(mut self) -> Result<Response<ResBody>, S::Error> {
+        poll_fn(|cx| self.inner.poll_ready(cx)).await?;
+        self.inner.call(self.request).await
+    }
+
+    /// This request alone, uncached, streamed.
+    async fn alone(self) -> Result<Response<Body<ResBody>>, S::Error> {
+        let policy = self.policy.clone();
+        let response = self.call().await?;
+        Ok(tag(
+            &policy,
+            response.map(Body::stream),
+            CacheStatus::Bypass,
+        ))
+    }
+}
+
+impl<S, ReqBody, ResBody> Rebuild for Origin<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: HttpBody + Send + 'static,
+    ResBody::Data: Buf + Send,
+    ResBody::Error: Send,
+{
+    type Value = CachedResponse;
+    type Private = Private<ResBody, S::Error>;
+
+    async fn rebuild(
+        mut self,
+        _stale: Option<Held<CachedResponse>>,
+    ) -> Admitted<ResBody, S::Error> {
+        // The entry is the GET answer, whatever this request's method and
+        // conditions; HEAD is answered from it afterwards.
+        *self.request.method_mut() = Method::GET;
+        for name in &CONDITIONAL {
+            self.request.headers_mut().remove(name);
+        }
+        let policy = self.policy.clone();
+        match self.call().await {
+            Ok(response) => admit(&policy, response).await,
+            Err(error) => crate::engine::Built::Failed {
+                shared: None,
+                private: Some(Private::Error(error)),
+            },
+        }
+    }
+}
