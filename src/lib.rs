@@ -59,16 +59,6 @@
 //! reach the origin in a form whose answer would not fit every waiter.
 
 #![forbid(unsafe_code)]
-// Without Redis, the shared tier's codec and lease plumbing are compiled but unused.
-#![cfg_attr(
-    not(feature = "redis"),
-    allow(
-        dead_code,
-        unused_imports,
-        unused_variables,
-        clippy::extra_unused_type_parameters
-    )
-)]
 #![warn(missing_docs)]
 
 mod backend;
@@ -82,6 +72,7 @@ pub mod metrics;
 mod store;
 
 // The shared tier still names the codec's `millis` by its old path.
+#[cfg(feature = "redis")]
 mod codec {
     pub(crate) use crate::engine::codec::millis;
 }

@@ -30,10 +30,14 @@ pub(crate) const ORIGIN_CALLS: &str = "stampede_guard_origin_calls_total";
 pub(crate) const BYPASS: &str = "stampede_guard_bypass_total";
 pub(crate) const REFRESHES: &str = "stampede_guard_refreshes_total";
 pub(crate) const WAIT_TIMEOUTS: &str = "stampede_guard_wait_timeouts_total";
+#[cfg(feature = "redis")]
 pub(crate) const L2_HITS: &str = "stampede_guard_l2_hits_total";
 pub(crate) const EARLY_REFRESHES: &str = "stampede_guard_early_refreshes_total";
+#[cfg(feature = "redis")]
 pub(crate) const FENCED_WRITES: &str = "stampede_guard_fenced_writes_total";
+#[cfg(feature = "redis")]
 pub(crate) const CORRUPT_ENTRIES: &str = "stampede_guard_corrupt_entries_total";
+#[cfg(feature = "redis")]
 pub(crate) const REDIS_ERRORS: &str = "stampede_guard_redis_errors_total";
 
 pub(crate) fn count(name: &'static str) {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+#[cfg(feature = "redis")]
 use super::codec::Envelope;
 
 /// Fixed bytes charged per entry on top of its value, for the key, the entry's
@@ -154,6 +155,8 @@ pub(crate) enum Freshness {
 pub(crate) struct Entry {
     value: Arc<dyn Any + Send + Sync>,
     weight: u32,
+    /// Written beside the value in the shared tier.
+    #[cfg(feature = "redis")]
     lifetime: Lifetime,
     stored_at: Instant,
     /// Age the value already had when stored (an origin's `Age` header).
@@ -181,6 +184,7 @@ impl Entry {
         Entry {
             value: Arc::new(value),
             weight: u32::try_from(weight).unwrap_or(u32::MAX),
+            #[cfg(feature = "redis")]
             lifetime,
             stored_at: now,
             initial_age,
@@ -192,6 +196,7 @@ impl Entry {
         }
     }
 
+    #[cfg(feature = "redis")]
     /// An entry read from the shared tier. Redis's clock decides: `fresh` is
     /// the freshness Redis says is left (`None`: stale), `remaining` the time
     /// until Redis drops the value. Instants are placed so that this instance
@@ -231,6 +236,7 @@ impl Entry {
         }
     }
 
+    #[cfg(feature = "redis")]
     /// What the shared tier stores beside the value.
     pub(crate) fn envelope(&self) -> Envelope {
         Envelope {
@@ -245,6 +251,7 @@ impl Entry {
         self.fresh_until.saturating_duration_since(now)
     }
 
+    #[cfg(feature = "redis")]
     /// How long the shared tier keeps the value once fresh time `fresh` is
     /// left: freshness plus the longer stale window.
     pub(crate) fn keep_for(&self, fresh: Duration) -> Duration {
@@ -255,6 +262,7 @@ impl Entry {
                 .max(self.lifetime.stale_if_error)
     }
 
+    #[cfg(feature = "redis")]
     /// Whether a stale-while-revalidate window covers `now` (fresh counts too).
     pub(crate) fn servable_while_revalidating(&self, now: Instant) -> bool {
         now < self.revalidate_until

@@ -56,6 +56,7 @@ pub(crate) type SharedError = Arc<dyn Any + Send + Sync>;
 pub(crate) struct FlightPolicy {
     /// Lease time in the shared tier; renewed every third of it while the
     /// rebuild runs.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub lease: Duration,
     /// The longest a request waits for a rebuild it did not start (and the
     /// longest a flight waits for another instance's rebuild).
@@ -144,37 +145,39 @@ impl Engine {
     ) -> Looked<V> {
         let mut stale = None;
         match self.l1.get(&key) {
-            Some(Slot::Value(entry)) => match Held::<V>::new(entry.clone()) {
-                Some(held) => match entry.freshness(now) {
-                    Freshness::Fresh => {
-                        count(m::HITS);
-                        let refresh = policy
-                            .early_refresh
-                            .and_then(|beta| self.early_refresh(key, &entry, beta, now));
-                        return Looked::Hit {
-                            held,
-                            status: Status::Hit,
-                            refresh,
-                        };
+            Some(Slot::Value(entry)) => {
+                if let Some(held) = Held::<V>::new(entry) {
+                    let entry = held.entry();
+                    match entry.freshness(now) {
+                        Freshness::Fresh => {
+                            count(m::HITS);
+                            let refresh = policy
+                                .early_refresh
+                                .and_then(|beta| self.early_refresh(key, entry, beta, now));
+                            return Looked::Hit {
+                                held,
+                                status: Status::Hit,
+                                refresh,
+                            };
+                        }
+                        Freshness::Revalidate => {
+                            count(m::STALE);
+                            let refresh = self.flights.try_lead(key).map(|leader| Refresh {
+                                leader,
+                                stale: Some(entry.clone()),
+                                early: None,
+                            });
+                            return Looked::Hit {
+                                held,
+                                status: Status::Stale,
+                                refresh,
+                            };
+                        }
+                        Freshness::IfError => stale = Some(entry.clone()),
+                        Freshness::Expired => {}
                     }
-                    Freshness::Revalidate => {
-                        count(m::STALE);
-                        let refresh = self.flights.try_lead(key).map(|leader| Refresh {
-                            leader,
-                            stale: Some(entry),
-                            early: None,
-                        });
-                        return Looked::Hit {
-                            held,
-                            status: Status::Stale,
-                            refresh,
-                        };
-                    }
-                    Freshness::IfError => stale = Some(entry),
-                    Freshness::Expired => {}
-                },
-                None => {}
-            },
+                }
+            }
             Some(Slot::HitForMiss(until)) if now < until => {
                 return Looked::Miss(Miss::alone());
             }

@@ -6,7 +6,9 @@
 //! the in-process flight is the only protection.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(feature = "redis")]
+use std::time::Instant;
 
 #[cfg(feature = "redis")]
 use super::codec;
@@ -33,11 +35,14 @@ pub(crate) enum Start {
     /// A stale entry is being served: refresh it, nobody waits.
     Refresh,
     /// An early refresh of an entry with this much freshness left: refresh
-    /// it unless another instance already did or is doing so.
-    Early(Duration),
+    /// it unless another instance already did or is doing so (only the
+    /// shared tier can tell).
+    Early(#[cfg_attr(not(feature = "redis"), allow(dead_code))] Duration),
 }
 
-/// What the flight does next, after asking the shared tier.
+/// What the flight does next, after asking the shared tier. Without the
+/// shared tier it is always `Rebuild`.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) enum Plan {
     /// A fresh entry from Redis. `waited`: another instance's rebuild was
     /// waited for to get it.
@@ -69,7 +74,8 @@ impl Engine {
         if let Some(shared) = self.shared.as_ref().filter(|_| V::SHARED) {
             return plan_shared::<V>(shared, key, stale, policy, start).await;
         }
-        let _ = (key, policy, start);
+        // Values that cannot travel (`V::SHARED` false) never reach Redis.
+        let _ = (key, policy, start, V::SHARED);
         Plan::Rebuild { lease: None, stale }
     }
 
