@@ -33,12 +33,14 @@
 //!    sorted query and the route's Vary headers, hashed to 128 bits.
 //! 3. **L1**: a byte-bounded `moka` cache. Fresh: `HIT`. Past its ttl but inside
 //!    stale-while-revalidate: `STALE`, and one background refresh.
-//! 4. **Flight**: on a miss the first request runs the handler (`MISS`); the
-//!    others wait for it (`COALESCED`). If it is cancelled or panics, a waiter
-//!    takes over. If its answer cannot be shared (a private response), the key
-//!    is marked hit-for-miss for a moment so its requests run side by side
-//!    instead of one after another.
-//! 5. **Fleet** (with `Backend::redis`): the leader asks Redis, in one round
+//! 4. **Flight**: on a miss the first request starts the rebuild (`MISS`); the
+//!    others wait for it (`COALESCED`). The rebuild runs on its own task and
+//!    finishes even if that request goes away; if it fails (error, panic,
+//!    timeout), every waiter shares the failure or the stale-if-error copy
+//!    rather than calling the origin itself. If its answer cannot be shared
+//!    (a private response), the key is marked hit-for-miss for a moment so its
+//!    requests run side by side instead of one after another.
+//! 5. **Fleet** (with `Backend::redis`): the flight asks Redis, in one round
 //!    trip, for the entry or the key's rebuild lease. The lease holder runs the
 //!    handler (a watchdog renews the lease; a fencing number guards its
 //!    commit); every other instance waits for its publish or serves stale.
