@@ -235,12 +235,20 @@ impl Engine {
     /// nothing, and a request that starts after this returns does not join
     /// it; it gets a value built afterwards.
     pub(crate) async fn invalidate(&self, key: &Key) -> Result<(), crate::Error> {
-        self.invalidate_here(key);
+        // Redis first: a flight of this process that read the old value from
+        // Redis before the purge is detached (or its value removed) by the
+        // local half below; one that reads after the purge finds nothing
+        // old. The other way round, a flight could fetch the old value after
+        // the local half and put it back in the L1.
         #[cfg(feature = "redis")]
-        if let Some(shared) = &self.shared {
-            shared.invalidate(key).await.map_err(crate::Error::from)?;
-        }
-        Ok(())
+        let purged = match &self.shared {
+            Some(shared) => shared.invalidate(key).await.map_err(crate::Error::from),
+            None => Ok(()),
+        };
+        #[cfg(not(feature = "redis"))]
+        let purged = Ok(());
+        self.invalidate_here(key);
+        purged
     }
 
     /// The in-process half of an invalidation.
