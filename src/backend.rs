@@ -16,7 +16,7 @@ use crate::engine::Engine;
 use crate::lock::LocalLocks;
 use crate::store::local::LocalTier;
 #[cfg(feature = "redis")]
-use crate::store::redis::config::TlsPem;
+use crate::store::redis::config::{redact, TlsPem};
 #[cfg(feature = "redis")]
 pub use crate::store::redis::config::{RedisConfig, TlsFiles};
 #[cfg(feature = "redis")]
@@ -24,8 +24,7 @@ use crate::store::redis::connection::Topology;
 #[cfg(feature = "redis")]
 use crate::store::redis::{RedisTier, TierConfig};
 
-/// Default L1 bound: 64 MiB of cached values.
-pub const DEFAULT_L1_MAX_BYTES: u64 = 64 << 20;
+pub use crate::store::DEFAULT_L1_MAX_BYTES;
 
 /// The storage a [`StampedeGuard`](crate::StampedeGuard) runs on.
 ///
@@ -345,19 +344,6 @@ fn explain(e: &redis::RedisError) -> String {
         ""
     };
     format!("{text}{hint}")
-}
-
-/// The URL without its password, for messages.
-#[cfg(feature = "redis")]
-pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{}:***{}", &url[..scheme + 3], user, &url[at..])
-        }
-        _ => url.to_owned(),
-    }
 }
 
 /// Builds a [`Backend`].

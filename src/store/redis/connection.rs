@@ -41,7 +41,7 @@ pub(crate) enum Topology {
 impl std::fmt::Debug for Topology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // URLs may carry passwords: print them redacted.
-        use crate::backend::redact;
+        use super::config::redact;
         match self {
             Topology::Single(url) => f.debug_tuple("Single").field(&redact(url)).finish(),
             Topology::Cluster(nodes) => f

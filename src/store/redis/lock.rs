@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use super::notify::Event;
 use super::{RedisTier, TierError};
-use crate::codec::millis;
 use crate::key::Key;
+use crate::store::millis;
 
 /// How long the fence and ticket counters outlive the last acquisition.
 /// Fencing numbers keep rising as long as a lock is used at least this often.

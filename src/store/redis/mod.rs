@@ -30,10 +30,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::{RedisError, Script};
 
-use crate::codec::millis;
 use crate::key::Key;
 use crate::metrics::{self as m, count};
 use crate::store::local::LocalTier;
+use crate::store::millis;
 use breaker::Breaker;
 use config::TlsPem;
 use connection::{Conn, Link, Options, Sink, Topology};
