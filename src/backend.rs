@@ -315,7 +315,11 @@ impl RedisBackendBuilder {
             connect_timeout: config.connect_timeout,
             probe_interval: config.probe_interval,
         };
-        let tier = RedisTier::connect(tier_config, l1.clone())
+        let on_invalidate = {
+            let l1 = l1.clone();
+            Arc::new(move |key| l1.remove(&key))
+        };
+        let tier = RedisTier::connect(tier_config, on_invalidate)
             .await
             .map_err(|e| Error {
                 message: format!("could not set up Redis at {shown}: {}", explain(&e)),

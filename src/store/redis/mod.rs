@@ -32,13 +32,12 @@ use redis::{RedisError, Script};
 
 use crate::key::Key;
 use crate::metrics::{self as m, count};
-use crate::store::local::LocalTier;
 use crate::store::millis;
 use breaker::Breaker;
 use config::TlsPem;
 use connection::{Conn, Link, Options, Sink, Topology};
 pub(crate) use lease::Lease;
-use notify::{Event, Notifier};
+use notify::{Event, Notifier, OnInvalidate};
 
 /// How long the fence hash outlives the last lease on its key. A holder that
 /// stalls longer than this could pass the fence check; nothing stalls a day.
@@ -164,12 +163,13 @@ pub(crate) struct RedisTier {
 impl RedisTier {
     /// Connects the command and subscriber connections, subscribes, and loads
     /// the scripts. Fails (with the server's reason) if Redis cannot be
-    /// reached or refuses the credentials.
+    /// reached or refuses the credentials. `on_invalidate` is called with
+    /// every key invalidated anywhere in the fleet.
     pub(crate) async fn connect(
         config: TierConfig,
-        l1: LocalTier,
+        on_invalidate: OnInvalidate,
     ) -> Result<Arc<Self>, RedisError> {
-        let notifier = Arc::new(Notifier::new(l1));
+        let notifier = Arc::new(Notifier::new(on_invalidate));
         let channel = format!("{}:events", config.prefix);
         let link = Self::open(&config, &channel, &notifier).await?;
         let scripts = Scripts::new();

@@ -19,7 +19,6 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::watch;
 
 use crate::key::Key;
-use crate::store::local::LocalTier;
 
 /// What happened to a key, as told on the channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,6 +67,11 @@ impl Event {
     }
 }
 
+/// Called with a key another instance (or this one) invalidated. The owner
+/// of the in-process tier decides what that means there: drop the entry, and
+/// keep any rebuild already running from storing what it read before.
+pub(crate) type OnInvalidate = Arc<dyn Fn(Key) + Send + Sync>;
+
 /// Counts of how waits ended, for tests and diagnostics.
 #[derive(Default)]
 pub(crate) struct WakeStats {
@@ -77,18 +81,18 @@ pub(crate) struct WakeStats {
 
 pub(crate) struct Notifier {
     slots: Mutex<HashMap<Key, watch::Sender<Event>>>,
-    l1: LocalTier,
+    on_invalidate: OnInvalidate,
     pub(crate) stats: WakeStats,
-    /// Signalled when the subscriber lost a connection (and when the tier
-    /// is dropped, so a task waiting on it can end).
+    /// Signalled when the subscriber lost a connection, for the tier's
+    /// supervisor (a cluster subscription must then be opened again).
     pub(crate) disconnected: tokio::sync::Notify,
 }
 
 impl Notifier {
-    pub(crate) fn new(l1: LocalTier) -> Self {
+    pub(crate) fn new(on_invalidate: OnInvalidate) -> Self {
         Notifier {
             slots: Mutex::new(HashMap::new()),
-            l1,
+            on_invalidate,
             stats: WakeStats::default(),
             disconnected: tokio::sync::Notify::new(),
         }
@@ -127,7 +131,7 @@ impl Notifier {
                     return;
                 };
                 if event == Event::Invalidated {
-                    self.l1.remove(&key);
+                    (self.on_invalidate)(key);
                 }
                 self.signal(&key, event);
             }
@@ -209,6 +213,10 @@ impl Drop for Registration {
 mod tests {
     use super::*;
 
+    fn notifier() -> Arc<Notifier> {
+        Arc::new(Notifier::new(Arc::new(|_| {})))
+    }
+
     fn push(payload: &str) -> PushInfo {
         PushInfo {
             kind: PushKind::Message,
@@ -221,7 +229,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_message_before_the_wait_is_not_lost() {
-        let notifier = Arc::new(Notifier::new(LocalTier::new(1 << 20)));
+        let notifier = notifier();
         let key = Key::for_value("t", b"k");
         let mut registration = notifier.register(key);
         notifier.on_push(push(&Event::Committed.message(&key)));
@@ -232,7 +240,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn other_keys_and_garbage_do_not_wake() {
-        let notifier = Arc::new(Notifier::new(LocalTier::new(1 << 20)));
+        let notifier = notifier();
         let key = Key::for_value("t", b"k");
         let other = Key::for_value("t", b"other");
         let mut registration = notifier.register(key);
@@ -244,7 +252,7 @@ mod tests {
 
     #[test]
     fn slots_are_dropped_with_their_last_registration() {
-        let notifier = Arc::new(Notifier::new(LocalTier::new(1 << 20)));
+        let notifier = notifier();
         let key = Key::for_value("t", b"k");
         let a = notifier.register(key);
         let b = notifier.register(key);
@@ -252,5 +260,24 @@ mod tests {
         assert_eq!(notifier.slots.lock().unwrap().len(), 1);
         drop(b);
         assert_eq!(notifier.slots.lock().unwrap().len(), 0);
+    }
+
+    #[test]
+    fn an_invalidation_reaches_the_callback_and_wakes_the_waiter() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let notifier = Arc::new(Notifier::new({
+            let seen = seen.clone();
+            Arc::new(move |key| seen.lock().unwrap().push(key))
+        }));
+        let key = Key::for_value("t", b"k");
+        let registration = notifier.register(key);
+        notifier.on_push(push(&Event::Committed.message(&key)));
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "a commit is not an invalidation"
+        );
+        notifier.on_push(push(&Event::Invalidated.message(&key)));
+        assert_eq!(*seen.lock().unwrap(), [key]);
+        assert_eq!(*registration.rx.borrow(), Event::Invalidated);
     }
 }
