@@ -21,6 +21,9 @@ pub(crate) mod connection;
 pub(crate) mod lease;
 pub(crate) mod lock;
 pub(crate) mod notify;
+pub(crate) mod renew;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -483,7 +486,7 @@ impl RedisTier {
             invocation.key(k);
         }
         invocation
-            .arg(&lease.token)
+            .arg(lease.token())
             .arg(lease.fence.0)
             .arg(entry.as_ref())
             .arg(millis(fresh))
@@ -502,9 +505,16 @@ impl RedisTier {
     }
 
     /// Gives the lease up without storing, telling waiters to retry now.
+    /// Returns false if it was no longer ours.
     pub(crate) async fn release(self: &Arc<Self>, lease: &mut Lease) -> Result<bool, TierError> {
         lease.settle();
-        self.release_token(&lease.key, &lease.token).await
+        if lease.is_lost() {
+            // The token is gone from Redis (renewal refused, or the lease
+            // lapsed): the compare-token script would do nothing, and a
+            // failing Redis need not be asked again.
+            return Ok(false);
+        }
+        self.release_token(&lease.key, lease.token()).await
     }
 
     pub(crate) async fn release_token(
