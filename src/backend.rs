@@ -13,6 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::Engine;
+use crate::error::Error;
+#[cfg(feature = "redis")]
+use crate::error::ErrorKind;
 use crate::lock::LocalLocks;
 use crate::store::local::LocalTier;
 #[cfg(feature = "redis")]
@@ -195,25 +198,6 @@ impl fmt::Debug for Backend {
     }
 }
 
-/// Why a backend could not be set up.
-#[derive(Debug)]
-pub struct Error {
-    message: String,
-    source: Option<Box<dyn std::error::Error + Send + Sync>>,
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_deref().map(|e| e as _)
-    }
-}
-
 /// Builds a [`Backend`] on Redis.
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug)]
@@ -292,9 +276,11 @@ impl RedisBackendBuilder {
     pub async fn connect(self) -> Result<Backend, Error> {
         let config = self.config;
         let shown = redact(&config.url);
-        let setup = |message: String| Error {
-            message: format!("could not set up Redis at {shown}: {message}"),
-            source: None,
+        let setup = |message: String| {
+            Error::new(
+                ErrorKind::InvalidConfig,
+                format!("could not set up Redis at {shown}: {message}"),
+            )
         };
         let topology = match self.topology {
             Some(topology) => topology,
@@ -321,33 +307,12 @@ impl RedisBackendBuilder {
         };
         let tier = RedisTier::connect(tier_config, on_invalidate)
             .await
-            .map_err(|e| Error {
-                message: format!("could not set up Redis at {shown}: {}", explain(&e)),
-                source: Some(Box::new(e)),
-            })?;
+            .map_err(|e| Error::setup(&shown, e))?;
         Ok(Backend {
             engine: Arc::new(Engine::with_l2(l1, tier)),
             locks: Arc::default(),
         })
     }
-}
-
-/// The client's error, with a hint for the causes people meet at start-up.
-#[cfg(feature = "redis")]
-fn explain(e: &redis::RedisError) -> String {
-    let text = e.to_string();
-    let lower = text.to_ascii_lowercase();
-    let hint = if lower.contains("wrongpass") || lower.contains("noauth") {
-        " (authentication failed: check the user name and password)"
-    } else if lower.contains("noperm") {
-        " (the user lacks a command, key or channel permission this crate needs; see docs/TOPOLOGY.md)"
-    } else if lower.contains("certificate") || lower.contains("tls") || lower.contains("handshake")
-    {
-        " (TLS failed: check the CA, the server name and the client certificate)"
-    } else {
-        ""
-    };
-    format!("{text}{hint}")
 }
 
 /// Builds a [`Backend`].

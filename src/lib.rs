@@ -77,6 +77,7 @@ mod cache;
 mod codec;
 mod engine;
 mod entry;
+mod error;
 mod fence;
 mod guard;
 mod key;
@@ -86,12 +87,13 @@ mod policy;
 mod service;
 mod store;
 
-pub use backend::{Backend, BackendBuilder, BackendStats, Error, DEFAULT_L1_MAX_BYTES};
+pub use backend::{Backend, BackendBuilder, BackendStats, DEFAULT_L1_MAX_BYTES};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackendBuilder, RedisConfig, RedisStats, TlsFiles};
 pub use body::Body;
 pub use cache::Cache;
 pub use entry::CacheValue;
+pub use error::{Error, ErrorKind};
 pub use fence::FencingToken;
 pub use guard::StampedeGuard;
 pub use key::Key;

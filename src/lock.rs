@@ -118,9 +118,10 @@ impl fmt::Debug for LockOwner {
 pub enum LockError {
     /// Another owner held the lock for the whole wait budget.
     Timeout,
-    /// The backend could not be asked (Redis unreachable or failing). A lock
-    /// never falls back to a local one: that would not exclude other processes.
-    Unavailable(String),
+    /// The backend could not be asked (Redis unreachable or failing; the
+    /// error says which, and keeps the cause). A lock never falls back to a
+    /// local one: that would not exclude other processes.
+    Unavailable(crate::Error),
 }
 
 impl fmt::Display for LockError {
@@ -132,7 +133,14 @@ impl fmt::Display for LockError {
     }
 }
 
-impl std::error::Error for LockError {}
+impl std::error::Error for LockError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LockError::Timeout => None,
+            LockError::Unavailable(e) => Some(e),
+        }
+    }
+}
 
 impl Lock {
     /// A lock on `backend`: 10 s lease (renewed while held), 10 s wait budget.
@@ -223,7 +231,7 @@ impl Lock {
         wait: Option<Duration>,
         reenter: bool,
     ) -> Result<Option<(u64, u64)>, LockError> {
-        let unavailable = |e: crate::store::redis::TierError| LockError::Unavailable(e.to_string());
+        let unavailable = |e: crate::store::redis::TierError| LockError::Unavailable(e.into());
         let give_up = wait.map(|w| Instant::now() + w);
         // A place in the queue lasts as long as this waiter may wait (plus a
         // margin), so a waiter whose process died cannot block it for longer.
@@ -398,7 +406,7 @@ impl LockGuard {
             return tier
                 .lock_release(&self.id, &self.token)
                 .await
-                .map_err(|e| LockError::Unavailable(e.to_string()));
+                .map_err(|e| LockError::Unavailable(e.into()));
         }
         Ok(self.locks.release(self.id, &self.token))
     }

@@ -252,8 +252,16 @@ fn client(url: &str, tls: &TlsPem) -> Result<Client, RedisError> {
         ensure_crypto_provider();
     }
     if tls.ca.is_some() || tls.client.is_some() {
+        // Nothing has been sent yet: any failure here is in the settings
+        // (a PEM that does not parse), and says so by its kind.
         #[cfg(feature = "redis-tls")]
-        return Client::build_with_tls(info, certificates(tls));
+        return Client::build_with_tls(info, certificates(tls)).map_err(|e| {
+            RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "unusable TLS certificate or key",
+                e.to_string(),
+            ))
+        });
         #[cfg(not(feature = "redis-tls"))]
         return Err(no_tls());
     }
