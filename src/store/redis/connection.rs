@@ -414,12 +414,19 @@ async fn open_cluster(
         }
         b.build()
     };
-    let conn = with_timeout(
+    let conn = match with_timeout(
         options.connect_timeout,
         "connecting to the Redis cluster",
         builder(None)?.get_async_connection(),
     )
-    .await?;
+    .await
+    {
+        Ok(conn) => conn,
+        Err(e) if e.kind() == redis::ErrorKind::Io => {
+            return Err(seed_error(nodes, options, e).await)
+        }
+        Err(e) => return Err(e),
+    };
     let mut subscriber = with_timeout(
         options.connect_timeout,
         "connecting to the Redis cluster",
@@ -440,6 +447,27 @@ async fn open_cluster(
         primary: None,
         retired: Arc::default(),
     })
+}
+
+/// The cluster client reports that no seed could be reached as an I/O error
+/// that carries the last node's error as text only: a refused password and
+/// a failed TLS handshake lose their kind. Asking one seed directly gets its
+/// error whole; if the seed answers, the cluster's own error stands.
+#[cfg(feature = "redis-cluster")]
+async fn seed_error(nodes: &[String], options: &Options<'_>, cluster: RedisError) -> RedisError {
+    let Some(seed) = nodes.first() else {
+        return cluster;
+    };
+    let ask = async {
+        let mut conn = client(seed, options.tls)?
+            .get_multiplexed_async_connection()
+            .await?;
+        redis::cmd("PING").query_async::<()>(&mut conn).await
+    };
+    match with_timeout(options.connect_timeout, "connecting to a cluster seed", ask).await {
+        Err(seed) => seed,
+        Ok(()) => cluster,
+    }
 }
 
 /// Asks the sentinels, in turn, where the primary of `service` is.
