@@ -13,9 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::Engine;
-use crate::error::Error;
 #[cfg(feature = "redis")]
-use crate::error::ErrorKind;
+use crate::error::{Error, ErrorKind};
 use crate::lock::LocalLocks;
 use crate::store::local::LocalTier;
 #[cfg(feature = "redis")]
