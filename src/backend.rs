@@ -13,10 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::Engine;
+#[cfg(feature = "redis")]
+use crate::error::{Error, ErrorKind};
 use crate::lock::LocalLocks;
 use crate::store::local::LocalTier;
 #[cfg(feature = "redis")]
-use crate::store::redis::config::TlsPem;
+use crate::store::redis::config::{redact, TlsPem};
 #[cfg(feature = "redis")]
 pub use crate::store::redis::config::{RedisConfig, TlsFiles};
 #[cfg(feature = "redis")]
@@ -24,8 +26,7 @@ use crate::store::redis::connection::Topology;
 #[cfg(feature = "redis")]
 use crate::store::redis::{RedisTier, TierConfig};
 
-/// Default L1 bound: 64 MiB of cached values.
-pub const DEFAULT_L1_MAX_BYTES: u64 = 64 << 20;
+pub use crate::store::DEFAULT_L1_MAX_BYTES;
 
 /// The storage a [`StampedeGuard`](crate::StampedeGuard) runs on.
 ///
@@ -196,25 +197,6 @@ impl fmt::Debug for Backend {
     }
 }
 
-/// Why a backend could not be set up.
-#[derive(Debug)]
-pub struct Error {
-    message: String,
-    source: Option<Box<dyn std::error::Error + Send + Sync>>,
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_deref().map(|e| e as _)
-    }
-}
-
 /// Builds a [`Backend`] on Redis.
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug)]
@@ -293,9 +275,11 @@ impl RedisBackendBuilder {
     pub async fn connect(self) -> Result<Backend, Error> {
         let config = self.config;
         let shown = redact(&config.url);
-        let setup = |message: String| Error {
-            message: format!("could not set up Redis at {shown}: {message}"),
-            source: None,
+        let setup = |message: String| {
+            Error::new(
+                ErrorKind::InvalidConfig,
+                format!("could not set up Redis at {shown}: {message}"),
+            )
         };
         let topology = match self.topology {
             Some(topology) => topology,
@@ -316,47 +300,25 @@ impl RedisBackendBuilder {
             connect_timeout: config.connect_timeout,
             probe_interval: config.probe_interval,
         };
-        let tier = RedisTier::connect(tier_config, l1.clone())
+        let engine = Arc::new(Engine::new(l1));
+        // Another instance's invalidation is this engine's too: the L1 copy
+        // goes, and a flight running for the key may no longer store.
+        let on_invalidate = {
+            let engine = Arc::downgrade(&engine);
+            Arc::new(move |key| {
+                if let Some(engine) = engine.upgrade() {
+                    engine.invalidate_here(&key);
+                }
+            })
+        };
+        let tier = RedisTier::connect(tier_config, on_invalidate)
             .await
-            .map_err(|e| Error {
-                message: format!("could not set up Redis at {shown}: {}", explain(&e)),
-                source: Some(Box::new(e)),
-            })?;
+            .map_err(|e| Error::setup(&shown, e))?;
+        engine.attach(tier);
         Ok(Backend {
-            engine: Arc::new(Engine::with_shared(l1, tier)),
+            engine,
             locks: Arc::default(),
         })
-    }
-}
-
-/// The client's error, with a hint for the causes people meet at start-up.
-#[cfg(feature = "redis")]
-fn explain(e: &redis::RedisError) -> String {
-    let text = e.to_string();
-    let lower = text.to_ascii_lowercase();
-    let hint = if lower.contains("wrongpass") || lower.contains("noauth") {
-        " (authentication failed: check the user name and password)"
-    } else if lower.contains("noperm") {
-        " (the user lacks a command, key or channel permission this crate needs; see docs/TOPOLOGY.md)"
-    } else if lower.contains("certificate") || lower.contains("tls") || lower.contains("handshake")
-    {
-        " (TLS failed: check the CA, the server name and the client certificate)"
-    } else {
-        ""
-    };
-    format!("{text}{hint}")
-}
-
-/// The URL without its password, for messages.
-#[cfg(feature = "redis")]
-pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let userinfo = &url[scheme + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{}:***{}", &url[..scheme + 3], user, &url[at..])
-        }
-        _ => url.to_owned(),
     }
 }
 
@@ -379,16 +341,6 @@ impl BackendBuilder {
         Backend {
             engine: Arc::new(Engine::new(LocalTier::new(self.l1_max_bytes))),
             locks: Arc::default(),
-        }
-    }
-}
-
-#[cfg(feature = "redis")]
-impl From<crate::store::redis::TierError> for Error {
-    fn from(e: crate::store::redis::TierError) -> Self {
-        Error {
-            message: format!("Redis did not take the call: {e}"),
-            source: None,
         }
     }
 }

@@ -66,6 +66,7 @@
 mod backend;
 mod cache;
 mod engine;
+mod error;
 mod fence;
 mod http;
 mod key;
@@ -73,18 +74,13 @@ mod lock;
 pub mod metrics;
 mod store;
 
-// The shared tier still names the codec's `millis` by its old path.
-#[cfg(feature = "redis")]
-mod codec {
-    pub(crate) use crate::engine::codec::millis;
-}
-
 pub use crate::http::{Body, GuardService, KeyFn, ResponseFuture, StampedeGuard, WaitTimeout};
-pub use backend::{Backend, BackendBuilder, BackendStats, Error, DEFAULT_L1_MAX_BYTES};
+pub use backend::{Backend, BackendBuilder, BackendStats, DEFAULT_L1_MAX_BYTES};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackendBuilder, RedisConfig, RedisStats, TlsFiles};
 pub use cache::{Cache, RebuildError};
 pub use engine::CacheValue;
+pub use error::{Error, ErrorKind};
 pub use fence::FencingToken;
 pub use key::Key;
 pub use lock::{Lock, LockError, LockGuard, LockOwner};

@@ -60,6 +60,8 @@ use crate::key::Key;
 #[cfg(feature = "redis")]
 use crate::store::redis::lock::Attempt;
 #[cfg(feature = "redis")]
+use crate::store::redis::renew::{LeaseKind, Renewer};
+#[cfg(feature = "redis")]
 use crate::store::redis::RedisTier;
 
 use crate::fence::FencingToken;
@@ -116,9 +118,10 @@ impl fmt::Debug for LockOwner {
 pub enum LockError {
     /// Another owner held the lock for the whole wait budget.
     Timeout,
-    /// The backend could not be asked (Redis unreachable or failing). A lock
-    /// never falls back to a local one: that would not exclude other processes.
-    Unavailable(String),
+    /// The backend could not be asked (Redis unreachable or failing; the
+    /// error says which, and keeps the cause). A lock never falls back to a
+    /// local one: that would not exclude other processes.
+    Unavailable(crate::Error),
 }
 
 impl fmt::Display for LockError {
@@ -130,7 +133,14 @@ impl fmt::Display for LockError {
     }
 }
 
-impl std::error::Error for LockError {}
+impl std::error::Error for LockError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LockError::Timeout => None,
+            LockError::Unavailable(e) => Some(e),
+        }
+    }
+}
 
 impl Lock {
     /// A lock on `backend`: 10 s lease (renewed while held), 10 s wait budget.
@@ -221,7 +231,7 @@ impl Lock {
         wait: Option<Duration>,
         reenter: bool,
     ) -> Result<Option<(u64, u64)>, LockError> {
-        let unavailable = |e: crate::store::redis::TierError| LockError::Unavailable(e.to_string());
+        let unavailable = |e: crate::store::redis::TierError| LockError::Unavailable(e.into());
         let give_up = wait.map(|w| Instant::now() + w);
         // A place in the queue lasts as long as this waiter may wait (plus a
         // margin), so a waiter whose process died cannot block it for longer.
@@ -273,30 +283,24 @@ impl Lock {
         holds: u64,
         #[cfg(feature = "redis")] tier: Option<Arc<RedisTier>>,
     ) -> LockGuard {
-        let (lost_tx, lost_rx) = watch::channel(false);
         #[cfg(feature = "redis")]
-        let watchdog = tier.as_ref().and_then(|tier| {
-            let runtime = tokio::runtime::Handle::try_current().ok()?;
-            Some(runtime.spawn(watchdog(
-                tier.clone(),
-                id,
-                owner.token.clone(),
-                self.lease,
-                lost_tx,
-            )))
-        });
+        let renewer = tier
+            .map(|tier| Renewer::start(tier, LeaseKind::Lock, id, owner.token.clone(), self.lease));
+        #[cfg(feature = "redis")]
+        let lost = match &renewer {
+            Some(renewer) => renewer.lost(),
+            None => never_lost(),
+        };
         #[cfg(not(feature = "redis"))]
-        drop(lost_tx);
+        let lost = never_lost();
         LockGuard {
             id,
             token: owner.token.clone(),
             fence: FencingToken(fence),
             holds,
-            lost: lost_rx,
+            lost,
             #[cfg(feature = "redis")]
-            watchdog,
-            #[cfg(feature = "redis")]
-            tier,
+            renewer,
             locks: self.backend.locks.clone(),
             released: false,
         }
@@ -327,28 +331,10 @@ impl Drop for LeaveOnDrop {
     }
 }
 
-/// Renews the lock every third of its lease until stopped; reports loss.
-#[cfg(feature = "redis")]
-async fn watchdog(
-    tier: Arc<RedisTier>,
-    id: Key,
-    token: String,
-    lease: Duration,
-    lost: watch::Sender<bool>,
-) {
-    let period = (lease / 3).max(Duration::from_millis(1));
-    let mut renewed = Instant::now();
-    loop {
-        tokio::time::sleep(period).await;
-        match tier.lock_renew(&id, &token, lease).await {
-            Ok(true) => renewed = Instant::now(),
-            Ok(false) => break,
-            Err(_) if renewed.elapsed() >= lease => break,
-            Err(_) => {}
-        }
-    }
-    tracing::warn!(lock = %id, "lock lease lost");
-    lost.send_replace(true);
+/// The loss flag of a lock that cannot be lost (the embedded backend): a
+/// channel closed at `false`.
+fn never_lost() -> watch::Receiver<bool> {
+    watch::channel(false).1
 }
 
 /// A held lock. Dropping it releases the hold in the background; call
@@ -358,11 +344,12 @@ pub struct LockGuard {
     token: String,
     fence: FencingToken,
     holds: u64,
+    /// The renewer's loss flag (on Redis), read by `is_lost` and `lost`.
     lost: watch::Receiver<bool>,
+    /// Keeps the lease on Redis, and releases this hold if the guard is
+    /// dropped; `None` on the embedded backend.
     #[cfg(feature = "redis")]
-    watchdog: Option<tokio::task::JoinHandle<()>>,
-    #[cfg(feature = "redis")]
-    tier: Option<Arc<RedisTier>>,
+    renewer: Option<Renewer>,
     locks: Arc<LocalLocks>,
     released: bool,
 }
@@ -402,7 +389,7 @@ impl LockGuard {
     pub async fn lost(&self) {
         let mut lost = self.lost.clone();
         if lost.wait_for(|lost| *lost).await.is_err() {
-            // The watchdog is gone without reporting a loss (released, or the
+            // The renewer is gone without reporting a loss (released, or the
             // embedded backend, where a lock cannot be lost): never completes.
             std::future::pending::<()>().await;
         }
@@ -412,43 +399,30 @@ impl LockGuard {
     /// the lease had run out and perhaps passed to another owner).
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
-        self.stop_watchdog();
         #[cfg(feature = "redis")]
-        if let Some(tier) = &self.tier {
+        if let Some(renewer) = &mut self.renewer {
+            renewer.settle();
+            let tier = renewer.tier().clone();
             return tier
                 .lock_release(&self.id, &self.token)
                 .await
-                .map_err(|e| LockError::Unavailable(e.to_string()));
+                .map_err(|e| LockError::Unavailable(e.into()));
         }
         Ok(self.locks.release(self.id, &self.token))
-    }
-
-    fn stop_watchdog(&mut self) {
-        #[cfg(feature = "redis")]
-        if let Some(watchdog) = self.watchdog.take() {
-            watchdog.abort();
-        }
     }
 }
 
 impl Drop for LockGuard {
     fn drop(&mut self) {
-        if self.released {
-            return;
-        }
-        self.stop_watchdog();
+        // On Redis the renewer releases an unsettled hold as it drops (in the
+        // background; without a runtime the lease runs out by itself).
         #[cfg(feature = "redis")]
-        if let Some(tier) = self.tier.clone() {
-            let (id, token) = (self.id, std::mem::take(&mut self.token));
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(async move {
-                    let _ = tier.lock_release(&id, &token).await;
-                });
-            }
-            // Without a runtime the lease runs out by itself.
+        if self.renewer.is_some() {
             return;
         }
-        self.locks.release(self.id, &self.token);
+        if !self.released {
+            self.locks.release(self.id, &self.token);
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::cluster::{wait_replicated, Cluster};
 use common::fleet::{fleet, fleet_burst, wait_until_available, wakeups};
 use common::{get as get_req, send, tally, Origin};
-use stampede_guard::{Backend, Lock};
+use stampede_guard::{Backend, ErrorKind, Lock};
 
 async fn connect(cluster: &Cluster) -> Backend {
     Backend::redis_cluster_builder(cluster.urls())
@@ -36,11 +36,12 @@ async fn a_three_master_cluster_calls_the_origin_once_per_cold_key() {
     // Wrong credentials are a clear start-up error here too.
     let wrong = cluster.url_as("app:not-the-secret@");
     let attempt = Backend::redis(&wrong);
-    let message = tokio::time::timeout(Duration::from_secs(10), attempt)
+    let error = tokio::time::timeout(Duration::from_secs(10), attempt)
         .await
         .expect("fails, does not hang")
-        .expect_err("must not connect")
-        .to_string();
+        .expect_err("must not connect");
+    let message = error.to_string();
+    assert_eq!(error.kind(), ErrorKind::Auth, "{message}");
     assert!(message.contains("authentication failed"), "{message}");
     assert!(!message.contains("not-the-secret"), "{message}");
     let origin = Origin::default();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::fleet::{fleet, fleet_burst};
 use common::redis::RedisServer;
 use common::{get as get_req, Origin};
-use stampede_guard::{Backend, RedisConfig};
+use stampede_guard::{Backend, ErrorKind, RedisConfig};
 
 #[test]
 fn a_config_section_deserialises_with_human_durations_and_defaults() {
@@ -95,9 +95,11 @@ async fn a_malformed_url_is_a_clear_start_up_error() {
         ("redis-sentinel://127.0.0.1:1", "name of the primary"),
         ("redis-cluster://", "host:port"),
     ] {
-        let message = Backend::redis(url).await.unwrap_err().to_string();
+        let error = Backend::redis(url).await.unwrap_err();
+        let message = error.to_string();
         assert!(message.contains("could not set up Redis"), "{message}");
         assert!(message.contains(expected), "{url}: {message}");
+        assert_eq!(error.kind(), ErrorKind::InvalidConfig, "{message}");
     }
     // A client certificate without its key.
     let mut config = RedisConfig::new("rediss://127.0.0.1:1");

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::redis::RedisServer;
 use redis::AsyncCommands;
-use stampede_guard::{Backend, Lock, LockError, LockOwner};
+use stampede_guard::{Backend, ErrorKind, Lock, LockError, LockOwner};
 
 async fn redis_lock(redis: &RedisServer) -> (Lock, Backend) {
     let backend = Backend::redis(&redis.url()).await.expect("redis backend");
@@ -346,7 +346,17 @@ async fn an_unreachable_redis_is_an_error_not_a_local_lock() {
     let (lock, _b) = redis_lock(&redis).await;
     redis.kill();
     match lock.try_acquire("job").await {
-        Err(LockError::Unavailable(_)) => {}
+        Err(error @ LockError::Unavailable(_)) => {
+            // The cause is kept, and says what failed.
+            let cause = std::error::Error::source(&error)
+                .and_then(|e| e.downcast_ref::<stampede_guard::Error>())
+                .expect("the backend's error is the source");
+            assert!(
+                matches!(cause.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+                "{cause}: {:?}",
+                cause.kind()
+            );
+        }
         other => panic!("expected Unavailable, got {other:?}"),
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::fleet::{fleet, fleet_burst, instance, wakeups};
 use common::tls::{Certs, TlsRedis};
 use common::{get as get_req, send, tally, Origin};
-use stampede_guard::{Backend, Lock, RedisConfig, TlsFiles};
+use stampede_guard::{Backend, ErrorKind, Lock, RedisConfig, TlsFiles};
 
 fn config(redis: &TlsRedis, certs: &Certs, password: &str) -> RedisConfig {
     let mut config = RedisConfig::new(redis.url(password));
@@ -91,6 +91,7 @@ async fn client_certificates_are_presented_when_the_server_requires_them() {
     let message = error.to_string();
     assert!(message.contains("could not set up Redis"), "{message}");
     assert!(message.contains("TLS"), "{message}");
+    assert_eq!(error.kind(), ErrorKind::Tls, "{message}");
 
     // With one (from files, as a service's config names them), it works.
     let mut with_cert = config(&redis, &certs, "app-secret");
@@ -135,6 +136,7 @@ async fn a_wrong_password_fails_fast_with_a_clear_error() {
     let message = error.to_string();
     assert!(message.contains("could not set up Redis"), "{message}");
     assert!(message.contains("authentication failed"), "{message}");
+    assert_eq!(error.kind(), ErrorKind::Auth, "{message}");
     assert!(
         !message.contains("not-the-secret"),
         "the password is not echoed: {message}"
@@ -149,20 +151,23 @@ async fn an_untrusted_server_certificate_is_a_clear_start_up_error() {
     let mut tls = TlsFiles::default();
     tls.ca_file = Some(certs.path("other-ca.crt"));
     wrong_ca.tls = Some(tls);
-    let message = Backend::from_config(wrong_ca)
+    let error = Backend::from_config(wrong_ca)
         .await
-        .expect_err("the server's CA is not trusted")
-        .to_string();
+        .expect_err("the server's CA is not trusted");
+    let message = error.to_string();
     assert!(message.contains("could not set up Redis"), "{message}");
     assert!(message.to_lowercase().contains("certificate"), "{message}");
+    assert_eq!(error.kind(), ErrorKind::Tls, "{message}");
 
     // A CA file that does not exist is named in the error.
     let mut missing = config(&redis, &certs, "app-secret");
     let mut tls = TlsFiles::default();
     tls.ca_file = Some(certs.path("no-such-ca.crt"));
     missing.tls = Some(tls);
-    let message = Backend::from_config(missing).await.unwrap_err().to_string();
+    let error = Backend::from_config(missing).await.unwrap_err();
+    let message = error.to_string();
     assert!(message.contains("no-such-ca.crt"), "{message}");
+    assert_eq!(error.kind(), ErrorKind::InvalidConfig, "{message}");
 }
 
 #[tokio::test]
@@ -171,9 +176,10 @@ async fn a_prefix_outside_the_users_acl_is_a_clear_start_up_error() {
     let redis = TlsRedis::start(&certs, false);
     let mut config = config(&redis, &certs, "app-secret");
     config.prefix = "other".to_owned();
-    let message = Backend::from_config(config)
+    let error = Backend::from_config(config)
         .await
-        .expect_err("the user may not use this channel")
-        .to_string();
+        .expect_err("the user may not use this channel");
+    let message = error.to_string();
     assert!(message.contains("permission"), "{message}");
+    assert_eq!(error.kind(), ErrorKind::Permission, "{message}");
 }

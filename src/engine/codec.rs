@@ -59,9 +59,7 @@ pub(crate) fn decode(mut bytes: Bytes) -> Option<(Envelope, Bytes)> {
     Some((envelope, bytes))
 }
 
-pub(crate) fn millis(d: Duration) -> u64 {
-    d.as_millis().min(u64::MAX as u128) as u64
-}
+pub(crate) use crate::store::millis;
 
 #[cfg(test)]
 mod tests {

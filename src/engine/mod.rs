@@ -79,8 +79,10 @@ pub(crate) const EARLY_SLACK: Duration = Duration::from_millis(50);
 pub(crate) struct Engine {
     l1: LocalTier,
     flights: Arc<Flights>,
+    /// Set once, right after the tier connects: its invalidation messages
+    /// call back into this engine, so the engine exists first.
     #[cfg(feature = "redis")]
-    shared: Option<Arc<RedisTier>>,
+    shared: std::sync::OnceLock<Arc<RedisTier>>,
 }
 
 /// What the L1 says about a key.
@@ -113,22 +115,19 @@ impl Engine {
             l1,
             flights: Arc::new(Flights::new()),
             #[cfg(feature = "redis")]
-            shared: None,
+            shared: std::sync::OnceLock::new(),
         }
     }
 
+    /// Puts the shared tier behind this engine (once).
     #[cfg(feature = "redis")]
-    pub(crate) fn with_shared(l1: LocalTier, shared: Arc<RedisTier>) -> Self {
-        Engine {
-            l1,
-            flights: Arc::new(Flights::new()),
-            shared: Some(shared),
-        }
+    pub(crate) fn attach(&self, shared: Arc<RedisTier>) {
+        let _ = self.shared.set(shared);
     }
 
     #[cfg(feature = "redis")]
     pub(crate) fn shared(&self) -> Option<&Arc<RedisTier>> {
-        self.shared.as_ref()
+        self.shared.get()
     }
 
     pub(crate) fn l1(&self) -> &LocalTier {
@@ -241,7 +240,7 @@ impl Engine {
         // old. The other way round, a flight could fetch the old value after
         // the local half and put it back in the L1.
         #[cfg(feature = "redis")]
-        let purged = match &self.shared {
+        let purged = match self.shared() {
             Some(shared) => shared.invalidate(key).await.map_err(crate::Error::from),
             None => Ok(()),
         };

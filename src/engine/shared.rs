@@ -71,7 +71,7 @@ impl Engine {
         start: Start,
     ) -> Plan {
         #[cfg(feature = "redis")]
-        if let Some(shared) = self.shared.as_ref().filter(|_| V::SHARED) {
+        if let Some(shared) = self.shared().filter(|_| V::SHARED) {
             return plan_shared::<V>(shared, key, stale, policy, start).await;
         }
         // Values that cannot travel (`V::SHARED` false) never reach Redis.
@@ -86,7 +86,7 @@ impl Engine {
         #[cfg(feature = "redis")]
         {
             let mut lease = lease;
-            let Some(shared) = &self.shared else { return };
+            let Some(shared) = self.shared() else { return };
             let entry = held.entry();
             let fresh = entry.fresh_for(Instant::now());
             match held.value().encode() {
@@ -114,7 +114,7 @@ impl Engine {
         #[cfg(feature = "redis")]
         {
             let mut lease = lease;
-            if let Some(shared) = &self.shared {
+            if let Some(shared) = self.shared() {
                 let _ = shared.release(&mut lease).await;
             }
         }

@@ -1,5 +1,20 @@
 //! The tiers that hold cached values.
+//!
+//! Nothing here depends on the engine, the HTTP layer or the backend above
+//! it: the tiers see keys, bytes and durations, and the layers above decide
+//! what those mean.
+
+use std::time::Duration;
 
 pub(crate) mod local;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
+
+/// Default L1 bound: 64 MiB of cached values.
+pub const DEFAULT_L1_MAX_BYTES: u64 = 64 << 20;
+
+/// A duration in whole milliseconds, as Redis and the entry codec take it.
+/// Saturates rather than wraps: a header may ask for an absurd lifetime.
+pub(crate) fn millis(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}

@@ -2,7 +2,7 @@
 //!
 //! A Redis that fails or hangs must not make every request pay the deadline:
 //! after a run of consecutive failures the circuit opens and the layer runs on
-//! its in-process tier alone. One background probe then pings Redis until it
+//! its in-process tier alone. The tier's supervisor then pings Redis until it
 //! answers, and closes the circuit. Requests never probe; they only read an
 //! atomic flag.
 
@@ -15,7 +15,8 @@ pub(crate) const FAILURES_TO_OPEN: u32 = 3;
 pub(crate) struct Breaker {
     failures: AtomicU32,
     open: AtomicBool,
-    /// Set while the probe task runs, so only one is ever started.
+    /// Set from the opening until the close, so the opening is reported to
+    /// the supervisor once.
     probing: AtomicBool,
 }
 
@@ -30,7 +31,7 @@ impl Breaker {
     }
 
     /// Records a failure. Returns true when this failure opened the circuit
-    /// and the caller must start the probe.
+    /// and the caller must ask the supervisor to probe.
     pub(crate) fn failure(&self) -> bool {
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures < FAILURES_TO_OPEN {
@@ -40,7 +41,7 @@ impl Breaker {
         !self.probing.swap(true, Ordering::AcqRel)
     }
 
-    /// Called by the probe when Redis answered again.
+    /// Called by the supervisor's probe when Redis answered again.
     pub(crate) fn close(&self) {
         self.failures.store(0, Ordering::Relaxed);
         self.open.store(false, Ordering::Release);

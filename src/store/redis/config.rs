@@ -67,7 +67,7 @@ impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may carry a password: never print it.
         f.debug_struct("RedisConfig")
-            .field("url", &crate::backend::redact(&self.url))
+            .field("url", &redact(&self.url))
             .field("prefix", &self.prefix)
             .field("deadline", &self.deadline)
             .field("connect_timeout", &self.connect_timeout)
@@ -86,7 +86,7 @@ impl Default for RedisConfig {
             deadline: Duration::from_millis(50),
             connect_timeout: Duration::from_secs(2),
             probe_interval: Duration::from_millis(250),
-            l1_max_bytes: crate::backend::DEFAULT_L1_MAX_BYTES,
+            l1_max_bytes: crate::store::DEFAULT_L1_MAX_BYTES,
             tls: None,
         }
     }
@@ -164,5 +164,17 @@ impl TlsFiles {
             }
         };
         Ok(TlsPem { ca, client })
+    }
+}
+
+/// The URL without its password, for messages and `Debug` output.
+pub(crate) fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{}:***{}", &url[..scheme + 3], user, &url[at..])
+        }
+        _ => url.to_owned(),
     }
 }

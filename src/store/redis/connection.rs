@@ -41,7 +41,7 @@ pub(crate) enum Topology {
 impl std::fmt::Debug for Topology {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // URLs may carry passwords: print them redacted.
-        use crate::backend::redact;
+        use super::config::redact;
         match self {
             Topology::Single(url) => f.debug_tuple("Single").field(&redact(url)).finish(),
             Topology::Cluster(nodes) => f
@@ -252,8 +252,16 @@ fn client(url: &str, tls: &TlsPem) -> Result<Client, RedisError> {
         ensure_crypto_provider();
     }
     if tls.ca.is_some() || tls.client.is_some() {
+        // Nothing has been sent yet: any failure here is in the settings
+        // (a PEM that does not parse), and says so by its kind.
         #[cfg(feature = "redis-tls")]
-        return Client::build_with_tls(info, certificates(tls));
+        return Client::build_with_tls(info, certificates(tls)).map_err(|e| {
+            RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "unusable TLS certificate or key",
+                e.to_string(),
+            ))
+        });
         #[cfg(not(feature = "redis-tls"))]
         return Err(no_tls());
     }
@@ -406,12 +414,19 @@ async fn open_cluster(
         }
         b.build()
     };
-    let conn = with_timeout(
+    let conn = match with_timeout(
         options.connect_timeout,
         "connecting to the Redis cluster",
         builder(None)?.get_async_connection(),
     )
-    .await?;
+    .await
+    {
+        Ok(conn) => conn,
+        Err(e) if e.kind() == redis::ErrorKind::Io => {
+            return Err(seed_error(nodes, options, e).await)
+        }
+        Err(e) => return Err(e),
+    };
     let mut subscriber = with_timeout(
         options.connect_timeout,
         "connecting to the Redis cluster",
@@ -432,6 +447,27 @@ async fn open_cluster(
         primary: None,
         retired: Arc::default(),
     })
+}
+
+/// The cluster client reports that no seed could be reached as an I/O error
+/// that carries the last node's error as text only: a refused password and
+/// a failed TLS handshake lose their kind. Asking one seed directly gets its
+/// error whole; if the seed answers, the cluster's own error stands.
+#[cfg(feature = "redis-cluster")]
+async fn seed_error(nodes: &[String], options: &Options<'_>, cluster: RedisError) -> RedisError {
+    let Some(seed) = nodes.first() else {
+        return cluster;
+    };
+    let ask = async {
+        let mut conn = client(seed, options.tls)?
+            .get_multiplexed_async_connection()
+            .await?;
+        redis::cmd("PING").query_async::<()>(&mut conn).await
+    };
+    match with_timeout(options.connect_timeout, "connecting to a cluster seed", ask).await {
+        Err(seed) => seed,
+        Ok(()) => cluster,
+    }
 }
 
 /// Asks the sentinels, in turn, where the primary of `service` is.

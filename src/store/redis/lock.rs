@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use super::notify::Event;
 use super::{RedisTier, TierError};
-use crate::codec::millis;
 use crate::key::Key;
+use crate::store::millis;
 
 /// How long the fence and ticket counters outlive the last acquisition.
 /// Fencing numbers keep rising as long as a lock is used at least this often.
@@ -25,7 +25,7 @@ pub(crate) enum Attempt {
 
 impl RedisTier {
     fn lock_keys(&self, id: &Key) -> [String; 5] {
-        let base = format!("{}:lock:{{{id}}}", self.config.prefix);
+        let base = format!("{}:lock:{{{id}}}", self.shared.config.prefix);
         [
             format!("{base}:l"),
             format!("{base}:n"),
@@ -46,7 +46,7 @@ impl RedisTier {
         reenter: bool,
     ) -> Result<Attempt, TierError> {
         let mut conn = self.conn();
-        let mut invocation = self.scripts.lock_acquire.prepare_invoke();
+        let mut invocation = self.shared.scripts.lock_acquire.prepare_invoke();
         for key in self.lock_keys(id) {
             invocation.key(key);
         }
@@ -79,11 +79,12 @@ impl RedisTier {
         let mut conn = self.conn();
         let released: i64 = self
             .call(
-                self.scripts
+                self.shared
+                    .scripts
                     .lock_release
                     .key(lock)
                     .arg(token)
-                    .arg(&self.channel)
+                    .arg(&self.shared.channel)
                     .arg(Event::Released.message(id))
                     .invoke_async(&mut conn),
             )
@@ -101,7 +102,8 @@ impl RedisTier {
         let mut conn = self.conn();
         let renewed: i64 = self
             .call(
-                self.scripts
+                self.shared
+                    .scripts
                     .lock_renew
                     .key(lock)
                     .arg(token)
@@ -122,12 +124,13 @@ impl RedisTier {
         let mut conn = self.conn();
         let _: i64 = self
             .call(
-                self.scripts
+                self.shared
+                    .scripts
                     .lock_leave
                     .key(queue)
                     .key(beats)
                     .arg(token)
-                    .arg(&self.channel)
+                    .arg(&self.shared.channel)
                     .arg(Event::Released.message(id))
                     .invoke_async(&mut conn),
             )

@@ -13,7 +13,9 @@
 //!
 //! Every call has a deadline. Failures feed a circuit breaker; while it is
 //! open the engine does not call Redis at all and protects the process with
-//! its in-process tier alone.
+//! its in-process tier alone. The tier's one background task, its
+//! supervisor, closes the circuit again and repairs the connections; it
+//! lives and dies with the tier.
 
 mod breaker;
 pub(crate) mod config;
@@ -21,24 +23,28 @@ pub(crate) mod connection;
 pub(crate) mod lease;
 pub(crate) mod lock;
 pub(crate) mod notify;
+pub(crate) mod renew;
+mod supervisor;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
 use redis::{RedisError, Script};
 
-use crate::codec::millis;
 use crate::key::Key;
 use crate::metrics::{self as m, count};
-use crate::store::local::LocalTier;
+use crate::store::millis;
 use breaker::Breaker;
 use config::TlsPem;
 use connection::{Conn, Link, Options, Sink, Topology};
 pub(crate) use lease::Lease;
-use notify::{Event, Notifier};
+use notify::{Event, Notifier, OnInvalidate};
+use supervisor::{Signals, SupervisorGuard};
 
 /// How long the fence hash outlives the last lease on its key. A holder that
 /// stalls longer than this could pass the fence check; nothing stalls a day.
@@ -149,171 +155,73 @@ pub(crate) struct TierStats {
 }
 
 pub(crate) struct RedisTier {
-    /// The connections; replaced when a Sentinel-managed primary moves.
+    /// What requests and the supervisor both use.
+    shared: Arc<Shared>,
+    /// Fleet-wide wake-ups: waiters register here.
+    pub(crate) notifier: Arc<Notifier>,
+    pub(crate) stats: TierStats,
+    /// Stops the supervisor when the tier is dropped.
+    _supervisor: SupervisorGuard,
+}
+
+/// The tier's state that its supervisor needs too. Only the tier and its
+/// supervisor task hold it, so it goes when both have.
+pub(crate) struct Shared {
+    /// The connections; replaced when a Sentinel-managed primary moves or a
+    /// cluster subscription is opened again.
     link: RwLock<Arc<Link>>,
     config: TierConfig,
     channel: String,
+    /// Requests read its flag; only the supervisor closes it.
     breaker: Breaker,
-    /// Set while a task asks the sentinels where the primary is.
-    following: AtomicBool,
-    pub(crate) notifier: Arc<Notifier>,
+    notifier: Arc<Notifier>,
     scripts: Scripts,
-    pub(crate) stats: TierStats,
+    /// How requests ask the supervisor for help.
+    signals: Signals,
 }
 
 impl RedisTier {
     /// Connects the command and subscriber connections, subscribes, and loads
     /// the scripts. Fails (with the server's reason) if Redis cannot be
-    /// reached or refuses the credentials.
+    /// reached or refuses the credentials. `on_invalidate` is called with
+    /// every key invalidated anywhere in the fleet.
     pub(crate) async fn connect(
         config: TierConfig,
-        l1: LocalTier,
+        on_invalidate: OnInvalidate,
     ) -> Result<Arc<Self>, RedisError> {
-        let notifier = Arc::new(Notifier::new(l1));
+        let notifier = Arc::new(Notifier::new(on_invalidate));
         let channel = format!("{}:events", config.prefix);
-        let link = Self::open(&config, &channel, &notifier).await?;
         let scripts = Scripts::new();
-        let mut loader = link.conn.clone();
-        for script in scripts.all() {
-            script.load_async(&mut loader).await?;
-        }
-        let cluster = matches!(config.topology, Topology::Cluster(_));
-        let tier = Arc::new(RedisTier {
+        let link = open(&config, &channel, &notifier, &scripts).await?;
+        let shared = Arc::new(Shared {
             link: RwLock::new(Arc::new(link)),
             config,
             channel,
             breaker: Breaker::default(),
-            following: AtomicBool::new(false),
-            notifier,
+            notifier: notifier.clone(),
             scripts,
+            signals: Signals::default(),
+        });
+        Ok(Arc::new(RedisTier {
+            _supervisor: supervisor::start(shared.clone()),
+            shared,
+            notifier,
             stats: TierStats::default(),
-        });
-        if cluster {
-            tier.start_keeper();
-        }
-        Ok(tier)
-    }
-
-    async fn open(
-        config: &TierConfig,
-        channel: &str,
-        notifier: &Arc<Notifier>,
-    ) -> Result<Link, RedisError> {
-        let options = Options {
-            connect_timeout: config.connect_timeout,
-            deadline: config.deadline,
-            tls: &config.tls,
-            channel,
-        };
-        let retired = Arc::new(AtomicBool::new(false));
-        let sink = notifier.clone();
-        let gone = retired.clone();
-        let sink: Sink = Arc::new(move |push| {
-            if !gone.load(Ordering::Acquire) {
-                sink.on_push(push);
-            }
-        });
-        connection::open(&config.topology, &options, sink, retired).await
-    }
-
-    /// Opens new connections, loads the scripts on them and swaps them in.
-    /// Waiters are woken: messages sent while the old ones failed were lost.
-    async fn reopen(&self) -> Result<(), RedisError> {
-        let link = Self::open(&self.config, &self.channel, &self.notifier).await?;
-        // Scripts are not replicated with the data: load them now rather
-        // than pay a NOSCRIPT retry inside a request's deadline.
-        let mut loader = link.conn.clone();
-        for script in self.scripts.all() {
-            script.load_async(&mut loader).await?;
-        }
-        let old = std::mem::replace(
-            &mut *self.link.write().unwrap_or_else(|p| p.into_inner()),
-            Arc::new(link),
-        );
-        old.retired.store(true, Ordering::Release);
-        self.notifier.wake_all();
-        Ok(())
-    }
-
-    /// On a cluster, keeps the subscription alive across the loss of the
-    /// node it was on. The client moves subscriptions when it refreshes its
-    /// slot map, but the subscriber sends no commands that would make it
-    /// refresh; so after a disconnection the tier opens a new subscriber
-    /// (and command client) once the cluster is whole again.
-    fn start_keeper(self: &Arc<Self>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let tier = Arc::downgrade(self);
-        let notifier = self.notifier.clone();
-        runtime.spawn(async move {
-            loop {
-                notifier.disconnected.notified().await;
-                loop {
-                    let interval = match tier.upgrade() {
-                        Some(t) => t.config.probe_interval,
-                        None => return,
-                    };
-                    tokio::time::sleep(interval).await;
-                    let Some(t) = tier.upgrade() else { return };
-                    let limit = t.config.connect_timeout;
-                    match tokio::time::timeout(limit, t.reopen()).await {
-                        Ok(Ok(())) => {
-                            tracing::info!("redis cluster subscription re-established");
-                            break;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::debug!(error = %e, "cannot re-subscribe to the cluster yet");
-                        }
-                        Err(_) => {}
-                    }
-                }
-            }
-        });
-    }
-
-    fn link(&self) -> Arc<Link> {
-        self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
+        }))
     }
 
     /// The command connection (a cheap clone).
     pub(crate) fn conn(&self) -> Conn {
-        self.link().conn.clone()
-    }
-
-    /// Behind Sentinel: asks where the primary is now and, if it moved,
-    /// opens new connections to it and swaps them in. Waiters are woken,
-    /// since messages published on the new primary before the swap were
-    /// not heard.
-    async fn follow_primary(&self) -> Result<(), RedisError> {
-        let Topology::Sentinel {
-            sentinels, service, ..
-        } = &self.config.topology
-        else {
-            return Ok(());
-        };
-        let options = Options {
-            connect_timeout: self.config.connect_timeout,
-            deadline: self.config.deadline,
-            tls: &self.config.tls,
-            channel: &self.channel,
-        };
-        let address = connection::resolve(sentinels, service, &options).await?;
-        if self.link().primary.as_ref() == Some(&address) {
-            return Ok(());
-        }
-        self.reopen().await?;
-        tracing::info!(host = %address.0, port = address.1, "redis primary moved; following it");
-        Ok(())
+        self.shared.link().conn.clone()
     }
 
     /// Whether the circuit lets calls through.
     pub(crate) fn is_available(&self) -> bool {
-        self.breaker.is_closed()
+        self.shared.breaker.is_closed()
     }
 
     fn keys(&self, key: &Key) -> [String; 4] {
-        let base = format!("{}:{{{key}}}", self.config.prefix);
+        let base = format!("{}:{{{key}}}", self.shared.config.prefix);
         [
             format!("{base}:v"),
             format!("{base}:f"),
@@ -322,17 +230,19 @@ impl RedisTier {
         ]
     }
 
-    /// Runs one Redis call under the deadline and the breaker.
+    /// Runs one Redis call under the deadline and the breaker. A failure
+    /// signals the supervisor; the call itself never waits for it.
     async fn call<T>(
         self: &Arc<Self>,
         call: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, TierError> {
-        if !self.breaker.is_closed() {
+        let shared = &self.shared;
+        if !shared.breaker.is_closed() {
             return Err(TierError::Open);
         }
-        let error = match tokio::time::timeout(self.config.deadline, call).await {
+        let error = match tokio::time::timeout(shared.config.deadline, call).await {
             Ok(Ok(value)) => {
-                self.breaker.success();
+                shared.breaker.success();
                 return Ok(value);
             }
             Ok(Err(e)) => TierError::Redis(e),
@@ -341,82 +251,16 @@ impl RedisTier {
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
         count(m::REDIS_ERRORS);
         tracing::debug!(error = %error, "redis call failed");
-        if self.config.topology.needs_resolve() {
-            self.start_follow();
+        if shared.config.topology.needs_resolve() {
+            shared.signals.call_failed.notify_one();
         }
-        if self.breaker.failure() {
+        if shared.breaker.failure() {
             tracing::warn!(
                 "redis failing; serving from the in-process tier until it answers again"
             );
-            self.start_probe();
+            shared.signals.circuit_opened.notify_one();
         }
         Err(error)
-    }
-
-    /// Behind Sentinel, a failed call may mean the primary moved: ask the
-    /// sentinels now (one task at a time) rather than only once the circuit
-    /// has opened, so an instance that was idle during a failover loses at
-    /// most the call that found the old primary gone.
-    fn start_follow(self: &Arc<Self>) {
-        if self.following.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.following.store(false, Ordering::Release);
-            return;
-        };
-        let tier = Arc::downgrade(self);
-        runtime.spawn(async move {
-            let Some(t) = tier.upgrade() else { return };
-            let limit = t.config.connect_timeout;
-            if let Ok(Err(e)) = tokio::time::timeout(limit, t.follow_primary()).await {
-                tracing::debug!(error = %e, "cannot follow the redis primary yet");
-            }
-            t.following.store(false, Ordering::Release);
-        });
-    }
-
-    /// Pings Redis in the background until it answers, then closes the circuit.
-    fn start_probe(self: &Arc<Self>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let tier: Weak<Self> = Arc::downgrade(self);
-        runtime.spawn(async move {
-            loop {
-                let interval = match tier.upgrade() {
-                    Some(t) => t.config.probe_interval,
-                    None => return,
-                };
-                tokio::time::sleep(interval).await;
-                let Some(t) = tier.upgrade() else { return };
-                if t.config.topology.needs_resolve() {
-                    let limit = t.config.connect_timeout;
-                    match tokio::time::timeout(limit, t.follow_primary()).await {
-                        Ok(Ok(())) => {}
-                        // The sentinels may be unreachable while the primary
-                        // is fine: the ping below decides.
-                        Ok(Err(e)) => {
-                            tracing::debug!(error = %e, "cannot follow the redis primary yet");
-                        }
-                        Err(_) => {}
-                    }
-                }
-                let link = t.link();
-                let ping = async {
-                    let mut conn = link.conn.clone();
-                    redis::cmd("PING").query_async::<()>(&mut conn).await?;
-                    // The subscriber reconnects (and resubscribes) when used.
-                    let mut sub = link.subscriber.clone();
-                    redis::cmd("PING").query_async::<()>(&mut sub).await
-                };
-                if let Ok(Ok(())) = tokio::time::timeout(t.config.deadline, ping).await {
-                    tracing::info!("redis answers again; fleet-wide protection restored");
-                    t.breaker.close();
-                    return;
-                }
-            }
-        });
     }
 
     /// Returns the entry if fresh; otherwise tries to take the lease. With
@@ -431,7 +275,7 @@ impl RedisTier {
         let keys = self.keys(key);
         let token = Lease::new_token();
         let mut conn = self.conn();
-        let mut invocation = self.scripts.fetch_or_lease.prepare_invoke();
+        let mut invocation = self.shared.scripts.fetch_or_lease.prepare_invoke();
         for k in &keys {
             invocation.key(k);
         }
@@ -478,18 +322,18 @@ impl RedisTier {
         lease.settle();
         let keys = self.keys(&lease.key);
         let mut conn = self.conn();
-        let mut invocation = self.scripts.commit.prepare_invoke();
+        let mut invocation = self.shared.scripts.commit.prepare_invoke();
         for k in &keys {
             invocation.key(k);
         }
         invocation
-            .arg(&lease.token)
+            .arg(lease.token())
             .arg(lease.fence.0)
             .arg(entry.as_ref())
             .arg(millis(fresh))
             .arg(millis(keep).max(1))
             .arg(millis(FENCE_KEEP))
-            .arg(&self.channel)
+            .arg(&self.shared.channel)
             .arg(Event::Committed.message(&lease.key))
             .arg(Event::Failed.message(&lease.key));
         let stored: i64 = self.call(invocation.invoke_async(&mut conn)).await?;
@@ -502,9 +346,16 @@ impl RedisTier {
     }
 
     /// Gives the lease up without storing, telling waiters to retry now.
+    /// Returns false if it was no longer ours.
     pub(crate) async fn release(self: &Arc<Self>, lease: &mut Lease) -> Result<bool, TierError> {
         lease.settle();
-        self.release_token(&lease.key, &lease.token).await
+        if lease.is_lost() {
+            // The token is gone from Redis (renewal refused, or the lease
+            // lapsed): the compare-token script would do nothing, and a
+            // failing Redis need not be asked again.
+            return Ok(false);
+        }
+        self.release_token(&lease.key, lease.token()).await
     }
 
     pub(crate) async fn release_token(
@@ -516,11 +367,12 @@ impl RedisTier {
         let mut conn = self.conn();
         let released: i64 = self
             .call(
-                self.scripts
+                self.shared
+                    .scripts
                     .release
                     .key(lease_key)
                     .arg(token)
-                    .arg(&self.channel)
+                    .arg(&self.shared.channel)
                     .arg(Event::Failed.message(key))
                     .invoke_async(&mut conn),
             )
@@ -538,7 +390,8 @@ impl RedisTier {
         let mut conn = self.conn();
         let renewed: i64 = self
             .call(
-                self.scripts
+                self.shared
+                    .scripts
                     .renew
                     .key(lease_key)
                     .arg(token)
@@ -555,13 +408,14 @@ impl RedisTier {
         let mut conn = self.conn();
         let _: i64 = self
             .call(
-                self.scripts
+                self.shared
+                    .scripts
                     .invalidate
                     .key(value)
                     .key(fresh)
                     .key(fence)
-                    .arg(&self.channel)
-                    .arg(Event::Invalidated.message(key))
+                    .arg(&self.shared.channel)
+                    .arg(self.notifier.invalidation(key))
                     .arg(millis(FENCE_KEEP))
                     .invoke_async(&mut conn),
             )
@@ -576,11 +430,55 @@ impl RedisTier {
     }
 }
 
-impl Drop for RedisTier {
-    fn drop(&mut self) {
-        // Lets a keeper task waiting for a disconnection see the tier gone.
-        self.notifier.disconnected.notify_one();
+impl Shared {
+    fn link(&self) -> Arc<Link> {
+        self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
+
+    /// Opens new connections and swaps them in. Waiters are woken: messages
+    /// sent while the old ones failed were lost.
+    async fn reopen(&self) -> Result<(), RedisError> {
+        let link = open(&self.config, &self.channel, &self.notifier, &self.scripts).await?;
+        let old = std::mem::replace(
+            &mut *self.link.write().unwrap_or_else(|p| p.into_inner()),
+            Arc::new(link),
+        );
+        old.retired.store(true, Ordering::Release);
+        self.notifier.wake_all();
+        Ok(())
+    }
+}
+
+/// Opens both connections, subscribes, and loads the scripts. Scripts are
+/// not replicated with the data: a new primary needs them loaded, and
+/// loading them now spares a request a NOSCRIPT retry inside its deadline.
+async fn open(
+    config: &TierConfig,
+    channel: &str,
+    notifier: &Arc<Notifier>,
+    scripts: &Scripts,
+) -> Result<Link, RedisError> {
+    let options = Options {
+        connect_timeout: config.connect_timeout,
+        deadline: config.deadline,
+        tls: &config.tls,
+        channel,
+    };
+    // Pushes from a link that has been replaced (closing down) are ignored.
+    let retired = Arc::new(AtomicBool::new(false));
+    let sink = notifier.clone();
+    let gone = retired.clone();
+    let sink: Sink = Arc::new(move |push| {
+        if !gone.load(Ordering::Acquire) {
+            sink.on_push(push);
+        }
+    });
+    let link = connection::open(&config.topology, &options, sink, retired).await?;
+    let mut loader = link.conn.clone();
+    for script in scripts.all() {
+        script.load_async(&mut loader).await?;
+    }
+    Ok(link)
 }
 
 fn positive(ms: i64) -> Option<Duration> {

@@ -19,7 +19,6 @@ use redis::{PushInfo, PushKind, Value};
 use tokio::sync::watch;
 
 use crate::key::Key;
-use crate::store::local::LocalTier;
 
 /// What happened to a key, as told on the channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,9 +53,19 @@ impl Event {
         format!("{}:{key}", self.tag())
     }
 
-    fn parse(message: &[u8]) -> Option<(Event, Key)> {
+    /// The message, signed by the instance that sends it.
+    fn message_from(self, key: &Key, sender: &str) -> String {
+        format!("{}:{key}:{sender}", self.tag())
+    }
+
+    /// The event, its key and, if signed, its sender.
+    fn parse(message: &[u8]) -> Option<(Event, Key, Option<&str>)> {
         let text = std::str::from_utf8(message).ok()?;
-        let (tag, hex) = text.split_once(':')?;
+        let (tag, rest) = text.split_once(':')?;
+        let (hex, sender) = match rest.split_once(':') {
+            Some((hex, sender)) => (hex, Some(sender)),
+            None => (rest, None),
+        };
         let event = match tag {
             "c" => Event::Committed,
             "f" => Event::Failed,
@@ -64,9 +73,14 @@ impl Event {
             "r" => Event::Released,
             _ => return None,
         };
-        Some((event, Key::from_hex(hex)?))
+        Some((event, Key::from_hex(hex)?, sender))
     }
 }
+
+/// Called with a key another instance (or this one) invalidated. The owner
+/// of the in-process tier decides what that means there: drop the entry, and
+/// keep any rebuild already running from storing what it read before.
+pub(crate) type OnInvalidate = Arc<dyn Fn(Key) + Send + Sync>;
 
 /// Counts of how waits ended, for tests and diagnostics.
 #[derive(Default)]
@@ -77,21 +91,32 @@ pub(crate) struct WakeStats {
 
 pub(crate) struct Notifier {
     slots: Mutex<HashMap<Key, watch::Sender<Event>>>,
-    l1: LocalTier,
+    on_invalidate: OnInvalidate,
+    /// This process's signature on the invalidations it sends. Its own come
+    /// back on the channel; the sender already did the local half before it
+    /// returned, and doing it again later could stop a rebuild that began
+    /// after the invalidation from storing.
+    instance: String,
     pub(crate) stats: WakeStats,
-    /// Signalled when the subscriber lost a connection (and when the tier
-    /// is dropped, so a task waiting on it can end).
+    /// Signalled when the subscriber lost a connection, for the tier's
+    /// supervisor (a cluster subscription must then be opened again).
     pub(crate) disconnected: tokio::sync::Notify,
 }
 
 impl Notifier {
-    pub(crate) fn new(l1: LocalTier) -> Self {
+    pub(crate) fn new(on_invalidate: OnInvalidate) -> Self {
         Notifier {
             slots: Mutex::new(HashMap::new()),
-            l1,
+            on_invalidate,
+            instance: format!("{:016x}", rand::random::<u64>()),
             stats: WakeStats::default(),
             disconnected: tokio::sync::Notify::new(),
         }
+    }
+
+    /// The invalidation notice for `key`, signed by this process.
+    pub(crate) fn invalidation(&self, key: &Key) -> String {
+        Event::Invalidated.message_from(key, &self.instance)
     }
 
     /// Starts listening for `key`. Hold the returned handle across the check
@@ -122,12 +147,12 @@ impl Notifier {
                 let Some(Value::BulkString(payload)) = push.data.get(1) else {
                     return;
                 };
-                let Some((event, key)) = Event::parse(payload) else {
+                let Some((event, key, sender)) = Event::parse(payload) else {
                     tracing::debug!("ignoring a foreign message on the event channel");
                     return;
                 };
-                if event == Event::Invalidated {
-                    self.l1.remove(&key);
+                if event == Event::Invalidated && sender != Some(self.instance.as_str()) {
+                    (self.on_invalidate)(key);
                 }
                 self.signal(&key, event);
             }
@@ -209,6 +234,10 @@ impl Drop for Registration {
 mod tests {
     use super::*;
 
+    fn notifier() -> Arc<Notifier> {
+        Arc::new(Notifier::new(Arc::new(|_| {})))
+    }
+
     fn push(payload: &str) -> PushInfo {
         PushInfo {
             kind: PushKind::Message,
@@ -221,7 +250,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_message_before_the_wait_is_not_lost() {
-        let notifier = Arc::new(Notifier::new(LocalTier::new(1 << 20)));
+        let notifier = notifier();
         let key = Key::for_value("t", b"k");
         let mut registration = notifier.register(key);
         notifier.on_push(push(&Event::Committed.message(&key)));
@@ -232,7 +261,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn other_keys_and_garbage_do_not_wake() {
-        let notifier = Arc::new(Notifier::new(LocalTier::new(1 << 20)));
+        let notifier = notifier();
         let key = Key::for_value("t", b"k");
         let other = Key::for_value("t", b"other");
         let mut registration = notifier.register(key);
@@ -244,7 +273,7 @@ mod tests {
 
     #[test]
     fn slots_are_dropped_with_their_last_registration() {
-        let notifier = Arc::new(Notifier::new(LocalTier::new(1 << 20)));
+        let notifier = notifier();
         let key = Key::for_value("t", b"k");
         let a = notifier.register(key);
         let b = notifier.register(key);
@@ -252,5 +281,32 @@ mod tests {
         assert_eq!(notifier.slots.lock().unwrap().len(), 1);
         drop(b);
         assert_eq!(notifier.slots.lock().unwrap().len(), 0);
+    }
+
+    #[test]
+    fn an_invalidation_reaches_the_callback_and_wakes_the_waiter() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let notifier = Arc::new(Notifier::new({
+            let seen = seen.clone();
+            Arc::new(move |key| seen.lock().unwrap().push(key))
+        }));
+        let key = Key::for_value("t", b"k");
+        let registration = notifier.register(key);
+        notifier.on_push(push(&Event::Committed.message(&key)));
+        assert!(
+            seen.lock().unwrap().is_empty(),
+            "a commit is not an invalidation"
+        );
+        notifier.on_push(push(&Event::Invalidated.message(&key)));
+        assert_eq!(*seen.lock().unwrap(), [key]);
+        assert_eq!(*registration.rx.borrow(), Event::Invalidated);
+        // Another instance's signed notice counts; this process's own echo
+        // wakes the waiter but does not invalidate a second time.
+        notifier.on_push(push(
+            &Event::Invalidated.message_from(&key, "0123456789abcdef"),
+        ));
+        assert_eq!(seen.lock().unwrap().len(), 2);
+        notifier.on_push(push(&notifier.invalidation(&key)));
+        assert_eq!(seen.lock().unwrap().len(), 2, "its own echo is ignored");
     }
 }

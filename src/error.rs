@@ -1,0 +1,306 @@
+//! The crate's error: a message for people, a kind for code, and the cause.
+//!
+//! The kind is decided from what the Redis client knows about its error (its
+//! kind, the server's error code, the I/O error kind, the TLS error type),
+//! never by searching the message text, which the client and the server are
+//! free to reword.
+
+use std::fmt;
+
+#[cfg(feature = "redis")]
+use crate::store::redis::TierError;
+
+/// Why a backend could not be set up, or the Redis tier could not answer.
+///
+/// Match on [`kind`](Error::kind); the cause, when there is one, is the
+/// [`source`](std::error::Error::source).
+///
+/// ```no_run
+/// use stampede_guard::{Backend, ErrorKind};
+///
+/// # async fn run() {
+/// match Backend::redis("redis://cache:secret@127.0.0.1:6379").await {
+///     Ok(backend) => { /* serve */ }
+///     Err(e) if e.kind() == ErrorKind::Auth => eprintln!("fix the credentials: {e}"),
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+/// What kind of failure an [`Error`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The settings are wrong: a malformed URL, an unreadable or incomplete
+    /// certificate file, a feature that is not compiled in, a Sentinel
+    /// service that does not exist.
+    InvalidConfig,
+    /// Redis could not be reached: connection refused, reset or closed.
+    Connect,
+    /// The server refused the user name or password.
+    Auth,
+    /// The user lacks a command, key or channel permission the crate needs
+    /// (a Redis ACL).
+    Permission,
+    /// The TLS handshake failed: an untrusted or unsuitable certificate, a
+    /// name mismatch, a client certificate missing or refused.
+    Tls,
+    /// No answer within the deadline.
+    Timeout,
+    /// Redis is failing, or the circuit breaker is open after repeated
+    /// failures: the layer serves from its in-process tier meanwhile.
+    Unavailable,
+    /// Anything else.
+    Other,
+}
+
+impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    // Every error the crate makes today comes from the Redis tier.
+    #[cfg(feature = "redis")]
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Error {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A failure to set up the Redis tier at `shown` (a URL without its
+    /// password), with a hint for the causes people meet at start-up.
+    #[cfg(feature = "redis")]
+    pub(crate) fn setup(shown: &str, e: redis::RedisError) -> Self {
+        let kind = classify(&e);
+        Error {
+            kind,
+            message: format!("could not set up Redis at {shown}: {e}{}", hint(kind)),
+            source: Some(Box::new(e)),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|e| e as _)
+    }
+}
+
+#[cfg(feature = "redis")]
+impl From<TierError> for Error {
+    fn from(e: TierError) -> Self {
+        let message = e.to_string();
+        match e {
+            TierError::Open => Error::new(ErrorKind::Unavailable, message),
+            TierError::Timeout => Error::new(ErrorKind::Timeout, message),
+            TierError::Redis(e) => Error {
+                kind: match classify(&e) {
+                    // Past start-up, a server that cannot be reached is one
+                    // that is failing: the tier runs without it.
+                    ErrorKind::Connect => ErrorKind::Unavailable,
+                    kind => kind,
+                },
+                message,
+                source: Some(Box::new(e)),
+            },
+        }
+    }
+}
+
+/// What to tell a person about a start-up failure of this kind.
+#[cfg(feature = "redis")]
+fn hint(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::Auth => " (authentication failed: check the user name and password)",
+        ErrorKind::Permission => {
+            " (the user lacks a command, key or channel permission this crate needs; see docs/TOPOLOGY.md)"
+        }
+        ErrorKind::Tls => " (TLS failed: check the CA, the server name and the client certificate)",
+        _ => "",
+    }
+}
+
+/// The kind of a Redis client error.
+#[cfg(feature = "redis")]
+pub(crate) fn classify(e: &redis::RedisError) -> ErrorKind {
+    use redis::{ErrorKind as Client, ServerErrorKind as Server};
+
+    if is_tls(e) {
+        return ErrorKind::Tls;
+    }
+    match e.kind() {
+        Client::AuthenticationFailed => ErrorKind::Auth,
+        Client::Server(Server::NoPerm) => ErrorKind::Permission,
+        Client::InvalidClientConfig
+        | Client::EmptySentinelList
+        | Client::MasterNameNotFoundBySentinel
+        | Client::RESP3NotSupported => ErrorKind::InvalidConfig,
+        Client::Server(
+            Server::BusyLoading
+            | Server::TryAgain
+            | Server::ClusterDown
+            | Server::MasterDown
+            | Server::ReadOnly,
+        )
+        | Client::ClusterConnectionNotFound
+        | Client::NoValidReplicasFoundBySentinel => ErrorKind::Unavailable,
+        Client::Io if e.is_timeout() => ErrorKind::Timeout,
+        Client::Io => ErrorKind::Connect,
+        // Codes the client has no kind for: the server's own words for
+        // "who are you" and "not allowed".
+        _ => match e.code() {
+            Some("WRONGPASS" | "NOAUTH") => ErrorKind::Auth,
+            Some("NOPERM") => ErrorKind::Permission,
+            _ => ErrorKind::Other,
+        },
+    }
+}
+
+/// Whether a TLS error (rustls's own type) is somewhere in the causes.
+///
+/// Two wrappers hide it from a plain walk of `source()`: an I/O error skips
+/// the error it wraps (tokio-rustls wraps its error in one), and the client
+/// keeps that I/O error behind an `Arc`, which is what its `source()` returns.
+/// Both are looked through.
+#[cfg(feature = "redis")]
+fn is_tls(e: &redis::RedisError) -> bool {
+    #[cfg(feature = "redis-tls")]
+    {
+        type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+
+        fn tls(e: &(dyn std::error::Error + 'static)) -> bool {
+            if e.is::<rustls::Error>() || e.is::<rustls::pki_types::InvalidDnsNameError>() {
+                return true;
+            }
+            if let Some(inner) = e.downcast_ref::<Shared>() {
+                return tls(&**inner);
+            }
+            if let Some(inner) = e
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+            {
+                return tls(inner);
+            }
+            e.source().is_some_and(tls)
+        }
+        tls(e)
+    }
+    #[cfg(not(feature = "redis-tls"))]
+    {
+        let _ = e;
+        false
+    }
+}
+
+#[cfg(all(test, feature = "redis"))]
+mod tests {
+    use std::error::Error as _;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::key::Key;
+    use crate::store::redis::testing::{config, connect, RedisServer};
+    use crate::store::redis::RedisTier;
+
+    /// The error `RedisTier::connect` gives for `url`.
+    async fn connect_error(url: &str) -> redis::RedisError {
+        let mut config = config(url);
+        config.connect_timeout = Duration::from_millis(300);
+        match RedisTier::connect(config, Arc::new(|_| {})).await {
+            Ok(_) => panic!("{url} must not connect"),
+            Err(e) => e,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_a_connect_error() {
+        let port = {
+            let mut redis = RedisServer::start();
+            redis.kill();
+            redis.port()
+        };
+        let e = connect_error(&format!("redis://127.0.0.1:{port}/")).await;
+        assert_eq!(classify(&e), ErrorKind::Connect, "{e}");
+    }
+
+    #[tokio::test]
+    async fn wrong_or_missing_credentials_are_auth_errors() {
+        let redis = RedisServer::start_with(&["--requirepass", "right"]);
+        let port = redis.port();
+        let wrong = connect_error(&format!("redis://:wrong@127.0.0.1:{port}/")).await;
+        assert_eq!(classify(&wrong), ErrorKind::Auth, "{wrong}");
+        let missing = connect_error(&format!("redis://127.0.0.1:{port}/")).await;
+        assert_eq!(classify(&missing), ErrorKind::Auth, "{missing}");
+        let e = Error::setup("redis://127.0.0.1/", wrong);
+        assert_eq!(e.kind(), ErrorKind::Auth);
+        assert!(e.to_string().contains("check the user name"), "{e}");
+        assert!(e.source().is_some(), "the client's error is kept");
+    }
+
+    #[tokio::test]
+    async fn a_channel_outside_the_users_acl_is_a_permission_error() {
+        let redis =
+            RedisServer::start_with(&["--user", "app", "on", ">pw", "~*", "&other:*", "+@all"]);
+        let e = connect_error(&format!("redis://app:pw@127.0.0.1:{}/", redis.port())).await;
+        assert_eq!(classify(&e), ErrorKind::Permission, "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_frozen_server_is_a_timeout() {
+        let redis = RedisServer::start();
+        redis.freeze();
+        let e = connect_error(&redis.url()).await;
+        redis.thaw();
+        assert_eq!(classify(&e), ErrorKind::Timeout, "{e}");
+    }
+
+    #[cfg(feature = "redis-tls")]
+    #[tokio::test]
+    async fn a_certificate_that_does_not_parse_is_a_configuration_error() {
+        let mut config = config("rediss://127.0.0.1:1/");
+        config.tls.ca = Some(
+            b"-----BEGIN CERTIFICATE-----\nnot base64 at all!\n-----END CERTIFICATE-----\n"
+                .to_vec(),
+        );
+        let Err(e) = RedisTier::connect(config, Arc::new(|_| {})).await else {
+            panic!("must not connect");
+        };
+        assert_eq!(classify(&e), ErrorKind::InvalidConfig, "{e}");
+    }
+
+    #[tokio::test]
+    async fn tier_errors_keep_their_kind_and_cause() {
+        let mut redis = RedisServer::start();
+        let tier = connect(&redis).await;
+        let key = Key::for_value("t", b"k");
+        redis.kill();
+        let first: Error = tier.invalidate(&key).await.unwrap_err().into();
+        assert!(
+            matches!(first.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+            "{first}: {:?}",
+            first.kind()
+        );
+        let mut last = first;
+        for _ in 0..10 {
+            last = tier.invalidate(&key).await.unwrap_err().into();
+        }
+        assert_eq!(last.kind(), ErrorKind::Unavailable, "the circuit is open");
+        assert!(last.source().is_none(), "Redis was not asked");
+    }
+}

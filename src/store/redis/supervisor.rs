@@ -1,0 +1,283 @@
+//! The tier's one background task: it repairs the connections so that
+//! requests never have to.
+//!
+//! Three things go wrong with a Redis out of a request's sight, and each
+//! needs patience a request cannot afford (a request never waits longer than
+//! the deadline, and only reads the breaker's flag):
+//!
+//! - **The circuit opened.** Redis failed several calls in a row. Probe it
+//!   every probe interval (behind Sentinel, ask where the primary is first)
+//!   until it answers, then close the circuit.
+//! - **A call failed behind Sentinel.** The primary may have moved: ask the
+//!   sentinels now, rather than only once the circuit has opened, so an
+//!   instance that was idle during a failover loses at most the call that
+//!   found the old primary gone.
+//! - **The subscriber lost its connection on a cluster.** The cluster client
+//!   moves subscriptions when it refreshes its slot map, but a subscriber
+//!   sends no commands that would make it refresh; so once the cluster is
+//!   whole again, open a new subscriber (and command client).
+//!
+//! Requests and the subscriber only *signal* (a [`Notify`] keeps one permit,
+//! so a signal sent while the supervisor is busy is seen on its next turn,
+//! and a burst folds into one). The task is owned: the tier holds its
+//! [`SupervisorGuard`], and dropping the tier stops it, whatever it was
+//! waiting on, in the manner of mini-redis's `DbDropGuard`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use super::connection::{self, Options, Topology};
+use super::Shared;
+
+/// Why the supervisor should act. The third reason, a lost subscriber
+/// connection, is signalled by the notifier, which sees the push.
+#[derive(Default)]
+pub(crate) struct Signals {
+    /// The breaker opened: probe until Redis answers.
+    pub circuit_opened: Notify,
+    /// A call failed behind Sentinel: ask where the primary is.
+    pub call_failed: Notify,
+}
+
+/// Stops the supervisor when dropped. The tier holds it, so the task lives
+/// exactly as long as the tier.
+pub(crate) struct SupervisorGuard {
+    stop: watch::Sender<bool>,
+}
+
+impl Drop for SupervisorGuard {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+/// Starts the supervisor of `shared` on the current runtime.
+pub(crate) fn start(shared: Arc<Shared>) -> SupervisorGuard {
+    let (stop, mut stopped) = watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            // A closed channel (the guard gone without a word) means the same.
+            _ = stopped.wait_for(|stop| *stop) => {}
+            () = supervise(&shared) => {}
+        }
+    });
+    SupervisorGuard { stop }
+}
+
+/// What the supervisor has yet to do.
+#[derive(Default)]
+struct Work {
+    probe: bool,
+    follow: bool,
+    resubscribe: bool,
+}
+
+async fn supervise(shared: &Shared) {
+    let mut work = Work::default();
+    loop {
+        // A job that failed is tried again one probe interval later; a lone
+        // follow runs at once; with nothing to do, sleep until signalled.
+        let pause = if work.probe || work.resubscribe {
+            Some(shared.config.probe_interval)
+        } else if work.follow {
+            Some(Duration::ZERO)
+        } else {
+            None
+        };
+        gather(shared, &mut work, pause).await;
+        // The probe asks the sentinels itself.
+        let follow = std::mem::take(&mut work.follow) && !work.probe;
+        let (probe, resubscribe) = (work.probe, work.resubscribe);
+        // One task, but the jobs run side by side: a cluster that is not
+        // whole yet must not hold back the probe, nor the other way round.
+        let ((), probed, resubscribed) = tokio::join!(
+            async {
+                if follow {
+                    follow_primary(shared).await;
+                }
+            },
+            async { probe && probe_once(shared).await },
+            async { resubscribe && resubscribe_once(shared).await },
+        );
+        work.probe &= !probed;
+        work.resubscribe &= !resubscribed;
+    }
+}
+
+/// Collects signals: until the first one if `pause` is `None`, else for the
+/// whole pause.
+async fn gather(shared: &Shared, work: &mut Work, pause: Option<Duration>) {
+    let cluster = matches!(shared.config.topology, Topology::Cluster(_));
+    let until = pause.map(|pause| Instant::now() + pause);
+    loop {
+        let elapsed = async {
+            match until {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = shared.signals.circuit_opened.notified() => work.probe = true,
+            () = shared.signals.call_failed.notified() => work.follow = true,
+            () = shared.notifier.disconnected.notified(), if cluster => work.resubscribe = true,
+            () = elapsed => return,
+        }
+        if until.is_none() {
+            return;
+        }
+    }
+}
+
+/// One probe: true once Redis answered and the circuit is closed.
+async fn probe_once(shared: &Shared) -> bool {
+    if shared.config.topology.needs_resolve() {
+        // The sentinels may be unreachable while the primary is fine: the
+        // ping below decides either way.
+        follow_primary(shared).await;
+    }
+    let link = shared.link();
+    let ping = async {
+        let mut conn = link.conn.clone();
+        redis::cmd("PING").query_async::<()>(&mut conn).await?;
+        // The subscriber reconnects (and resubscribes) when used.
+        let mut sub = link.subscriber.clone();
+        redis::cmd("PING").query_async::<()>(&mut sub).await
+    };
+    if let Ok(Ok(())) = tokio::time::timeout(shared.config.deadline, ping).await {
+        tracing::info!("redis answers again; fleet-wide protection restored");
+        shared.breaker.close();
+        return true;
+    }
+    false
+}
+
+/// One attempt to open a new cluster subscription: true once done.
+async fn resubscribe_once(shared: &Shared) -> bool {
+    match tokio::time::timeout(shared.config.connect_timeout, shared.reopen()).await {
+        Ok(Ok(())) => {
+            tracing::info!("redis cluster subscription re-established");
+            true
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "cannot re-subscribe to the cluster yet");
+            false
+        }
+        Err(_) => false,
+    }
+}
+
+/// Behind Sentinel: asks where the primary is now and, if it moved, opens
+/// new connections to it and swaps them in. Waiters are woken, since
+/// messages published on the new primary before the swap were not heard.
+async fn follow_primary(shared: &Shared) {
+    let Topology::Sentinel {
+        sentinels, service, ..
+    } = &shared.config.topology
+    else {
+        return;
+    };
+    let follow = async {
+        let options = Options {
+            connect_timeout: shared.config.connect_timeout,
+            deadline: shared.config.deadline,
+            tls: &shared.config.tls,
+            channel: &shared.channel,
+        };
+        let address = connection::resolve(sentinels, service, &options).await?;
+        if shared.link().primary.as_ref() == Some(&address) {
+            return Ok(());
+        }
+        shared.reopen().await?;
+        tracing::info!(host = %address.0, port = address.1, "redis primary moved; following it");
+        Ok::<_, redis::RedisError>(())
+    };
+    if let Ok(Err(e)) = tokio::time::timeout(shared.config.connect_timeout, follow).await {
+        tracing::debug!(error = %e, "cannot follow the redis primary yet");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Weak;
+
+    use super::*;
+    use crate::key::Key;
+    use crate::store::redis::testing::{connect, RedisServer};
+    use crate::store::redis::RedisTier;
+
+    fn shared(tier: &Arc<RedisTier>) -> Weak<Shared> {
+        Arc::downgrade(&tier.shared)
+    }
+
+    async fn eventually(mut done: impl FnMut() -> bool) -> bool {
+        for _ in 0..300 {
+            if done() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    /// Fails calls until the circuit opens.
+    async fn open_circuit(tier: &Arc<RedisTier>) {
+        let key = Key::for_value("t", b"k");
+        for _ in 0..20 {
+            if !tier.is_available() {
+                return;
+            }
+            assert!(tier.invalidate(&key).await.is_err());
+        }
+        panic!("the circuit did not open");
+    }
+
+    #[tokio::test]
+    async fn the_supervisor_stops_when_an_idle_tier_is_dropped() {
+        let redis = RedisServer::start();
+        let tier = connect(&redis).await;
+        let state = shared(&tier);
+        assert_eq!(state.strong_count(), 2, "the tier and its supervisor");
+        drop(tier);
+        assert!(
+            eventually(|| state.strong_count() == 0).await,
+            "no task keeps the tier's state"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_supervisor_stops_when_the_tier_is_dropped_mid_probe() {
+        let mut redis = RedisServer::start();
+        let tier = connect(&redis).await;
+        let state = shared(&tier);
+        redis.kill();
+        open_circuit(&tier).await;
+        // Let the probe fail a few times, so it is in its retry loop.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!tier.is_available());
+        drop(tier);
+        assert!(
+            eventually(|| state.strong_count() == 0).await,
+            "the probe ended with the tier"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_open_circuit_closes_once_redis_answers_again() {
+        let mut redis = RedisServer::start();
+        let tier = connect(&redis).await;
+        redis.kill();
+        open_circuit(&tier).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!tier.is_available(), "stays open while Redis is gone");
+        redis.restart();
+        assert!(
+            eventually(|| tier.is_available()).await,
+            "the probe closed the circuit"
+        );
+        let key = Key::for_value("t", b"k");
+        assert!(tier.invalidate(&key).await.is_ok());
+    }
+}
