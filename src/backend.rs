@@ -15,8 +15,8 @@ use std::time::Duration;
 use crate::engine::Engine;
 #[cfg(feature = "redis")]
 use crate::error::{Error, ErrorKind};
-use crate::lock::LocalLocks;
 use crate::store::local::LocalTier;
+use crate::store::locks::LocalLocks;
 #[cfg(feature = "redis")]
 use crate::store::redis::config::{redact, TlsPem};
 #[cfg(feature = "redis")]

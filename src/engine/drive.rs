@@ -16,149 +16,19 @@
 //! once per flight, not once per waiter.
 
 use std::any::Any;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
-use super::entry::{CacheValue, Entry, Freshness, Held, Lifetime};
+use super::answer::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Served, Status};
+use super::entry::{Entry, Freshness, Held};
 use super::flight::{Joined, Leader, Outcome};
 use super::shared::{Lease, Plan, Start};
-use super::{Engine, FlightPolicy, Refresh, SharedError};
-use crate::key::Key;
+use super::{Engine, FlightPolicy, Refresh};
 use crate::metrics::{self as m, count};
 use crate::store::local::Slot;
-
-/// How an adapter rebuilds a key: the HTTP layer calls the inner service, the
-/// generic cache calls the caller's closure. It runs on the flight's task.
-pub(crate) trait Rebuild: Send + Sized + 'static {
-    /// What the engine stores and shares.
-    type Value: CacheValue;
-    /// What only the request that started the rebuild may have: its own
-    /// response when it may not be shared, its own error.
-    type Private: Send + 'static;
-
-    /// Runs the rebuild once. `stale` is the entry it replaces, if any.
-    fn rebuild(
-        self,
-        stale: Option<Held<Self::Value>>,
-    ) -> impl Future<Output = Built<Self::Value, Self::Private>> + Send + 'static;
-}
-
-/// What a rebuild made.
-pub(crate) enum Built<V, P> {
-    /// A value the waiters may share. `store`: keep it in the tiers too.
-    /// `failure`: an error answer (a 5xx) that a stale-if-error entry may
-    /// replace.
-    Value {
-        value: V,
-        lifetime: Lifetime,
-        initial_age: Duration,
-        store: bool,
-        failure: bool,
-        private: Option<P>,
-    },
-    /// An answer for the request that started the rebuild alone; the key
-    /// skips coalescing for `hit_for_miss`.
-    Unshared { private: P, hit_for_miss: Duration },
-    /// The rebuild failed: `shared` is what the waiters may have of the
-    /// error, `private` what its starter gets.
-    Failed {
-        shared: Option<SharedError>,
-        private: Option<P>,
-    },
-}
-
-/// Why a flight gave no value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum FailureKind {
-    /// The rebuild returned an error.
-    Error,
-    /// The rebuild panicked.
-    Panic,
-    /// The rebuild ran past the rebuild timeout.
-    Timeout,
-    /// The wait budget ran out and the policy fails closed.
-    WaitTimeout,
-}
-
-/// A failed flight's outcome, as every waiter shares it.
-#[derive(Clone)]
-pub(crate) struct Failure {
-    pub kind: FailureKind,
-    pub error: Option<SharedError>,
-}
-
-impl Failure {
-    fn new(kind: FailureKind) -> Self {
-        Failure { kind, error: None }
-    }
-}
-
-/// How a caller was answered.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Status {
-    /// A fresh entry, without waiting for anyone.
-    Hit,
-    /// A stale entry (while one refresh runs, or standing in for a failure).
-    Stale,
-    /// The rebuild this caller started.
-    Miss,
-    /// A rebuild someone else started.
-    Coalesced,
-}
-
-/// An entry to serve.
-pub(crate) struct Served<V, P> {
-    pub held: Held<V>,
-    pub status: Status,
-    /// Extras for the request that started the rebuild (its cookies).
-    pub private: Option<P>,
-}
-
-/// What a miss resolved to, for one caller.
-pub(crate) enum Answer<R: Rebuild> {
-    Served(Served<R::Value, R::Private>),
-    /// The caller's own answer from the rebuild it started.
-    Private(R::Private),
-    /// Nothing to serve; `Status` says whether this caller started the
-    /// rebuild (`Miss`) or waited for it (`Coalesced`).
-    Failed(Failure, Status),
-    /// Call the origin for this caller alone, uncached: the rebuild back.
-    Alone(R),
-    /// The rebuild this caller started panicked: resume the panic.
-    Panicked(Box<dyn Any + Send>),
-}
-
-/// A miss, as the L1 left it.
-pub(crate) struct Miss {
-    key: Option<Key>,
-    stale: Option<Arc<Entry>>,
-}
-
-impl Miss {
-    pub(super) fn new(key: Key, stale: Option<Arc<Entry>>) -> Self {
-        Miss {
-            key: Some(key),
-            stale,
-        }
-    }
-
-    /// A miss that must not coalesce (hit-for-miss).
-    pub(super) fn alone() -> Self {
-        Miss {
-            key: None,
-            stale: None,
-        }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn has_stale(&self) -> bool {
-        self.stale.is_some()
-    }
-}
 
 /// Where the flight sends the answer of the request that started it. Gone
 /// when that request gave up; the flight goes on without it.
@@ -388,6 +258,19 @@ impl Engine {
                 }
             }
             Plan::Rebuild { lease, stale } => (lease, stale),
+            Plan::Failed { kind, stale } => {
+                let failure = Failure::new(kind);
+                match start {
+                    Start::Miss => {
+                        let answer = self.fail(leader, failure, stale.as_ref());
+                        starter.send(|| answer);
+                    }
+                    Start::Refresh | Start::Early(_) => {
+                        self.settle(leader, Outcome::Failed(failure), false);
+                    }
+                }
+                return;
+            }
             Plan::TimedOut { stale } => {
                 count(m::WAIT_TIMEOUTS);
                 match start {
@@ -453,7 +336,7 @@ impl Engine {
                     tracing::debug!(key = %key, "rebuild answered with an error; serving stale");
                     let answer =
                         self.fail(leader, Failure::new(FailureKind::Error), stale.as_ref());
-                    self.give_up(lease).await;
+                    self.give_up(lease, Some(FailureKind::Error)).await;
                     starter.send(|| answer);
                     return;
                 }
@@ -478,7 +361,7 @@ impl Engine {
                 // instance serves next.
                 match (stored, &held) {
                     (true, Some(held)) => self.commit(lease, held).await,
-                    _ => self.give_up(lease).await,
+                    _ => self.give_up(lease, None).await,
                 }
                 if let Some(held) = held {
                     starter.send(|| {
@@ -499,7 +382,7 @@ impl Engine {
                     Some(until) => self.l1.insert(key, Slot::HitForMiss(until)),
                     None => self.l1.remove(&key),
                 });
-                self.give_up(lease).await;
+                self.give_up(lease, None).await;
                 starter.send(|| Answer::Private(private));
             }
             Ok(Built::Failed { shared, private }) => {
@@ -508,7 +391,7 @@ impl Engine {
                     error: shared,
                 };
                 let answer = self.fail(leader, failure, stale.as_ref());
-                self.give_up(lease).await;
+                self.give_up(lease, Some(FailureKind::Error)).await;
                 starter.send(|| match (answer, private) {
                     (Answer::Failed(..), Some(private)) => Answer::Private(private),
                     (answer, _) => answer,
@@ -524,7 +407,7 @@ impl Engine {
                     tracing::error!(key = %key, "rebuild panicked");
                 }
                 let answer = self.fail(leader, Failure::new(kind), stale.as_ref());
-                self.give_up(lease).await;
+                self.give_up(lease, Some(kind)).await;
                 starter.send(|| match (answer, panic) {
                     (Answer::Failed(..), Some(payload)) => Answer::Panicked(payload),
                     (answer, _) => answer,

@@ -18,10 +18,7 @@ use bytes::Bytes;
 #[cfg(feature = "redis")]
 use super::codec::Envelope;
 
-/// Fixed bytes charged per entry on top of its value, for the key, the entry's
-/// own fields and the cache's bookkeeping. It keeps a flood of tiny entries
-/// from escaping the byte bound.
-pub(crate) const ENTRY_OVERHEAD: usize = 160;
+use crate::store::local::{Stored, SLOT_OVERHEAD as ENTRY_OVERHEAD};
 
 /// A value the cache can hold: cheap to clone (share data behind `Bytes` or
 /// `Arc`) and able to say roughly how many bytes it keeps alive.
@@ -284,10 +281,6 @@ impl Entry {
         self.value.is::<V>()
     }
 
-    pub(crate) fn weight(&self) -> u32 {
-        self.weight
-    }
-
     pub(crate) fn freshness(&self, now: Instant) -> Freshness {
         if now < self.fresh_until {
             Freshness::Fresh
@@ -303,11 +296,6 @@ impl Entry {
     /// Whether a failed rebuild may fall back to this entry.
     pub(crate) fn usable_on_error(&self, now: Instant) -> bool {
         now < self.fresh_until || now < self.if_error_until
-    }
-
-    /// The latest instant at which any window still allows serving the entry.
-    pub(crate) fn last_use(&self) -> Instant {
-        self.revalidate_until.max(self.if_error_until)
     }
 
     /// How old the value is, for the `Age` header.
@@ -334,6 +322,21 @@ impl Entry {
 
     pub(crate) fn rebuild_cost(&self) -> Duration {
         self.rebuild_cost
+    }
+}
+
+impl Stored for Entry {
+    fn weight(&self) -> u32 {
+        self.weight
+    }
+
+    /// The latest instant at which any window still allows serving the entry.
+    fn last_use(&self) -> Instant {
+        self.revalidate_until.max(self.if_error_until)
+    }
+
+    fn fresh_until(&self) -> Instant {
+        self.fresh_until
     }
 }
 

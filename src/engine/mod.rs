@@ -23,6 +23,7 @@
 //! they say how to rebuild and how to present what comes back, and every
 //! counter is kept here, so the two agree by construction.
 
+mod answer;
 pub(crate) mod codec;
 mod drive;
 pub(crate) mod early;
@@ -34,7 +35,7 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub(crate) use drive::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Status};
+pub(crate) use answer::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Status};
 pub use entry::CacheValue;
 pub(crate) use entry::{Held, Lifetime};
 
@@ -43,7 +44,11 @@ use flight::{Flights, Leader};
 
 use crate::key::Key;
 use crate::metrics::{self as m, count};
-use crate::store::local::{LocalTier, Slot};
+use crate::store::local;
+
+/// The L1 as the engine uses it.
+pub(crate) type LocalTier = local::LocalTier<Entry>;
+type Slot = local::Slot<Entry>;
 #[cfg(feature = "redis")]
 use crate::store::redis::RedisTier;
 

@@ -13,10 +13,12 @@ use std::time::Instant;
 #[cfg(feature = "redis")]
 use super::codec;
 use super::entry::{CacheValue, Entry, Held};
-use super::{Engine, FlightPolicy};
+use super::{Engine, FailureKind, FlightPolicy};
 use crate::key::Key;
 #[cfg(feature = "redis")]
 use crate::metrics::{self as m, count};
+#[cfg(feature = "redis")]
+use crate::store::redis::notify::Event;
 #[cfg(feature = "redis")]
 pub(crate) use crate::store::redis::Lease;
 #[cfg(feature = "redis")]
@@ -60,6 +62,12 @@ pub(crate) enum Plan {
     },
     /// Waited the whole budget for another instance's rebuild.
     TimedOut { stale: Option<Arc<Entry>> },
+    /// The instance that held the lease failed to rebuild, while this one
+    /// waited for it: share its failure rather than call the origin again.
+    Failed {
+        kind: FailureKind,
+        stale: Option<Arc<Entry>>,
+    },
 }
 
 impl Engine {
@@ -92,12 +100,19 @@ impl Engine {
             match held.value().encode() {
                 Some(payload) if !fresh.is_zero() => {
                     let bytes = codec::encode(&entry.envelope(), &payload);
-                    let _ = shared
+                    let committed = shared
                         .commit(&mut lease, bytes, fresh, entry.keep_for(fresh))
                         .await;
+                    if let Ok(false) = committed {
+                        // Fenced off: a newer entry, or an invalidation, came
+                        // after this rebuild began. Its copy here is no
+                        // better than Redis's: drop it (only if it is still
+                        // this one), and the next request reads Redis.
+                        self.l1.remove_if_same(&lease.key, entry);
+                    }
                 }
                 _ => {
-                    let _ = shared.release(&mut lease).await;
+                    let _ = shared.release(&mut lease, None).await;
                 }
             }
         }
@@ -108,16 +123,21 @@ impl Engine {
         }
     }
 
-    /// Gives the lease up without storing; waiters in the fleet retry at once.
-    pub(super) async fn give_up(&self, lease: Option<Lease>) {
+    /// Gives the lease up without storing. The instances waiting for it
+    /// retry at once, or, when the rebuild `failed`, share that failure.
+    pub(super) async fn give_up(&self, lease: Option<Lease>, failed: Option<FailureKind>) {
         let Some(lease) = lease else { return };
         #[cfg(feature = "redis")]
         {
             let mut lease = lease;
             if let Some(shared) = self.shared() {
-                let _ = shared.release(&mut lease).await;
+                let _ = shared
+                    .release(&mut lease, failed.map(FailureKind::code))
+                    .await;
             }
         }
+        #[cfg(not(feature = "redis"))]
+        let _ = failed;
         #[cfg(not(feature = "redis"))]
         match lease {}
     }
@@ -208,9 +228,14 @@ async fn plan_shared<V: CacheValue>(
         }
         // Woken by the holder's commit or failure notice; failing that, by
         // the lease running out (its holder died), or the budget.
-        let _ = registration
+        let woke = registration
             .wait(left.min(lease_pttl + Duration::from_millis(2)))
             .await;
+        if let Some(Event::FailedWith(code)) = woke {
+            if let Some(kind) = FailureKind::from_code(code) {
+                return Plan::Failed { kind, stale };
+            }
+        }
         waited = true;
     }
 }

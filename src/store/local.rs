@@ -5,22 +5,49 @@
 //! response, a `Set-Cookie`), so that requests for it go to the origin side by
 //! side instead of queueing behind one another for an answer they could never
 //! use (the "waiting list serialisation" trap of request-coalescing caches).
+//!
+//! The tier does not know what it stores beyond [`Stored`]: its weight and
+//! how long it may still be used.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "redis")]
+use moka::ops::compute::Op;
 use moka::sync::Cache as Moka;
 use moka::Expiry;
 
-use crate::engine::entry::{Entry, ENTRY_OVERHEAD};
 use crate::key::Key;
 
+/// Fixed bytes charged per slot on top of its value, for the key, the
+/// value's own fields and the cache's bookkeeping. It keeps a flood of tiny
+/// entries from escaping the byte bound.
+pub(crate) const SLOT_OVERHEAD: usize = 160;
+
+/// What the tier needs to know of a value it holds.
+pub(crate) trait Stored: Send + Sync + 'static {
+    /// Bytes charged against the bound (overhead included).
+    fn weight(&self) -> u32;
+    /// The last instant at which the value may be served at all.
+    fn last_use(&self) -> Instant;
+    /// When the value stops being fresh.
+    fn fresh_until(&self) -> Instant;
+}
+
 /// What the L1 holds for one key.
-#[derive(Clone)]
-pub(crate) enum Slot {
-    Value(Arc<Entry>),
+pub(crate) enum Slot<T> {
+    Value(Arc<T>),
     /// Until this instant, requests for the key bypass coalescing.
     HitForMiss(Instant),
+}
+
+impl<T> Clone for Slot<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Slot::Value(value) => Slot::Value(value.clone()),
+            Slot::HitForMiss(until) => Slot::HitForMiss(*until),
+        }
+    }
 }
 
 /// Each slot leaves the L1 when its last window closes, so memory is not held
@@ -28,24 +55,24 @@ pub(crate) enum Slot {
 struct SlotExpiry;
 
 impl SlotExpiry {
-    fn remaining(slot: &Slot, now: Instant) -> Option<Duration> {
+    fn remaining<T: Stored>(slot: &Slot<T>, now: Instant) -> Option<Duration> {
         let until = match slot {
-            Slot::Value(entry) => entry.last_use(),
+            Slot::Value(value) => value.last_use(),
             Slot::HitForMiss(until) => *until,
         };
         Some(until.saturating_duration_since(now))
     }
 }
 
-impl Expiry<Key, Slot> for SlotExpiry {
-    fn expire_after_create(&self, _: &Key, slot: &Slot, now: Instant) -> Option<Duration> {
+impl<T: Stored> Expiry<Key, Slot<T>> for SlotExpiry {
+    fn expire_after_create(&self, _: &Key, slot: &Slot<T>, now: Instant) -> Option<Duration> {
         Self::remaining(slot, now)
     }
 
     fn expire_after_update(
         &self,
         _: &Key,
-        slot: &Slot,
+        slot: &Slot<T>,
         now: Instant,
         _: Option<Duration>,
     ) -> Option<Duration> {
@@ -54,35 +81,43 @@ impl Expiry<Key, Slot> for SlotExpiry {
 }
 
 /// The byte-bounded L1.
-#[derive(Clone)]
-pub(crate) struct LocalTier {
-    cache: Moka<Key, Slot>,
+pub(crate) struct LocalTier<T> {
+    cache: Moka<Key, Slot<T>>,
     max_bytes: u64,
 }
 
-impl LocalTier {
+impl<T> Clone for LocalTier<T> {
+    fn clone(&self) -> Self {
+        LocalTier {
+            cache: self.cache.clone(),
+            max_bytes: self.max_bytes,
+        }
+    }
+}
+
+impl<T: Stored> LocalTier<T> {
     pub(crate) fn new(max_bytes: u64) -> Self {
         let cache = Moka::builder()
             .max_capacity(max_bytes)
-            .weigher(|_: &Key, slot: &Slot| match slot {
-                Slot::Value(entry) => entry.weight(),
-                Slot::HitForMiss(_) => ENTRY_OVERHEAD as u32,
+            .weigher(|_: &Key, slot: &Slot<T>| match slot {
+                Slot::Value(value) => value.weight(),
+                Slot::HitForMiss(_) => SLOT_OVERHEAD as u32,
             })
             .expire_after(SlotExpiry)
             .build();
         LocalTier { cache, max_bytes }
     }
 
-    pub(crate) fn get(&self, key: &Key) -> Option<Slot> {
+    pub(crate) fn get(&self, key: &Key) -> Option<Slot<T>> {
         self.cache.get(key)
     }
 
     /// Stores `slot`, unless it alone outweighs the whole bound: moka would
     /// admit it and evict it only at its next housekeeping, letting one huge
     /// value push out every hot entry in the meantime.
-    pub(crate) fn insert(&self, key: Key, slot: Slot) {
-        if let Slot::Value(entry) = &slot {
-            if u64::from(entry.weight()) > self.max_bytes {
+    pub(crate) fn insert(&self, key: Key, slot: Slot<T>) {
+        if let Slot::Value(value) = &slot {
+            if u64::from(value.weight()) > self.max_bytes {
                 self.cache.invalidate(&key);
                 return;
             }
@@ -90,20 +125,32 @@ impl LocalTier {
         self.cache.insert(key, slot);
     }
 
-    /// Stores a stale entry found in the shared tier, unless this process
+    /// Stores a stale value found in the shared tier, unless this process
     /// already holds one that is fresher.
-    pub(crate) fn insert_unless_newer(&self, key: Key, entry: Arc<Entry>) {
+    pub(crate) fn insert_unless_newer(&self, key: Key, value: Arc<T>) {
         let newer_here = matches!(
             self.get(&key),
-            Some(Slot::Value(current)) if current.fresh_until() >= entry.fresh_until()
+            Some(Slot::Value(current)) if current.fresh_until() >= value.fresh_until()
         );
         if !newer_here {
-            self.insert(key, Slot::Value(entry));
+            self.insert(key, Slot::Value(value));
         }
     }
 
     pub(crate) fn remove(&self, key: &Key) {
         self.cache.invalidate(key);
+    }
+
+    /// Removes the key's value only if it is still `value`: a newer one
+    /// stored meanwhile stays.
+    #[cfg(feature = "redis")]
+    pub(crate) fn remove_if_same(&self, key: &Key, value: &Arc<T>) {
+        let _ = self.cache.entry(*key).and_compute_with(|slot| match slot {
+            Some(slot) if matches!(slot.value(), Slot::Value(current) if Arc::ptr_eq(current, value)) => {
+                Op::Remove
+            }
+            _ => Op::Nop,
+        });
     }
 
     /// Bytes held, after applying pending evictions.

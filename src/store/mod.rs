@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 pub(crate) mod local;
+pub(crate) mod locks;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 

@@ -345,9 +345,14 @@ impl RedisTier {
         Ok(stored == 1)
     }
 
-    /// Gives the lease up without storing, telling waiters to retry now.
+    /// Gives the lease up without storing, telling waiters to retry now
+    /// (`failure` `None`) or to share the rebuild's failure, with its code.
     /// Returns false if it was no longer ours.
-    pub(crate) async fn release(self: &Arc<Self>, lease: &mut Lease) -> Result<bool, TierError> {
+    pub(crate) async fn release(
+        self: &Arc<Self>,
+        lease: &mut Lease,
+        failure: Option<u8>,
+    ) -> Result<bool, TierError> {
         lease.settle();
         if lease.is_lost() {
             // The token is gone from Redis (renewal refused, or the lease
@@ -355,13 +360,27 @@ impl RedisTier {
             // failing Redis need not be asked again.
             return Ok(false);
         }
-        self.release_token(&lease.key, lease.token()).await
+        let message = match failure {
+            Some(code) => Event::failure(&lease.key, code),
+            None => Event::Failed.message(&lease.key),
+        };
+        self.release_with(&lease.key, lease.token(), message).await
     }
 
     pub(crate) async fn release_token(
         self: &Arc<Self>,
         key: &Key,
         token: &str,
+    ) -> Result<bool, TierError> {
+        self.release_with(key, token, Event::Failed.message(key))
+            .await
+    }
+
+    async fn release_with(
+        self: &Arc<Self>,
+        key: &Key,
+        token: &str,
+        message: String,
     ) -> Result<bool, TierError> {
         let [_, _, lease_key, _] = self.keys(key);
         let mut conn = self.conn();
@@ -373,7 +392,7 @@ impl RedisTier {
                     .key(lease_key)
                     .arg(token)
                     .arg(&self.shared.channel)
-                    .arg(Event::Failed.message(key))
+                    .arg(message)
                     .invoke_async(&mut conn),
             )
             .await?;

@@ -29,6 +29,9 @@ pub(crate) enum Event {
     Committed,
     /// The lease holder gave up without a value; retry at once.
     Failed,
+    /// The lease holder's rebuild failed, with this code: the instances
+    /// that were waiting share the failure rather than each retry it.
+    FailedWith(u8),
     /// The entry was dropped.
     Invalidated,
     /// A lock was released, or its queue changed.
@@ -42,6 +45,7 @@ impl Event {
         match self {
             Event::Committed => 'c',
             Event::Failed => 'f',
+            Event::FailedWith(_) => 'x',
             Event::Invalidated => 'i',
             Event::Released => 'r',
             Event::None | Event::Reconnected => '-',
@@ -51,6 +55,11 @@ impl Event {
     /// The message that announces this event for `key`.
     pub(crate) fn message(self, key: &Key) -> String {
         format!("{}:{key}", self.tag())
+    }
+
+    /// A failure notice with its code.
+    pub(crate) fn failure(key: &Key, code: u8) -> String {
+        format!("x:{key}:{code}")
     }
 
     /// The message, signed by the instance that sends it.
@@ -69,6 +78,7 @@ impl Event {
         let event = match tag {
             "c" => Event::Committed,
             "f" => Event::Failed,
+            "x" => Event::FailedWith(sender?.parse().ok()?),
             "i" => Event::Invalidated,
             "r" => Event::Released,
             _ => return None,

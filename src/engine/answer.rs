@@ -1,0 +1,166 @@
+//! What passes between the driver and its adapters: how to rebuild
+//! ([`Rebuild`]), what a rebuild made ([`Built`]), and what a caller gets
+//! back ([`Answer`]).
+
+use std::any::Any;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::entry::{CacheValue, Entry, Held, Lifetime};
+use super::SharedError;
+use crate::key::Key;
+
+/// How an adapter rebuilds a key: the HTTP layer calls the inner service, the
+/// generic cache calls the caller's closure. It runs on the flight's task.
+pub(crate) trait Rebuild: Send + Sized + 'static {
+    /// What the engine stores and shares.
+    type Value: CacheValue;
+    /// What only the request that started the rebuild may have: its own
+    /// response when it may not be shared, its own error.
+    type Private: Send + 'static;
+
+    /// Runs the rebuild once. `stale` is the entry it replaces, if any.
+    fn rebuild(
+        self,
+        stale: Option<Held<Self::Value>>,
+    ) -> impl Future<Output = Built<Self::Value, Self::Private>> + Send + 'static;
+}
+
+/// What a rebuild made.
+pub(crate) enum Built<V, P> {
+    /// A value the waiters may share. `store`: keep it in the tiers too.
+    /// `failure`: an error answer (a 5xx) that a stale-if-error entry may
+    /// replace.
+    Value {
+        value: V,
+        lifetime: Lifetime,
+        initial_age: Duration,
+        store: bool,
+        failure: bool,
+        private: Option<P>,
+    },
+    /// An answer for the request that started the rebuild alone; the key
+    /// skips coalescing for `hit_for_miss`.
+    Unshared { private: P, hit_for_miss: Duration },
+    /// The rebuild failed: `shared` is what the waiters may have of the
+    /// error, `private` what its starter gets.
+    Failed {
+        shared: Option<SharedError>,
+        private: Option<P>,
+    },
+}
+
+/// Why a flight gave no value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FailureKind {
+    /// The rebuild returned an error.
+    Error,
+    /// The rebuild panicked.
+    Panic,
+    /// The rebuild ran past the rebuild timeout.
+    Timeout,
+    /// The wait budget ran out and the policy fails closed.
+    WaitTimeout,
+}
+
+#[cfg(feature = "redis")]
+impl FailureKind {
+    /// The kind's code in the shared tier's failure notice.
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            FailureKind::Error => 1,
+            FailureKind::Panic => 2,
+            FailureKind::Timeout => 3,
+            FailureKind::WaitTimeout => 4,
+        }
+    }
+
+    /// The kind a notice's code names; `None` for a code this version does
+    /// not know (the notice then only wakes, as a plain one does).
+    pub(crate) fn from_code(code: u8) -> Option<Self> {
+        Some(match code {
+            1 => FailureKind::Error,
+            2 => FailureKind::Panic,
+            3 => FailureKind::Timeout,
+            4 => FailureKind::WaitTimeout,
+            _ => return None,
+        })
+    }
+}
+
+/// A failed flight's outcome, as every waiter shares it.
+#[derive(Clone)]
+pub(crate) struct Failure {
+    pub kind: FailureKind,
+    pub error: Option<SharedError>,
+}
+
+impl Failure {
+    pub(crate) fn new(kind: FailureKind) -> Self {
+        Failure { kind, error: None }
+    }
+}
+
+/// How a caller was answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    /// A fresh entry, without waiting for anyone.
+    Hit,
+    /// A stale entry (while one refresh runs, or standing in for a failure).
+    Stale,
+    /// The rebuild this caller started.
+    Miss,
+    /// A rebuild someone else started.
+    Coalesced,
+}
+
+/// An entry to serve.
+pub(crate) struct Served<V, P> {
+    pub held: Held<V>,
+    pub status: Status,
+    /// Extras for the request that started the rebuild (its cookies).
+    pub private: Option<P>,
+}
+
+/// What a miss resolved to, for one caller.
+pub(crate) enum Answer<R: Rebuild> {
+    Served(Served<R::Value, R::Private>),
+    /// The caller's own answer from the rebuild it started.
+    Private(R::Private),
+    /// Nothing to serve; `Status` says whether this caller started the
+    /// rebuild (`Miss`) or waited for it (`Coalesced`).
+    Failed(Failure, Status),
+    /// Call the origin for this caller alone, uncached: the rebuild back.
+    Alone(R),
+    /// The rebuild this caller started panicked: resume the panic.
+    Panicked(Box<dyn Any + Send>),
+}
+
+/// A miss, as the L1 left it.
+pub(crate) struct Miss {
+    pub(super) key: Option<Key>,
+    pub(super) stale: Option<Arc<Entry>>,
+}
+
+impl Miss {
+    pub(crate) fn new(key: Key, stale: Option<Arc<Entry>>) -> Self {
+        Miss {
+            key: Some(key),
+            stale,
+        }
+    }
+
+    /// A miss that must not coalesce (hit-for-miss).
+    pub(crate) fn alone() -> Self {
+        Miss {
+            key: None,
+            stale: None,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn has_stale(&self) -> bool {
+        self.stale.is_some()
+    }
+}
