@@ -37,9 +37,21 @@ where
     B::Data: Buf,
 {
     let (mut parts, body) = response.into_parts();
-    let unshared = |reason: &'static str, parts, body| {
+    let unshared = |reason: &'static str, parts: http::response::Parts, body| {
         tracing::debug!(reason, "response not shared");
+        let failed = parts.status.is_server_error();
         let response = tag(policy, Response::from_parts(parts, body), CacheStatus::Miss);
+        if failed {
+            // A server error is a failed rebuild whatever its headers say
+            // (error pages are often marked no-store, or carry a session
+            // cookie): the waiters share the failure or the stale-if-error
+            // copy, and the starter gets its own answer. Sending each waiter
+            // to the origin would aim a herd at an origin that is failing.
+            return Built::Failed {
+                shared: None,
+                private: Some(Private::Response(response)),
+            };
+        }
         Built::Unshared {
             private: Private::Response(response),
             hit_for_miss: policy.hit_for_miss,
