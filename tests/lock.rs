@@ -360,3 +360,32 @@ async fn an_unreachable_redis_is_an_error_not_a_local_lock() {
         other => panic!("expected Unavailable, got {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_keep_rising_after_redis_restarts_with_empty_memory() {
+    let mut redis = RedisServer::start();
+    let (lock, backend) = redis_lock(&redis).await;
+    let before = lock.acquire("job").await.unwrap();
+    let issued = before.fencing_token();
+    drop(before);
+    // The counter is gone with the memory: a restart without persistence.
+    redis.restart();
+    assert_eq!(redis.raw(&["DBSIZE"]), ":0");
+    let mut after = None;
+    for _ in 0..100 {
+        if let Ok(guard) = lock.try_acquire("job").await {
+            after = guard;
+            if after.is_some() {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after = after.expect("the lock is free again once Redis answers");
+    assert!(
+        after.fencing_token() > issued,
+        "a token issued after the restart ({:?}) must exceed every earlier one ({issued:?})",
+        after.fencing_token()
+    );
+    drop(backend);
+}

@@ -133,6 +133,8 @@ pub const ACL_RULES: &[&str] = &[
     "+hset",
     "+hdel",
     "+hincrby",
+    "+hexists",
+    "+exists",
     "+incr",
     "+publish",
     "+time",

@@ -24,6 +24,8 @@ pub(crate) use crate::fence::FencingToken;
 pub(crate) struct Lease {
     pub(crate) key: Key,
     pub(crate) fence: FencingToken,
+    /// How long the lease lasts in Redis without renewal.
+    pub(crate) time: Duration,
     renewer: Renewer,
 }
 
@@ -38,6 +40,7 @@ impl Lease {
         Lease {
             key,
             fence: FencingToken(fence),
+            time,
             renewer: Renewer::start(tier, LeaseKind::Rebuild, key, token, time),
         }
     }

@@ -46,8 +46,10 @@ pub(crate) use lease::Lease;
 use notify::{Event, Notifier, OnInvalidate};
 use supervisor::{Signals, SupervisorGuard};
 
-/// How long the fence hash outlives the last lease on its key. A holder that
-/// stalls longer than this could pass the fence check; nothing stalls a day.
+/// How long the fence hash outlives the last lease on its key, so idle keys
+/// cost Redis nothing. A hash that expired (or was evicted, or lost to a
+/// restart) starts again from Redis's clock in microseconds, above every
+/// number issued before: expiry never lets numbers go back.
 const FENCE_KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// Settings of the Redis tier.
@@ -61,6 +63,10 @@ pub(crate) struct TierConfig {
     pub probe_interval: Duration,
 }
 
+/// How long a lease may be held by a token whose release went unanswered,
+/// when the caller does not know the lease's own time.
+const DEFAULT_ORPHAN_WINDOW: Duration = Duration::from_secs(30);
+
 /// Why a call to Redis gave no answer.
 #[derive(Debug)]
 pub(crate) enum TierError {
@@ -70,6 +76,19 @@ pub(crate) enum TierError {
     Timeout,
     /// Redis answered with an error, or the connection failed.
     Redis(RedisError),
+}
+
+impl TierError {
+    /// Whether the command may have run on the server although the caller
+    /// has no answer: it was sent, and the deadline passed or the
+    /// connection failed before the reply came.
+    pub(crate) fn may_have_run(&self) -> bool {
+        match self {
+            TierError::Open => false,
+            TierError::Timeout => true,
+            TierError::Redis(e) => e.is_timeout() || e.is_io_error() || e.is_connection_dropped(),
+        }
+    }
 }
 
 impl std::fmt::Display for TierError {
@@ -284,8 +303,18 @@ impl RedisTier {
             .arg(millis(lease_time).max(1))
             .arg(early.map_or(-1, |d| millis(d).min(1 << 52) as i64))
             .arg(millis(FENCE_KEEP));
-        let (status, value, a, value_pttl): (i64, Vec<u8>, i64, i64) =
-            self.call(invocation.invoke_async(&mut conn)).await?;
+        let reply = self.call(invocation.invoke_async(&mut conn)).await;
+        let (status, value, a, value_pttl): (i64, Vec<u8>, i64, i64) = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                // The script may have run, and taken the lease, after we
+                // stopped waiting: nobody else knows the token.
+                if e.may_have_run() {
+                    self.release_orphan(*key, token, lease_time);
+                }
+                return Err(e);
+            }
+        };
         let remote = |fresh: Option<Duration>| {
             (!value.is_empty()).then(|| Remote {
                 bytes: Bytes::from(value.clone()),
@@ -336,7 +365,15 @@ impl RedisTier {
             .arg(&self.shared.channel)
             .arg(Event::Committed.message(&lease.key))
             .arg(Event::Failed.message(&lease.key));
-        let stored: i64 = self.call(invocation.invoke_async(&mut conn)).await?;
+        let stored: i64 = match self.call(invocation.invoke_async(&mut conn)).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                // Whether or not the commit ran, the lease must not outlive
+                // it: release it by its token (a no-op if the commit did).
+                self.release_orphan(lease.key, lease.token().to_owned(), lease.time);
+                return Err(e);
+            }
+        };
         if stored == 0 {
             self.stats.fenced_writes.fetch_add(1, Ordering::Relaxed);
             count(m::FENCED_WRITES);
@@ -364,7 +401,8 @@ impl RedisTier {
             Some(code) => Event::failure(&lease.key, code),
             None => Event::Failed.message(&lease.key),
         };
-        self.release_with(&lease.key, lease.token(), message).await
+        self.release_with(&lease.key, lease.token(), message, lease.time)
+            .await
     }
 
     pub(crate) async fn release_token(
@@ -372,8 +410,13 @@ impl RedisTier {
         key: &Key,
         token: &str,
     ) -> Result<bool, TierError> {
-        self.release_with(key, token, Event::Failed.message(key))
-            .await
+        self.release_with(
+            key,
+            token,
+            Event::Failed.message(key),
+            DEFAULT_ORPHAN_WINDOW,
+        )
+        .await
     }
 
     async fn release_with(
@@ -381,22 +424,72 @@ impl RedisTier {
         key: &Key,
         token: &str,
         message: String,
+        window: Duration,
     ) -> Result<bool, TierError> {
+        match self.call(self.release_script(key, token, &message)).await {
+            Ok(released) => Ok(released == 1),
+            Err(e) => {
+                // Unanswered, or not even sent (the circuit is open): the
+                // lease is still held, and only this token can free it.
+                self.release_orphan(*key, token.to_owned(), window);
+                Err(e)
+            }
+        }
+    }
+
+    /// The release script itself, without the deadline or the breaker.
+    async fn release_script(
+        &self,
+        key: &Key,
+        token: &str,
+        message: &str,
+    ) -> Result<i64, RedisError> {
         let [_, _, lease_key, _] = self.keys(key);
         let mut conn = self.conn();
-        let released: i64 = self
-            .call(
-                self.shared
-                    .scripts
-                    .release
-                    .key(lease_key)
-                    .arg(token)
-                    .arg(&self.shared.channel)
-                    .arg(message)
-                    .invoke_async(&mut conn),
-            )
-            .await?;
-        Ok(released == 1)
+        self.shared
+            .scripts
+            .release
+            .key(lease_key)
+            .arg(token)
+            .arg(&self.shared.channel)
+            .arg(message)
+            .invoke_async(&mut conn)
+            .await
+    }
+
+    /// Releases a lease by its token in the background, for a call whose
+    /// outcome is unknown (its deadline passed, its connection failed) or
+    /// that could not be made: a script may have taken or kept the lease
+    /// after the caller stopped waiting, and then nobody else could release
+    /// it, and the fleet would wait it out. Retries past the circuit breaker
+    /// until the lease would have lapsed by itself; a release of a token that
+    /// no longer holds the lease does nothing.
+    pub(crate) fn release_orphan(self: &Arc<Self>, key: Key, token: String, lease: Duration) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let tier = self.clone();
+        let until = std::time::Instant::now() + lease;
+        runtime.spawn(async move {
+            let deadline = tier.shared.config.deadline;
+            let message = Event::Failed.message(&key);
+            let mut pause = deadline;
+            loop {
+                let attempt = tier.release_script(&key, &token, &message);
+                if let Ok(Ok(released)) = tokio::time::timeout(deadline, attempt).await {
+                    if released == 1 {
+                        tracing::debug!(key = %key, "released a lease whose call had no answer");
+                    }
+                    return;
+                }
+                let left = until.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    return;
+                }
+                tokio::time::sleep(pause.min(left)).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+        });
     }
 
     pub(crate) async fn renew(

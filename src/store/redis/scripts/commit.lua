@@ -15,11 +15,14 @@
 -- ARGV[8] message the wake-up message for this key
 -- ARGV[9] refused the failure notice, sent when a newer entry won
 --
--- Returns 1 when stored, 0 when a newer entry won (fenced off).
+-- Returns 1 when stored, 0 when fenced off: a newer entry was stored, an
+-- invalidation came, or a newer lease was issued after ours (ours lapsed and
+-- another holder is rebuilding from fresher data).
 local committed = tonumber(redis.call('HGET', KEYS[4], 'committed') or '0')
+local issued = tonumber(redis.call('HGET', KEYS[4], 'next') or '0')
 local fence = tonumber(ARGV[2])
 local stored = 0
-if fence >= committed then
+if fence >= committed and fence >= issued then
   redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[5])
   if tonumber(ARGV[4]) > 0 then
     redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[4])

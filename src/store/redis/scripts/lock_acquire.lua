@@ -41,6 +41,13 @@ end
 if not owner and (head == nil or head == token) then
   redis.call('ZREM', KEYS[3], token)
   redis.call('HDEL', KEYS[4], token)
+  -- Fencing numbers only go up: a counter lost to a restart, eviction or
+  -- expiry starts again from Redis's clock in microseconds, above every
+  -- number issued before it.
+  if redis.call('EXISTS', KEYS[2]) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+  end
   local fence = redis.call('INCR', KEYS[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[4])
   redis.call('HSET', KEYS[1], 'owner', token, 'count', 1, 'fence', fence)
