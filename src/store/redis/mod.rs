@@ -9,7 +9,7 @@
 //! | `…:v` | the encoded entry | when its last stale window closes |
 //! | `…:f` | freshness marker | when the entry stops being fresh (Redis's clock) |
 //! | `…:l` | rebuild lease: the owner's token | after the lease time, unless renewed |
-//! | `…:n` | fence hash: numbers issued and committed | a day after the last lease |
+//! | `…:n` | fence hash: numbers issued and committed | a day after the last lease (then reseeded from Redis's clock) |
 //!
 //! Every call has a deadline. Failures feed a circuit breaker; while it is
 //! open the engine does not call Redis at all and protects the process with
@@ -20,6 +20,7 @@
 mod breaker;
 pub(crate) mod config;
 pub(crate) mod connection;
+mod entries;
 pub(crate) mod lease;
 pub(crate) mod lock;
 pub(crate) mod notify;
@@ -33,24 +34,17 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use bytes::Bytes;
 use redis::{RedisError, Script};
 
 use crate::key::Key;
 use crate::metrics::{self as m, count};
-use crate::store::millis;
 use breaker::Breaker;
 use config::TlsPem;
 use connection::{Conn, Link, Options, Sink, Topology};
+pub(crate) use entries::{Fetched, Remote};
 pub(crate) use lease::Lease;
-use notify::{Event, Notifier, OnInvalidate};
+use notify::{Notifier, OnInvalidate};
 use supervisor::{Signals, SupervisorGuard};
-
-/// How long the fence hash outlives the last lease on its key, so idle keys
-/// cost Redis nothing. A hash that expired (or was evicted, or lost to a
-/// restart) starts again from Redis's clock in microseconds, above every
-/// number issued before: expiry never lets numbers go back.
-const FENCE_KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// Settings of the Redis tier.
 #[derive(Clone, Debug)]
@@ -62,10 +56,6 @@ pub(crate) struct TierConfig {
     pub connect_timeout: Duration,
     pub probe_interval: Duration,
 }
-
-/// How long a lease may be held by a token whose release went unanswered,
-/// when the caller does not know the lease's own time.
-const DEFAULT_ORPHAN_WINDOW: Duration = Duration::from_secs(30);
 
 /// Why a call to Redis gave no answer.
 #[derive(Debug)]
@@ -99,28 +89,6 @@ impl std::fmt::Display for TierError {
             TierError::Redis(e) => write!(f, "{e}"),
         }
     }
-}
-
-/// An entry as Redis holds it, with its remaining lifetimes.
-pub(crate) struct Remote {
-    pub bytes: Bytes,
-    /// Remaining freshness; `None` when stale.
-    pub fresh: Option<Duration>,
-    /// Time until the value expires from Redis altogether, if it has a TTL.
-    pub remaining: Option<Duration>,
-}
-
-/// What `fetch_or_lease` found.
-pub(crate) enum Fetched {
-    /// A fresh entry.
-    Fresh(Remote),
-    /// The lease is ours: rebuild, then commit. The old entry, if any.
-    Leased { lease: Lease, stale: Option<Remote> },
-    /// Someone else holds the lease for `lease_pttl`. The old entry, if any.
-    Held {
-        lease_pttl: Duration,
-        stale: Option<Remote>,
-    },
 }
 
 struct Scripts {
@@ -281,265 +249,6 @@ impl RedisTier {
         }
         Err(error)
     }
-
-    /// Returns the entry if fresh; otherwise tries to take the lease. With
-    /// `early`, also takes the lease for a fresh entry that has no more than
-    /// that much freshness left. One round trip.
-    pub(crate) async fn fetch_or_lease(
-        self: &Arc<Self>,
-        key: &Key,
-        lease_time: Duration,
-        early: Option<Duration>,
-    ) -> Result<Fetched, TierError> {
-        let keys = self.keys(key);
-        let token = Lease::new_token();
-        let mut conn = self.conn();
-        let mut invocation = self.shared.scripts.fetch_or_lease.prepare_invoke();
-        for k in &keys {
-            invocation.key(k);
-        }
-        invocation
-            .arg(&token)
-            .arg(millis(lease_time).max(1))
-            .arg(early.map_or(-1, |d| millis(d).min(1 << 52) as i64))
-            .arg(millis(FENCE_KEEP));
-        let reply = self.call(invocation.invoke_async(&mut conn)).await;
-        let (status, value, a, value_pttl): (i64, Vec<u8>, i64, i64) = match reply {
-            Ok(reply) => reply,
-            Err(e) => {
-                // The script may have run, and taken the lease, after we
-                // stopped waiting: nobody else knows the token.
-                if e.may_have_run() {
-                    self.release_orphan(*key, token, lease_time);
-                }
-                return Err(e);
-            }
-        };
-        let remote = |fresh: Option<Duration>| {
-            (!value.is_empty()).then(|| Remote {
-                bytes: Bytes::from(value.clone()),
-                fresh,
-                remaining: positive(value_pttl),
-            })
-        };
-        Ok(match status {
-            1 => match remote(positive(a)) {
-                Some(entry) => Fetched::Fresh(entry),
-                None => return Err(protocol_error()),
-            },
-            2 => Fetched::Leased {
-                stale: remote(None),
-                lease: Lease::new(self.clone(), *key, token, a.max(0) as u64, lease_time),
-            },
-            3 => Fetched::Held {
-                lease_pttl: positive(a).unwrap_or(Duration::ZERO),
-                stale: remote(None),
-            },
-            _ => return Err(protocol_error()),
-        })
-    }
-
-    /// Stores a rebuilt entry under the lease's fence, releases the lease and
-    /// wakes the fleet. Returns false if a newer entry won.
-    pub(crate) async fn commit(
-        self: &Arc<Self>,
-        lease: &mut Lease,
-        entry: Bytes,
-        fresh: Duration,
-        keep: Duration,
-    ) -> Result<bool, TierError> {
-        lease.settle();
-        let keys = self.keys(&lease.key);
-        let mut conn = self.conn();
-        let mut invocation = self.shared.scripts.commit.prepare_invoke();
-        for k in &keys {
-            invocation.key(k);
-        }
-        invocation
-            .arg(lease.token())
-            .arg(lease.fence.0)
-            .arg(entry.as_ref())
-            .arg(millis(fresh))
-            .arg(millis(keep).max(1))
-            .arg(millis(FENCE_KEEP))
-            .arg(&self.shared.channel)
-            .arg(Event::Committed.message(&lease.key))
-            .arg(Event::Failed.message(&lease.key));
-        let stored: i64 = match self.call(invocation.invoke_async(&mut conn)).await {
-            Ok(stored) => stored,
-            Err(e) => {
-                // Whether or not the commit ran, the lease must not outlive
-                // it: release it by its token (a no-op if the commit did).
-                self.release_orphan(lease.key, lease.token().to_owned(), lease.time);
-                return Err(e);
-            }
-        };
-        if stored == 0 {
-            self.stats.fenced_writes.fetch_add(1, Ordering::Relaxed);
-            count(m::FENCED_WRITES);
-            tracing::info!(key = %lease.key, fence = lease.fence.0, "late commit refused: a newer entry is stored");
-        }
-        Ok(stored == 1)
-    }
-
-    /// Gives the lease up without storing, telling waiters to retry now
-    /// (`failure` `None`) or to share the rebuild's failure, with its code.
-    /// Returns false if it was no longer ours.
-    pub(crate) async fn release(
-        self: &Arc<Self>,
-        lease: &mut Lease,
-        failure: Option<u8>,
-    ) -> Result<bool, TierError> {
-        lease.settle();
-        if lease.is_lost() {
-            // The token is gone from Redis (renewal refused, or the lease
-            // lapsed): the compare-token script would do nothing, and a
-            // failing Redis need not be asked again.
-            return Ok(false);
-        }
-        let message = match failure {
-            Some(code) => Event::failure(&lease.key, code),
-            None => Event::Failed.message(&lease.key),
-        };
-        self.release_with(&lease.key, lease.token(), message, lease.time)
-            .await
-    }
-
-    pub(crate) async fn release_token(
-        self: &Arc<Self>,
-        key: &Key,
-        token: &str,
-    ) -> Result<bool, TierError> {
-        self.release_with(
-            key,
-            token,
-            Event::Failed.message(key),
-            DEFAULT_ORPHAN_WINDOW,
-        )
-        .await
-    }
-
-    async fn release_with(
-        self: &Arc<Self>,
-        key: &Key,
-        token: &str,
-        message: String,
-        window: Duration,
-    ) -> Result<bool, TierError> {
-        match self.call(self.release_script(key, token, &message)).await {
-            Ok(released) => Ok(released == 1),
-            Err(e) => {
-                // Unanswered, or not even sent (the circuit is open): the
-                // lease is still held, and only this token can free it.
-                self.release_orphan(*key, token.to_owned(), window);
-                Err(e)
-            }
-        }
-    }
-
-    /// The release script itself, without the deadline or the breaker.
-    async fn release_script(
-        &self,
-        key: &Key,
-        token: &str,
-        message: &str,
-    ) -> Result<i64, RedisError> {
-        let [_, _, lease_key, _] = self.keys(key);
-        let mut conn = self.conn();
-        self.shared
-            .scripts
-            .release
-            .key(lease_key)
-            .arg(token)
-            .arg(&self.shared.channel)
-            .arg(message)
-            .invoke_async(&mut conn)
-            .await
-    }
-
-    /// Releases a lease by its token in the background, for a call whose
-    /// outcome is unknown (its deadline passed, its connection failed) or
-    /// that could not be made: a script may have taken or kept the lease
-    /// after the caller stopped waiting, and then nobody else could release
-    /// it, and the fleet would wait it out. Retries past the circuit breaker
-    /// until the lease would have lapsed by itself; a release of a token that
-    /// no longer holds the lease does nothing.
-    pub(crate) fn release_orphan(self: &Arc<Self>, key: Key, token: String, lease: Duration) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let tier = self.clone();
-        let until = std::time::Instant::now() + lease;
-        runtime.spawn(async move {
-            let deadline = tier.shared.config.deadline;
-            let message = Event::Failed.message(&key);
-            let mut pause = deadline;
-            loop {
-                let attempt = tier.release_script(&key, &token, &message);
-                if let Ok(Ok(released)) = tokio::time::timeout(deadline, attempt).await {
-                    if released == 1 {
-                        tracing::debug!(key = %key, "released a lease whose call had no answer");
-                    }
-                    return;
-                }
-                let left = until.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    return;
-                }
-                tokio::time::sleep(pause.min(left)).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
-            }
-        });
-    }
-
-    pub(crate) async fn renew(
-        self: &Arc<Self>,
-        key: &Key,
-        token: &str,
-        time: Duration,
-    ) -> Result<bool, TierError> {
-        let [_, _, lease_key, _] = self.keys(key);
-        let mut conn = self.conn();
-        let renewed: i64 = self
-            .call(
-                self.shared
-                    .scripts
-                    .renew
-                    .key(lease_key)
-                    .arg(token)
-                    .arg(millis(time).max(1))
-                    .invoke_async(&mut conn),
-            )
-            .await?;
-        Ok(renewed == 1)
-    }
-
-    /// Drops the entry from Redis and from every instance's L1.
-    pub(crate) async fn invalidate(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
-        let [value, fresh, _, fence] = self.keys(key);
-        let mut conn = self.conn();
-        let _: i64 = self
-            .call(
-                self.shared
-                    .scripts
-                    .invalidate
-                    .key(value)
-                    .key(fresh)
-                    .key(fence)
-                    .arg(&self.shared.channel)
-                    .arg(self.notifier.invalidation(key))
-                    .arg(millis(FENCE_KEEP))
-                    .invoke_async(&mut conn),
-            )
-            .await?;
-        Ok(())
-    }
-
-    pub(crate) fn count_corrupt(&self, key: &Key) {
-        self.stats.corrupt_entries.fetch_add(1, Ordering::Relaxed);
-        count(m::CORRUPT_ENTRIES);
-        tracing::warn!(key = %key, "unreadable entry in Redis; treating it as a miss");
-    }
 }
 
 impl Shared {
@@ -591,15 +300,4 @@ async fn open(
         script.load_async(&mut loader).await?;
     }
     Ok(link)
-}
-
-fn positive(ms: i64) -> Option<Duration> {
-    (ms > 0).then(|| Duration::from_millis(ms as u64))
-}
-
-fn protocol_error() -> TierError {
-    TierError::Redis(RedisError::from((
-        redis::ErrorKind::Client,
-        "unexpected reply from a stampede-guard script",
-    )))
 }
