@@ -106,11 +106,17 @@ struct Scripts {
 impl Scripts {
     fn new() -> Self {
         Scripts {
-            fetch_or_lease: Script::new(include_str!("scripts/fetch_or_lease.lua")),
+            fetch_or_lease: Script::new(concat!(
+                include_str!("scripts/fence.lua"),
+                include_str!("scripts/fetch_or_lease.lua")
+            )),
             commit: Script::new(include_str!("scripts/commit.lua")),
             release: Script::new(include_str!("scripts/release.lua")),
             renew: Script::new(include_str!("scripts/renew.lua")),
-            invalidate: Script::new(include_str!("scripts/invalidate.lua")),
+            invalidate: Script::new(concat!(
+                include_str!("scripts/fence.lua"),
+                include_str!("scripts/invalidate.lua")
+            )),
             lock_acquire: Script::new(include_str!("scripts/lock_acquire.lua")),
             lock_release: Script::new(include_str!("scripts/lock_release.lua")),
             lock_renew: Script::new(include_str!("scripts/lock_renew.lua")),

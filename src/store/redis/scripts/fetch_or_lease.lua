@@ -16,18 +16,6 @@
 --   {1, value, fresh_pttl, value_pttl}   fresh hit
 --   {2, value or "", fence, value_pttl}  lease taken: rebuild, then commit with this fence
 --   {3, value or "", lease_pttl, value_pttl}  another owner holds the lease
--- Fencing numbers only go up, for the life of the deployment. A fence hash
--- lost to a restart with empty memory, to eviction or to its own expiry
--- starts again from Redis's clock in microseconds: above every number issued
--- before it (each lease adds one; a microsecond passes far more often).
-local function seed_fence(key)
-  if redis.call('HEXISTS', key, 'next') == 0 then
-    local t = redis.call('TIME')
-    -- Built as a string: a Lua number this large would be sent as 1.7e+15.
-    redis.call('HSET', key, 'next', t[1] .. string.format('%06d', tonumber(t[2])))
-  end
-end
-
 local value = redis.call('GET', KEYS[1]) or ''
 local value_pttl = redis.call('PTTL', KEYS[1])
 local fresh_pttl = redis.call('PTTL', KEYS[2])
@@ -36,7 +24,7 @@ if value ~= '' and fresh_pttl > 0 and (early < 0 or fresh_pttl > early) then
   return {1, value, fresh_pttl, value_pttl}
 end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  seed_fence(KEYS[4])
+  seed_fence(KEYS[4]) -- fence.lua, prepended
   local fence = redis.call('HINCRBY', KEYS[4], 'next', 1)
   redis.call('PEXPIRE', KEYS[4], ARGV[4])
   return {2, value, fence, value_pttl}

@@ -11,22 +11,10 @@
 -- ARGV[3] fkeep   fence hash lifetime in milliseconds
 --
 -- Returns the number of entry keys removed.
--- Fencing numbers only go up, for the life of the deployment. A fence hash
--- lost to a restart with empty memory, to eviction or to its own expiry
--- starts again from Redis's clock in microseconds: above every number issued
--- before it (each lease adds one; a microsecond passes far more often).
-local function seed_fence(key)
-  if redis.call('HEXISTS', key, 'next') == 0 then
-    local t = redis.call('TIME')
-    -- Built as a string: a Lua number this large would be sent as 1.7e+15.
-    redis.call('HSET', key, 'next', t[1] .. string.format('%06d', tonumber(t[2])))
-  end
-end
-
 local removed = redis.call('DEL', KEYS[1], KEYS[2])
 -- Every fence issued so far is below this: a rebuild that began before the
 -- invalidation cannot commit, even if Redis lost the hash in between.
-seed_fence(KEYS[3])
+seed_fence(KEYS[3]) -- fence.lua, prepended
 local next = redis.call('HINCRBY', KEYS[3], 'next', 1)
 redis.call('HSET', KEYS[3], 'committed', next)
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
