@@ -290,7 +290,13 @@ mod tests {
         let tier = connect(&redis).await;
         let key = Key::for_value("t", b"k");
         redis.kill();
-        let first: Error = tier.invalidate(&key).await.unwrap_err().into();
+        let lease = std::time::Duration::from_secs(1);
+        let first: Error = tier
+            .fetch_or_lease(&key, lease, None)
+            .await
+            .err()
+            .expect("Redis is gone")
+            .into();
         assert!(
             matches!(first.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
             "{first}: {:?}",
@@ -298,9 +304,26 @@ mod tests {
         );
         let mut last = first;
         for _ in 0..10 {
-            last = tier.invalidate(&key).await.unwrap_err().into();
+            last = tier
+                .fetch_or_lease(&key, lease, None)
+                .await
+                .err()
+                .expect("Redis is gone")
+                .into();
         }
         assert_eq!(last.kind(), ErrorKind::Unavailable, "the circuit is open");
         assert!(last.source().is_none(), "Redis was not asked");
+        // An invalidation is still tried with the circuit open, and says why
+        // it failed.
+        let purge: Error = tier.invalidate(&key).await.unwrap_err().into();
+        assert!(
+            matches!(purge.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+            "{purge}: {:?}",
+            purge.kind()
+        );
+        assert!(
+            purge.source().is_some() || purge.kind() == ErrorKind::Timeout,
+            "Redis was asked"
+        );
     }
 }

@@ -173,11 +173,14 @@ async fn plan_shared<V: CacheValue>(
         // Listen before asking, so a publish between the answer and the wait
         // still wakes us.
         let mut registration = shared.notifier.register(key);
+        // Redis's remaining freshness is counted from when the question was
+        // sent: the reply may come late, and counting from its arrival would
+        // call an entry fresh after Redis's own freshness has ended.
+        let now = Instant::now();
         let fetched = match shared.fetch_or_lease(&key, policy.lease, early).await {
             Ok(fetched) => fetched,
             Err(_) => return Plan::Rebuild { lease: None, stale },
         };
-        let now = Instant::now();
         let (lease, lease_pttl, old) = match fetched {
             Fetched::Fresh(remote) => match decode::<V>(remote, now) {
                 Some(entry) => {
@@ -222,7 +225,7 @@ async fn plan_shared<V: CacheValue>(
         // Another instance holds the lease. (An early refresh that finds one
         // already refreshing waits for its commit too, and so loads the new
         // entry before its own copy expires.)
-        let left = give_up.saturating_duration_since(now);
+        let left = give_up.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Plan::TimedOut { stale };
         }

@@ -24,6 +24,10 @@ use crate::store::millis;
 /// number issued before: expiry never lets numbers go back.
 const FENCE_KEEP: Duration = Duration::from_secs(24 * 3600);
 
+/// How many times an invalidation is tried before its caller is told it
+/// failed.
+const INVALIDATE_ATTEMPTS: u32 = 3;
+
 /// How long a lease may be held by a token whose release went unanswered,
 /// when the caller does not know the lease's own time.
 const DEFAULT_ORPHAN_WINDOW: Duration = Duration::from_secs(30);
@@ -284,24 +288,39 @@ impl RedisTier {
     }
 
     /// Drops the entry from Redis and from every instance's L1.
+    ///
+    /// An invalidation is a write the caller is owed, not a read the cache
+    /// can do without: it goes to Redis even while the circuit is open, and
+    /// is tried [`INVALIDATE_ATTEMPTS`] times (each under the deadline, with
+    /// a growing pause) before the caller is told it did not reach Redis.
     pub(crate) async fn invalidate(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
         let [value, fresh, _, fence] = self.keys(key);
-        let mut conn = self.conn();
-        let _: i64 = self
-            .call(
-                self.shared
-                    .scripts
-                    .invalidate
-                    .key(value)
-                    .key(fresh)
-                    .key(fence)
-                    .arg(&self.shared.channel)
-                    .arg(self.notifier.invalidation(key))
-                    .arg(millis(FENCE_KEEP))
-                    .invoke_async(&mut conn),
-            )
-            .await?;
-        Ok(())
+        let message = self.notifier.invalidation(key);
+        let deadline = self.shared.config.deadline;
+        let mut last = TierError::Timeout;
+        for attempt in 0..INVALIDATE_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(deadline * (1 << attempt)).await;
+            }
+            let mut conn = self.conn();
+            let mut invocation = self.shared.scripts.invalidate.key(&value);
+            invocation
+                .key(&fresh)
+                .key(&fence)
+                .arg(&self.shared.channel)
+                .arg(&message)
+                .arg(millis(FENCE_KEEP));
+            let call = invocation.invoke_async::<i64>(&mut conn);
+            last = match tokio::time::timeout(deadline, call).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(e)) => TierError::Redis(e),
+                Err(_) => TierError::Timeout,
+            };
+            self.stats.errors.fetch_add(1, Ordering::Relaxed);
+            count(m::REDIS_ERRORS);
+        }
+        tracing::warn!(key = %key, error = %last, "invalidation did not reach redis");
+        Err(last)
     }
 
     pub(crate) fn count_corrupt(&self, key: &Key) {

@@ -229,7 +229,10 @@ mod tests {
             if !tier.is_available() {
                 return;
             }
-            assert!(tier.invalidate(&key).await.is_err());
+            assert!(tier
+                .fetch_or_lease(&key, Duration::from_secs(1), None)
+                .await
+                .is_err());
         }
         panic!("the circuit did not open");
     }

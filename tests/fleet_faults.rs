@@ -1,0 +1,106 @@
+//! Fleet promises under real faults: invalidation with the circuit open,
+//! after the subscriber lost its connection, and against a rebuild that was
+//! already running elsewhere.
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::fleet::instance;
+use common::redis::RedisServer;
+use common::{get as get_req, send, Origin};
+use stampede_guard::Backend;
+
+async fn backend(redis: &RedisServer, probe: Duration) -> Backend {
+    Backend::redis_builder(&redis.url())
+        .deadline(Duration::from_millis(50))
+        .probe_interval(probe)
+        .connect()
+        .await
+        .expect("redis backend")
+}
+
+/// Fails this backend's Redis calls until its circuit opens, by freezing
+/// Redis under a request; then lets Redis answer again.
+async fn open_the_circuit(redis: &RedisServer, app: &axum::Router, backend: &Backend) {
+    redis.freeze();
+    for i in 0..20 {
+        send(app, get_req(&format!("/report/trip{i}"))).await;
+        if !backend.stats().redis.expect("redis tier").available {
+            break;
+        }
+    }
+    assert!(
+        !backend.stats().redis.unwrap().available,
+        "the circuit opened"
+    );
+    // The first probe runs at once, and fails against the frozen server;
+    // the next is a probe interval away.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.thaw();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_reaches_redis_while_the_circuit_is_open() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    // A probe far in the future: the circuit stays open for the whole test.
+    let a_backend = backend(&redis, Duration::from_secs(60)).await;
+    let a = instance(a_backend.clone(), &origin, Duration::ZERO, |g| {
+        g.ttl(Duration::from_secs(60))
+    });
+    let b = instance(
+        backend(&redis, Duration::from_secs(60)).await,
+        &origin,
+        Duration::ZERO,
+        |g| g.ttl(Duration::from_secs(60)),
+    );
+    assert_eq!(send(&b.app, get_req("/report")).await.text(), "v1");
+    open_the_circuit(&redis, &a.app, &a_backend).await;
+
+    a.guard
+        .invalidate(&get_req("/report"))
+        .await
+        .expect("the invalidation reached Redis although the circuit is open");
+    assert!(
+        !a_backend.stats().redis.unwrap().available,
+        "still open: the invalidation went past it"
+    );
+    let c = instance(
+        backend(&redis, Duration::from_secs(60)).await,
+        &origin,
+        Duration::ZERO,
+        |g| g.ttl(Duration::from_secs(60)),
+    );
+    let after = send(&c.app, get_req("/report")).await;
+    assert_ne!(after.text(), "v1", "Redis no longer holds the old value");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_that_cannot_reach_redis_says_so() {
+    let mut redis = RedisServer::start();
+    let origin = Origin::default();
+    let a = instance(
+        backend(&redis, Duration::from_secs(60)).await,
+        &origin,
+        Duration::ZERO,
+        |g| g.ttl(Duration::from_secs(60)),
+    );
+    assert_eq!(send(&a.app, get_req("/report")).await.text(), "v1");
+    redis.kill();
+    let error = a
+        .guard
+        .invalidate(&get_req("/report"))
+        .await
+        .expect_err("Redis is gone");
+    assert!(
+        matches!(
+            error.kind(),
+            stampede_guard::ErrorKind::Unavailable | stampede_guard::ErrorKind::Timeout
+        ),
+        "{error}"
+    );
+    // This process dropped its own copy all the same.
+    assert_eq!(send(&a.app, get_req("/report")).await.text(), "v2");
+}
