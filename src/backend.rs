@@ -24,7 +24,7 @@ pub use crate::store::redis::config::{RedisConfig, TlsFiles};
 #[cfg(feature = "redis")]
 use crate::store::redis::connection::Topology;
 #[cfg(feature = "redis")]
-use crate::store::redis::{RedisTier, TierConfig};
+use crate::store::redis::{Invalidated, RedisTier, TierConfig};
 
 pub use crate::store::DEFAULT_L1_MAX_BYTES;
 
@@ -305,9 +305,12 @@ impl RedisBackendBuilder {
         // goes, and a flight running for the key may no longer store.
         let on_invalidate = {
             let engine = Arc::downgrade(&engine);
-            Arc::new(move |key| {
+            Arc::new(move |what| {
                 if let Some(engine) = engine.upgrade() {
-                    engine.invalidate_here(&key);
+                    match what {
+                        Invalidated::Key(key) => engine.invalidate_here(&key),
+                        Invalidated::Everything => engine.invalidate_everything_here(),
+                    }
                 }
             })
         };

@@ -104,3 +104,42 @@ async fn an_invalidation_that_cannot_reach_redis_says_so() {
     // This process dropped its own copy all the same.
     assert_eq!(send(&a.app, get_req("/report")).await.text(), "v2");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_redis_restarts_under_idle_instances_their_copies_are_not_trusted() {
+    let mut redis = RedisServer::start();
+    let origin = Origin::default();
+    let a = instance(
+        backend(&redis, Duration::from_millis(100)).await,
+        &origin,
+        Duration::ZERO,
+        |g| g.ttl(Duration::from_secs(60)),
+    );
+    let b = instance(
+        backend(&redis, Duration::from_millis(100)).await,
+        &origin,
+        Duration::ZERO,
+        |g| g.ttl(Duration::from_secs(60)),
+    );
+    assert_eq!(send(&a.app, get_req("/report")).await.text(), "v1");
+    let cached = send(&b.app, get_req("/report")).await;
+    assert_eq!((cached.text().as_str(), cached.x_cache()), ("v1", "HIT"));
+
+    // Redis restarts empty while both instances are idle: B's subscriber is
+    // gone, and whatever is invalidated before it is back is not heard.
+    redis.restart();
+    let mut b_answer = String::from("v1");
+    for _ in 0..50 {
+        if a.guard.invalidate(&get_req("/report")).await.is_ok() {
+            b_answer = send(&b.app, get_req("/report")).await.text();
+            if b_answer != "v1" {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_ne!(
+        b_answer, "v1",
+        "B heard the invalidation, or dropped its copy once its subscription was back"
+    );
+}

@@ -127,6 +127,17 @@ impl Flights {
         }
     }
 
+    /// Detaches every flight (see [`detach`](Self::detach)).
+    #[cfg(feature = "redis")]
+    pub(crate) fn detach_all(&self) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            for (_, flight) in shard.drain() {
+                flight.detached.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Number of flights running, for tests and diagnostics.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

@@ -260,6 +260,15 @@ impl Engine {
         self.flights.detach(key);
         self.l1.remove(key);
     }
+
+    /// Drops everything this process holds, and keeps every running flight
+    /// from storing: after a gap in the shared tier's event channel, any of
+    /// it may have been invalidated unheard.
+    #[cfg(feature = "redis")]
+    pub(crate) fn invalidate_everything_here(&self) {
+        self.flights.detach_all();
+        self.l1.clear();
+    }
 }
 
 #[cfg(test)]

@@ -137,6 +137,12 @@ impl<T: Stored> LocalTier<T> {
         }
     }
 
+    /// Drops every slot.
+    #[cfg(feature = "redis")]
+    pub(crate) fn clear(&self) {
+        self.cache.invalidate_all();
+    }
+
     pub(crate) fn remove(&self, key: &Key) {
         self.cache.invalidate(key);
     }

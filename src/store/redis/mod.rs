@@ -43,6 +43,7 @@ use config::TlsPem;
 use connection::{Conn, Link, Options, Sink, Topology};
 pub(crate) use entries::{Fetched, Remote};
 pub(crate) use lease::Lease;
+pub(crate) use notify::Invalidated;
 use notify::{Notifier, OnInvalidate};
 use supervisor::{Signals, SupervisorGuard};
 
@@ -265,6 +266,8 @@ impl Shared {
     /// Opens new connections and swaps them in. Waiters are woken: messages
     /// sent while the old ones failed were lost.
     async fn reopen(&self) -> Result<(), RedisError> {
+        // Messages published before the new subscription are not heard.
+        self.notifier.mark_gap();
         let link = open(&self.config, &self.channel, &self.notifier, &self.scripts).await?;
         let old = std::mem::replace(
             &mut *self.link.write().unwrap_or_else(|p| p.into_inner()),

@@ -87,10 +87,21 @@ impl Event {
     }
 }
 
-/// Called with a key another instance (or this one) invalidated. The owner
-/// of the in-process tier decides what that means there: drop the entry, and
-/// keep any rebuild already running from storing what it read before.
-pub(crate) type OnInvalidate = Arc<dyn Fn(Key) + Send + Sync>;
+/// What the channel says the in-process tier may no longer trust.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Invalidated {
+    /// Another instance invalidated this key.
+    Key(Key),
+    /// The subscription had a gap (a lost connection, a new primary):
+    /// invalidations sent meanwhile were missed, so nothing held in the
+    /// process is confirmed any more.
+    Everything,
+}
+
+/// Called with what the channel invalidated. The owner of the in-process
+/// tier decides what that means there: drop the entries, and keep any
+/// rebuild already running from storing what it read before.
+pub(crate) type OnInvalidate = Arc<dyn Fn(Invalidated) + Send + Sync>;
 
 /// Counts of how waits ended, for tests and diagnostics.
 #[derive(Default)]
@@ -108,6 +119,10 @@ pub(crate) struct Notifier {
     /// after the invalidation from storing.
     instance: String,
     pub(crate) stats: WakeStats,
+    /// Set while the subscription may be missing messages: from a lost
+    /// connection (or a link about to be replaced) until it is confirmed
+    /// again.
+    gap: std::sync::atomic::AtomicBool,
     /// Signalled when the subscriber lost a connection, for the tier's
     /// supervisor (a cluster subscription must then be opened again).
     pub(crate) disconnected: tokio::sync::Notify,
@@ -120,8 +135,14 @@ impl Notifier {
             on_invalidate,
             instance: format!("{:016x}", rand::random::<u64>()),
             stats: WakeStats::default(),
+            gap: Default::default(),
             disconnected: tokio::sync::Notify::new(),
         }
+    }
+
+    /// Records that messages may be missed until the next subscription.
+    pub(crate) fn mark_gap(&self) {
+        self.gap.store(true, Ordering::Release);
     }
 
     /// The invalidation notice for `key`, signed by this process.
@@ -162,15 +183,27 @@ impl Notifier {
                     return;
                 };
                 if event == Event::Invalidated && sender != Some(self.instance.as_str()) {
-                    (self.on_invalidate)(key);
+                    (self.on_invalidate)(Invalidated::Key(key));
                 }
                 self.signal(&key, event);
             }
             PushKind::Disconnection => {
                 // Messages sent while we reconnect are lost: wake everyone
-                // so each re-checks Redis instead of sleeping out its lease.
+                // so each re-checks Redis instead of sleeping out its lease,
+                // and remember the gap until the subscription is back.
+                self.mark_gap();
                 self.wake_all();
                 self.disconnected.notify_one();
+            }
+            // Subscribed again after a gap: whatever was invalidated
+            // meanwhile was not heard (Redis's client-side caching guidance:
+            // flush on reconnection).
+            PushKind::Subscribe if self.gap.swap(false, Ordering::AcqRel) => {
+                tracing::info!(
+                    "event channel subscribed again after a gap; the in-process tier is dropped"
+                );
+                (self.on_invalidate)(Invalidated::Everything);
+                self.wake_all();
             }
             _ => {}
         }
@@ -308,7 +341,7 @@ mod tests {
             "a commit is not an invalidation"
         );
         notifier.on_push(push(&Event::Invalidated.message(&key)));
-        assert_eq!(*seen.lock().unwrap(), [key]);
+        assert_eq!(*seen.lock().unwrap(), [Invalidated::Key(key)]);
         assert_eq!(*registration.rx.borrow(), Event::Invalidated);
         // Another instance's signed notice counts; this process's own echo
         // wakes the waiter but does not invalidate a second time.
@@ -318,5 +351,29 @@ mod tests {
         assert_eq!(seen.lock().unwrap().len(), 2);
         notifier.on_push(push(&notifier.invalidation(&key)));
         assert_eq!(seen.lock().unwrap().len(), 2, "its own echo is ignored");
+    }
+
+    #[test]
+    fn a_subscription_after_a_gap_invalidates_everything_once() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let notifier = Arc::new(Notifier::new({
+            let seen = seen.clone();
+            Arc::new(move |what| seen.lock().unwrap().push(what))
+        }));
+        let subscribed = || PushInfo {
+            kind: PushKind::Subscribe,
+            data: vec![Value::BulkString(b"sg:events".to_vec()), Value::Int(1)],
+        };
+        // The first subscription is no gap.
+        notifier.on_push(subscribed());
+        assert!(seen.lock().unwrap().is_empty());
+        notifier.on_push(PushInfo {
+            kind: PushKind::Disconnection,
+            data: vec![],
+        });
+        assert!(seen.lock().unwrap().is_empty(), "not before it is back");
+        notifier.on_push(subscribed());
+        notifier.on_push(subscribed());
+        assert_eq!(*seen.lock().unwrap(), [Invalidated::Everything]);
     }
 }

@@ -12,10 +12,16 @@
 //!   sentinels now, rather than only once the circuit has opened, so an
 //!   instance that was idle during a failover loses at most the call that
 //!   found the old primary gone.
-//! - **The subscriber lost its connection on a cluster.** The cluster client
-//!   moves subscriptions when it refreshes its slot map, but a subscriber
-//!   sends no commands that would make it refresh; so once the cluster is
-//!   whole again, open a new subscriber (and command client).
+//! - **The subscriber lost its connection.** A subscriber sends no commands,
+//!   so nothing would make its client reconnect: on one server or behind
+//!   Sentinel, ping it until it answers (the client then reconnects and
+//!   subscribes again); on a cluster, whose client moves subscriptions only
+//!   when it refreshes its slot map, open a new subscriber (and command
+//!   client) once the cluster is whole again. When idle, the supervisor
+//!   pings the subscriber every [`KEEPALIVE`], so a link that died without a
+//!   word (a restarted server, a dropped connection) is found even when no
+//!   request comes. The notifier drops the in-process tier once the
+//!   subscription is back, since messages may have been missed.
 //!
 //! Requests and the subscriber only *signal* (a [`Notify`] keeps one permit,
 //! so a signal sent while the supervisor is busy is seen on its next turn,
@@ -67,6 +73,9 @@ pub(crate) fn start(shared: Arc<Shared>) -> SupervisorGuard {
     SupervisorGuard { stop }
 }
 
+/// How often an idle supervisor checks that the subscriber still answers.
+pub(crate) const KEEPALIVE: Duration = Duration::from_secs(1);
+
 /// What the supervisor has yet to do.
 #[derive(Default)]
 struct Work {
@@ -87,7 +96,15 @@ async fn supervise(shared: &Shared) {
         } else {
             None
         };
-        gather(shared, &mut work, pause).await;
+        if !gather(shared, &mut work, pause).await {
+            // Idle for a whole keepalive: is the subscriber still there?
+            if !ping_subscriber(shared).await {
+                tracing::info!("redis subscriber does not answer; subscribing again");
+                shared.notifier.mark_gap();
+                work.resubscribe = true;
+            }
+            continue;
+        }
         // The probe asks the sentinels itself.
         let follow = std::mem::take(&mut work.follow) && !work.probe;
         let (probe, resubscribe) = (work.probe, work.resubscribe);
@@ -107,28 +124,34 @@ async fn supervise(shared: &Shared) {
     }
 }
 
-/// Collects signals: until the first one if `pause` is `None`, else for the
-/// whole pause.
-async fn gather(shared: &Shared, work: &mut Work, pause: Option<Duration>) {
-    let cluster = matches!(shared.config.topology, Topology::Cluster(_));
-    let until = pause.map(|pause| Instant::now() + pause);
+/// Collects signals: until the first one if `pause` is `None` (then false
+/// if a whole [`KEEPALIVE`] passed without one), else for the whole pause.
+async fn gather(shared: &Shared, work: &mut Work, pause: Option<Duration>) -> bool {
+    let until = Instant::now() + pause.unwrap_or(KEEPALIVE);
     loop {
-        let elapsed = async {
-            match until {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             () = shared.signals.circuit_opened.notified() => work.probe = true,
             () = shared.signals.call_failed.notified() => work.follow = true,
-            () = shared.notifier.disconnected.notified(), if cluster => work.resubscribe = true,
-            () = elapsed => return,
+            () = shared.notifier.disconnected.notified() => work.resubscribe = true,
+            () = tokio::time::sleep_until(until) => return pause.is_some(),
         }
-        if until.is_none() {
-            return;
+        if pause.is_none() {
+            return true;
         }
     }
+}
+
+/// Whether the subscriber answers a ping within the deadline. On one server
+/// or behind Sentinel, a ping on a dropped connection is also what makes
+/// its client reconnect and subscribe again.
+async fn ping_subscriber(shared: &Shared) -> bool {
+    let mut sub = shared.link().subscriber.clone();
+    let cmd = redis::cmd("PING");
+    let ping = cmd.query_async::<()>(&mut sub);
+    matches!(
+        tokio::time::timeout(shared.config.deadline, ping).await,
+        Ok(Ok(()))
+    )
 }
 
 /// One probe: true once Redis answered and the circuit is closed.
@@ -154,8 +177,14 @@ async fn probe_once(shared: &Shared) -> bool {
     false
 }
 
-/// One attempt to open a new cluster subscription: true once done.
+/// One attempt to subscribe again: true once the subscriber answers.
 async fn resubscribe_once(shared: &Shared) -> bool {
+    if !matches!(shared.config.topology, Topology::Cluster(_)) {
+        if shared.config.topology.needs_resolve() {
+            follow_primary(shared).await;
+        }
+        return ping_subscriber(shared).await;
+    }
     match tokio::time::timeout(shared.config.connect_timeout, shared.reopen()).await {
         Ok(Ok(())) => {
             tracing::info!("redis cluster subscription re-established");
