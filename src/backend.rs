@@ -153,6 +153,7 @@ impl Backend {
                 fenced_writes: l2.stats.fenced_writes.load(Ordering::Relaxed),
                 corrupt_entries: l2.stats.corrupt_entries.load(Ordering::Relaxed),
                 errors: l2.stats.errors.load(Ordering::Relaxed),
+                eviction_policy: l2.eviction().map(str::to_owned),
             }),
         }
     }
@@ -187,6 +188,11 @@ pub struct RedisStats {
     pub corrupt_entries: u64,
     /// Calls that failed or missed their deadline.
     pub errors: u64,
+    /// Redis's `maxmemory-policy` when, at start-up, it could evict keys
+    /// (a `maxmemory` set, a policy other than `noeviction`); `None` if it
+    /// cannot, or could not be read. Entries and fencing counters survive
+    /// eviction; a lock does not (see docs/TOPOLOGY.md).
+    pub eviction_policy: Option<String>,
 }
 
 impl fmt::Debug for Backend {

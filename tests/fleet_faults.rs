@@ -143,3 +143,18 @@ async fn after_redis_restarts_under_idle_instances_their_copies_are_not_trusted(
         "B heard the invalidation, or dropped its copy once its subscription was back"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_may_evict_keys_is_reported_at_start_up() {
+    let evicting =
+        RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"]);
+    let stats = backend(&evicting, Duration::from_millis(100)).await.stats();
+    assert_eq!(
+        stats.redis.unwrap().eviction_policy.as_deref(),
+        Some("allkeys-lru")
+    );
+    let safe =
+        RedisServer::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", "noeviction"]);
+    let stats = backend(&safe, Duration::from_millis(100)).await.stats();
+    assert_eq!(stats.redis.unwrap().eviction_policy, None);
+}

@@ -154,6 +154,8 @@ pub(crate) struct RedisTier {
     /// Fleet-wide wake-ups: waiters register here.
     pub(crate) notifier: Arc<Notifier>,
     pub(crate) stats: TierStats,
+    /// The eviction policy read at start-up, when Redis may evict our keys.
+    eviction: Option<String>,
     /// Stops the supervisor when the tier is dropped.
     _supervisor: SupervisorGuard,
 }
@@ -187,6 +189,15 @@ impl RedisTier {
         let channel = format!("{}:events", config.prefix);
         let scripts = Scripts::new();
         let link = open(&config, &channel, &notifier, &scripts).await?;
+        let eviction = eviction_policy(&link.conn, config.connect_timeout).await;
+        if let Some(policy) = &eviction {
+            tracing::warn!(
+                policy = %policy,
+                "redis may evict keys: cached entries and fencing counters survive it \
+                 (counters start again from Redis's clock), but an evicted lock is a lost \
+                 lock; keep locks on a Redis with maxmemory-policy noeviction"
+            );
+        }
         let shared = Arc::new(Shared {
             link: RwLock::new(Arc::new(link)),
             config,
@@ -201,7 +212,13 @@ impl RedisTier {
             shared,
             notifier,
             stats: TierStats::default(),
+            eviction,
         }))
+    }
+
+    /// Redis's `maxmemory-policy` as read at start-up, if it may evict keys.
+    pub(crate) fn eviction(&self) -> Option<&str> {
+        self.eviction.as_deref()
     }
 
     /// The command connection (a cheap clone).
@@ -309,4 +326,30 @@ async fn open(
         script.load_async(&mut loader).await?;
     }
     Ok(link)
+}
+
+/// Redis's eviction policy, if a `maxmemory` is set and the policy may evict
+/// keys (anything but `noeviction`). `None` too when it cannot be read: a
+/// user confined to the crate's commands may not run `INFO`.
+async fn eviction_policy(conn: &Conn, limit: Duration) -> Option<String> {
+    let mut conn = conn.clone();
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("memory");
+    let info = cmd.query_async::<String>(&mut conn);
+    let info = match tokio::time::timeout(limit, info).await {
+        Ok(Ok(info)) => info,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "cannot read redis's eviction policy");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let limited = field("maxmemory").is_some_and(|bytes| bytes != "0");
+    let policy = field("maxmemory_policy")?;
+    (limited && policy != "noeviction").then(|| policy.to_owned())
 }
