@@ -158,3 +158,52 @@ async fn a_redis_that_may_evict_keys_is_reported_at_start_up() {
     let stats = backend(&safe, Duration::from_millis(100)).await.stats();
     assert_eq!(stats.redis.unwrap().eviction_policy, None);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_reply_does_not_stretch_an_entrys_freshness() {
+    use common::proxy::Proxy;
+
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let ttl = Duration::from_millis(1000);
+    let a = instance(
+        backend(&redis, Duration::from_millis(100)).await,
+        &origin,
+        Duration::ZERO,
+        |g| g.ttl(ttl),
+    );
+    // B reaches Redis through a link that can be frozen, with a deadline
+    // long enough to wait out the freeze.
+    let proxy = Proxy::start(redis.port()).await;
+    let b_backend = Backend::redis_builder(&proxy.url())
+        .deadline(Duration::from_secs(2))
+        .connect()
+        .await
+        .expect("redis backend through the proxy");
+    let b = instance(b_backend, &origin, Duration::ZERO, |g| g.ttl(ttl));
+
+    let built = std::time::Instant::now();
+    assert_eq!(send(&a.app, get_req("/report")).await.text(), "v1");
+    // B asks while its replies are held: Redis answers at once ("fresh for
+    // about a second"), the reply reaches B 600 ms later.
+    proxy.freeze_replies();
+    let asking = tokio::spawn({
+        let app = b.app.clone();
+        async move { send(&app, get_req("/report")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    proxy.thaw();
+    let first = asking.await.unwrap();
+    assert_eq!(first.text(), "v1");
+    // Well after Redis's freshness ended (1 s after the build) but before a
+    // freshness counted from the reply's arrival would (about 1.6 s), B
+    // must not call its copy fresh.
+    tokio::time::sleep_until((built + Duration::from_millis(1300)).into()).await;
+    let later = send(&b.app, get_req("/report")).await;
+    assert!(
+        !(later.text() == "v1" && later.x_cache() == "HIT"),
+        "B served v1 as fresh after Redis's freshness ended: {} {}",
+        later.text(),
+        later.x_cache()
+    );
+}

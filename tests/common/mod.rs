@@ -115,6 +115,7 @@ pub fn tally(answers: &[Answer], status: &str) -> usize {
 pub mod cluster;
 #[cfg(feature = "redis")]
 pub mod fleet;
+pub mod proxy;
 pub mod redis;
 pub mod sentinel;
 pub mod tls;
