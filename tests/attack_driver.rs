@@ -6,28 +6,23 @@
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use common::{get as get_req, send, Answer, Origin};
+use common::driver::{
+    counted_app, flaky_app, spawn_requests, versioned_app, Versioned, FAIL_AFTER, HERD,
+};
+use common::{burst, get as get_req, send, Answer, Origin};
 use http::header::{CACHE_CONTROL, ETAG, SET_COOKIE};
 use http::{Request, StatusCode};
 use stampede_guard::{Backend, Cache, StampedeGuard, WaitTimeout};
-use tokio::sync::Notify;
-
-const HERD: usize = 30;
-const FAIL_AFTER: Duration = Duration::from_millis(150);
 
 fn guard() -> StampedeGuard {
     StampedeGuard::new(Backend::local())
-}
-
-async fn burst(app: &Router, n: usize, make: impl Fn() -> Request<Body>) -> Vec<Answer> {
-    common::burst(app, n, make).await
 }
 
 /// How the origin fails while `failing` is set.
@@ -41,49 +36,42 @@ enum Failing {
     Private502,
 }
 
+impl Failing {
+    /// The error answer, after `FAIL_AFTER`.
+    async fn respond(self) -> Response {
+        tokio::time::sleep(FAIL_AFTER).await;
+        match self {
+            Failing::NoStore503 => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(CACHE_CONTROL, "no-store")],
+                "down",
+            )
+                .into_response(),
+            Failing::Cookie500 => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                [(SET_COOKIE, "session=abc")],
+                "down",
+            )
+                .into_response(),
+            Failing::Private502 => (
+                StatusCode::BAD_GATEWAY,
+                [(CACHE_CONTROL, "private")],
+                "down",
+            )
+                .into_response(),
+        }
+    }
+}
+
+/// `/report`: answers `v<call>`, or, while `failing` is set, fails as `how`
+/// says.
 fn failing_origin(
     origin: &Origin,
     failing: &Arc<AtomicBool>,
     how: Failing,
     guard: StampedeGuard,
 ) -> Router {
-    let origin = origin.clone();
-    let failing = failing.clone();
-    Router::new().route(
-        "/report",
-        get(move || {
-            let origin = origin.clone();
-            let failing = failing.clone();
-            async move {
-                let (n, _running) = origin.enter();
-                if !failing.load(Ordering::SeqCst) {
-                    return format!("v{n}").into_response();
-                }
-                tokio::time::sleep(FAIL_AFTER).await;
-                match how {
-                    Failing::NoStore503 => (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        [(CACHE_CONTROL, "no-store")],
-                        "down",
-                    )
-                        .into_response(),
-                    Failing::Cookie500 => (
-                        StatusCode::INTERNAL_SERVER_ERROR,
-                        [(SET_COOKIE, "session=abc")],
-                        "down",
-                    )
-                        .into_response(),
-                    Failing::Private502 => (
-                        StatusCode::BAD_GATEWAY,
-                        [(CACHE_CONTROL, "private")],
-                        "down",
-                    )
-                        .into_response(),
-                }
-            }
-        })
-        .layer(guard),
-    )
+    flaky_app(origin, failing, guard, move || how.respond())
 }
 
 /// A cold herd on an origin that fails with an uncacheable error answer:
@@ -227,18 +215,13 @@ async fn an_if_none_match_starter_gets_304_and_waiters_the_whole_body() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_starters_cookie_reaches_it_alone_while_thirty_wait() {
     let origin = Origin::default();
-    let o = origin.clone();
-    let app = Router::new().route(
-        "/report",
-        get(move || {
-            let o = o.clone();
-            async move {
-                let (n, _running) = o.enter();
-                tokio::time::sleep(FAIL_AFTER).await;
-                ([(SET_COOKIE, format!("session=s{n}"))], format!("v{n}")).into_response()
-            }
-        })
-        .layer(guard().ttl(Duration::from_secs(60)).strip_set_cookie(true)),
+    let app = counted_app(
+        &origin,
+        guard().ttl(Duration::from_secs(60)).strip_set_cookie(true),
+        |n| async move {
+            tokio::time::sleep(FAIL_AFTER).await;
+            ([(SET_COOKIE, format!("session=s{n}"))], format!("v{n}")).into_response()
+        },
     );
     let answers = burst(&app, HERD, || get_req("/report")).await;
     assert_eq!(origin.calls(), 1);
@@ -258,32 +241,20 @@ async fn the_starters_cookie_reaches_it_alone_while_thirty_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_closed_waiters_get_the_route_code_and_the_failing_origin_is_called_once() {
     let origin = Origin::default();
-    let o = origin.clone();
-    let app = Router::new().route(
-        "/report",
-        get(move || {
-            let o = o.clone();
-            async move {
-                let _ = o.enter();
-                tokio::time::sleep(Duration::from_millis(400)).await;
-                panic!("handler panicked (on purpose)");
-                #[allow(unreachable_code)]
-                ""
-            }
-        })
-        .layer(
-            guard()
-                .ttl(Duration::from_secs(60))
-                .wait_budget(Duration::from_millis(100))
-                .on_wait_timeout(WaitTimeout::Respond(StatusCode::TOO_MANY_REQUESTS)),
-        ),
+    let app = counted_app(
+        &origin,
+        guard()
+            .ttl(Duration::from_secs(60))
+            .wait_budget(Duration::from_millis(100))
+            .on_wait_timeout(WaitTimeout::Respond(StatusCode::TOO_MANY_REQUESTS)),
+        |_| async {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            panic!("handler panicked (on purpose)");
+            #[allow(unreachable_code)]
+            ""
+        },
     );
-    let tasks: Vec<_> = (0..HERD)
-        .map(|_| {
-            let app = app.clone();
-            tokio::spawn(async move { send(&app, get_req("/report")).await })
-        })
-        .collect();
+    let tasks = spawn_requests(&app, HERD);
     let mut panicked = 0;
     let mut codes = Vec::new();
     for t in tasks {
@@ -306,52 +277,13 @@ async fn fail_closed_waiters_get_the_route_code_and_the_failing_origin_is_called
 // is called must not store, and requests after invalidate() get new data.
 // ---------------------------------------------------------------------------
 
-#[derive(Clone)]
-struct Versioned {
-    origin: Origin,
-    current: Arc<Mutex<&'static str>>,
-    park: Arc<AtomicBool>,
-    entered: Arc<Notify>,
-    release: Arc<Notify>,
-}
-
-impl Versioned {
-    fn new() -> Self {
-        Versioned {
-            origin: Origin::default(),
-            current: Arc::new(Mutex::new("old")),
-            park: Arc::new(AtomicBool::new(false)),
-            entered: Arc::new(Notify::new()),
-            release: Arc::new(Notify::new()),
-        }
-    }
-
-    async fn answer(&self) -> String {
-        let (_, _running) = self.origin.enter();
-        let answer = *self.current.lock().unwrap();
-        if self.park.swap(false, Ordering::SeqCst) {
-            self.entered.notify_one();
-            self.release.notified().await;
-        }
-        answer.to_string()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_background_refresh_running_at_invalidate_neither_stores_nor_answers_later_requests() {
-    let v = Versioned::new();
+    let v = Versioned::unparked();
     let g = guard()
         .ttl(Duration::from_millis(100))
         .stale_while_revalidate(Duration::from_secs(30));
-    let vv = v.clone();
-    let app = Router::new().route(
-        "/report",
-        get(move || {
-            let v = vv.clone();
-            async move { v.answer().await }
-        })
-        .layer(g.clone()),
-    );
+    let app = versioned_app(&v, g.clone());
     assert_eq!(send(&app, get_req("/report")).await.text(), "old");
     tokio::time::sleep(Duration::from_millis(150)).await;
     v.park.store(true, Ordering::SeqCst);
@@ -378,7 +310,7 @@ async fn a_background_refresh_running_at_invalidate_neither_stores_nor_answers_l
 /// early, invalidated while the early refresh runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_early_refresh_running_at_invalidate_does_not_store() {
-    let v = Versioned::new();
+    let v = Versioned::unparked();
     let cache: Cache<String> = Cache::new(Backend::local())
         .ttl(Duration::from_millis(300))
         .early_refresh(1000.0);

@@ -7,25 +7,20 @@
 mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+use common::driver::{
+    connect, counted_app, fleet_apps, join_all, spawn_request, versioned_app, Versioned, HERD,
+};
 use common::redis::RedisServer;
 use common::{get as get_req, send, Answer, Origin};
 use http::header::CACHE_CONTROL;
 use http::StatusCode;
-use stampede_guard::{Backend, StampedeGuard};
-use tokio::sync::Notify;
-use tokio::task::JoinHandle;
-
-const HERD: usize = 30;
-
-async fn connect(redis: &RedisServer) -> Backend {
-    Backend::redis(&redis.url()).await.expect("redis backend")
-}
+use stampede_guard::StampedeGuard;
 
 /// Keys of one kind (`l`: leases, `v`: values) in Redis.
 fn keys(redis: &RedisServer, kind: &str) -> usize {
@@ -45,40 +40,12 @@ fn value_of(redis: &RedisServer) -> String {
     ])
 }
 
-fn app_with(
-    guard: StampedeGuard,
-    handler: impl Fn() -> futures_fut::Fut + Clone + Send + Sync + 'static,
-) -> Router {
-    Router::new().route(
-        "/report",
-        get(move || {
-            let h = handler.clone();
-            async move { h().await }
-        })
-        .layer(guard),
-    )
-}
-
-mod futures_fut {
-    use axum::response::Response;
-    use std::future::Future;
-    use std::pin::Pin;
-    pub type Fut = Pin<Box<dyn Future<Output = Response> + Send>>;
-}
-
-fn counting(
-    origin: &Origin,
-    delay: Duration,
-) -> impl Fn() -> futures_fut::Fut + Clone + Send + Sync + 'static {
-    let origin = origin.clone();
-    move || {
-        let origin = origin.clone();
-        Box::pin(async move {
-            let (n, _running) = origin.enter();
-            tokio::time::sleep(delay).await;
-            format!("v{n}").into_response()
-        })
-    }
+/// `/report`: takes 10 ms and answers `v<call>`.
+fn counting_app(origin: &Origin, guard: StampedeGuard) -> Router {
+    counted_app(origin, guard, |n| async move {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        format!("v{n}")
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -90,9 +57,9 @@ fn counting(
 async fn a_lease_taken_after_its_callers_deadline_is_not_left_held() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let a = app_with(
+    let a = counting_app(
+        &origin,
         StampedeGuard::new(connect(&redis).await).ttl(Duration::from_secs(60)),
-        counting(&origin, Duration::from_millis(10)),
     );
     assert_eq!(redis.raw(&["CLIENT", "PAUSE", "300", "WRITE"]), "+OK");
     let first = send(&a, get_req("/report")).await;
@@ -108,9 +75,9 @@ async fn a_lease_taken_after_its_callers_deadline_is_not_left_held() {
     // its value stays in this process: an unfenced write could overwrite a
     // newer one. Another instance is not held back by an orphan lease: it
     // takes the lease and rebuilds at once.
-    let b = app_with(
+    let b = counting_app(
+        &origin,
         StampedeGuard::new(connect(&redis).await).ttl(Duration::from_secs(60)),
-        counting(&origin, Duration::from_millis(10)),
     );
     let second = send(&b, get_req("/report")).await;
     assert_eq!((second.text().as_str(), second.x_cache()), ("v2", "MISS"));
@@ -120,46 +87,6 @@ async fn a_lease_taken_after_its_callers_deadline_is_not_left_held() {
 // ---------------------------------------------------------------------------
 // Redis restarts empty while a rebuild runs; the fence numbers start again.
 // ---------------------------------------------------------------------------
-
-#[derive(Clone)]
-struct Versioned {
-    origin: Origin,
-    current: Arc<Mutex<&'static str>>,
-    entered: Arc<Notify>,
-    release: Arc<Notify>,
-}
-
-impl Versioned {
-    fn new() -> Self {
-        Versioned {
-            origin: Origin::default(),
-            current: Arc::new(Mutex::new("old")),
-            entered: Arc::new(Notify::new()),
-            release: Arc::new(Notify::new()),
-        }
-    }
-
-    fn handler(&self) -> impl Fn() -> futures_fut::Fut + Clone + Send + Sync + 'static {
-        let v = self.clone();
-        move || {
-            let v = v.clone();
-            Box::pin(async move {
-                let (n, _running) = v.origin.enter();
-                let answer = *v.current.lock().unwrap();
-                if n == 1 {
-                    v.entered.notify_one();
-                    v.release.notified().await;
-                }
-                answer.into_response()
-            })
-        }
-    }
-}
-
-fn spawn(app: &Router) -> JoinHandle<Answer> {
-    let app = app.clone();
-    tokio::spawn(async move { send(&app, get_req("/report")).await })
-}
 
 /// Instance `a` holds the lease and parks a rebuild that read "old"; Redis
 /// restarts empty; the origin switches to "new" and instance `b`
@@ -171,9 +98,9 @@ async fn restart_under_a_running_rebuild(invalidate: bool) {
     let (ba, bb) = (connect(&redis).await, connect(&redis).await);
     let ga = StampedeGuard::new(ba.clone()).ttl(Duration::from_secs(60));
     let gb = StampedeGuard::new(bb.clone()).ttl(Duration::from_secs(60));
-    let a = app_with(ga, v.handler());
-    let b = app_with(gb.clone(), v.handler());
-    let starter = spawn(&a);
+    let a = versioned_app(&v, ga);
+    let b = versioned_app(&v, gb.clone());
+    let starter = spawn_request(&a);
     v.entered.notified().await;
     assert_eq!(keys(&redis, "l"), 1, "a holds the lease");
 
@@ -235,9 +162,9 @@ async fn restart_under_a_running_rebuild(invalidate: bool) {
     );
     tokio::time::sleep(Duration::from_millis(200)).await;
 
-    let c = app_with(
+    let c = versioned_app(
+        &v,
         StampedeGuard::new(connect(&redis).await).ttl(Duration::from_secs(60)),
-        v.handler(),
     );
     let fresh = send(&c, get_req("/report")).await;
     assert_eq!(
@@ -263,44 +190,32 @@ async fn after_redis_restarts_empty_an_old_rebuild_does_not_overwrite_a_newer_va
 // Failures across a fleet.
 // ---------------------------------------------------------------------------
 
+/// `n` concurrent requests, round-robin over `apps`; a task that panicked
+/// is an `Err`.
 async fn fleet_burst(apps: &[Router], n: usize) -> Vec<Result<Answer, tokio::task::JoinError>> {
-    let tasks: Vec<_> = (0..n)
-        .map(|i| {
-            let app = apps[i % apps.len()].clone();
-            tokio::spawn(async move { send(&app, get_req("/report")).await })
-        })
-        .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await);
-    }
-    out
+    join_all(
+        (0..n)
+            .map(|i| spawn_request(&apps[i % apps.len()]))
+            .collect(),
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_503_marked_no_store_costs_a_fleet_of_three_at_most_two_origin_calls() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let mut apps = Vec::new();
-    for _ in 0..3 {
-        let o = origin.clone();
-        apps.push(app_with(
-            StampedeGuard::new(connect(&redis).await).ttl(Duration::from_secs(60)),
-            move || {
-                let o = o.clone();
-                Box::pin(async move {
-                    let _ = o.enter();
-                    tokio::time::sleep(Duration::from_millis(150)).await;
-                    (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        [(CACHE_CONTROL, "no-store")],
-                        "down",
-                    )
-                        .into_response()
-                })
-            },
-        ));
-    }
+    let apps = fleet_apps(&redis, 3, |guard| {
+        counted_app(&origin, guard.ttl(Duration::from_secs(60)), |_| async {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(CACHE_CONTROL, "no-store")],
+                "down",
+            )
+        })
+    })
+    .await;
     let answers = fleet_burst(&apps, HERD).await;
     assert!(answers
         .iter()
@@ -316,29 +231,26 @@ async fn a_503_marked_no_store_costs_a_fleet_of_three_at_most_two_origin_calls()
 async fn a_panic_under_a_long_lease_is_shared_by_the_fleet_and_the_lease_released() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let mut apps = Vec::new();
-    let mut backends = Vec::new();
-    for _ in 0..3 {
+    let apps = fleet_apps(&redis, 3, |guard| {
         let o = origin.clone();
-        let backend = connect(&redis).await;
-        backends.push(backend.clone());
-        apps.push(app_with(
-            StampedeGuard::new(backend)
+        counted_app(
+            &origin,
+            guard
                 .ttl(Duration::from_secs(60))
                 .lease(Duration::from_secs(20)),
-            move || {
+            move |_| {
                 let o = o.clone();
-                Box::pin(async move {
-                    let _ = o.enter();
+                async move {
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     if o.calls() > 0 {
                         panic!("handler panicked (on purpose)");
                     }
-                    "unreachable".into_response()
-                })
+                    "unreachable"
+                }
             },
-        ));
-    }
+        )
+    })
+    .await;
     let answers = tokio::time::timeout(Duration::from_secs(4), fleet_burst(&apps, HERD))
         .await
         .expect("nobody waits out the 20 s lease");
@@ -356,23 +268,19 @@ async fn a_panic_under_a_long_lease_is_shared_by_the_fleet_and_the_lease_release
 async fn a_rebuild_timeout_under_a_lease_is_shared_by_the_fleet() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let mut apps = Vec::new();
-    for _ in 0..3 {
-        let o = origin.clone();
-        apps.push(app_with(
-            StampedeGuard::new(connect(&redis).await)
+    let apps = fleet_apps(&redis, 3, |guard| {
+        counted_app(
+            &origin,
+            guard
                 .ttl(Duration::from_secs(60))
                 .rebuild_timeout(Duration::from_millis(300)),
-            move || {
-                let o = o.clone();
-                Box::pin(async move {
-                    let _ = o.enter();
-                    std::future::pending::<()>().await;
-                    "never".into_response()
-                })
+            |_| async {
+                std::future::pending::<()>().await;
+                "never"
             },
-        ));
-    }
+        )
+    })
+    .await;
     let answers = fleet_burst(&apps, HERD).await;
     let calls = origin.calls();
     assert!(calls <= 2, "{HERD} requests cost {calls} origin calls");

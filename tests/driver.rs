@@ -5,28 +5,26 @@
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::response::Response;
 use axum::Router;
 use bytes::Bytes;
+use common::driver::{
+    counted_app, failing_app, impatient_callers, impatient_requests, join_all,
+    rebuild_outlived_requests, rebuilt_once_for_callers, slow_app, spawn_calls, spawn_request,
+    spawn_requests, texts, values, versioned_app, Boom, Failure, Versioned, FAIL_AFTER, HERD,
+    REBUILD_TIMEOUT,
+};
 use common::{get as get_req, send, Answer, Origin};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use stampede_guard::{Backend, Cache, RebuildError, StampedeGuard};
 use tokio::sync::Notify;
 use tokio::task::JoinError;
-use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
-
-const CLIENTS: usize = 20;
-const SPACING: Duration = Duration::from_millis(100);
-const PATIENCE: Duration = Duration::from_millis(300);
-const SLOW: Duration = Duration::from_millis(700);
-const HERD: usize = 30;
 
 fn guard() -> StampedeGuard {
     StampedeGuard::new(Backend::local())
@@ -36,105 +34,21 @@ fn guard() -> StampedeGuard {
 // 1. A rebuild runs to completion on its own task.
 // ---------------------------------------------------------------------------
 
-/// What one impatient client saw: whether the rebuild had already landed when
-/// the client before it was sent, and its answer (None: it gave up).
-struct Impatient<T> {
-    after_landing: bool,
-    answer: Option<T>,
-}
-
-/// Sends `CLIENTS` clients, one every `SPACING`, each giving up after
-/// `PATIENCE`. `finished` tells whether the rebuild has finished.
-async fn impatient_clients<T, F, Fut>(finished: Arc<AtomicUsize>, client: F) -> Vec<Impatient<T>>
-where
-    T: Send + 'static,
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = T> + Send + 'static,
-{
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    let mut landed_before_previous = false;
-    for i in 0..CLIENTS {
-        tokio::time::sleep_until(start + SPACING * i as u32).await;
-        // A client counts as "after the landing" only if the rebuild had
-        // finished one spacing before it was sent.
-        let after_landing = landed_before_previous;
-        landed_before_previous = finished.load(Ordering::SeqCst) > 0;
-        let request = client();
-        tasks.push((
-            after_landing,
-            tokio::spawn(async move { tokio::time::timeout(PATIENCE, request).await.ok() }),
-        ));
-    }
-    let mut seen = Vec::new();
-    for (after_landing, task) in tasks {
-        seen.push(Impatient {
-            after_landing,
-            answer: task.await.expect("client task"),
-        });
-    }
-    seen
-}
-
-/// `/report`: takes `SLOW`, answers `v<call>`, and counts finished calls.
-fn slow_app(origin: &Origin, finished: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
-    let origin = origin.clone();
-    let finished = finished.clone();
-    Router::new().route(
-        "/report",
-        get(move || {
-            let origin = origin.clone();
-            let finished = finished.clone();
-            async move {
-                let (n, _running) = origin.enter();
-                tokio::time::sleep(SLOW).await;
-                finished.fetch_add(1, Ordering::SeqCst);
-                format!("v{n}")
-            }
-        })
-        .layer(guard),
-    )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn impatient_clients_do_not_cancel_the_rebuild_and_later_requests_hit() {
     let origin = Origin::default();
     let finished = Arc::new(AtomicUsize::new(0));
     let app = slow_app(&origin, &finished, guard().ttl(Duration::from_secs(60)));
-    let seen = impatient_clients(finished.clone(), || {
-        let app = app.clone();
-        async move { send(&app, get_req("/report")).await }
-    })
-    .await;
+    let seen = impatient_requests(&app, &finished).await;
 
-    assert!(
-        seen[0].answer.is_none(),
-        "the client that started the rebuild gave up before it landed"
+    rebuild_outlived_requests(
+        &seen,
+        &origin,
+        &finished,
+        "the client that started the rebuild gave up before it landed",
+        "a client after the landing is answered at once",
+        "the abandoned rebuild filled the cache",
     );
-    assert_eq!(origin.calls(), 1, "the handler started once");
-    assert_eq!(finished.load(Ordering::SeqCst), 1, "and finished once");
-    for answer in seen.iter().filter_map(|s| s.answer.as_ref()) {
-        assert_eq!(
-            (answer.status, answer.text().as_str()),
-            (StatusCode::OK, "v1")
-        );
-    }
-    let after: Vec<_> = seen.iter().filter(|s| s.after_landing).collect();
-    assert!(
-        after.len() >= 5,
-        "the scenario has clients after the landing"
-    );
-    for s in after {
-        let answer = s
-            .answer
-            .as_ref()
-            .expect("a client after the landing is answered at once");
-        assert_eq!(
-            answer.x_cache(),
-            "HIT",
-            "the abandoned rebuild filled the cache"
-        );
-    }
     let last = send(&app, get_req("/report")).await;
     assert_eq!((last.x_cache(), last.text().as_str()), ("HIT", "v1"));
     assert_eq!(origin.calls(), 1);
@@ -145,38 +59,9 @@ async fn impatient_callers_do_not_cancel_the_rebuild_and_its_value_is_cached() {
     let cache: Cache<String> = Cache::new(Backend::local()).ttl(Duration::from_secs(60));
     let origin = Origin::default();
     let finished = Arc::new(AtomicUsize::new(0));
-    let seen = impatient_clients(finished.clone(), || {
-        let cache = cache.clone();
-        let origin = origin.clone();
-        let finished = finished.clone();
-        async move {
-            cache
-                .get_or_rebuild("report", move || async move {
-                    let (n, _running) = origin.enter();
-                    tokio::time::sleep(SLOW).await;
-                    finished.fetch_add(1, Ordering::SeqCst);
-                    Ok::<_, std::io::Error>(format!("v{n}"))
-                })
-                .await
-                .expect("the rebuild succeeds")
-        }
-    })
-    .await;
+    let seen = impatient_callers(&cache, &origin, &finished).await;
 
-    assert!(seen[0].answer.is_none(), "the first caller gave up");
-    assert_eq!(origin.calls(), 1, "the rebuild started once");
-    assert_eq!(finished.load(Ordering::SeqCst), 1, "and finished once");
-    for value in seen.iter().filter_map(|s| s.answer.as_ref()) {
-        assert_eq!(value, "v1");
-    }
-    let after: Vec<_> = seen.iter().filter(|s| s.after_landing).collect();
-    assert!(
-        after.len() >= 5,
-        "the scenario has callers after the landing"
-    );
-    for s in after {
-        assert_eq!(s.answer.as_deref(), Some("v1"));
-    }
+    rebuilt_once_for_callers(&seen, &origin, &finished);
     assert_eq!(cache.get("report").as_deref(), Some("v1"));
     assert_eq!(origin.calls(), 1);
 }
@@ -184,64 +69,6 @@ async fn impatient_callers_do_not_cancel_the_rebuild_and_its_value_is_cached() {
 // ---------------------------------------------------------------------------
 // 2. No failure releases a herd.
 // ---------------------------------------------------------------------------
-
-/// How a rebuild fails.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Failure {
-    /// The handler's body yields an error part way.
-    BodyError,
-    /// The handler panics.
-    Panic,
-    /// The handler runs past the rebuild timeout.
-    Timeout,
-}
-
-const REBUILD_TIMEOUT: Duration = Duration::from_millis(500);
-const FAIL_AFTER: Duration = Duration::from_millis(150);
-
-/// `/report`: while `failing` is set, fails as `failure` says (after a
-/// pause long enough for a herd to gather); otherwise answers `v<call>`.
-fn failing_app(
-    origin: &Origin,
-    failing: &Arc<AtomicBool>,
-    failure: Failure,
-    guard: StampedeGuard,
-) -> Router {
-    let origin = origin.clone();
-    let failing = failing.clone();
-    Router::new().route(
-        "/report",
-        get(move || {
-            let origin = origin.clone();
-            let failing = failing.clone();
-            async move {
-                let (n, _running) = origin.enter();
-                if !failing.load(Ordering::SeqCst) {
-                    return format!("v{n}").into_response();
-                }
-                match failure {
-                    Failure::BodyError => {
-                        tokio::time::sleep(FAIL_AFTER).await;
-                        let parts: Vec<Result<Bytes, std::io::Error>> = vec![
-                            Ok(Bytes::from_static(b"part")),
-                            Err(std::io::Error::other("body broke")),
-                        ];
-                        Response::new(Body::from_stream(tokio_stream::iter(parts)))
-                    }
-                    Failure::Panic => {
-                        tokio::time::sleep(FAIL_AFTER).await;
-                        panic!("handler panicked (on purpose)");
-                    }
-                    Failure::Timeout => {
-                        tokio::time::sleep(Duration::from_secs(10)).await;
-                        "too late".into_response()
-                    }
-                }
-            }
-        })
-        .layer(guard.rebuild_timeout(REBUILD_TIMEOUT)),
-    )
-}
 
 /// A response whose body may fail to collect.
 struct Raw {
@@ -277,11 +104,7 @@ async fn herd(app: &Router) -> Vec<Result<Raw, JoinError>> {
             tokio::spawn(async move { send_raw(&app, get_req("/report")).await })
         })
         .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await);
-    }
-    out
+    join_all(tasks).await
 }
 
 /// After a failed flight the next request rebuilds: the failure was not
@@ -555,33 +378,18 @@ async fn an_inner_error_is_covered_by_stale_if_error_for_every_request() {
 async fn a_cancelled_starter_costs_one_origin_call_and_its_waiters_get_the_value() {
     let origin = Origin::default();
     let entered = Arc::new(Notify::new());
-    let o = origin.clone();
     let e = entered.clone();
-    let app = Router::new().route(
-        "/report",
-        get(move || {
-            let origin = o.clone();
-            let entered = e.clone();
-            async move {
-                let (n, _running) = origin.enter();
-                entered.notify_one();
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                format!("v{n}")
-            }
-        })
-        .layer(guard().ttl(Duration::from_secs(60))),
-    );
-    let starter = {
-        let app = app.clone();
-        tokio::spawn(async move { send(&app, get_req("/report")).await })
-    };
+    let app = counted_app(&origin, guard().ttl(Duration::from_secs(60)), move |n| {
+        let entered = e.clone();
+        async move {
+            entered.notify_one();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            format!("v{n}")
+        }
+    });
+    let starter = spawn_request(&app);
     entered.notified().await;
-    let waiters: Vec<_> = (0..HERD - 1)
-        .map(|_| {
-            let app = app.clone();
-            tokio::spawn(async move { send(&app, get_req("/report")).await })
-        })
-        .collect();
+    let waiters = spawn_requests(&app, HERD - 1);
     tokio::time::sleep(Duration::from_millis(100)).await;
     starter.abort();
     assert!(starter.await.unwrap_err().is_cancelled());
@@ -604,10 +412,6 @@ async fn a_cancelled_starter_costs_one_origin_call_and_its_waiters_get_the_value
 
 // Cache<V>
 
-#[derive(Debug)]
-struct Boom;
-
-/// `HERD` concurrent callers of a rebuild that fails as `failure` says (an
 /// `Err` if `None`), after a pause. Returns each caller's task result.
 async fn cache_herd(
     cache: &Cache<String>,
@@ -641,11 +445,7 @@ async fn cache_herd(
             })
         })
         .collect();
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await);
-    }
-    out
+    join_all(tasks).await
 }
 
 fn failing_cache() -> Cache<String> {
@@ -794,71 +594,6 @@ async fn a_cancelled_first_caller_costs_one_rebuild_and_its_waiters_get_the_valu
 // 3. invalidate() is a barrier.
 // ---------------------------------------------------------------------------
 
-/// What the origin currently answers, switched from "old" to "new" when the
-/// test invalidates. The first call reads its answer, then parks until
-/// released.
-#[derive(Clone)]
-struct Versioned {
-    origin: Origin,
-    current: Arc<Mutex<&'static str>>,
-    entered: Arc<Notify>,
-    release: Arc<Notify>,
-}
-
-impl Versioned {
-    fn new() -> Self {
-        Versioned {
-            origin: Origin::default(),
-            current: Arc::new(Mutex::new("old")),
-            entered: Arc::new(Notify::new()),
-            release: Arc::new(Notify::new()),
-        }
-    }
-
-    async fn answer(&self) -> String {
-        let (n, _running) = self.origin.enter();
-        let answer = *self.current.lock().unwrap();
-        if n == 1 {
-            self.entered.notify_one();
-            self.release.notified().await;
-        }
-        answer.to_string()
-    }
-
-    fn switch(&self) {
-        *self.current.lock().unwrap() = "new";
-    }
-}
-
-fn versioned_app(v: &Versioned, guard: StampedeGuard) -> Router {
-    let v = v.clone();
-    Router::new().route(
-        "/report",
-        get(move || {
-            let v = v.clone();
-            async move { v.answer().await }
-        })
-        .layer(guard),
-    )
-}
-
-fn spawn_requests(app: &Router, n: usize) -> Vec<tokio::task::JoinHandle<Answer>> {
-    (0..n)
-        .map(|_| {
-            let app = app.clone();
-            tokio::spawn(async move { send(&app, get_req("/report")).await })
-        })
-        .collect()
-}
-
-async fn texts(tasks: Vec<tokio::task::JoinHandle<Answer>>) -> Vec<String> {
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await.expect("request task").text());
-    }
-    out
-}
-
 /// A rebuild that read "old" is parked; invalidate, switch the origin to
 /// "new"; with `during`, requests arrive while the old rebuild is still
 /// running; then the old rebuild lands; then more requests.
@@ -916,27 +651,7 @@ async fn a_rebuild_running_at_invalidate_does_not_store_its_old_answer() {
 async fn invalidate_during_a_rebuild_cache(during: bool) {
     let v = Versioned::new();
     let cache: Cache<String> = Cache::new(Backend::local()).ttl(Duration::from_secs(60));
-    let spawn_calls = |n: usize| -> Vec<tokio::task::JoinHandle<String>> {
-        (0..n)
-            .map(|_| {
-                let cache = cache.clone();
-                let v = v.clone();
-                tokio::spawn(async move {
-                    cache
-                        .get_or_rebuild("k", move || async move { Ok::<_, Boom>(v.answer().await) })
-                        .await
-                        .expect("the rebuild succeeds")
-                })
-            })
-            .collect()
-    };
-    async fn values(tasks: Vec<tokio::task::JoinHandle<String>>) -> Vec<String> {
-        let mut out = Vec::new();
-        for t in tasks {
-            out.push(t.await.expect("caller task"));
-        }
-        out
-    }
+    let spawn_calls = |n: usize| spawn_calls(&cache, &v, n);
     let starter = spawn_calls(1);
     v.entered.notified().await;
     let before = spawn_calls(5);

@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use common::{get as get_req, send, Origin};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::{DebuggingRecorder, Snapshotter};
 use stampede_guard::{Backend, Cache, StampedeGuard};
 use tokio::sync::Semaphore;
 
@@ -142,15 +142,7 @@ impl Client for Generic {
 }
 
 fn counters(snapshotter: &Snapshotter) -> BTreeMap<&'static str, u64> {
-    let snapshot: Vec<(String, u64)> = snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter_map(|(key, _, _, value)| match value {
-            DebugValue::Counter(n) => Some((key.key().name().to_owned(), n)),
-            _ => None,
-        })
-        .collect();
+    let snapshot = common::metrics::counters(snapshotter);
     COUNTERS
         .iter()
         .map(|name| {

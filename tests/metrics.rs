@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::routing::get;
 use axum::Router;
 use common::{burst, get as get_req, send, Origin};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebuggingRecorder;
 use stampede_guard::{Backend, StampedeGuard};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -37,14 +37,8 @@ async fn counters_tell_hits_misses_and_coalesced_requests_apart() {
         send(&app, get_req("/r")).await;
     }
 
-    let counters: std::collections::HashMap<String, u64> = snapshotter
-        .snapshot()
-        .into_vec()
+    let counters: std::collections::HashMap<String, u64> = common::metrics::counters(&snapshotter)
         .into_iter()
-        .filter_map(|(key, _, _, value)| match value {
-            DebugValue::Counter(n) => Some((key.key().name().to_owned(), n)),
-            _ => None,
-        })
         .collect();
     let c = |name: &str| counters.get(name).copied().unwrap_or(0);
     assert_eq!(c("stampede_guard_misses_total"), 1);

@@ -113,8 +113,10 @@ pub fn tally(answers: &[Answer], status: &str) -> usize {
     answers.iter().filter(|a| a.x_cache() == status).count()
 }
 pub mod cluster;
+pub mod driver;
 #[cfg(feature = "redis")]
 pub mod fleet;
+pub mod metrics;
 pub mod proxy;
 pub mod redis;
 pub mod sentinel;
