@@ -51,8 +51,12 @@ pub(crate) fn new_attempt() -> String {
 }
 
 impl RedisTier {
+    fn lock_base(&self, id: &Key) -> String {
+        format!("{}:lock:{{{id}}}", self.shared.config.prefix)
+    }
+
     fn lock_keys(&self, id: &Key) -> [String; 5] {
-        let base = format!("{}:lock:{{{id}}}", self.shared.config.prefix);
+        let base = self.lock_base(id);
         [
             format!("{base}:l"),
             format!("{base}:n"),
@@ -113,10 +117,13 @@ impl RedisTier {
         until: Instant,
     ) -> Result<bool, TierError> {
         let [lock, ..] = self.lock_keys(id);
+        let receipt = format!("{}:r:{attempt}", self.lock_base(id));
         let message = Event::Released.message(id);
-        let (script, lock, channel, message) = (
+        let keep = millis(until.saturating_duration_since(Instant::now())).max(1);
+        let (script, lock, receipt, channel, message) = (
             &self.shared.scripts.lock_release,
             &lock,
+            &receipt,
             &self.shared.channel,
             &message,
         );
@@ -124,11 +131,13 @@ impl RedisTier {
             .lock_call(until, move |mut conn| async move {
                 script
                     .key(lock)
+                    .key(receipt)
                     .arg(token)
                     .arg(fence)
                     .arg(attempt)
                     .arg(channel)
                     .arg(message)
+                    .arg(keep)
                     .invoke_async(&mut conn)
                     .await
             })
