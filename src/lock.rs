@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use stampede_guard::{Backend, Lock};
+//! use stampede_guard::{Backend, FencingToken, Lock};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let lock = Lock::new(Backend::redis("redis://127.0.0.1:6379").await?)
@@ -11,42 +11,65 @@
 //!     .wait_budget(Duration::from_secs(5));
 //!
 //! let guard = lock.acquire("stock:sku-42").await?;
-//! // Hand the fencing token to the resource you change, so it can refuse a
-//! // write from a holder whose lease ran out (see `FencingToken`).
+//! // Hand the fencing token to the resource on the read *and* the write, so
+//! // it can refuse a holder whose lease ran out (see `FencingToken`).
 //! let fence = guard.fencing_token();
 //! tokio::select! {
 //!     _ = sell_one(fence) => {}
-//!     _ = guard.lost() => { /* the lease was lost: stop, do not commit */ }
+//!     _ = guard.lost() => { /* the lease is ending: stop, do not commit */ }
 //! }
 //! guard.release().await?;
 //! # Ok(()) }
-//! # async fn sell_one(_: stampede_guard::FencingToken) {}
+//! # async fn sell_one(_: FencingToken) {}
 //! ```
 //!
-//! **Guarantees.** On Redis, a lock is a key holding a random owner token,
-//! with a lease: only the token's holder can renew or release it (both are
-//! compare-token scripts), a watchdog renews it every third of the lease while
-//! the guard lives, and a holder that dies loses it when the lease runs out.
+//! **Guarantees.** On Redis, a lock is a hash holding a random owner token,
+//! the tenure's fencing number and one record per hold, with a lease: only
+//! that owner, under that fencing number, can renew or release it (a guard
+//! whose lease lapsed cannot touch a newer hold of the same owner), and a
+//! guard releases exactly its own hold, once. A watchdog renews the lease
+//! every third of it while the guard lives (or until
+//! [`max_hold`](Lock::max_hold)); a holder that dies loses it when the lease
+//! runs out.
+//!
 //! A lease can still run out under a holder that is alive but stalled (a long
-//! pause, a partition), so two holders can briefly overlap: the lock alone is
-//! an *efficiency* lock. For *correctness*, pass the guard's
-//! [`FencingToken`] to the protected resource and have it refuse any token
-//! lower than one it has already seen; the guard's [`lost`](LockGuard::lost)
-//! future also tells the holder when renewal failed.
+//! pause, a partition), so the lock alone is an *efficiency* lock. The
+//! guard's [`lost`](LockGuard::lost) future completes *before* the lease can
+//! lapse: the watchdog counts the lease from when a renewal was sent, less a
+//! margin (a tenth of the lease, at most a second), and reports the loss when
+//! that passes without a confirmed renewal. That narrows the overlap to a
+//! holder that does not look, or stalls between looking and acting. For
+//! *correctness*, pass the guard's [`FencingToken`] to the protected resource
+//! and have it refuse a token lower than one it has seen, on reads as well as
+//! writes (or write conditionally on what was read).
+//!
+//! **Faults.** Acquiring goes through the backend's circuit breaker: with
+//! Redis failing, [`acquire`](Lock::acquire) says so at once. Giving back
+//! does not: [`release`](LockGuard::release), a dropped guard, renewals and a
+//! waiter leaving the queue bypass the breaker and are retried, each try
+//! under the deadline, until the lease (or queue place) would have lapsed by
+//! itself; `release` fails only if no try was answered by then. An attempt
+//! whose reply never came (its deadline passed, or its caller was cancelled)
+//! is undone in the background by its owner token and attempt id, so what it
+//! took is not held by nobody; a retried attempt is never counted twice.
 //!
 //! **Fairness.** Waiters are served first come, first served: each joins a
 //! queue in Redis, and the lock goes to the head of the queue, so a waiter
-//! cannot starve while others release and re-acquire. A waiter that gives up
-//! or is cancelled leaves the queue; one whose process dies keeps its place
-//! until its wait budget has passed.
+//! cannot starve while others release and re-acquire. A waiter's place lasts
+//! a short heartbeat (750 ms), refreshed while it waits whatever its wait
+//! budget: a waiter that gives up or is cancelled leaves at once, and one
+//! that died or is paused drops out when its heartbeat lapses, so a free lock
+//! waits for a dead head for about one heartbeat.
 //!
-//! **Waking.** A release publishes on the backend's channel and every waiter
-//! for that lock retries at once; a lease that expires (holder died) wakes
-//! them when it runs out. There is no polling.
+//! **Waking.** A release, a waiter leaving and a lapsed head dropped from the
+//! queue publish on the backend's channel, and every waiter for that lock
+//! retries at once; a lease that expires (holder died) wakes them when it
+//! runs out. Waiters also refresh their places (every 250 ms), which is when
+//! they notice a lapsed head nobody announced.
 //!
 //! On the embedded backend the same API locks within the process (with the
-//! same queue order, fencing numbers and reentrancy); leases cannot be lost
-//! there.
+//! same queue order, fencing numbers and reentrancy, and a cancelled waiter
+//! leaving the queue at once); leases cannot be lost there.
 
 use std::fmt;
 use std::sync::Arc;
@@ -416,14 +439,17 @@ impl LockGuard {
         self.holds
     }
 
-    /// Whether the lease was lost (renewal refused, or Redis unreachable for a
-    /// whole lease): another owner may hold the lock now.
+    /// Whether the lease is lost or about to be: a renewal was refused, no
+    /// renewal was confirmed within the lease's validity (counted from when
+    /// it was sent, less a margin), or [`max_hold`](Lock::max_hold) passed.
+    /// Another owner may hold the lock now or very soon.
     pub fn is_lost(&self) -> bool {
         *self.lost.borrow()
     }
 
-    /// Completes when the lease is lost. Select on it beside the critical
-    /// section to stop before committing anything.
+    /// Completes when the lease is lost, before it can lapse in Redis (see
+    /// [`is_lost`](Self::is_lost)). Select on it beside the critical section
+    /// to stop before committing anything.
     pub async fn lost(&self) {
         let mut lost = self.lost.clone();
         if lost.wait_for(|lost| *lost).await.is_err() {
@@ -435,6 +461,11 @@ impl LockGuard {
 
     /// Releases this hold now. Returns whether it was still ours (false if
     /// the lease had run out and perhaps passed to another owner).
+    ///
+    /// On Redis this bypasses the circuit breaker and is retried until the
+    /// lease would have ended; it returns [`LockError::Unavailable`] only if
+    /// Redis answered no try by then, and the hold has then lapsed by
+    /// itself.
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
         #[cfg(feature = "redis")]
