@@ -1,7 +1,13 @@
 //! A flash sale across processes: several worker processes, each with several
 //! tasks, sell a limited stock kept in Redis. Each sale reads the stock and
-//! writes it back (a plain GET then SET, the classic lost-update shape) inside
+//! writes it back (a read, then a write: the classic lost-update shape) inside
 //! `stampede_guard::Lock`, so the stock is never oversold.
+//!
+//! The lock alone is an efficiency lock: a holder that stalls past its lease
+//! (a long pause) overlaps with the next one. So the stock itself checks the
+//! guard's fencing token, on the read as well as the write: a read records
+//! the token, and a write is refused if a newer holder has read since, or if
+//! the stock changed since this holder read it.
 //!
 //! ```sh
 //! cargo run --example flash_sale                      # starts a temporary redis-server
@@ -16,6 +22,26 @@ use redis::AsyncCommands;
 use stampede_guard::{Backend, Lock};
 
 const STOCK_KEY: &str = "flash-sale:stock";
+/// The largest fencing token the stock has seen.
+const FENCE_KEY: &str = "flash-sale:fence";
+
+/// Reads the stock for the holder of `ARGV[1]`, and records that token:
+/// every older holder is refused from now on. Returns -1 if refused.
+const FENCED_READ: &str = "
+    local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+    if tonumber(ARGV[1]) < last then return -1 end
+    redis.call('SET', KEYS[2], ARGV[1])
+    return tonumber(redis.call('GET', KEYS[1]) or '0')";
+
+/// Writes `ARGV[3]` if the holder of `ARGV[1]` is still the newest seen and
+/// the stock is still `ARGV[2]`, what it read. Returns 1 if written.
+const FENCED_WRITE: &str = "
+    local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+    if tonumber(ARGV[1]) < last then return 0 end
+    if redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
+    redis.call('SET', KEYS[2], ARGV[1])
+    redis.call('SET', KEYS[1], ARGV[3])
+    return 1";
 
 struct Options {
     redis: Option<String>,
@@ -69,6 +95,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .get_multiplexed_async_connection()
         .await?;
     let _: () = conn.set(STOCK_KEY, o.stock).await?;
+    let _: () = conn.del(FENCE_KEY).await?;
 
     println!(
         "selling {} units with {} processes x {} tasks",
@@ -121,19 +148,43 @@ async fn worker(url: &str, tasks: usize) -> Result<(), Box<dyn std::error::Error
             .get_multiplexed_async_connection()
             .await?;
         handles.push(tokio::spawn(async move {
+            let (read, write) = (
+                redis::Script::new(FENCED_READ),
+                redis::Script::new(FENCED_WRITE),
+            );
             let mut sold = 0u64;
             loop {
                 let guard = lock.acquire("flash-sale").await.expect("lock");
-                let stock: i64 = conn.get(STOCK_KEY).await.expect("read stock");
-                if stock <= 0 {
+                let fence = guard.fencing_token().0;
+                let stock: i64 = read
+                    .key(STOCK_KEY)
+                    .key(FENCE_KEY)
+                    .arg(fence)
+                    .invoke_async(&mut conn)
+                    .await
+                    .expect("read stock");
+                if stock == 0 {
                     guard.release().await.expect("release");
                     return sold;
                 }
-                // The critical section: nobody else can read the stock
-                // between this read and this write.
-                let _: () = conn.set(STOCK_KEY, stock - 1).await.expect("write stock");
-                guard.release().await.expect("release");
-                sold += 1;
+                // The critical section. A stalled holder whose lease ran out
+                // is refused here (-1 above, or 0 below) instead of selling a
+                // unit another holder sold too.
+                let written: i64 = if stock > 0 {
+                    write
+                        .key(STOCK_KEY)
+                        .key(FENCE_KEY)
+                        .arg(fence)
+                        .arg(stock)
+                        .arg(stock - 1)
+                        .invoke_async(&mut conn)
+                        .await
+                        .expect("write stock")
+                } else {
+                    0
+                };
+                let _ = guard.release().await;
+                sold += written as u64;
             }
         }));
     }

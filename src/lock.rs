@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use stampede_guard::{Backend, Lock};
+//! use stampede_guard::{Backend, FencingToken, Lock};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let lock = Lock::new(Backend::redis("redis://127.0.0.1:6379").await?)
@@ -11,42 +11,65 @@
 //!     .wait_budget(Duration::from_secs(5));
 //!
 //! let guard = lock.acquire("stock:sku-42").await?;
-//! // Hand the fencing token to the resource you change, so it can refuse a
-//! // write from a holder whose lease ran out (see `FencingToken`).
+//! // Hand the fencing token to the resource on the read *and* the write, so
+//! // it can refuse a holder whose lease ran out (see `FencingToken`).
 //! let fence = guard.fencing_token();
 //! tokio::select! {
 //!     _ = sell_one(fence) => {}
-//!     _ = guard.lost() => { /* the lease was lost: stop, do not commit */ }
+//!     _ = guard.lost() => { /* the lease is ending: stop, do not commit */ }
 //! }
 //! guard.release().await?;
 //! # Ok(()) }
-//! # async fn sell_one(_: stampede_guard::FencingToken) {}
+//! # async fn sell_one(_: FencingToken) {}
 //! ```
 //!
-//! **Guarantees.** On Redis, a lock is a key holding a random owner token,
-//! with a lease: only the token's holder can renew or release it (both are
-//! compare-token scripts), a watchdog renews it every third of the lease while
-//! the guard lives, and a holder that dies loses it when the lease runs out.
+//! **Guarantees.** On Redis, a lock is a hash holding a random owner token,
+//! the tenure's fencing number and one record per hold, with a lease: only
+//! that owner, under that fencing number, can renew or release it (a guard
+//! whose lease lapsed cannot touch a newer hold of the same owner), and a
+//! guard releases exactly its own hold, once. A watchdog renews the lease
+//! every third of it while the guard lives (or until
+//! [`max_hold`](Lock::max_hold)); a holder that dies loses it when the lease
+//! runs out.
+//!
 //! A lease can still run out under a holder that is alive but stalled (a long
-//! pause, a partition), so two holders can briefly overlap: the lock alone is
-//! an *efficiency* lock. For *correctness*, pass the guard's
-//! [`FencingToken`] to the protected resource and have it refuse any token
-//! lower than one it has already seen; the guard's [`lost`](LockGuard::lost)
-//! future also tells the holder when renewal failed.
+//! pause, a partition), so the lock alone is an *efficiency* lock. The
+//! guard's [`lost`](LockGuard::lost) future completes *before* the lease can
+//! lapse: the watchdog counts the lease from when a renewal was sent, less a
+//! margin (a tenth of the lease, at most a second), and reports the loss when
+//! that passes without a confirmed renewal. That narrows the overlap to a
+//! holder that does not look, or stalls between looking and acting. For
+//! *correctness*, pass the guard's [`FencingToken`] to the protected resource
+//! and have it refuse a token lower than one it has seen, on reads as well as
+//! writes (or write conditionally on what was read).
+//!
+//! **Faults.** Acquiring goes through the backend's circuit breaker: with
+//! Redis failing, [`acquire`](Lock::acquire) says so at once. Giving back
+//! does not: [`release`](LockGuard::release), a dropped guard, renewals and a
+//! waiter leaving the queue bypass the breaker and are retried, each try
+//! under the deadline, until the lease (or queue place) would have lapsed by
+//! itself; `release` fails only if no try was answered by then. An attempt
+//! whose reply never came (its deadline passed, or its caller was cancelled)
+//! is undone in the background by its owner token and attempt id, so what it
+//! took is not held by nobody; a retried attempt is never counted twice.
 //!
 //! **Fairness.** Waiters are served first come, first served: each joins a
 //! queue in Redis, and the lock goes to the head of the queue, so a waiter
-//! cannot starve while others release and re-acquire. A waiter that gives up
-//! or is cancelled leaves the queue; one whose process dies keeps its place
-//! until its wait budget has passed.
+//! cannot starve while others release and re-acquire. A waiter's place lasts
+//! a short heartbeat (750 ms), refreshed while it waits whatever its wait
+//! budget: a waiter that gives up or is cancelled leaves at once, and one
+//! that died or is paused drops out when its heartbeat lapses, so a free lock
+//! waits for a dead head for about one heartbeat.
 //!
-//! **Waking.** A release publishes on the backend's channel and every waiter
-//! for that lock retries at once; a lease that expires (holder died) wakes
-//! them when it runs out. There is no polling.
+//! **Waking.** A release, a waiter leaving and a lapsed head dropped from the
+//! queue publish on the backend's channel, and every waiter for that lock
+//! retries at once; a lease that expires (holder died) wakes them when it
+//! runs out. Waiters also refresh their places (every 250 ms), which is when
+//! they notice a lapsed head nobody announced.
 //!
 //! On the embedded backend the same API locks within the process (with the
-//! same queue order, fencing numbers and reentrancy); leases cannot be lost
-//! there.
+//! same queue order, fencing numbers and reentrancy, and a cancelled waiter
+//! leaving the queue at once); leases cannot be lost there.
 
 use std::fmt;
 use std::sync::Arc;
@@ -60,7 +83,7 @@ use crate::backend::Backend;
 use crate::key::Key;
 use crate::store::locks::LocalLocks;
 #[cfg(feature = "redis")]
-use crate::store::redis::lock::Attempt;
+use crate::store::redis::lock::{new_attempt, Attempt, QUEUE_HEARTBEAT};
 #[cfg(feature = "redis")]
 use crate::store::redis::renew::{LeaseKind, Renewer};
 #[cfg(feature = "redis")]
@@ -74,6 +97,7 @@ pub struct Lock {
     backend: Backend,
     lease: Duration,
     wait_budget: Duration,
+    max_hold: Option<Duration>,
 }
 
 impl fmt::Debug for Lock {
@@ -81,6 +105,7 @@ impl fmt::Debug for Lock {
         f.debug_struct("Lock")
             .field("lease", &self.lease)
             .field("wait_budget", &self.wait_budget)
+            .field("max_hold", &self.max_hold)
             .finish()
     }
 }
@@ -151,6 +176,7 @@ impl Lock {
             backend,
             lease: Duration::from_secs(10),
             wait_budget: Duration::from_secs(10),
+            max_hold: None,
         }
     }
 
@@ -165,6 +191,17 @@ impl Lock {
     /// How long [`acquire`](Self::acquire) waits for the lock.
     pub fn wait_budget(mut self, budget: Duration) -> Self {
         self.wait_budget = budget;
+        self
+    }
+
+    /// The longest a guard keeps the lock: its watchdog stops renewing this
+    /// long after the acquisition, so the lease runs out after at most
+    /// `max_hold` plus one lease, and the guard is then
+    /// [lost](LockGuard::lost). Unset by default (renewed while the guard
+    /// lives). On the embedded backend a lock is never lost, and this has no
+    /// effect.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
         self
     }
 
@@ -205,22 +242,22 @@ impl Lock {
         let id = Self::id(name);
         #[cfg(feature = "redis")]
         if let Some(l2) = self.backend.engine.shared() {
-            return self
-                .acquire_redis(l2, id, owner, wait, reenter)
-                .await
-                .map(|held| {
-                    held.map(|(fence, holds)| self.guard(id, owner, fence, holds, Some(l2.clone())))
-                });
+            return self.acquire_redis(l2, id, owner, wait, reenter).await;
         }
         let locks = &self.backend.locks;
         Ok(locks
             .acquire(id, &owner.token, wait, reenter)
             .await
-            .map(|(fence, holds)| {
+            .map(|(fence, holds)| LockGuard {
+                id,
+                token: owner.token.clone(),
+                fence: FencingToken(fence),
+                holds,
+                lost: never_lost(),
                 #[cfg(feature = "redis")]
-                return self.guard(id, owner, fence, holds, None);
-                #[cfg(not(feature = "redis"))]
-                return self.guard(id, owner, fence, holds);
+                renewer: None,
+                locks: self.backend.locks.clone(),
+                released: false,
             }))
     }
 
@@ -232,30 +269,43 @@ impl Lock {
         owner: &LockOwner,
         wait: Option<Duration>,
         reenter: bool,
-    ) -> Result<Option<(u64, u64)>, LockError> {
+    ) -> Result<Option<LockGuard>, LockError> {
         let unavailable = |e: crate::store::redis::TierError| LockError::Unavailable(e.into());
         let give_up = wait.map(|w| Instant::now() + w);
-        // A place in the queue lasts as long as this waiter may wait (plus a
-        // margin), so a waiter whose process died cannot block it for longer.
-        let queue_for = wait.map(|w| w + Duration::from_secs(1));
-        // Armed once this waiter has a place in the queue: if the caller
-        // gives up on us (drops the future), the place is given back.
-        let mut leave = LeaveOnDrop {
+        // A waiter's place lasts one heartbeat, whatever its wait budget, and
+        // every attempt refreshes it: a waiter that died, is paused or was
+        // cancelled unheard holds back the queue for one heartbeat at most.
+        let beat = wait.map(|_| QUEUE_HEARTBEAT);
+        let refresh = QUEUE_HEARTBEAT / 3;
+        // One id for every try of this acquisition: a hold it took is
+        // answered again, never counted twice, and can be undone by the id.
+        let attempt = new_attempt();
+        // Armed before the first try, and until the lock is handed over as a
+        // guard: if the caller gives up on us (drops the future, even with
+        // the first try on its way) or a try goes unanswered, the queue place
+        // and any hold the tries took are given back in the background.
+        let mut abandon = AbandonOnDrop {
             tier: l2.clone(),
             id,
-            token: None,
+            token: owner.token.clone(),
+            attempt: attempt.clone(),
+            lease: self.lease,
+            armed: true,
         };
         loop {
             // Listen before asking, so a release in between still wakes us.
             let mut registration = l2.notifier.register(id);
-            let attempt = l2
-                .lock_acquire(&id, &owner.token, self.lease, queue_for, reenter)
+            let sent = Instant::now();
+            let reply = l2
+                .lock_acquire(&id, &owner.token, &attempt, self.lease, beat, reenter)
                 .await
                 .map_err(unavailable)?;
-            let pttl = match attempt {
+            let pttl = match reply {
                 Attempt::Held { fence, holds } => {
-                    leave.token = None;
-                    return Ok(Some((fence, holds)));
+                    abandon.armed = false;
+                    return Ok(Some(
+                        self.guard_redis(l2, id, owner, fence, holds, sent, attempt),
+                    ));
                 }
                 Attempt::Busy { pttl } => pttl,
             };
@@ -263,72 +313,81 @@ impl Lock {
                 at.saturating_duration_since(Instant::now())
             });
             if left.is_zero() {
-                leave.token = None;
                 if wait.is_some() {
-                    let _ = l2.lock_leave(&id, &owner.token).await;
+                    let until = Instant::now() + QUEUE_HEARTBEAT;
+                    let _ = l2.lock_leave(&id, &owner.token, &attempt, until).await;
                 }
+                abandon.armed = false;
                 return Ok(None);
             }
-            leave.token = Some(owner.token.clone());
-            // Woken by a release; failing that, by the holder's lease running
-            // out (it died) or the budget.
-            let sleep = pttl.map_or(left, |p| (p + Duration::from_millis(2)).min(left));
+            // Woken by a release or a change in the queue; failing that, by
+            // the holder's lease running out (it died), the time to refresh
+            // our place, or the budget.
+            let sleep = pttl
+                .map_or(left, |p| p + Duration::from_millis(2))
+                .min(refresh)
+                .min(left);
             registration.wait(sleep).await;
         }
     }
 
-    fn guard(
+    #[cfg(feature = "redis")]
+    #[allow(clippy::too_many_arguments)]
+    fn guard_redis(
         &self,
+        tier: &Arc<RedisTier>,
         id: Key,
         owner: &LockOwner,
         fence: u64,
         holds: u64,
-        #[cfg(feature = "redis")] tier: Option<Arc<RedisTier>>,
+        sent: Instant,
+        attempt: String,
     ) -> LockGuard {
-        #[cfg(feature = "redis")]
-        let renewer = tier
-            .map(|tier| Renewer::start(tier, LeaseKind::Lock, id, owner.token.clone(), self.lease));
-        #[cfg(feature = "redis")]
-        let lost = match &renewer {
-            Some(renewer) => renewer.lost(),
-            None => never_lost(),
-        };
-        #[cfg(not(feature = "redis"))]
-        let lost = never_lost();
+        let renewer = Renewer::start(
+            tier.clone(),
+            LeaseKind::Lock { fence, attempt },
+            id,
+            owner.token.clone(),
+            self.lease,
+            sent,
+            self.max_hold,
+        );
         LockGuard {
             id,
             token: owner.token.clone(),
             fence: FencingToken(fence),
             holds,
-            lost,
-            #[cfg(feature = "redis")]
-            renewer,
+            lost: renewer.lost(),
+            renewer: Some(renewer),
             locks: self.backend.locks.clone(),
             released: false,
         }
     }
 }
 
-/// A cancelled waiter leaves the queue, so it does not hold back the next in
-/// line until its place lapses.
+/// Gives back what an acquisition may hold in Redis (its queue place, a hold
+/// taken by a try whose answer never came) when it ends without handing the
+/// lock over: cancelled by its caller, or failed.
 #[cfg(feature = "redis")]
-struct LeaveOnDrop {
+struct AbandonOnDrop {
     tier: Arc<RedisTier>,
     id: Key,
-    token: Option<String>,
+    token: String,
+    attempt: String,
+    lease: Duration,
+    armed: bool,
 }
 
 #[cfg(feature = "redis")]
-impl Drop for LeaveOnDrop {
+impl Drop for AbandonOnDrop {
     fn drop(&mut self) {
-        let Some(token) = self.token.take() else {
-            return;
-        };
-        let (tier, id) = (self.tier.clone(), self.id);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = tier.lock_leave(&id, &token).await;
-            });
+        if self.armed {
+            self.tier.lock_abandon(
+                self.id,
+                std::mem::take(&mut self.token),
+                std::mem::take(&mut self.attempt),
+                self.lease,
+            );
         }
     }
 }
@@ -380,14 +439,17 @@ impl LockGuard {
         self.holds
     }
 
-    /// Whether the lease was lost (renewal refused, or Redis unreachable for a
-    /// whole lease): another owner may hold the lock now.
+    /// Whether the lease is lost or about to be: a renewal was refused, no
+    /// renewal was confirmed within the lease's validity (counted from when
+    /// it was sent, less a margin), or [`max_hold`](Lock::max_hold) passed.
+    /// Another owner may hold the lock now or very soon.
     pub fn is_lost(&self) -> bool {
         *self.lost.borrow()
     }
 
-    /// Completes when the lease is lost. Select on it beside the critical
-    /// section to stop before committing anything.
+    /// Completes when the lease is lost, before it can lapse in Redis (see
+    /// [`is_lost`](Self::is_lost)). Select on it beside the critical section
+    /// to stop before committing anything.
     pub async fn lost(&self) {
         let mut lost = self.lost.clone();
         if lost.wait_for(|lost| *lost).await.is_err() {
@@ -399,14 +461,17 @@ impl LockGuard {
 
     /// Releases this hold now. Returns whether it was still ours (false if
     /// the lease had run out and perhaps passed to another owner).
+    ///
+    /// On Redis this bypasses the circuit breaker and is retried until the
+    /// lease would have ended; it returns [`LockError::Unavailable`] only if
+    /// Redis answered no try by then, and the hold has then lapsed by
+    /// itself.
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
         #[cfg(feature = "redis")]
         if let Some(renewer) = &mut self.renewer {
-            renewer.settle();
-            let tier = renewer.tier().clone();
-            return tier
-                .lock_release(&self.id, &self.token)
+            return renewer
+                .release()
                 .await
                 .map_err(|e| LockError::Unavailable(e.into()));
         }

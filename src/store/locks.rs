@@ -34,6 +34,15 @@ impl LocalLocks {
         reenter: bool,
     ) -> Option<(u64, u64)> {
         let give_up = wait.map(|w| Instant::now() + w);
+        // Armed before the first look: a waiter cancelled while it waits
+        // leaves the queue, or the lock would stall behind it forever (there
+        // is no heartbeat in one process: a waiter gone is gone at once).
+        let mut leave = LeaveOnDrop {
+            locks: self,
+            id,
+            token,
+            armed: wait.is_some(),
+        };
         loop {
             let released = self
                 .locks
@@ -53,12 +62,14 @@ impl LocalLocks {
                 match &mut lock.owner {
                     Some((owner, holds)) if owner == token && reenter => {
                         *holds += 1;
+                        leave.armed = false;
                         return Some((lock.fence, *holds));
                     }
                     None if lock.queue.front().map_or(true, |head| head == token) => {
                         lock.queue.retain(|t| t != token);
                         lock.fence += 1;
                         lock.owner = Some((token.to_owned(), 1));
+                        leave.armed = false;
                         return Some((lock.fence, 1));
                     }
                     _ => {}
@@ -71,13 +82,20 @@ impl LocalLocks {
                 at.saturating_duration_since(Instant::now())
             });
             if left.is_zero() || tokio::time::timeout(left, notified).await.is_err() {
-                let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-                if let Some(lock) = locks.get_mut(&id) {
-                    // The head may have changed: let the others look again.
-                    lock.queue.retain(|t| t != token);
-                    lock.released.notify_waiters();
-                }
+                // Dropping `leave` gives the place back.
                 return None;
+            }
+        }
+    }
+
+    /// Takes `token` out of the queue and lets the others look again (the
+    /// head may have changed).
+    fn leave(&self, id: Key, token: &str) {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(lock) = locks.get_mut(&id) {
+            if lock.queue.iter().any(|t| t == token) {
+                lock.queue.retain(|t| t != token);
+                lock.released.notify_waiters();
             }
         }
     }
@@ -97,6 +115,23 @@ impl LocalLocks {
                 true
             }
             _ => false,
+        }
+    }
+}
+
+/// A waiter's place, given back when its acquisition ends without the lock
+/// (gave up, or cancelled).
+struct LeaveOnDrop<'a> {
+    locks: &'a LocalLocks,
+    id: Key,
+    token: &'a str,
+    armed: bool,
+}
+
+impl Drop for LeaveOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.locks.leave(self.id, self.token);
         }
     }
 }

@@ -13,7 +13,7 @@
 //! one, so a stalled holder cannot overwrite a newer value.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::renew::{LeaseKind, Renewer};
 use super::RedisTier;
@@ -37,11 +37,15 @@ impl Lease {
         fence: u64,
         time: Duration,
     ) -> Self {
+        // The request that took the lease was sent at most a deadline ago:
+        // count the lease's validity from then, never from the reply.
+        let now = Instant::now();
+        let granted = now.checked_sub(tier.shared.config.deadline).unwrap_or(now);
         Lease {
             key,
             fence: FencingToken(fence),
             time,
-            renewer: Renewer::start(tier, LeaseKind::Rebuild, key, token, time),
+            renewer: Renewer::start(tier, LeaseKind::Rebuild, key, token, time, granted, None),
         }
     }
 

@@ -2,18 +2,39 @@
 //!
 //! A lock's keys share the hash tag of its name's digest, so every script
 //! touches one cluster slot whatever the name contains.
+//!
+//! Acquisition goes through the circuit breaker like every cache call: with
+//! Redis failing, a caller hears so at once. The calls that give something
+//! back or keep it (release, renew, leave) do not: a hold or a queue place
+//! left behind blocks the whole fleet, so they are retried, each try under
+//! the deadline, until what they protect would have lapsed by itself.
 
+use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use redis::{RedisError, RetryMethod};
+
+use super::connection::Conn;
 use super::notify::Event;
 use super::{RedisTier, TierError};
 use crate::key::Key;
+use crate::metrics::{self as m, count};
 use crate::store::millis;
 
 /// How long the fence and ticket counters outlive the last acquisition.
 /// Fencing numbers keep rising as long as a lock is used at least this often.
 const COUNTERS_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// How long a waiter's place in a queue lasts without a refresh. Waiters
+/// refresh it every third of this while they wait, whatever their wait
+/// budget, so a waiter that died, is paused or was cancelled without a word
+/// holds back a free lock for at most this long.
+pub(crate) const QUEUE_HEARTBEAT: Duration = Duration::from_millis(750);
+
+/// The longest pause between two tries of a call that gives something back.
+const RETRY_PAUSE_MAX: Duration = Duration::from_millis(200);
 
 /// The answer of one acquisition attempt.
 pub(crate) enum Attempt {
@@ -23,9 +44,19 @@ pub(crate) enum Attempt {
     Busy { pttl: Option<Duration> },
 }
 
+/// A random attempt id: names one acquisition attempt in the lock's hash, so
+/// the attempt can be answered again or undone without counting twice.
+pub(crate) fn new_attempt() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
 impl RedisTier {
+    fn lock_base(&self, id: &Key) -> String {
+        format!("{}:lock:{{{id}}}", self.shared.config.prefix)
+    }
+
     fn lock_keys(&self, id: &Key) -> [String; 5] {
-        let base = format!("{}:lock:{{{id}}}", self.shared.config.prefix);
+        let base = self.lock_base(id);
         [
             format!("{base}:l"),
             format!("{base}:n"),
@@ -35,14 +66,16 @@ impl RedisTier {
         ]
     }
 
-    /// One attempt: take the lock, or (if `queue_for` is set) keep a place
-    /// in its queue for that long.
+    /// One attempt: take the lock, or (if `beat` is set) keep a place in its
+    /// queue for that long. A retry with the same `attempt` id is answered
+    /// with the hold the attempt took, never a second one.
     pub(crate) async fn lock_acquire(
         self: &Arc<Self>,
         id: &Key,
         token: &str,
+        attempt: &str,
         lease: Duration,
-        queue_for: Option<Duration>,
+        beat: Option<Duration>,
         reenter: bool,
     ) -> Result<Attempt, TierError> {
         let mut conn = self.conn();
@@ -53,9 +86,12 @@ impl RedisTier {
         invocation
             .arg(token)
             .arg(millis(lease).max(1))
-            .arg(queue_for.map_or(0, |d| millis(d).max(1)))
+            .arg(beat.map_or(0, |d| millis(d).max(1)))
             .arg(millis(COUNTERS_KEEP))
-            .arg(if reenter { "1" } else { "0" });
+            .arg(if reenter { "1" } else { "0" })
+            .arg(attempt)
+            .arg(&self.shared.channel)
+            .arg(Event::Released.message(id));
         let (won, a, b): (i64, i64, i64) = self.call(invocation.invoke_async(&mut conn)).await?;
         Ok(if won == 1 {
             Attempt::Held {
@@ -69,72 +105,190 @@ impl RedisTier {
         })
     }
 
-    /// Releases one hold. `Ok(true)` if the caller held the lock.
+    /// Releases the hold taken by `attempt`, if the lock is still the
+    /// caller's under `fence`. `Ok(true)` if it was; retried past the
+    /// circuit breaker until `until` (when the hold lapses by itself).
     pub(crate) async fn lock_release(
         self: &Arc<Self>,
         id: &Key,
         token: &str,
+        fence: u64,
+        attempt: &str,
+        until: Instant,
     ) -> Result<bool, TierError> {
         let [lock, ..] = self.lock_keys(id);
-        let mut conn = self.conn();
+        let receipt = format!("{}:r:{attempt}", self.lock_base(id));
+        let message = Event::Released.message(id);
+        let keep = millis(until.saturating_duration_since(Instant::now())).max(1);
+        let (script, lock, receipt, channel, message) = (
+            &self.shared.scripts.lock_release,
+            &lock,
+            &receipt,
+            &self.shared.channel,
+            &message,
+        );
         let released: i64 = self
-            .call(
-                self.shared
-                    .scripts
-                    .lock_release
+            .lock_call(until, move |mut conn| async move {
+                script
                     .key(lock)
+                    .key(receipt)
                     .arg(token)
-                    .arg(&self.shared.channel)
-                    .arg(Event::Released.message(id))
-                    .invoke_async(&mut conn),
-            )
+                    .arg(fence)
+                    .arg(attempt)
+                    .arg(channel)
+                    .arg(message)
+                    .arg(keep)
+                    .invoke_async(&mut conn)
+                    .await
+            })
             .await?;
         Ok(released != 0)
     }
 
+    /// One renewal try under the deadline, past the circuit breaker (the
+    /// renewer decides when to try again). `Ok(false)` if the lock is no
+    /// longer the caller's under `fence`.
     pub(crate) async fn lock_renew(
         self: &Arc<Self>,
         id: &Key,
         token: &str,
+        fence: u64,
         lease: Duration,
     ) -> Result<bool, TierError> {
         let [lock, ..] = self.lock_keys(id);
         let mut conn = self.conn();
-        let renewed: i64 = self
-            .call(
-                self.shared
-                    .scripts
-                    .lock_renew
-                    .key(lock)
-                    .arg(token)
-                    .arg(millis(lease).max(1))
-                    .invoke_async(&mut conn),
-            )
-            .await?;
+        let mut invocation = self.shared.scripts.lock_renew.key(lock);
+        invocation.arg(token).arg(fence).arg(millis(lease).max(1));
+        let renewed: i64 = self.lock_try(invocation.invoke_async(&mut conn)).await?;
         Ok(renewed == 1)
     }
 
-    /// Leaves the queue (a waiter that gives up).
+    /// Leaves the queue and gives back the hold `attempt` may have taken (a
+    /// waiter that gives up, or an attempt abandoned without an answer).
+    /// Retried past the circuit breaker until `until`.
     pub(crate) async fn lock_leave(
         self: &Arc<Self>,
         id: &Key,
         token: &str,
+        attempt: &str,
+        until: Instant,
     ) -> Result<(), TierError> {
-        let [_, _, queue, beats, _] = self.lock_keys(id);
-        let mut conn = self.conn();
+        let [lock, _, queue, beats, _] = self.lock_keys(id);
+        let message = Event::Released.message(id);
+        let (script, lock, queue, beats, channel, message) = (
+            &self.shared.scripts.lock_leave,
+            &lock,
+            &queue,
+            &beats,
+            &self.shared.channel,
+            &message,
+        );
         let _: i64 = self
-            .call(
-                self.shared
-                    .scripts
-                    .lock_leave
+            .lock_call(until, move |mut conn| async move {
+                script
+                    .key(lock)
                     .key(queue)
                     .key(beats)
                     .arg(token)
-                    .arg(&self.shared.channel)
-                    .arg(Event::Released.message(id))
-                    .invoke_async(&mut conn),
-            )
+                    .arg(attempt)
+                    .arg(channel)
+                    .arg(message)
+                    .invoke_async(&mut conn)
+                    .await
+            })
             .await?;
         Ok(())
+    }
+
+    /// [`lock_leave`](Self::lock_leave) on its own task, for an attempt
+    /// whose caller is gone or had no answer: the script may still run (or
+    /// have run) after the caller stopped waiting, and only this token and
+    /// attempt id can give back what it took. The leave is sent after the
+    /// attempt on the same connection, so Redis runs it after the attempt.
+    pub(crate) fn lock_abandon(
+        self: &Arc<Self>,
+        id: Key,
+        token: String,
+        attempt: String,
+        lease: Duration,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let tier = self.clone();
+        let until = Instant::now() + lease.max(QUEUE_HEARTBEAT);
+        runtime.spawn(async move {
+            if tier.lock_leave(&id, &token, &attempt, until).await.is_err() {
+                tracing::warn!(lock = %id, "an abandoned lock attempt could not be undone; what it took lapses by itself");
+            }
+        });
+    }
+
+    /// Tries `call` (with a fresh connection each time) until Redis answers
+    /// or `until` passes, at least once, each try under the deadline and
+    /// none through the circuit breaker. Errors that no retry can mend (a
+    /// refused script, a permission) end it at once.
+    async fn lock_call<T, F, Fut>(
+        self: &Arc<Self>,
+        until: Instant,
+        mut call: F,
+    ) -> Result<T, TierError>
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let error = match self.lock_try(call(self.conn())).await {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            let permanent = matches!(&error, TierError::Redis(e)
+                if !e.may_have_run_or_transient());
+            let left = until.saturating_duration_since(Instant::now());
+            if permanent || left.is_zero() {
+                return Err(error);
+            }
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(RETRY_PAUSE_MAX);
+        }
+    }
+
+    /// One try of a lock call under the deadline, past the breaker. A
+    /// failure is counted, and tells the supervisor (which follows a moved
+    /// primary), like any call's.
+    async fn lock_try<T>(
+        self: &Arc<Self>,
+        call: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, TierError> {
+        let shared = &self.shared;
+        let error = match tokio::time::timeout(shared.config.deadline, call).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) => TierError::Redis(e),
+            Err(_) => TierError::Timeout,
+        };
+        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        count(m::REDIS_ERRORS);
+        tracing::debug!(error = %error, "redis lock call failed");
+        if shared.config.topology.needs_resolve() {
+            shared.signals.call_failed.notify_one();
+        }
+        Err(error)
+    }
+}
+
+/// Whether trying again may help: the call may not have run, or the server
+/// is between states (loading, failing over, a moved slot).
+trait Retryable {
+    fn may_have_run_or_transient(&self) -> bool;
+}
+
+impl Retryable for RedisError {
+    fn may_have_run_or_transient(&self) -> bool {
+        self.is_timeout()
+            || self.is_io_error()
+            || self.is_connection_dropped()
+            || self.is_connection_refusal()
+            || !matches!(self.retry_method(), RetryMethod::NoRetry)
     }
 }

@@ -13,9 +13,16 @@
 //! runtime to release on, the lease lapses by itself.
 //!
 //! Loss is reported through a `watch`: the renewer's holder (a rebuild, a
-//! lock guard) reads the same flag whether it polls it or awaits it.
+//! lock guard) reads the same flag whether it polls it or awaits it. It is
+//! reported *before* anyone else can hold the lease, as in Redlock: a lease
+//! granted or renewed by a request sent at `t` lasts until at least
+//! `t + time` on Redis's clock (Redis starts it later than that), so the
+//! holder may count on it until `t + time - margin`, the margin covering
+//! clock drift and the holder's own reaction. When that passes without a
+//! confirmed renewal, the lease is reported lost, whether Redis refused the
+//! renewal, did not answer, or the renewal is still on its way.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
@@ -25,17 +32,18 @@ use super::{RedisTier, TierError};
 use crate::key::Key;
 
 /// Which compare-token scripts keep a lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum LeaseKind {
     /// A cache entry's rebuild lease (`renew.lua`, `release.lua`).
     Rebuild,
-    /// A public lock (`lock_renew.lua`, `lock_release.lua`).
-    Lock,
+    /// A public lock (`lock_renew.lua`, `lock_release.lua`): a hold is the
+    /// owner token, the tenure's fencing number and the attempt that took it.
+    Lock { fence: u64, attempt: String },
 }
 
 impl LeaseKind {
     async fn renew(
-        self,
+        &self,
         tier: &Arc<RedisTier>,
         key: &Key,
         token: &str,
@@ -43,26 +51,42 @@ impl LeaseKind {
     ) -> Result<bool, TierError> {
         match self {
             LeaseKind::Rebuild => tier.renew(key, token, time).await,
-            LeaseKind::Lock => tier.lock_renew(key, token, time).await,
+            LeaseKind::Lock { fence, .. } => tier.lock_renew(key, token, *fence, time).await,
         }
     }
 
-    async fn release(self, tier: &Arc<RedisTier>, key: &Key, token: &str) {
-        let _ = match self {
+    /// Gives the lease back; a lock's release is retried until `until`.
+    async fn release(
+        &self,
+        tier: &Arc<RedisTier>,
+        key: &Key,
+        token: &str,
+        until: Instant,
+    ) -> Result<bool, TierError> {
+        match self {
             LeaseKind::Rebuild => tier.release_token(key, token).await,
-            LeaseKind::Lock => tier.lock_release(key, token).await,
-        };
+            LeaseKind::Lock { fence, attempt } => {
+                tier.lock_release(key, token, *fence, attempt, until).await
+            }
+        }
     }
 
-    fn report_loss(self, key: &Key) {
+    fn report_loss(&self, key: &Key) {
         match self {
             LeaseKind::Rebuild => tracing::warn!(
                 key = %key,
                 "rebuild lease lost: another instance may rebuild this key"
             ),
-            LeaseKind::Lock => tracing::warn!(lock = %key, "lock lease lost"),
+            LeaseKind::Lock { .. } => tracing::warn!(lock = %key, "lock lease lost"),
         }
     }
+}
+
+/// How much earlier than Redis the holder counts its lease as ended: a tenth
+/// of the lease, at least 2 ms and at most a second (Redlock's allowance for
+/// clock drift, widened to leave the holder time to stop).
+pub(crate) fn validity_margin(time: Duration) -> Duration {
+    (time / 10).clamp(Duration::from_millis(2), Duration::from_secs(1))
 }
 
 /// Renews one lease until its holder settles it; releases it if dropped
@@ -73,6 +97,10 @@ pub(crate) struct Renewer {
     key: Key,
     /// The owner token: the capability to renew and release.
     token: String,
+    /// When the lease ends on Redis unless renewed again (no earlier than
+    /// this): the send time of the last confirmed grant or renewal plus the
+    /// lease time. Giving the lease back is worth trying until then.
+    ends: Arc<Mutex<Instant>>,
     /// Becomes true once the lease is known gone. The sender lives in the
     /// renewal task; if the task ends without a loss (settled, no runtime),
     /// the channel closes with `false`.
@@ -84,23 +112,39 @@ pub(crate) struct Renewer {
 }
 
 impl Renewer {
-    /// Starts renewing a lease of `time` just taken with `token`.
+    /// Starts renewing a lease of `time` granted by a request sent at
+    /// `granted`. With `max_hold`, renewals stop that long after `granted`,
+    /// and the lease runs out (and is reported lost) after the last one.
     pub(crate) fn start(
         tier: Arc<RedisTier>,
         kind: LeaseKind,
         key: Key,
         token: String,
         time: Duration,
+        granted: Instant,
+        max_hold: Option<Duration>,
     ) -> Self {
         let (report, lost) = watch::channel(false);
+        let ends = Arc::new(Mutex::new(granted + time));
+        let stop_at = max_hold.map(|hold| granted + hold);
         let task = tokio::runtime::Handle::try_current().ok().map(|runtime| {
-            runtime.spawn(renew(tier.clone(), kind, key, token.clone(), time, report))
+            runtime.spawn(renew(
+                tier.clone(),
+                kind.clone(),
+                key,
+                token.clone(),
+                time,
+                ends.clone(),
+                stop_at,
+                report,
+            ))
         });
         Renewer {
             tier,
             kind,
             key,
             token,
+            ends,
             lost,
             task,
             settled: false,
@@ -111,13 +155,9 @@ impl Renewer {
         &self.token
     }
 
-    pub(crate) fn tier(&self) -> &Arc<RedisTier> {
-        &self.tier
-    }
-
-    /// Whether the lease is known gone: a renewal was refused (the token is
-    /// no longer there), or Redis could not be reached for a whole lease (it
-    /// lapsed). Another owner may hold it now.
+    /// Whether the lease is known gone, or about to be: a renewal was
+    /// refused (the token is no longer there), or none was confirmed for the
+    /// lease's validity. Another owner may hold it now or soon.
     pub(crate) fn is_lost(&self) -> bool {
         *self.lost.borrow()
     }
@@ -135,6 +175,20 @@ impl Renewer {
         self.stop();
     }
 
+    /// Settles the lease by giving it back now, retrying until it would
+    /// have ended by itself. `Ok(false)` if it was no longer ours.
+    pub(crate) async fn release(&mut self) -> Result<bool, TierError> {
+        self.settle();
+        let until = self.ends();
+        self.kind
+            .release(&self.tier, &self.key, &self.token, until)
+            .await
+    }
+
+    fn ends(&self) -> Instant {
+        *self.ends.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn stop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
@@ -145,8 +199,11 @@ impl Renewer {
 impl Drop for Renewer {
     fn drop(&mut self) {
         self.stop();
-        // A lost lease is not ours to release: the token is gone from Redis.
-        if self.settled || self.is_lost() {
+        // A lost rebuild lease is not ours to release: the token is gone, or
+        // about to be. A lock's hold reported lost may still be there (loss
+        // is reported before the lease ends), and giving it back is a
+        // compare-token-and-fence script: a no-op if it is not ours.
+        if self.settled || (self.is_lost() && self.kind == LeaseKind::Rebuild) {
             return;
         }
         // Abandoned: free the key now (a rebuild lease also tells its waiters
@@ -154,33 +211,66 @@ impl Drop for Renewer {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (tier, kind, key) = (self.tier.clone(), self.kind, self.key);
+        let (tier, kind, key, until) =
+            (self.tier.clone(), self.kind.clone(), self.key, self.ends());
         let token = std::mem::take(&mut self.token);
-        runtime.spawn(async move { kind.release(&tier, &key, &token).await });
+        runtime.spawn(async move {
+            let _ = kind.release(&tier, &key, &token, until).await;
+        });
     }
 }
 
-/// Renews every third of the lease until refused, or until Redis has been
-/// unreachable for a whole lease; then reports the loss.
+/// Renews every third of the lease until refused, until no renewal was
+/// confirmed for the lease's validity, or (with `stop_at`) until the
+/// validity of the last renewal before `stop_at` ran out; then reports the
+/// loss.
+#[allow(clippy::too_many_arguments)]
 async fn renew(
     tier: Arc<RedisTier>,
     kind: LeaseKind,
     key: Key,
     token: String,
     time: Duration,
+    ends: Arc<Mutex<Instant>>,
+    stop_at: Option<Instant>,
     lost: watch::Sender<bool>,
 ) {
     let period = (time / 3).max(Duration::from_millis(1));
-    let mut renewed = Instant::now();
+    // A lock's holder is told it lost the lock before anyone else can hold
+    // it, so its validity keeps a margin. A rebuild lease is nobody's to
+    // act on: giving it up early would only let another instance rebuild
+    // too, so it keeps renewing for as long as Redis still holds it.
+    let margin = match kind {
+        LeaseKind::Lock { .. } => validity_margin(time),
+        LeaseKind::Rebuild => Duration::ZERO,
+    };
+    let granted = *ends.lock().unwrap_or_else(|p| p.into_inner()) - time;
+    let mut valid_until = granted + time.saturating_sub(margin);
+    let mut next = granted + period;
     loop {
-        tokio::time::sleep(period).await;
-        match kind.renew(&tier, &key, &token, time).await {
-            Ok(true) => renewed = Instant::now(),
-            Ok(false) => break,
-            // Unreachable: the lease lapses on its own once `time` has passed
-            // since the last renewal; until then, keep trying.
-            Err(_) if renewed.elapsed() >= time => break,
-            Err(_) => {}
+        if stop_at.is_some_and(|stop| next >= stop) {
+            // Held as long as allowed: let the lease run out.
+            tokio::time::sleep_until(valid_until.into()).await;
+            break;
+        }
+        tokio::time::sleep_until(next.min(valid_until).into()).await;
+        if Instant::now() >= valid_until {
+            break;
+        }
+        let sent = Instant::now();
+        let attempt = kind.renew(&tier, &key, &token, time);
+        match tokio::time::timeout_at(valid_until.into(), attempt).await {
+            Ok(Ok(true)) => {
+                valid_until = sent + time.saturating_sub(margin);
+                next = sent + period;
+                *ends.lock().unwrap_or_else(|p| p.into_inner()) = sent + time;
+            }
+            // Refused: the token is gone (taken over, or lapsed).
+            Ok(Ok(false)) => break,
+            // No answer: try again soon, while the lease is still valid.
+            Ok(Err(_)) => next = Instant::now() + (period / 4).max(Duration::from_millis(5)),
+            // The validity ran out with the renewal still on its way.
+            Err(_) => break,
         }
     }
     kind.report_loss(&key);
@@ -220,7 +310,15 @@ mod tests {
         let id = Key::for_value("t", b"renewed");
         let time = Duration::from_millis(150);
         take(&redis, &id, "me", time);
-        let mut renewer = Renewer::start(tier, LeaseKind::Rebuild, id, "me".into(), time);
+        let mut renewer = Renewer::start(
+            tier,
+            LeaseKind::Rebuild,
+            id,
+            "me".into(),
+            time,
+            Instant::now(),
+            None,
+        );
         tokio::time::sleep(time * 3).await;
         assert_eq!(redis.raw(&["GET", &lease_key(&id)]), "me");
         assert!(!renewer.is_lost());
@@ -238,7 +336,15 @@ mod tests {
         let id = Key::for_value("t", b"taken");
         let time = Duration::from_millis(90);
         take(&redis, &id, "me", time);
-        let renewer = Renewer::start(tier, LeaseKind::Rebuild, id, "me".into(), time);
+        let renewer = Renewer::start(
+            tier,
+            LeaseKind::Rebuild,
+            id,
+            "me".into(),
+            time,
+            Instant::now(),
+            None,
+        );
         let mut awaited = renewer.lost();
         redis.raw(&["SET", &lease_key(&id), "someone-else"]);
         tokio::time::timeout(Duration::from_secs(2), awaited.wait_for(|lost| *lost))
@@ -267,6 +373,8 @@ mod tests {
             id,
             "me".into(),
             Duration::from_secs(30),
+            Instant::now(),
+            None,
         );
         let mut registration = tier.notifier.register(id);
         drop(renewer);
@@ -286,7 +394,15 @@ mod tests {
         let time = Duration::from_millis(60);
         take(&redis, &id, "me", time);
         let base = Arc::strong_count(&tier);
-        let mut renewer = Renewer::start(tier.clone(), LeaseKind::Rebuild, id, "me".into(), time);
+        let mut renewer = Renewer::start(
+            tier.clone(),
+            LeaseKind::Rebuild,
+            id,
+            "me".into(),
+            time,
+            Instant::now(),
+            None,
+        );
         assert_eq!(
             Arc::strong_count(&tier),
             base + 2,

@@ -1,41 +1,67 @@
--- Take a lock, or join its queue of waiters. Waiters are served in the order
--- they arrived (first come, first served), so nobody starves while others
--- re-acquire; a waiter that stops refreshing its place (its process died, or
--- it gave up) drops out of the queue when its heartbeat lapses.
+-- Take a lock, or keep a place in its queue of waiters. Waiters are served in
+-- the order they arrived (first come, first served), so nobody starves while
+-- others re-acquire. A waiter refreshes its place on every attempt; one that
+-- stops (its process died or is paused, or it gave up) drops out of the queue
+-- when its heartbeat lapses, and the others are told, so a dead head never
+-- holds back a free lock for longer than one heartbeat.
 --
--- KEYS[1] lock     hash {owner = token, count = holds, fence = fencing number}
+-- Each hold records the attempt that took it, so an attempt that is retried
+-- (its first reply never came) is answered again instead of counted twice,
+-- and an attempt abandoned without an answer can be undone by its id
+-- (lock_leave.lua).
+--
+-- KEYS[1] lock     hash {owner = token, count = holds, fence = fencing number,
+--                        a:<attempt> = 1 for each hold}
 -- KEYS[2] fence    counter of fencing numbers issued
 -- KEYS[3] queue    sorted set: waiter token -> arrival ticket
 -- KEYS[4] beats    hash: waiter token -> heartbeat deadline (Redis time, ms)
 -- KEYS[5] tickets  counter of arrival tickets
 -- ARGV[1] token    the caller's owner token
 -- ARGV[2] lease    lock lease in milliseconds
--- ARGV[3] wait     0: do not queue; otherwise the heartbeat lifetime in ms
+-- ARGV[3] beat     0: do not queue; otherwise the heartbeat lifetime in ms
 -- ARGV[4] keep     lifetime of the counters in milliseconds
 -- ARGV[5] reenter  1 if the same owner may hold the lock more than once
+-- ARGV[6] attempt  the attempt's random id
+-- ARGV[7] channel  the namespace's event channel
+-- ARGV[8] message  the release notice for this lock
 --
 -- Returns {1, fence, holds} when the lock is ours,
 --         {0, lock_pttl, position} when it is not (position 0: not queued).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local token = ARGV[1]
+local attempt = 'a:' .. ARGV[6]
 
 local owner = redis.call('HGET', KEYS[1], 'owner')
-if owner == token and ARGV[5] == '1' then
-  local holds = redis.call('HINCRBY', KEYS[1], 'count', 1)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')), holds}
+if owner == token then
+  if redis.call('HEXISTS', KEYS[1], attempt) == 1 then
+    -- This attempt already took its hold: the caller is asking again.
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')),
+            tonumber(redis.call('HGET', KEYS[1], 'count'))}
+  end
+  if ARGV[5] == '1' then
+    local holds = redis.call('HINCRBY', KEYS[1], 'count', 1)
+    redis.call('HSET', KEYS[1], attempt, 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')), holds}
+  end
 end
 
--- Drop waiters at the head whose heartbeat lapsed.
+-- Drop waiters at the head whose heartbeat lapsed, and tell the others: the
+-- next in line may be able to take the lock now.
 local head = nil
+local dropped = false
 while true do
   local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if not first then break end
   local beat = tonumber(redis.call('HGET', KEYS[4], first) or '0')
-  if beat >= now then head = first break end
+  if beat >= now or first == token then head = first break end
   redis.call('ZREM', KEYS[3], first)
   redis.call('HDEL', KEYS[4], first)
+  dropped = true
+end
+if dropped then
+  redis.call('PUBLISH', ARGV[7], ARGV[8])
 end
 
 if not owner and (head == nil or head == token) then
@@ -45,12 +71,11 @@ if not owner and (head == nil or head == token) then
   -- expiry starts again from Redis's clock in microseconds, above every
   -- number issued before it.
   if redis.call('EXISTS', KEYS[2]) == 0 then
-    local t = redis.call('TIME')
     redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
   end
   local fence = redis.call('INCR', KEYS[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[4])
-  redis.call('HSET', KEYS[1], 'owner', token, 'count', 1, 'fence', fence)
+  redis.call('HSET', KEYS[1], 'owner', token, 'count', 1, 'fence', fence, attempt, 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, fence, 1}
 end

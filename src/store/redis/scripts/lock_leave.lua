@@ -1,14 +1,27 @@
--- A waiter gives up: leave the queue so the next in line is not held back,
--- and wake the others (the head may have changed).
+-- A waiter gives up, or an attempt is abandoned without an answer (its
+-- deadline passed, its caller was cancelled): leave the queue so the next in
+-- line is not held back, and give back the hold the attempt may have taken
+-- after its caller stopped waiting. Wakes the others if anything changed.
 --
--- KEYS[1] queue    sorted set of waiters
--- KEYS[2] beats    waiter heartbeats
--- ARGV[1] token    the waiter's token
--- ARGV[2] channel  the namespace's event channel
--- ARGV[3] message  the release notice for this lock
-local removed = redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-if removed == 1 then
-  redis.call('PUBLISH', ARGV[2], ARGV[3])
+-- KEYS[1] lock     hash {owner, count, fence, a:<attempt> per hold}
+-- KEYS[2] queue    sorted set of waiters
+-- KEYS[3] beats    waiter heartbeats
+-- ARGV[1] token    the waiter's owner token
+-- ARGV[2] attempt  the abandoned attempt's id
+-- ARGV[3] channel  the namespace's event channel
+-- ARGV[4] message  the release notice for this lock
+--
+-- Returns 1 if a place or a hold was given back, 0 if there was none.
+local changed = redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+if redis.call('HGET', KEYS[1], 'owner') == ARGV[1]
+    and redis.call('HDEL', KEYS[1], 'a:' .. ARGV[2]) == 1 then
+  changed = 1
+  if redis.call('HINCRBY', KEYS[1], 'count', -1) <= 0 then
+    redis.call('DEL', KEYS[1])
+  end
 end
-return removed
+if changed == 1 then
+  redis.call('PUBLISH', ARGV[3], ARGV[4])
+end
+return changed
