@@ -108,8 +108,9 @@ impl<V: CacheValue> Cache<V> {
         self.with(|s| s.lifetime.stale_if_error = window)
     }
 
-    /// How long a rebuild waits for another instance's rebuild of the same
-    /// key before running its own (default 10 s).
+    /// How long a rebuild waits, at least, for another instance's rebuild of
+    /// the same key before running its own (default 10 s). It waits longer
+    /// if the other may run longer: up to the rebuild timeout plus a lease.
     pub fn wait_budget(self, budget: Duration) -> Self {
         self.with(|s| s.wait_budget = budget)
     }

@@ -156,7 +156,19 @@ async fn plan_shared<V: CacheValue>(
     policy: &FlightPolicy,
     start: Start,
 ) -> Plan {
-    let give_up = Instant::now() + policy.wait_budget;
+    // Failing open, a flight waits for another instance's rebuild as long as
+    // that rebuild may run (its timeout, plus a lease for its failure notice
+    // or its lease to lapse): the holder then commits, shares its failure,
+    // or is gone. Giving up sooner would send every instance to an origin
+    // that is merely slow. Failing closed, the budget is the route's answer.
+    let patience = if policy.fail_open {
+        policy
+            .wait_budget
+            .max(policy.rebuild_timeout.saturating_add(policy.lease))
+    } else {
+        policy.wait_budget
+    };
+    let give_up = Instant::now() + patience;
     let serve_stale = matches!(start, Start::Miss);
     let mut early = match start {
         Start::Early(left) => Some(left),

@@ -77,8 +77,14 @@ impl StampedeGuard {
     }
 
     /// How long a request waits for a rebuild it did not start before
-    /// [`on_wait_timeout`](Self::on_wait_timeout) applies, and how long a
-    /// rebuild waits for another instance's (default 10 s).
+    /// [`on_wait_timeout`](Self::on_wait_timeout) applies (default 10 s).
+    ///
+    /// Failing open (the default), nobody is sent to the origin when it runs
+    /// out: a request keeps waiting for its own process's rebuild, and that
+    /// rebuild waits for another instance's as long as the other may run
+    /// (the [rebuild timeout](Self::rebuild_timeout) plus a lease, or the
+    /// budget if longer), so a slow origin is still called once for the
+    /// fleet. Failing closed, the budget is when the route answers.
     pub fn wait_budget(self, budget: Duration) -> Self {
         self.with(|p| p.wait_budget = budget)
     }

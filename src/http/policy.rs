@@ -28,9 +28,9 @@ pub type KeyFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sy
 pub enum WaitTimeout {
     /// Never an error for the client (the default): a request keeps waiting
     /// for its own process's rebuild, which is itself bounded (it waits for
-    /// another instance's rebuild at most the budget, then rebuilds here;
-    /// the rebuild runs at most the rebuild timeout). Waiters are never sent
-    /// to the origin one by one when the budget runs out.
+    /// another instance's rebuild as long as that one may run, then rebuilds
+    /// here; a rebuild runs at most the rebuild timeout). Waiters are never
+    /// sent to the origin one by one when the budget runs out.
     FailOpen,
     /// Answer with this status and an empty body (503 or 504 are usual).
     Respond(StatusCode),

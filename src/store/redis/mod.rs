@@ -111,7 +111,10 @@ impl Scripts {
                 include_str!("scripts/fence.lua"),
                 include_str!("scripts/fetch_or_lease.lua")
             )),
-            commit: Script::new(include_str!("scripts/commit.lua")),
+            commit: Script::new(concat!(
+                include_str!("scripts/fence.lua"),
+                include_str!("scripts/commit.lua")
+            )),
             release: Script::new(include_str!("scripts/release.lua")),
             renew: Script::new(include_str!("scripts/renew.lua")),
             invalidate: Script::new(concat!(

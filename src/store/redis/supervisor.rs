@@ -13,11 +13,10 @@
 //!   instance that was idle during a failover loses at most the call that
 //!   found the old primary gone.
 //! - **The subscriber lost its connection.** A subscriber sends no commands,
-//!   so nothing would make its client reconnect: on one server or behind
-//!   Sentinel, ping it until it answers (the client then reconnects and
-//!   subscribes again); on a cluster, whose client moves subscriptions only
-//!   when it refreshes its slot map, open a new subscriber (and command
-//!   client) once the cluster is whole again. When idle, the supervisor
+//!   so nothing would make its client reconnect, and a connection that died
+//!   without a word only times out: open new connections (subscriber and
+//!   command client; behind Sentinel, to the primary the sentinels name; on
+//!   a cluster, once it is whole again) and swap them in. When idle, the supervisor
 //!   pings the subscriber every [`KEEPALIVE`], so a link that died without a
 //!   word (a restarted server, a dropped connection) is found even when no
 //!   request comes. The notifier drops the in-process tier once the
@@ -174,24 +173,27 @@ async fn probe_once(shared: &Shared) -> bool {
         shared.breaker.close();
         return true;
     }
+    // The old connections may be dead without knowing it (a timeout does not
+    // make the client reconnect): the next probe tries new ones.
+    let reopen = tokio::time::timeout(shared.config.connect_timeout, shared.reopen());
+    if let Ok(Ok(())) = reopen.await {
+        tracing::debug!("redis connections opened again");
+    }
     false
 }
 
-/// One attempt to subscribe again: true once the subscriber answers.
+/// One attempt to subscribe again, on new connections: true once done.
+/// Pinging the old subscriber is not enough: a connection that died without
+/// a word (a dropped NAT entry, a half-open socket) only times out, and a
+/// timeout does not make the client reconnect.
 async fn resubscribe_once(shared: &Shared) -> bool {
-    if !matches!(shared.config.topology, Topology::Cluster(_)) {
-        if shared.config.topology.needs_resolve() {
-            follow_primary(shared).await;
-        }
-        return ping_subscriber(shared).await;
-    }
     match tokio::time::timeout(shared.config.connect_timeout, shared.reopen()).await {
         Ok(Ok(())) => {
-            tracing::info!("redis cluster subscription re-established");
+            tracing::info!("redis subscription re-established");
             true
         }
         Ok(Err(e)) => {
-            tracing::debug!(error = %e, "cannot re-subscribe to the cluster yet");
+            tracing::debug!(error = %e, "cannot re-subscribe yet");
             false
         }
         Err(_) => false,

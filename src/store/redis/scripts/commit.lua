@@ -18,6 +18,10 @@
 -- Returns 1 when stored, 0 when fenced off: a newer entry was stored, an
 -- invalidation came, or a newer lease was issued after ours (ours lapsed and
 -- another holder is rebuilding from fresher data).
+-- A fence hash that is gone (evicted, expired, lost to a restart) proves
+-- nothing about this lease's age: reseed it, above every number issued
+-- before, so an older lease's commit is refused rather than trusted.
+seed_fence(KEYS[4]) -- fence.lua, prepended
 local committed = tonumber(redis.call('HGET', KEYS[4], 'committed') or '0')
 local issued = tonumber(redis.call('HGET', KEYS[4], 'next') or '0')
 local fence = tonumber(ARGV[2])

@@ -1,6 +1,6 @@
--- Prepended to the scripts that issue fencing numbers for cache entries
--- (fetch_or_lease.lua, invalidate.lua): Redis scripts cannot share code
--- otherwise.
+-- Prepended to the scripts that issue or check fencing numbers for cache
+-- entries (fetch_or_lease.lua, commit.lua, invalidate.lua): Redis scripts
+-- cannot share code otherwise.
 --
 -- Fencing numbers only go up, for the life of the deployment. A fence hash
 -- lost to a restart with empty memory, to eviction or to its own expiry
