@@ -444,6 +444,10 @@ impl LockGuard {
     /// it was sent, less a margin), or [`max_hold`](Lock::max_hold) passed.
     /// Another owner may hold the lock now or very soon.
     pub fn is_lost(&self) -> bool {
+        #[cfg(feature = "redis")]
+        if let Some(renewer) = &self.renewer {
+            return renewer.is_lost();
+        }
         *self.lost.borrow()
     }
 

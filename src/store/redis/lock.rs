@@ -185,6 +185,10 @@ impl RedisTier {
         );
         let _: i64 = self
             .lock_call(until, move |mut conn| async move {
+                // The attempt may still arrive after this (its bytes held on
+                // a connection the tier since replaced): remember it as
+                // abandoned until the undo would have given up anyway.
+                let tombstone = millis(until.saturating_duration_since(Instant::now())).max(1);
                 script
                     .key(lock)
                     .key(queue)
@@ -193,6 +197,7 @@ impl RedisTier {
                     .arg(attempt)
                     .arg(channel)
                     .arg(message)
+                    .arg(tombstone)
                     .invoke_async(&mut conn)
                     .await
             })
@@ -203,8 +208,10 @@ impl RedisTier {
     /// [`lock_leave`](Self::lock_leave) on its own task, for an attempt
     /// whose caller is gone or had no answer: the script may still run (or
     /// have run) after the caller stopped waiting, and only this token and
-    /// attempt id can give back what it took. The leave is sent after the
-    /// attempt on the same connection, so Redis runs it after the attempt.
+    /// attempt id can give back what it took. The leave may reach Redis
+    /// before the attempt (the attempt held on a connection that was since
+    /// replaced): it then leaves a tombstone, and the late attempt takes
+    /// nothing.
     pub(crate) fn lock_abandon(
         self: &Arc<Self>,
         id: Key,
@@ -290,5 +297,8 @@ impl Retryable for RedisError {
             || self.is_connection_dropped()
             || self.is_connection_refusal()
             || !matches!(self.retry_method(), RetryMethod::NoRetry)
+            // Redis answered but is busy (a slow script, loading its data
+            // set, a replica syncing): it will take the call soon.
+            || matches!(self.code(), Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN"))
     }
 }

@@ -101,6 +101,8 @@ pub(crate) struct Renewer {
     /// this): the send time of the last confirmed grant or renewal plus the
     /// lease time. Giving the lease back is worth trying until then.
     ends: Arc<Mutex<Instant>>,
+    /// How much earlier than `ends` a lock's holder counts it as lost.
+    margin: Duration,
     /// Becomes true once the lease is known gone. The sender lives in the
     /// renewal task; if the task ends without a loss (settled, no runtime),
     /// the channel closes with `false`.
@@ -140,6 +142,7 @@ impl Renewer {
             ))
         });
         Renewer {
+            margin: validity_margin(time),
             tier,
             kind,
             key,
@@ -158,8 +161,22 @@ impl Renewer {
     /// Whether the lease is known gone, or about to be: a renewal was
     /// refused (the token is no longer there), or none was confirmed for the
     /// lease's validity. Another owner may hold it now or soon.
+    ///
+    /// For a lock the clock is read here too, not only by the renewal task:
+    /// a holder that was paused (SIGSTOP, a long GC-like stall) past its
+    /// validity must be told so the moment it looks, before its renewal
+    /// task has had a chance to run.
     pub(crate) fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+        if *self.lost.borrow() {
+            return true;
+        }
+        match self.kind {
+            LeaseKind::Lock { .. } if !self.settled => {
+                let ends = *self.ends.lock().unwrap_or_else(|p| p.into_inner());
+                Instant::now() + self.margin >= ends
+            }
+            _ => false,
+        }
     }
 
     /// The loss flag, to await (`wait_for(|lost| *lost)`); closed without a

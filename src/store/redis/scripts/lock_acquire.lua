@@ -32,6 +32,17 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local token = ARGV[1]
 local attempt = 'a:' .. ARGV[6]
 
+-- An attempt its caller already undid (lock_leave.lua) takes nothing: it
+-- reached Redis late, and nobody would release what it took.
+local tomb = 'x:' .. ARGV[6]
+local abandoned = tonumber(redis.call('HGET', KEYS[4], tomb) or '0')
+if abandoned > 0 then
+  if abandoned >= now then
+    return {0, redis.call('PTTL', KEYS[1]), 0}
+  end
+  redis.call('HDEL', KEYS[4], tomb)
+end
+
 local owner = redis.call('HGET', KEYS[1], 'owner')
 if owner == token then
   if redis.call('HEXISTS', KEYS[1], attempt) == 1 then
@@ -42,7 +53,11 @@ if owner == token then
   if ARGV[5] == '1' then
     local holds = redis.call('HINCRBY', KEYS[1], 'count', 1)
     redis.call('HSET', KEYS[1], attempt, 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    -- Never shorten the hold: the first guard's watchdog counts on its own
+    -- lease, and a reentrant hold with a shorter one must not cut it.
+    if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
+      redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    end
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')), holds}
   end
 end

@@ -10,8 +10,17 @@
 -- ARGV[2] attempt  the abandoned attempt's id
 -- ARGV[3] channel  the namespace's event channel
 -- ARGV[4] message  the release notice for this lock
+-- ARGV[5] tomb     how long (ms) the attempt stays known as abandoned: an
+--                  attempt that reaches Redis after its undo (held on a
+--                  connection that was since replaced) takes nothing
 --
 -- Returns 1 if a place or a hold was given back, 0 if there was none.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[3], 'x:' .. ARGV[2], now + tonumber(ARGV[5]))
+if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[5]) then
+  redis.call('PEXPIRE', KEYS[3], ARGV[5])
+end
 local changed = redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
 if redis.call('HGET', KEYS[1], 'owner') == ARGV[1]
