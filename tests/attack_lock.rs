@@ -18,29 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::lock::{backend, held_locks, over_keys};
 use common::redis::RedisServer;
 use stampede_guard::{Backend, Lock, LockError, LockOwner};
-
-async fn backend(url: &str, deadline: Duration) -> Backend {
-    Backend::redis_builder(url)
-        .deadline(deadline)
-        .connect()
-        .await
-        .expect("redis backend")
-}
-
-/// Runs a Lua snippet over the keys matching `pattern` and returns the reply.
-fn over_keys(redis: &RedisServer, pattern: &str, body: &str) -> String {
-    let script = format!(
-        "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do {body} end return n"
-    );
-    redis.raw(&["EVAL", &script, "0", pattern])
-}
-
-/// How many locks are held.
-fn held_locks(redis: &RedisServer) -> String {
-    over_keys(redis, "sg:lock:*:l", "n = n + 1")
-}
 
 async fn eventually(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let until = Instant::now() + limit;

@@ -15,29 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::lock::{backend, held_locks, over_keys};
 use common::redis::RedisServer;
 use stampede_guard::{Backend, Lock, LockError, LockOwner};
-
-async fn backend(url: &str, deadline: Duration) -> Backend {
-    Backend::redis_builder(url)
-        .deadline(deadline)
-        .connect()
-        .await
-        .expect("redis backend")
-}
-
-/// Runs a Lua snippet over the keys matching `pattern` and returns the reply.
-fn over_keys(redis: &RedisServer, pattern: &str, body: &str) -> String {
-    let script = format!(
-        "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do {body} end return n"
-    );
-    redis.raw(&["EVAL", &script, "0", pattern])
-}
-
-/// How many locks are held.
-fn held_locks(redis: &RedisServer) -> String {
-    over_keys(redis, "sg:lock:*:l", "n = n + 1")
-}
 
 /// How many waiters are queued, over every lock.
 fn queued(redis: &RedisServer) -> String {

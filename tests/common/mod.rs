@@ -116,6 +116,8 @@ pub mod cluster;
 pub mod driver;
 #[cfg(feature = "redis")]
 pub mod fleet;
+#[cfg(feature = "redis")]
+pub mod lock;
 pub mod metrics;
 pub mod proxy;
 pub mod redis;
