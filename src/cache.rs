@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::backend::Backend;
 use crate::engine::{
     Answer, Built, CacheValue, FailureKind, FlightPolicy, Held, Lifetime, Looked, Rebuild,
-    SharedError,
+    SharedError, MAX_DELTA,
 };
 use crate::key::Key;
 
@@ -112,20 +112,20 @@ impl<V: CacheValue> Cache<V> {
     /// the same key before running its own (default 10 s). It waits longer
     /// if the other may run longer: up to the rebuild timeout plus a lease.
     pub fn wait_budget(self, budget: Duration) -> Self {
-        self.with(|s| s.wait_budget = budget)
+        self.with(|s| s.wait_budget = budget.min(MAX_DELTA))
     }
 
     /// Fleet-wide rebuild lease time (default 5 s), renewed every third of it
     /// while a rebuild runs. Only used with a Redis backend.
     pub fn lease(self, lease: Duration) -> Self {
-        self.with(|s| s.lease = lease)
+        self.with(|s| s.lease = lease.min(MAX_DELTA))
     }
 
     /// The longest a rebuild may run (default 30 s); past it the rebuild is
     /// abandoned and its callers get stale-if-error or
     /// [`RebuildError::TimedOut`].
     pub fn rebuild_timeout(self, timeout: Duration) -> Self {
-        self.with(|s| s.rebuild_timeout = timeout)
+        self.with(|s| s.rebuild_timeout = timeout.min(MAX_DELTA))
     }
 
     /// Probabilistic early refresh (XFetch) with this `beta`; see

@@ -80,6 +80,7 @@ use std::time::Instant;
 use tokio::sync::watch;
 
 use crate::backend::Backend;
+use crate::engine::MAX_DELTA;
 use crate::key::Key;
 use crate::store::locks::LocalLocks;
 #[cfg(feature = "redis")]
@@ -184,13 +185,13 @@ impl Lock {
     /// watchdog renews it every third of this; a dead holder loses it after
     /// at most this long.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.max(Duration::from_millis(3));
+        self.lease = lease.clamp(Duration::from_millis(3), MAX_DELTA);
         self
     }
 
     /// How long [`acquire`](Self::acquire) waits for the lock.
     pub fn wait_budget(mut self, budget: Duration) -> Self {
-        self.wait_budget = budget;
+        self.wait_budget = budget.min(MAX_DELTA);
         self
     }
 
@@ -201,7 +202,7 @@ impl Lock {
     /// lives). On the embedded backend a lock is never lost, and this has no
     /// effect.
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
+        self.max_hold = Some(max_hold.min(MAX_DELTA));
         self
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::entry::Lifetime;
+use super::entry::{Lifetime, MAX_DELTA};
 
 const MAGIC: &[u8; 2] = b"SG";
 const VERSION: u8 = 1;
@@ -42,11 +42,14 @@ pub(crate) fn decode(mut bytes: Bytes) -> Option<(Envelope, Bytes)> {
         return None;
     }
     bytes.advance(3);
-    let ttl = Duration::from_millis(bytes.get_u64_le());
-    let swr = Duration::from_millis(bytes.get_u64_le());
-    let sie = Duration::from_millis(bytes.get_u64_le());
-    let initial_age = Duration::from_millis(bytes.get_u64_le());
-    let rebuild_cost = Duration::from_micros(bytes.get_u64_le());
+    // Bytes from Redis are untrusted: every duration is clamped, so nothing
+    // computed from them can overflow.
+    let mut millis = || Duration::from_millis(bytes.get_u64_le()).min(MAX_DELTA);
+    let ttl = millis();
+    let swr = millis();
+    let sie = millis();
+    let initial_age = millis();
+    let rebuild_cost = Duration::from_micros(bytes.get_u64_le()).min(MAX_DELTA);
     let envelope = Envelope {
         lifetime: Lifetime {
             ttl,
@@ -102,6 +105,21 @@ mod tests {
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let bytes = Bytes::from(bytes);
             let _ = decode(bytes);
+        }
+
+        #[test]
+        fn decoded_durations_are_bounded(fields in proptest::array::uniform5(any::<u64>())) {
+            let mut raw = BytesMut::new();
+            raw.put_slice(MAGIC);
+            raw.put_u8(VERSION);
+            for field in fields {
+                raw.put_u64_le(field);
+            }
+            let (envelope, _) = decode(raw.freeze()).expect("well-formed");
+            for d in [envelope.lifetime.ttl, envelope.lifetime.stale_while_revalidate,
+                      envelope.lifetime.stale_if_error, envelope.initial_age, envelope.rebuild_cost] {
+                prop_assert!(d <= MAX_DELTA);
+            }
         }
 
     }

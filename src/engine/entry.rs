@@ -124,6 +124,19 @@ impl<T: CacheValue> CacheValue for Arc<T> {
     const SHARED: bool = T::SHARED;
 }
 
+/// The longest any lifetime or age may be: 2^31 seconds (RFC 9111 §1.2.2:
+/// a larger delta-seconds, or one a calculation would overflow, counts as
+/// this). Numbers from origins and from Redis are clamped to it, so no
+/// arithmetic on instants can overflow.
+pub(crate) const MAX_DELTA: Duration = Duration::from_secs(1 << 31);
+
+/// `at + by`, with `by` clamped to [`MAX_DELTA`]; an instant past what the
+/// clock can hold saturates at `at` (the value is then simply not fresh:
+/// failing safe).
+fn later(at: Instant, by: Duration) -> Instant {
+    at.checked_add(by.min(MAX_DELTA)).unwrap_or(at)
+}
+
 /// How long a freshly built value may be used, counted from when it was stored.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Lifetime {
@@ -177,7 +190,8 @@ impl Entry {
         now: Instant,
     ) -> Self {
         let weight = value.weight().saturating_add(ENTRY_OVERHEAD);
-        let fresh_until = now + lifetime.ttl.saturating_sub(initial_age);
+        let initial_age = initial_age.min(MAX_DELTA);
+        let fresh_until = later(now, lifetime.ttl.saturating_sub(initial_age));
         Entry {
             value: Arc::new(value),
             weight: u32::try_from(weight).unwrap_or(u32::MAX),
@@ -186,8 +200,8 @@ impl Entry {
             stored_at: now,
             initial_age,
             fresh_until,
-            revalidate_until: fresh_until + lifetime.stale_while_revalidate,
-            if_error_until: fresh_until + lifetime.stale_if_error,
+            revalidate_until: later(fresh_until, lifetime.stale_while_revalidate),
+            if_error_until: later(fresh_until, lifetime.stale_if_error),
             rebuild_cost,
             last_draw: AtomicU64::new(0),
         }
@@ -208,7 +222,7 @@ impl Entry {
         let lifetime = envelope.lifetime;
         let windows = lifetime.stale_while_revalidate.max(lifetime.stale_if_error);
         let fresh_until = match (fresh, remaining) {
-            (Some(left), _) => now + left,
+            (Some(left), _) => later(now, left),
             // Stale: the value was kept for `windows` past the end of freshness.
             (None, Some(left)) => now
                 .checked_sub(windows.saturating_sub(left))
@@ -226,8 +240,8 @@ impl Entry {
             stored_at,
             initial_age: envelope.initial_age,
             fresh_until,
-            revalidate_until: fresh_until + lifetime.stale_while_revalidate,
-            if_error_until: fresh_until + lifetime.stale_if_error,
+            revalidate_until: later(fresh_until, lifetime.stale_while_revalidate),
+            if_error_until: later(fresh_until, lifetime.stale_if_error),
             rebuild_cost: envelope.rebuild_cost,
             last_draw: AtomicU64::new(0),
         }
@@ -300,7 +314,8 @@ impl Entry {
 
     /// How old the value is, for the `Age` header.
     pub(crate) fn age(&self, now: Instant) -> Duration {
-        self.initial_age + now.saturating_duration_since(self.stored_at)
+        self.initial_age
+            .saturating_add(now.saturating_duration_since(self.stored_at))
     }
 
     /// Claims the right to draw for an early refresh at `now`: granted at

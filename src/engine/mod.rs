@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 pub(crate) use answer::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Status};
 pub use entry::CacheValue;
-pub(crate) use entry::{Held, Lifetime};
+pub(crate) use entry::{Held, Lifetime, MAX_DELTA};
 
 use entry::Freshness;
 use flight::{Flights, Leader};

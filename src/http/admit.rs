@@ -15,7 +15,7 @@ use super::body::Body;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
 use super::response::CachedResponse;
-use crate::engine::Built;
+use crate::engine::{Built, MAX_DELTA};
 
 /// What the request that caused a rebuild may have, and nobody else.
 pub(crate) enum Private<B: HttpBody, E> {
@@ -107,7 +107,7 @@ where
         .headers
         .remove(header::AGE)
         .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-        .map_or(Duration::ZERO, Duration::from_secs);
+        .map_or(Duration::ZERO, |s| Duration::from_secs(s).min(MAX_DELTA));
     let mut cookies = Vec::new();
     if policy.strip_set_cookie {
         // The stored copy loses every cookie; the starter's own answer keeps them.

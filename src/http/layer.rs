@@ -10,6 +10,7 @@ use super::key::request_key;
 use super::policy::{KeyFn, Policy, WaitTimeout};
 use super::service::GuardService;
 use crate::backend::Backend;
+use crate::engine::MAX_DELTA;
 use crate::key::Key;
 
 /// A tower layer that caches responses and lets only one request per key
@@ -86,7 +87,7 @@ impl StampedeGuard {
     /// budget if longer), so a slow origin is still called once for the
     /// fleet. Failing closed, the budget is when the route answers.
     pub fn wait_budget(self, budget: Duration) -> Self {
-        self.with(|p| p.wait_budget = budget)
+        self.with(|p| p.wait_budget = budget.min(MAX_DELTA))
     }
 
     /// What a waiter does when its wait budget runs out (default: keep
@@ -175,7 +176,7 @@ impl StampedeGuard {
     /// How long a key whose answer could not be shared skips coalescing
     /// (default 5 s), so its requests run side by side, not one after another.
     pub fn hit_for_miss(self, window: Duration) -> Self {
-        self.with(|p| p.hit_for_miss = window)
+        self.with(|p| p.hit_for_miss = window.min(MAX_DELTA))
     }
 
     /// How long the fleet-wide rebuild lease lasts before it must be renewed
@@ -183,7 +184,7 @@ impl StampedeGuard {
     /// of this; if the instance dies, another may rebuild after at most this
     /// long. Only used with a Redis backend.
     pub fn lease(self, lease: Duration) -> Self {
-        self.with(|p| p.lease = lease)
+        self.with(|p| p.lease = lease.min(MAX_DELTA))
     }
 
     /// The longest a rebuild may run (default 30 s). A rebuild runs on its
@@ -199,7 +200,7 @@ impl StampedeGuard {
     /// # let _ = guard;
     /// ```
     pub fn rebuild_timeout(self, timeout: Duration) -> Self {
-        self.with(|p| p.rebuild_timeout = timeout)
+        self.with(|p| p.rebuild_timeout = timeout.min(MAX_DELTA))
     }
 
     /// Probabilistic early refresh (XFetch): a fresh entry is refreshed in

@@ -14,7 +14,7 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 
-use crate::engine::{FlightPolicy, Lifetime};
+use crate::engine::{FlightPolicy, Lifetime, MAX_DELTA};
 
 /// A route's own cache key: receives the request head, returns the key (host,
 /// path and query are then left out of it) or `None` to pass the request
@@ -272,7 +272,8 @@ fn delta_seconds(arg: &str) -> Option<u64> {
     if arg.is_empty() || !arg.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    Some(arg.parse().unwrap_or(u64::from(u32::MAX >> 1)))
+    let max = MAX_DELTA.as_secs();
+    Some(arg.parse::<u64>().map_or(max, |n| n.min(max)))
 }
 
 /// Splits a header line at commas that are not inside a quoted string.
@@ -335,7 +336,13 @@ mod tests {
             "cache-control",
             "max-age=99999999999999999999999",
         )]));
-        assert_eq!(cc.max_age, Some(u64::from(u32::MAX >> 1)));
+        assert_eq!(cc.max_age, Some(1 << 31));
+        // A number that fits a u64 but not RFC 9111's bound is clamped too.
+        let cc = CacheControl::parse(&headers(&[(
+            "cache-control",
+            "max-age=16871334070874663069",
+        )]));
+        assert_eq!(cc.max_age, Some(1 << 31));
     }
 
     #[test]
