@@ -24,9 +24,9 @@ use crate::store::millis;
 /// number issued before: expiry never lets numbers go back.
 const FENCE_KEEP: Duration = Duration::from_secs(24 * 3600);
 
-/// How many times an invalidation is tried before its caller is told it
-/// failed.
-const INVALIDATE_ATTEMPTS: u32 = 3;
+/// How long, in deadlines, an invalidation is tried before its caller is
+/// told it failed (a few tries, with growing pauses between them).
+const INVALIDATE_TRIES: u32 = 4;
 
 /// How long a lease may be held by a token whose release went unanswered,
 /// when the caller does not know the lease's own time.
@@ -244,23 +244,13 @@ impl RedisTier {
         let tier = self.clone();
         let until = std::time::Instant::now() + lease;
         runtime.spawn(async move {
-            let deadline = tier.shared.config.deadline;
             let message = Event::Failed.message(&key);
-            let mut pause = deadline;
-            loop {
-                let attempt = tier.release_script(&key, &token, &message);
-                if let Ok(Ok(released)) = tokio::time::timeout(deadline, attempt).await {
-                    if released == 1 {
-                        tracing::debug!(key = %key, "released a lease whose call had no answer");
-                    }
-                    return;
-                }
-                let left = until.saturating_duration_since(std::time::Instant::now());
-                if left.is_zero() {
-                    return;
-                }
-                tokio::time::sleep(pause.min(left)).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
+            let (tier, key, token, message) = (&tier, &key, &token, &message);
+            let released = tier
+                .call_until(until, |_| tier.release_script(key, token, message))
+                .await;
+            if let Ok(1) = released {
+                tracing::debug!(key = %key, "released a lease whose call had no answer");
             }
         });
     }
@@ -291,36 +281,30 @@ impl RedisTier {
     ///
     /// An invalidation is a write the caller is owed, not a read the cache
     /// can do without: it goes to Redis even while the circuit is open, and
-    /// is tried [`INVALIDATE_ATTEMPTS`] times (each under the deadline, with
-    /// a growing pause) before the caller is told it did not reach Redis.
+    /// is tried for [`INVALIDATE_TRIES`] deadlines (each try under the
+    /// deadline, with growing pauses) before the caller is told it did not
+    /// reach Redis.
     pub(crate) async fn invalidate(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
         let [value, fresh, _, fence] = self.keys(key);
         let message = self.notifier.invalidation(key);
-        let deadline = self.shared.config.deadline;
-        let mut last = TierError::Timeout;
-        for attempt in 0..INVALIDATE_ATTEMPTS {
-            if attempt > 0 {
-                tokio::time::sleep(deadline * (1 << attempt)).await;
-            }
-            let mut conn = self.conn();
-            let mut invocation = self.shared.scripts.invalidate.key(&value);
-            invocation
-                .key(&fresh)
-                .key(&fence)
-                .arg(&self.shared.channel)
-                .arg(&message)
-                .arg(millis(FENCE_KEEP));
-            let call = invocation.invoke_async::<i64>(&mut conn);
-            last = match tokio::time::timeout(deadline, call).await {
-                Ok(Ok(_)) => return Ok(()),
-                Ok(Err(e)) => TierError::Redis(e),
-                Err(_) => TierError::Timeout,
-            };
-            self.stats.errors.fetch_add(1, Ordering::Relaxed);
-            count(m::REDIS_ERRORS);
+        let until = std::time::Instant::now() + self.shared.config.deadline * INVALIDATE_TRIES;
+        let (value, fresh, fence, message) = (&value, &fresh, &fence, &message);
+        let purged = self
+            .call_until(until, |mut conn| async move {
+                let mut invocation = self.shared.scripts.invalidate.key(value);
+                invocation
+                    .key(fresh)
+                    .key(fence)
+                    .arg(&self.shared.channel)
+                    .arg(message)
+                    .arg(millis(FENCE_KEEP));
+                invocation.invoke_async::<i64>(&mut conn).await
+            })
+            .await;
+        if let Err(error) = &purged {
+            tracing::warn!(key = %key, error = %error, "invalidation did not reach redis");
         }
-        tracing::warn!(key = %key, error = %last, "invalidation did not reach redis");
-        Err(last)
+        purged.map(|_| ())
     }
 
     pub(crate) fn count_corrupt(&self, key: &Key) {

@@ -9,18 +9,12 @@
 //! left behind blocks the whole fleet, so they are retried, each try under
 //! the deadline, until what they protect would have lapsed by itself.
 
-use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{RedisError, RetryMethod};
-
-use super::connection::Conn;
 use super::notify::Event;
 use super::{RedisTier, TierError};
 use crate::key::Key;
-use crate::metrics::{self as m, count};
 use crate::store::millis;
 
 /// How long the fence and ticket counters outlive the last acquisition.
@@ -32,9 +26,6 @@ const COUNTERS_KEEP: Duration = Duration::from_secs(30 * 24 * 3600);
 /// budget, so a waiter that died, is paused or was cancelled without a word
 /// holds back a free lock for at most this long.
 pub(crate) const QUEUE_HEARTBEAT: Duration = Duration::from_millis(750);
-
-/// The longest pause between two tries of a call that gives something back.
-const RETRY_PAUSE_MAX: Duration = Duration::from_millis(200);
 
 /// The answer of one acquisition attempt.
 pub(crate) enum Attempt {
@@ -128,7 +119,7 @@ impl RedisTier {
             &message,
         );
         let released: i64 = self
-            .lock_call(until, move |mut conn| async move {
+            .call_until(until, move |mut conn| async move {
                 script
                     .key(lock)
                     .key(receipt)
@@ -159,7 +150,9 @@ impl RedisTier {
         let mut conn = self.conn();
         let mut invocation = self.shared.scripts.lock_renew.key(lock);
         invocation.arg(token).arg(fence).arg(millis(lease).max(1));
-        let renewed: i64 = self.lock_try(invocation.invoke_async(&mut conn)).await?;
+        let renewed: i64 = self
+            .call_past_breaker(invocation.invoke_async(&mut conn))
+            .await?;
         Ok(renewed == 1)
     }
 
@@ -184,7 +177,7 @@ impl RedisTier {
             &message,
         );
         let _: i64 = self
-            .lock_call(until, move |mut conn| async move {
+            .call_until(until, move |mut conn| async move {
                 // The attempt may still arrive after this (its bytes held on
                 // a connection the tier since replaced): remember it as
                 // abandoned until the undo would have given up anyway.
@@ -229,76 +222,5 @@ impl RedisTier {
                 tracing::warn!(lock = %id, "an abandoned lock attempt could not be undone; what it took lapses by itself");
             }
         });
-    }
-
-    /// Tries `call` (with a fresh connection each time) until Redis answers
-    /// or `until` passes, at least once, each try under the deadline and
-    /// none through the circuit breaker. Errors that no retry can mend (a
-    /// refused script, a permission) end it at once.
-    async fn lock_call<T, F, Fut>(
-        self: &Arc<Self>,
-        until: Instant,
-        mut call: F,
-    ) -> Result<T, TierError>
-    where
-        F: FnMut(Conn) -> Fut,
-        Fut: Future<Output = Result<T, RedisError>>,
-    {
-        let mut pause = Duration::from_millis(5);
-        loop {
-            let error = match self.lock_try(call(self.conn())).await {
-                Ok(value) => return Ok(value),
-                Err(error) => error,
-            };
-            let permanent = matches!(&error, TierError::Redis(e)
-                if !e.may_have_run_or_transient());
-            let left = until.saturating_duration_since(Instant::now());
-            if permanent || left.is_zero() {
-                return Err(error);
-            }
-            tokio::time::sleep(pause.min(left)).await;
-            pause = (pause * 2).min(RETRY_PAUSE_MAX);
-        }
-    }
-
-    /// One try of a lock call under the deadline, past the breaker. A
-    /// failure is counted, and tells the supervisor (which follows a moved
-    /// primary), like any call's.
-    async fn lock_try<T>(
-        self: &Arc<Self>,
-        call: impl Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, TierError> {
-        let shared = &self.shared;
-        let error = match tokio::time::timeout(shared.config.deadline, call).await {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(e)) => TierError::Redis(e),
-            Err(_) => TierError::Timeout,
-        };
-        self.stats.errors.fetch_add(1, Ordering::Relaxed);
-        count(m::REDIS_ERRORS);
-        tracing::debug!(error = %error, "redis lock call failed");
-        if shared.config.topology.needs_resolve() {
-            shared.signals.call_failed.notify_one();
-        }
-        Err(error)
-    }
-}
-
-/// Whether trying again may help: the call may not have run, or the server
-/// is between states (loading, failing over, a moved slot).
-trait Retryable {
-    fn may_have_run_or_transient(&self) -> bool;
-}
-
-impl Retryable for RedisError {
-    fn may_have_run_or_transient(&self) -> bool {
-        self.is_timeout()
-            || self.is_io_error()
-            || self.is_connection_dropped()
-            || self.is_connection_refusal()
-            || !matches!(self.retry_method(), RetryMethod::NoRetry)
-            // Redis answered but is busy (a slow script, loading its data
-            // set, a replica syncing): it will take the call soon.
-            || matches!(self.code(), Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN"))
     }
 }

@@ -32,9 +32,9 @@ pub(crate) mod testing;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use redis::{RedisError, Script};
+use redis::{RedisError, RetryMethod, Script};
 
 use crate::key::Key;
 use crate::metrics::{self as m, count};
@@ -57,6 +57,9 @@ pub(crate) struct TierConfig {
     pub connect_timeout: Duration,
     pub probe_interval: Duration,
 }
+
+/// The longest pause between tries of a call made past the breaker.
+const RETRY_PAUSE_MAX: Duration = Duration::from_millis(200);
 
 /// Why a call to Redis gave no answer.
 #[derive(Debug)]
@@ -275,6 +278,81 @@ impl RedisTier {
             shared.signals.circuit_opened.notify_one();
         }
         Err(error)
+    }
+}
+
+impl RedisTier {
+    /// For calls the caller is owed whatever the breaker says (a release, an
+    /// invalidation, giving a lease back): tries `call` (with a fresh
+    /// connection each time) until Redis answers
+    /// or `until` passes, at least once, each try under the deadline and
+    /// none through the circuit breaker. Errors that no retry can mend (a
+    /// refused script, a permission) end it at once.
+    pub(crate) async fn call_until<T, F, Fut>(
+        self: &Arc<Self>,
+        until: Instant,
+        mut call: F,
+    ) -> Result<T, TierError>
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let error = match self.call_past_breaker(call(self.conn())).await {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            let permanent = matches!(&error, TierError::Redis(e)
+                if !e.may_have_run_or_transient());
+            let left = until.saturating_duration_since(Instant::now());
+            if permanent || left.is_zero() {
+                return Err(error);
+            }
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(RETRY_PAUSE_MAX);
+        }
+    }
+
+    /// One try under the deadline, past the breaker. A
+    /// failure is counted, and tells the supervisor (which follows a moved
+    /// primary), like any call's.
+    pub(crate) async fn call_past_breaker<T>(
+        self: &Arc<Self>,
+        call: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, TierError> {
+        let shared = &self.shared;
+        let error = match tokio::time::timeout(shared.config.deadline, call).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) => TierError::Redis(e),
+            Err(_) => TierError::Timeout,
+        };
+        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        count(m::REDIS_ERRORS);
+        tracing::debug!(error = %error, "redis call past the breaker failed");
+        if shared.config.topology.needs_resolve() {
+            shared.signals.call_failed.notify_one();
+        }
+        Err(error)
+    }
+}
+
+/// Whether trying again may help: the call may not have run, or the server
+/// is between states (loading, failing over, a moved slot).
+pub(crate) trait Retryable {
+    fn may_have_run_or_transient(&self) -> bool;
+}
+
+impl Retryable for RedisError {
+    fn may_have_run_or_transient(&self) -> bool {
+        self.is_timeout()
+            || self.is_io_error()
+            || self.is_connection_dropped()
+            || self.is_connection_refusal()
+            || !matches!(self.retry_method(), RetryMethod::NoRetry)
+            // Redis answered but is busy (a slow script, loading its data
+            // set, a replica syncing): it will take the call soon.
+            || matches!(self.code(), Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN"))
     }
 }
 
