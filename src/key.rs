@@ -135,7 +135,8 @@ impl KeyHasher {
         }
     }
 
-    /// The query with its pairs sorted and empty pairs dropped, as one part
+    /// The query with its pairs sorted by name (stably: repeated names keep
+    /// their order) and empty pairs dropped, as one part
     /// (the same bytes `normalize_query` returns), without allocating for the
     /// usual handful of pairs.
     pub(crate) fn part_query(&mut self, query: &str) {
@@ -159,7 +160,9 @@ impl KeyHasher {
         } else {
             &mut inline[..count]
         };
-        pairs.sort_unstable();
+        // Stable: `?s=b&s=a` and `?s=a&s=b` may be different lists to the
+        // origin, so only the names are ordered.
+        pairs.sort_by_key(|pair| query_name(pair));
         let len = pairs.iter().map(|p| p.len()).sum::<usize>() + pairs.len().saturating_sub(1);
         self.prefix(len);
         for (i, pair) in pairs.iter().enumerate() {
@@ -179,6 +182,11 @@ impl KeyHasher {
         out.copy_from_slice(&digest.as_bytes()[..16]);
         Key(out)
     }
+}
+
+/// The name of a query pair: the bytes before its first `=`.
+pub(crate) fn query_name(pair: &str) -> &str {
+    pair.split_once('=').map_or(pair, |(name, _)| name)
 }
 
 #[cfg(test)]

@@ -100,7 +100,13 @@ pub mod __bench {
 
     /// The key of a request, as the layer computes it on every request.
     pub fn request_key(parts: &::http::request::Parts, vary: &[HeaderName]) -> crate::Key {
-        crate::http::key::request_key("bench", parts, vary, None)
+        let rules = crate::http::key::KeyRules {
+            namespace: "bench",
+            vary,
+            forwarded: &crate::http::key::DEFAULT_FORWARDED,
+            accept_encoding: false,
+        };
+        crate::http::key::request_key(&rules, parts, None)
     }
 
     /// A response as stored in Redis: envelope + response codec.

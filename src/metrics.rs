@@ -9,7 +9,7 @@
 //! | `stampede_guard_misses_total` | requests that led a rebuild |
 //! | `stampede_guard_coalesced_total` | requests answered by another request's rebuild |
 //! | `stampede_guard_origin_calls_total` | calls to the origin (handler or rebuild closure) |
-//! | `stampede_guard_bypass_total` | requests passed through without the cache |
+//! | `stampede_guard_bypass_total` | requests passed through without the cache, and origin answers that could not be shared; labelled `reason` (`method`, `credentials`, `request body`, `set-cookie`, `vary`, …) |
 //! | `stampede_guard_refreshes_total` | background refreshes started |
 //! | `stampede_guard_wait_timeouts_total` | waiters whose wait budget ran out |
 //! | `stampede_guard_l2_hits_total` | misses in this process answered by an entry in Redis |
@@ -42,4 +42,9 @@ pub(crate) const REDIS_ERRORS: &str = "stampede_guard_redis_errors_total";
 
 pub(crate) fn count(name: &'static str) {
     counter!(name).increment(1);
+}
+
+/// One request or answer past the cache, and why.
+pub(crate) fn count_bypass(reason: &'static str) {
+    counter!(BYPASS, "reason" => reason).increment(1);
 }

@@ -474,7 +474,7 @@ fn served<R: Rebuild>(held: Held<R::Value>, status: Status) -> Answer<R> {
 
 /// For a caller that may not coalesce: counted here, run by the adapter.
 fn alone<R: Rebuild>(rebuild: R) -> Answer<R> {
-    count(m::BYPASS);
+    m::count_bypass("hit-for-miss");
     count(m::ORIGIN_CALLS);
     Answer::Alone(rebuild)
 }

@@ -12,6 +12,7 @@ use http::{HeaderMap, Response};
 use http_body::{Body as HttpBody, Frame};
 
 use super::body::Body;
+use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
 use super::response::CachedResponse;
@@ -31,14 +32,19 @@ pub(crate) type Admitted<B, E> = Built<CachedResponse, Private<B, E>>;
 
 /// Decides what the origin's response may become, and buffers its body if it
 /// may be shared.
-pub(crate) async fn admit<B, E>(policy: &Policy, response: Response<B>) -> Admitted<B, E>
+/// `keyed` says what the key the answer would be stored under was made of.
+pub(crate) async fn admit<B, E>(
+    policy: &Policy,
+    response: Response<B>,
+    keyed: Keyed,
+) -> Admitted<B, E>
 where
     B: HttpBody,
     B::Data: Buf,
 {
     let (mut parts, body) = response.into_parts();
     let unshared = |reason: &'static str, parts: http::response::Parts, body| {
-        tracing::debug!(reason, "response not shared");
+        policy.passes.response(reason);
         let failed = parts.status.is_server_error();
         let response = tag(policy, Response::from_parts(parts, body), CacheStatus::Miss);
         if failed {
@@ -58,7 +64,7 @@ where
         }
     };
 
-    let (lifetime, store) = match classify(policy, parts.status, &parts.headers) {
+    let (lifetime, store) = match classify(policy, parts.status, &parts.headers, keyed) {
         Verdict::Pass(reason) => return unshared(reason, parts, Body::stream(body)),
         Verdict::Share { lifetime, store } => (lifetime, store),
     };

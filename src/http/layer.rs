@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::{HeaderName, Request, StatusCode};
 use tower_layer::Layer;
 
-use super::key::request_key;
+use super::key::{request_key, KeyRules, Keyed};
 use super::policy::{KeyFn, Policy, WaitTimeout};
 use super::service::GuardService;
 use crate::backend::Backend;
@@ -113,9 +113,51 @@ impl StampedeGuard {
     /// Request headers whose values select different responses (for example
     /// `accept-language`). They become part of the key; a response whose own
     /// `Vary` names a header not listed here is not stored.
+    ///
+    /// `accept-encoding` is keyed in a normalised form: the codings among
+    /// zstd, br, gzip and deflate the client accepts (q > 0), ordered by q
+    /// then name, so `gzip, br` and `br,gzip` share an entry while `gzip`
+    /// alone has its own. (A value in an unusual shape, with a wildcard or
+    /// `x-gzip`, is keyed as sent.) A route need not list it: the first
+    /// answer whose `Vary` names `accept-encoding` makes the route key on it
+    /// from then on, and that answer is not stored. List it to skip that
+    /// first unprotected answer.
+    ///
+    /// With tower-http's `CompressionLayer`, put the guard *inside* it to
+    /// store one uncompressed copy and compress each response on the way out,
+    /// or *outside* it to store one copy per coding (compressed once per
+    /// entry, not per response).
     pub fn vary(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let vary: Arc<[HeaderName]> = headers.into_iter().collect();
         self.with(|p| p.vary = vary)
+    }
+
+    /// The forwarding headers this deployment's handlers may read the host,
+    /// scheme, port or path prefix from, keyed on so that a client cannot
+    /// store an answer built from values it forged. Default:
+    /// `x-forwarded-host`, `x-forwarded-proto`, `x-forwarded-port`,
+    /// `x-forwarded-prefix` and `forwarded`. Behind one load balancer these
+    /// are the same for every request, so they split nothing.
+    ///
+    /// `forwarded` is keyed without its `for=` parameters (they name the
+    /// client, and would give each client its own entry); the rest of it
+    /// (`host=`, `proto=`, …) is kept byte for byte, and a value whose
+    /// quoting parsers could read two ways is keyed whole.
+    ///
+    /// Pass an empty list when the deployment's edge strips these headers
+    /// from client requests, or name the one your edge sets.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// // The edge strips client forwarding headers and sets X-Forwarded-Proto.
+    /// let guard = StampedeGuard::new(Backend::local())
+    ///     .forwarded_headers([http::HeaderName::from_static("x-forwarded-proto")]);
+    /// # let _ = guard;
+    /// ```
+    pub fn forwarded_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        let forwarded: Arc<[HeaderName]> = headers.into_iter().collect();
+        self.with(|p| p.forwarded = forwarded)
     }
 
     /// The route's own key, in place of host, path and query. Return `None` to
@@ -234,21 +276,25 @@ impl StampedeGuard {
 
     /// The key this route gives a request, or `None` if it would not be cached
     /// under the route's key function.
+    ///
+    /// The URL is the one the client sent: with the `axum` feature, the
+    /// `OriginalUri` a router records, so `/v1/items` names the entry of the
+    /// route nested under `/v1` wherever the guard sits.
     pub fn key_for<B>(&self, request: &Request<B>) -> Option<Key> {
         let (mut parts, ()) = Request::new(()).into_parts();
         parts.method = request.method().clone();
         parts.uri = request.uri().clone();
         parts.headers = request.headers().clone();
+        #[cfg(feature = "axum")]
+        if let Some(original) = request.extensions().get::<axum::extract::OriginalUri>() {
+            parts.extensions.insert(original.clone());
+        }
         let custom = match &self.policy.key_fn {
             Some(key_fn) => Some(key_fn(&parts)?),
             None => None,
         };
-        Some(request_key(
-            &self.policy.namespace,
-            &parts,
-            &self.policy.vary,
-            custom.as_deref(),
-        ))
+        let rules = KeyRules::of(&self.policy, Keyed::now(&self.policy));
+        Some(request_key(&rules, &parts, custom.as_deref()))
     }
 
     /// Drops the entry a request would be answered from, so the next request

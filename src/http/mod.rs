@@ -11,12 +11,15 @@
 mod admit;
 mod body;
 mod future;
+mod headers;
 pub(crate) mod key;
 mod layer;
+mod passes;
 mod policy;
 mod respond;
 pub(crate) mod response;
 mod service;
+mod vary;
 
 #[doc(inline)]
 pub use body::Body;

@@ -10,10 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{
-    AUTHORIZATION, CACHE_CONTROL, COOKIE, PROXY_AUTHORIZATION, RANGE, SET_COOKIE, UPGRADE, VARY,
+    ACCEPT_ENCODING, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, COOKIE, PROXY_AUTHORIZATION,
+    RANGE, SET_COOKIE, TRANSFER_ENCODING, UPGRADE,
 };
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 
+use super::key::{Keyed, DEFAULT_FORWARDED};
+use super::passes::PassLog;
+use super::vary::{names_in_vary, vary_is_covered, LearnedEncoding};
 use crate::engine::{FlightPolicy, Lifetime, MAX_DELTA};
 
 /// A route's own cache key: receives the request head, returns the key (host,
@@ -54,6 +58,12 @@ pub(crate) struct Policy {
     pub max_body_bytes: usize,
     pub statuses: Arc<[StatusCode]>,
     pub vary: Arc<[HeaderName]>,
+    pub forwarded: Arc<[HeaderName]>,
+    /// Set once an origin answer said `Vary: accept-encoding`; from then on
+    /// the route keys on the normalised `Accept-Encoding`.
+    pub learned_encoding: LearnedEncoding,
+    /// Counts passes by reason, and warns once per reason.
+    pub passes: PassLog,
     pub key_fn: Option<KeyFn>,
     pub respect_cache_control: bool,
     pub allow_credentials: bool,
@@ -97,6 +107,9 @@ impl Default for Policy {
                 .filter_map(|s| StatusCode::from_u16(*s).ok())
                 .collect(),
             vary: Arc::from([]),
+            forwarded: Arc::from(DEFAULT_FORWARDED.as_slice()),
+            learned_encoding: LearnedEncoding::default(),
+            passes: PassLog::default(),
             key_fn: None,
             respect_cache_control: false,
             allow_credentials: false,
@@ -122,6 +135,8 @@ impl fmt::Debug for Policy {
             .field("max_body_bytes", &self.max_body_bytes)
             .field("statuses", &self.statuses)
             .field("vary", &self.vary)
+            .field("forwarded", &self.forwarded)
+            .field("learned_encoding", &self.learned_encoding.get())
             .field("key_fn", &self.key_fn.as_ref().map(|_| "custom"))
             .field("respect_cache_control", &self.respect_cache_control)
             .field("allow_credentials", &self.allow_credentials)
@@ -157,6 +172,13 @@ pub(crate) fn request_bypass(
     if headers.contains_key(RANGE) || headers.contains_key(UPGRADE) {
         return Some("range or upgrade");
     }
+    // A GET or HEAD with a body: the handler may read it, and the answer the
+    // leader's body shaped would be stored for everyone.
+    let zero = |v: &http::HeaderValue| v.to_str().is_ok_and(|v| v.trim().parse() == Ok(0u64));
+    if headers.contains_key(TRANSFER_ENCODING) || !headers.get_all(CONTENT_LENGTH).iter().all(zero)
+    {
+        return Some("request body");
+    }
     None
 }
 
@@ -169,8 +191,14 @@ pub(crate) enum Verdict {
     Pass(&'static str),
 }
 
-/// Applies the route's rules to an origin response's status and headers.
-pub(crate) fn classify(policy: &Policy, status: StatusCode, headers: &HeaderMap) -> Verdict {
+/// Applies the route's rules to an origin response's status and headers;
+/// `keyed` says what the key the response would be stored under was made of.
+pub(crate) fn classify(
+    policy: &Policy,
+    status: StatusCode,
+    headers: &HeaderMap,
+    keyed: Keyed,
+) -> Verdict {
     if headers.contains_key(SET_COOKIE) && !policy.strip_set_cookie {
         return Verdict::Pass("set-cookie");
     }
@@ -178,7 +206,13 @@ pub(crate) fn classify(policy: &Policy, status: StatusCode, headers: &HeaderMap)
     if (cc.private || cc.no_store || cc.no_cache) && !policy.cache_private {
         return Verdict::Pass("private, no-store or no-cache");
     }
-    if !policy.ignore_vary && !vary_is_covered(headers, &policy.vary) {
+    if !keyed.accept_encoding && names_in_vary(headers, &ACCEPT_ENCODING) {
+        // The origin picks a coding per request: key on Accept-Encoding from
+        // now on. This answer was made under a key without it, so it is not
+        // shared (unless the route ignores Vary).
+        policy.learned_encoding.set();
+    }
+    if !policy.ignore_vary && !vary_is_covered(headers, &policy.vary, keyed) {
         return Verdict::Pass("vary");
     }
     let mut lifetime = policy.lifetime;
@@ -201,21 +235,6 @@ pub(crate) fn classify(policy: &Policy, status: StatusCode, headers: &HeaderMap)
     }
     let store = policy.statuses.contains(&status) && !lifetime.ttl.is_zero();
     Verdict::Share { lifetime, store }
-}
-
-/// Whether every header the response varies on is part of the route's key.
-fn vary_is_covered(headers: &HeaderMap, keyed: &[HeaderName]) -> bool {
-    for value in headers.get_all(VARY) {
-        let Ok(value) = value.to_str() else {
-            return false;
-        };
-        for name in value.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            if name == "*" || !keyed.iter().any(|k| k.as_str().eq_ignore_ascii_case(name)) {
-                return false;
-            }
-        }
-    }
-    true
 }
 
 /// The `Cache-Control` directives a shared cache acts on.
@@ -358,7 +377,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    classify(&p, StatusCode::OK, &headers(&[h])),
+                    classify(&p, StatusCode::OK, &headers(&[h]), Keyed::now(&p)),
                     Verdict::Pass(_)
                 ),
                 "{h:?} must pass"
@@ -372,7 +391,12 @@ mod tests {
             vary: Arc::from([HeaderName::from_static("accept-encoding")]),
             ..Policy::default()
         };
-        let v = classify(&p, StatusCode::OK, &headers(&[("vary", "Accept-Encoding")]));
+        let v = classify(
+            &p,
+            StatusCode::OK,
+            &headers(&[("vary", "Accept-Encoding")]),
+            Keyed::now(&p),
+        );
         assert!(matches!(v, Verdict::Share { store: true, .. }));
     }
 
@@ -394,6 +418,7 @@ mod tests {
                 "cache-control",
                 "max-age=5, s-maxage=50, stale-while-revalidate=9",
             )]),
+            Keyed::now(&p),
         );
         let Verdict::Share { lifetime, store } = v else {
             panic!("{v:?}")
@@ -417,6 +442,7 @@ mod tests {
                 "cache-control",
                 "max-age=5, stale-while-revalidate=30, stale-if-error=60",
             )]),
+            Keyed::now(&p),
         );
         assert_eq!(
             v,
@@ -433,6 +459,7 @@ mod tests {
             &p,
             StatusCode::OK,
             &headers(&[("cache-control", "max-age=0")]),
+            Keyed::now(&p),
         );
         assert!(matches!(v, Verdict::Share { store: false, .. }));
     }
@@ -443,6 +470,7 @@ mod tests {
             &Policy::default(),
             StatusCode::INTERNAL_SERVER_ERROR,
             &HeaderMap::new(),
+            Keyed::now(&Policy::default()),
         );
         assert!(matches!(v, Verdict::Share { store: false, .. }));
     }

@@ -20,13 +20,12 @@ use tower_service::Service;
 use super::admit::{admit, Admitted, Private};
 use super::body::Body;
 use super::future::ResponseFuture;
-use super::key::request_key;
+use super::key::{align_host, request_key, KeyRules, Keyed};
 use super::policy::{request_bypass, Policy};
 use super::respond::{failure, present, tag, CacheStatus, Conditions};
 use super::response::CachedResponse;
 use crate::backend::Backend;
 use crate::engine::{Answer, Engine, Held, Looked, Miss, Rebuild};
-use crate::metrics::{self as m, count};
 
 /// The service a [`StampedeGuard`](crate::StampedeGuard) wraps around an inner
 /// service.
@@ -91,18 +90,25 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let policy = &self.policy;
-        if request_bypass(policy, request.method(), request.headers()).is_some() {
-            return self.pass_through(request);
+        let (mut parts, body) = request.into_parts();
+        // Host follows the target before anything else, so the inner service
+        // sees the host the key is made of on every path, pass-through too.
+        if let Err(reason) = align_host(&mut parts) {
+            return self.pass_through(Request::from_parts(parts, body), reason);
         }
-        let (parts, body) = request.into_parts();
+        if let Some(reason) = request_bypass(policy, &parts.method, &parts.headers) {
+            return self.pass_through(Request::from_parts(parts, body), reason);
+        }
         let custom = match &policy.key_fn {
             Some(key_fn) => match key_fn(&parts) {
                 Some(custom) => Some(custom),
-                None => return self.pass_through(Request::from_parts(parts, body)),
+                None => return self.pass_through(Request::from_parts(parts, body), "key_fn"),
             },
             None => None,
         };
-        let key = request_key(&policy.namespace, &parts, &policy.vary, custom.as_deref());
+        // Read once: the rebuild judges the origin's Vary against this key.
+        let keyed = Keyed::now(policy);
+        let key = request_key(&KeyRules::of(policy, keyed), &parts, custom.as_deref());
         let request = Request::from_parts(parts, body);
         let conditions = Conditions::of(&request);
         let flight = policy.flight();
@@ -120,6 +126,7 @@ where
                         inner: self.inner.clone(),
                         request,
                         policy: policy.clone(),
+                        keyed,
                     };
                     engine.refresh(refresh, flight, origin);
                 }
@@ -132,6 +139,7 @@ where
                     inner: std::mem::replace(&mut self.inner, clone),
                     request,
                     policy: policy.clone(),
+                    keyed,
                 };
                 let future = resolve(engine.clone(), miss, conditions, origin);
                 ResponseFuture::miss(Box::pin(future))
@@ -144,12 +152,13 @@ impl<S> GuardService<S> {
     fn pass_through<ReqBody, ResBody>(
         &mut self,
         request: Request<ReqBody>,
+        reason: &'static str,
     ) -> ResponseFuture<S::Future, ResBody, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
         ResBody: HttpBody,
     {
-        count(m::BYPASS);
+        self.policy.passes.request(reason);
         let status = self
             .policy
             .status_header
@@ -213,6 +222,8 @@ struct Origin<S, ReqBody> {
     inner: S,
     request: Request<ReqBody>,
     policy: Arc<Policy>,
+    /// What the key this rebuild stores under was made of.
+    keyed: Keyed,
 }
 
 /// Request headers that would let the origin answer with less than the whole
@@ -270,9 +281,9 @@ where
         for name in &CONDITIONAL {
             self.request.headers_mut().remove(name);
         }
-        let policy = self.policy.clone();
+        let (policy, keyed) = (self.policy.clone(), self.keyed);
         match self.call().await {
-            Ok(response) => admit(&policy, response).await,
+            Ok(response) => admit(&policy, response, keyed).await,
             Err(error) => crate::engine::Built::Failed {
                 shared: None,
                 private: Some(Private::Error(error)),
