@@ -30,7 +30,8 @@
 //!    credentials are cached unless the route opts in; anything else passes
 //!    straight through.
 //! 2. **Key**: namespace, method class (HEAD shares GET's entry), host, path,
-//!    sorted query and the route's Vary headers, hashed to 128 bits.
+//!    query sorted by name, the route's Vary headers and the forwarding
+//!    headers, hashed to 128 bits.
 //! 3. **L1**: a byte-bounded `moka` cache. Fresh: `HIT`. Past its ttl but inside
 //!    stale-while-revalidate: `STALE`, and one background refresh.
 //! 4. **Flight**: on a miss the first request starts the rebuild (`MISS`); the
@@ -59,6 +60,25 @@
 //! `no-cache`, a `Vary` the route does not key on, bodies over the size cap
 //! (streamed, never buffered whole). Range and conditional requests never
 //! reach the origin in a form whose answer would not fit every waiter.
+//!
+//! The key is what the client asked for, exactly as the handler sees it: an
+//! absolute-form target or HTTP/2 `:authority` replaces `Host` before the
+//! handler runs and is the host keyed on; nested axum routers are keyed on
+//! the `OriginalUri`; query pairs are sorted by name only, stably; the
+//! forwarding headers frameworks read the host and scheme from are keyed
+//! ([`StampedeGuard::forwarded_headers`]); a `GET`/`HEAD` with a body is
+//! passed through; and `Accept-Encoding` is keyed in a normalised form once
+//! the origin varies on it (see [`StampedeGuard::vary`], which also says
+//! where the guard goes relative to a compression layer).
+//!
+//! ## Cargo features
+//! - `redis` (default): the Redis tier (L2, fleet-wide lease, pub/sub
+//!   wake-ups), on one server or through Sentinel.
+//! - `redis-tls` (default): `rediss://` URLs.
+//! - `redis-cluster` (default): Redis Cluster.
+//! - `serde` (default): `Deserialize` for the Redis settings.
+//! - `axum` (default): key nested routes on the URI the client sent, read
+//!   from axum's `OriginalUri` request extension.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
