@@ -162,7 +162,7 @@ impl KeyHasher {
         };
         // Stable: `?s=b&s=a` and `?s=a&s=b` may be different lists to the
         // origin, so only the names are ordered.
-        pairs.sort_by_key(|pair| query_name(pair));
+        pairs.sort_by(|a, b| cmp_query_names(a, b));
         let len = pairs.iter().map(|p| p.len()).sum::<usize>() + pairs.len().saturating_sub(1);
         self.prefix(len);
         for (i, pair) in pairs.iter().enumerate() {
@@ -187,6 +187,42 @@ impl KeyHasher {
 /// The name of a query pair: the bytes before its first `=`.
 pub(crate) fn query_name(pair: &str) -> &str {
     pair.split_once('=').map_or(pair, |(name, _)| name)
+}
+
+/// Orders query pairs by name as an origin might read it: percent-decoded,
+/// ASCII case folded, `+` and space alike (`+` is a space to form decoding,
+/// a plus sign to plain percent-decoding). Names that some origin could take
+/// for the same one (`a`, `%61`, `A`; `a+b`, `a%20b`, `a%2Bb`) compare equal, so the stable sort keeps
+/// their pairs in the order the client sent them.
+pub(crate) fn cmp_query_names(a: &str, b: &str) -> std::cmp::Ordering {
+    name_skeleton(query_name(a)).cmp(name_skeleton(query_name(b)))
+}
+
+fn name_skeleton(name: &str) -> impl Iterator<Item = u8> + '_ {
+    let bytes = name.as_bytes();
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        let byte = *bytes.get(i)?;
+        i += 1;
+        let hex = |b: u8| (b as char).to_digit(16);
+        let decoded = match byte {
+            b'%' => match (
+                bytes.get(i).and_then(|b| hex(*b)),
+                bytes.get(i + 1).and_then(|b| hex(*b)),
+            ) {
+                (Some(hi), Some(lo)) => {
+                    i += 2;
+                    (hi * 16 + lo) as u8
+                }
+                _ => b'%',
+            },
+            other => other,
+        };
+        Some(match decoded {
+            b'+' => b' ',
+            other => other.to_ascii_lowercase(),
+        })
+    })
 }
 
 #[cfg(test)]

@@ -301,6 +301,11 @@ impl StampedeGuard {
     /// rebuilds it: in this process and, with a Redis backend, in Redis and
     /// in every instance's in-process tier.
     ///
+    /// The entry is the one for this request's own Vary values: a route
+    /// keyed on `accept-encoding` (listed or learned) has one entry per
+    /// normalised `Accept-Encoding`, and each is invalidated by a request
+    /// carrying it.
+    ///
     /// It is a barrier: once it returns, no request that starts afterwards
     /// is answered with a value built before it. A rebuild that was already
     /// running stores nothing, and may answer only the requests that were
