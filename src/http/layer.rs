@@ -145,7 +145,9 @@ impl StampedeGuard {
     /// quoting parsers could read two ways is keyed whole.
     ///
     /// Pass an empty list when the deployment's edge strips these headers
-    /// from client requests, or name the one your edge sets.
+    /// from client requests, or name the one your edge sets. A request given
+    /// to [`invalidate`](Self::invalidate) must carry the values the entry
+    /// was stored under.
     ///
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};
@@ -301,10 +303,14 @@ impl StampedeGuard {
     /// rebuilds it: in this process and, with a Redis backend, in Redis and
     /// in every instance's in-process tier.
     ///
-    /// The entry is the one for this request's own Vary values: a route
-    /// keyed on `accept-encoding` (listed or learned) has one entry per
-    /// normalised `Accept-Encoding`, and each is invalidated by a request
-    /// carrying it.
+    /// The entry is the one for this request's own Vary values and
+    /// forwarding headers: a route keyed on `accept-encoding` (listed or
+    /// learned) has one entry per normalised `Accept-Encoding`, and each is
+    /// invalidated by a request carrying it. Behind a proxy that sets
+    /// `X-Forwarded-Proto` (or another of the
+    /// [forwarding headers](Self::forwarded_headers)), give the invalidating
+    /// request the same values, for example by copying them from the request
+    /// that caused the invalidation.
     ///
     /// It is a barrier: once it returns, no request that starts afterwards
     /// is answered with a value built before it. A rebuild that was already
