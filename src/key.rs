@@ -123,6 +123,11 @@ impl KeyHasher {
         self.write(bytes);
     }
 
+    /// A count (of the parts that follow), as a part of its own.
+    pub(crate) fn count(&mut self, n: usize) {
+        self.part(&u64::try_from(n).unwrap_or(u64::MAX).to_le_bytes());
+    }
+
     /// A part written in ASCII lowercase, without allocating.
     pub(crate) fn part_lowercase(&mut self, bytes: &[u8]) {
         self.prefix(bytes.len());

@@ -32,6 +32,7 @@ pub(crate) fn hash_accept_encoding(h: &mut KeyHasher, headers: &HeaderMap) {
         Some(codings) => h.part(codings.as_bytes()),
         None => {
             h.part(b"\x00raw");
+            h.count(headers.get_all(ACCEPT_ENCODING).iter().count());
             for line in lines {
                 h.part(line.as_bytes());
             }

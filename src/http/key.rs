@@ -145,42 +145,39 @@ pub(crate) fn request_key(rules: &KeyRules<'_>, parts: &Parts, custom: Option<&s
     if rules.accept_encoding {
         hash_accept_encoding(&mut h, &parts.headers);
     }
+    // Forwarding headers are usually absent: only the present ones are
+    // written (name, count, values), so a typical key stays short.
     h.part(b"\x00forwarded");
     for name in rules.forwarded {
-        if name == FORWARDED {
-            h.part(name.as_str().as_bytes());
-            let mut lines = parts.headers.get_all(name).iter().peekable();
-            if lines.peek().is_none() {
-                h.part(b"\x00absent");
-            }
-            for line in lines {
-                hash_forwarded(&mut h, line.as_bytes());
-            }
-        } else {
+        if parts.headers.contains_key(name) {
             hash_values(&mut h, parts, name);
         }
     }
     h.finish()
 }
 
+/// A header's name, how many lines it has (none: absent, which differs from
+/// one empty line), and each line. The count keeps a value from passing for
+/// the next header's name.
 fn hash_values(h: &mut KeyHasher, parts: &Parts, name: &HeaderName) {
     h.part(name.as_str().as_bytes());
-    let mut values = parts.headers.get_all(name).iter().peekable();
-    if values.peek().is_none() {
-        // "absent" must differ from "present and empty".
-        h.part(b"\x00absent");
-    }
+    let values = parts.headers.get_all(name);
+    h.count(values.iter().count());
     for value in values {
-        h.part(value.as_bytes());
+        if name == FORWARDED {
+            hash_forwarded(h, value.as_bytes());
+        } else {
+            h.part(value.as_bytes());
+        }
     }
 }
 
 /// Sorts the query's pairs by name, stably, so that `?b=2&a=1` and `?a=1&b=2`
 /// share an entry while `?s=1&s=2` and `?s=2&s=1` (a list whose order the
 /// origin may use) do not, nor `?%73=1&s=2` and `?s=2&%73=1` (names are
-/// compared decoded and case-folded), and drops empty pairs (`?a=1&&`). Values keep their
-/// bytes: `%41` and `A` stay different, as an origin may treat them
-/// differently. (The key hashes these bytes without building the string; this
+/// compared decoded and case-folded), and drops empty pairs (`?a=1&&`).
+/// Values keep their bytes: `%41` and `A` stay different, as an origin may
+/// treat them differently. (The key hashes these bytes without building the string; this
 /// is its reference form.)
 #[cfg(test)]
 pub(crate) fn normalize_query(query: &str) -> String {
@@ -238,6 +235,26 @@ mod tests {
         assert_ne!(
             request_key(&rules("a", &[]), &p, None),
             request_key(&rules("b", &[]), &p, None)
+        );
+    }
+
+    #[test]
+    fn a_value_never_passes_for_the_next_header() {
+        let v = |hs: &[(&str, &str)]| key("/r", hs, &["x-a", "x-b"]);
+        assert_ne!(
+            v(&[("x-a", "x-b"), ("x-b", "x-b"), ("x-b", "v")]),
+            v(&[("x-a", "x-b"), ("x-a", "x-b"), ("x-b", "v")])
+        );
+        let f = |hs: &[(&str, &str)]| key("/r", hs, &[]);
+        assert_ne!(
+            f(&[
+                ("x-forwarded-host", "x-forwarded-proto"),
+                ("x-forwarded-proto", "http")
+            ]),
+            f(&[
+                ("x-forwarded-host", "x-forwarded-proto"),
+                ("x-forwarded-host", "http")
+            ])
         );
     }
 
