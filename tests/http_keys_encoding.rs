@@ -162,6 +162,32 @@ async fn a_route_that_declares_accept_encoding_is_protected_from_the_first_reque
     assert_eq!(origin.calls(), 2);
 }
 
+#[tokio::test]
+async fn inside_compression_one_uncompressed_copy_serves_every_coding() {
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60));
+    let handler_origin = origin.clone();
+    let app = Router::new()
+        .route(
+            "/c",
+            get(move || {
+                let origin = handler_origin.clone();
+                async move {
+                    origin.enter();
+                    TEXT.repeat(50)
+                }
+            })
+            .layer(guard),
+        )
+        .layer(CompressionLayer::new());
+    let kinds = [Some("gzip"), Some("br, gzip"), Some("identity"), None];
+    let aes: Vec<_> = kinds.iter().cycle().take(60).copied().collect();
+    for (ae, answer) in &mixed_burst(&app, &aes).await {
+        assert_coded_for(answer, *ae);
+    }
+    assert_eq!(origin.calls(), 1, "one entry, compressed per response");
+}
+
 /// Events at WARN and below, with their `reason` field.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<(tracing::Level, String)>>>);
