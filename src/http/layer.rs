@@ -39,6 +39,27 @@ use crate::key::Key;
 /// Only `GET` and `HEAD` requests are cached (HEAD is answered from the GET
 /// entry). Requests with credentials and responses that must not be shared pass
 /// through untouched unless the route opts in; see the methods below.
+///
+/// With a compression layer (tower-http's `CompressionLayer`), the guard
+/// goes inside it to store one uncompressed copy and compress each response
+/// on the way out, or outside it to store one copy per content coding, keyed
+/// on the normalised `Accept-Encoding` (see [`vary`](Self::vary)):
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{routing::get, Router};
+/// use stampede_guard::{Backend, StampedeGuard};
+///
+/// async fn report() -> &'static str { "expensive" }
+///
+/// let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(30));
+/// // Inside: `.route("/report", get(report).layer(guard))` under the
+/// // compression layer. Outside, declared up front:
+/// let app: Router = Router::new()
+///     .route("/report", get(report))
+///     .layer(tower_http::compression::CompressionLayer::new())
+///     .layer(guard.vary([http::header::ACCEPT_ENCODING]));
+/// ```
 #[derive(Clone, Debug)]
 pub struct StampedeGuard {
     backend: Backend,
