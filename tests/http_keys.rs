@@ -417,6 +417,45 @@ async fn get_with_a_body_bypasses_and_stores_nothing() {
     assert_eq!(send(&app, zero).await.x_cache(), "HIT");
 }
 
+#[cfg(feature = "axum")]
+#[tokio::test]
+async fn http2_get_with_data_frames_and_no_length_bypasses() {
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+
+    let origin = Origin::default();
+    let addr = serve(body_app(&origin, guard())).await;
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    for n in 1..=2 {
+        // A stream of unknown length: no Content-Length is sent.
+        let frames = tokio_stream::once(Ok::<_, std::convert::Infallible>(Frame::data(
+            bytes::Bytes::from_static(b"evil"),
+        )));
+        let request = Request::get("http://a.test/r")
+            .body(StreamBody::new(frames))
+            .unwrap();
+        let response = sender.send_request(request).await.expect("h2 response");
+        assert_eq!(response.headers()["x-cache"], "BYPASS");
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
+        assert_eq!(body, format!("body=evil #{n}"));
+    }
+    // Nothing was stored from those bodies.
+    let (_, h) = get_raw(addr, "/r", "a.test").await;
+    assert_eq!(header(&h, "x-cache"), "MISS");
+    // A body without any length header, handed over in process, too.
+    let app = body_app(&origin, guard());
+    let unannounced = Request::get("/r").body(Body::from("evil")).unwrap();
+    assert_eq!(send(&app, unannounced).await.x_cache(), "BYPASS");
+}
+
 #[tokio::test]
 async fn chunked_get_over_the_wire_bypasses() {
     let origin = Origin::default();

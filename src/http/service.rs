@@ -96,7 +96,8 @@ where
         if let Err(reason) = align_host(&mut parts) {
             return self.pass_through(Request::from_parts(parts, body), reason);
         }
-        if let Some(reason) = request_bypass(policy, &parts.method, &parts.headers) {
+        let bypass = request_bypass(policy, &parts.method, &parts.headers);
+        if let Some(reason) = bypass.or_else(|| body_pending(&body)) {
             return self.pass_through(Request::from_parts(parts, body), reason);
         }
         let custom = match &policy.key_fn {
@@ -166,6 +167,19 @@ impl<S> GuardService<S> {
             .map(|name| (name, CacheStatus::Bypass.header_value()));
         ResponseFuture::passthrough(self.inner.call(request), status)
     }
+}
+
+/// A body no header announced: an HTTP/2 request may send DATA frames
+/// without `Content-Length`. The request body type is the caller's, so only
+/// one whose type is known here (axum's, which wraps hyper's) can be asked.
+fn body_pending<B: 'static>(body: &B) -> Option<&'static str> {
+    #[cfg(feature = "axum")]
+    if let Some(body) = (body as &dyn std::any::Any).downcast_ref::<axum::body::Body>() {
+        let empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
+        return (!empty).then_some("request body");
+    }
+    let _ = body;
+    None
 }
 
 /// A miss: what the engine's flight gives, as a response.
