@@ -7,14 +7,15 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::header::{
     AUTHORIZATION, CACHE_CONTROL, COOKIE, PROXY_AUTHORIZATION, RANGE, SET_COOKIE, UPGRADE, VARY,
 };
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 
-use crate::engine::{FlightPolicy, Lifetime, MAX_DELTA};
+use super::cache_control::{expires_lifetime, tokens, CacheControl};
+use crate::engine::{FlightPolicy, Lifetime};
 
 /// A route's own cache key: receives the request head, returns the key (host,
 /// path and query are then left out of it) or `None` to pass the request
@@ -157,15 +158,33 @@ pub(crate) fn request_bypass(
     if headers.contains_key(RANGE) || headers.contains_key(UPGRADE) {
         return Some("range or upgrade");
     }
+    // RFC 9111 §5.2.1.5: nothing of the answer to this request may be stored.
+    // It goes to the origin on its own; no flight waits on it or stores it.
+    // (A request's `no-cache` or `max-age=0` is ignored: on a shared cache it
+    // would let any client force an origin call for everyone.)
+    if request_forbids_store(headers) {
+        return Some("request no-store");
+    }
     None
+}
+
+/// Whether a request's `Cache-Control` says `no-store`, wherever it appears.
+fn request_forbids_store(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(CACHE_CONTROL)
+        .iter()
+        .any(|line| tokens(line.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"no-store")))
 }
 
 /// What may be done with an origin response.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Waiters may have it; it is cached too when `store` is true.
+    /// Stored when `store` is true, and then shared with the waiters too;
+    /// otherwise it goes to the request that asked alone (a server error
+    /// excepted: that is a failed rebuild, shared as one).
     Share { lifetime: Lifetime, store: bool },
-    /// Nobody but the request that asked may have it.
+    /// Nobody but the request that asked may have it, and the key skips
+    /// coalescing for a while (hit-for-miss).
     Pass(&'static str),
 }
 
@@ -175,6 +194,9 @@ pub(crate) fn classify(policy: &Policy, status: StatusCode, headers: &HeaderMap)
         return Verdict::Pass("set-cookie");
     }
     let cc = CacheControl::parse(headers);
+    if cc.unparseable {
+        return Verdict::Pass("unparseable cache-control");
+    }
     if (cc.private || cc.no_store || cc.no_cache) && !policy.cache_private {
         return Verdict::Pass("private, no-store or no-cache");
     }
@@ -182,9 +204,22 @@ pub(crate) fn classify(policy: &Policy, status: StatusCode, headers: &HeaderMap)
         return Verdict::Pass("vary");
     }
     let mut lifetime = policy.lifetime;
+    let explicit = cc.s_maxage.or(cc.max_age);
+    // Without max-age, `Expires` speaks (RFC 9111 §4.2.1). One already past,
+    // or invalid (`0`), is stale on arrival: never stored, whatever the route
+    // says, as the HTTP/1.0 way of saying "do not cache". A future one sets
+    // the lifetime only where the route respects the origin.
+    let expires = if explicit.is_none() {
+        expires_lifetime(headers, SystemTime::now())
+    } else {
+        None
+    };
+    let mut expired = expires == Some(Duration::ZERO);
     if policy.respect_cache_control {
-        if let Some(seconds) = cc.s_maxage.or(cc.max_age) {
+        if let Some(seconds) = explicit {
             lifetime.ttl = Duration::from_secs(seconds);
+        } else if let Some(ttl) = expires {
+            lifetime.ttl = ttl;
         }
         if let Some(seconds) = cc.stale_while_revalidate {
             lifetime.stale_while_revalidate = Duration::from_secs(seconds);
@@ -192,14 +227,16 @@ pub(crate) fn classify(policy: &Policy, status: StatusCode, headers: &HeaderMap)
         if let Some(seconds) = cc.stale_if_error {
             lifetime.stale_if_error = Duration::from_secs(seconds);
         }
-        // RFC 9111 §5.2.2.10: s-maxage implies proxy-revalidate, which, like
-        // must-revalidate, forbids a shared cache to serve the response stale.
-        if cc.s_maxage.is_some() || cc.must_revalidate || cc.proxy_revalidate {
-            lifetime.stale_while_revalidate = Duration::ZERO;
-            lifetime.stale_if_error = Duration::ZERO;
-        }
+        expired |= lifetime.ttl.is_zero();
     }
-    let store = policy.statuses.contains(&status) && !lifetime.ttl.is_zero();
+    // RFC 9111 §5.2.2.2, §5.2.2.8, §5.2.2.10: must-revalidate,
+    // proxy-revalidate and s-maxage (which implies proxy-revalidate) forbid a
+    // shared cache to serve the response stale, whatever the route's windows.
+    if cc.s_maxage.is_some() || cc.must_revalidate || cc.proxy_revalidate {
+        lifetime.stale_while_revalidate = Duration::ZERO;
+        lifetime.stale_if_error = Duration::ZERO;
+    }
+    let store = policy.statuses.contains(&status) && !lifetime.ttl.is_zero() && !expired;
     Verdict::Share { lifetime, store }
 }
 
@@ -218,86 +255,6 @@ fn vary_is_covered(headers: &HeaderMap, keyed: &[HeaderName]) -> bool {
     true
 }
 
-/// The `Cache-Control` directives a shared cache acts on.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct CacheControl {
-    pub no_store: bool,
-    pub no_cache: bool,
-    pub private: bool,
-    pub must_revalidate: bool,
-    pub proxy_revalidate: bool,
-    pub max_age: Option<u64>,
-    pub s_maxage: Option<u64>,
-    pub stale_while_revalidate: Option<u64>,
-    pub stale_if_error: Option<u64>,
-}
-
-impl CacheControl {
-    /// Reads every `Cache-Control` line. Unknown directives are ignored; a
-    /// freshness value that is not a number counts as zero (RFC 9111 §1.2.2:
-    /// an invalid lifetime means stale), a malformed stale window as absent.
-    pub(crate) fn parse(headers: &HeaderMap) -> Self {
-        let mut cc = CacheControl::default();
-        for line in headers.get_all(CACHE_CONTROL) {
-            let line = String::from_utf8_lossy(line.as_bytes());
-            for directive in split_directives(&line) {
-                let (name, arg) = match directive.split_once('=') {
-                    Some((n, a)) => (n.trim(), Some(a.trim().trim_matches('"'))),
-                    None => (directive.trim(), None),
-                };
-                let seconds = || arg.map(delta_seconds);
-                match name.to_ascii_lowercase().as_str() {
-                    "no-store" => cc.no_store = true,
-                    // The qualified forms (`no-cache="field"`, `private="field"`)
-                    // are treated like the plain ones: safer than storing
-                    // without the named fields.
-                    "no-cache" => cc.no_cache = true,
-                    "private" => cc.private = true,
-                    "must-revalidate" => cc.must_revalidate = true,
-                    "proxy-revalidate" => cc.proxy_revalidate = true,
-                    "max-age" => cc.max_age = Some(seconds().flatten().unwrap_or(0)),
-                    "s-maxage" => cc.s_maxage = Some(seconds().flatten().unwrap_or(0)),
-                    "stale-while-revalidate" => cc.stale_while_revalidate = seconds().flatten(),
-                    "stale-if-error" => cc.stale_if_error = seconds().flatten(),
-                    _ => {}
-                }
-            }
-        }
-        cc
-    }
-}
-
-/// Parses delta-seconds; a value too large saturates (RFC 9111 §1.2.2).
-fn delta_seconds(arg: &str) -> Option<u64> {
-    if arg.is_empty() || !arg.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let max = MAX_DELTA.as_secs();
-    Some(arg.parse::<u64>().map_or(max, |n| n.min(max)))
-}
-
-/// Splits a header line at commas that are not inside a quoted string.
-fn split_directives(line: &str) -> impl Iterator<Item = &str> {
-    let mut start = 0;
-    let mut quoted = false;
-    let mut escaped = false;
-    let mut cuts = Vec::new();
-    for (i, c) in line.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if quoted => escaped = true,
-            '"' => quoted = !quoted,
-            ',' if !quoted => {
-                cuts.push(&line[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    cuts.push(&line[start..]);
-    cuts.into_iter().map(str::trim).filter(|d| !d.is_empty())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,39 +267,6 @@ mod tests {
             h.append(*k, HeaderValue::from_static(v));
         }
         h
-    }
-
-    #[test]
-    fn parses_directives_across_lines_and_quotes() {
-        let cc = CacheControl::parse(&headers(&[
-            ("cache-control", "public, max-age=60, private=\"a, b\""),
-            (
-                "cache-control",
-                "Stale-While-Revalidate=30, stale-if-error=600",
-            ),
-        ]));
-        assert_eq!(cc.max_age, Some(60));
-        assert!(cc.private);
-        assert_eq!(cc.stale_while_revalidate, Some(30));
-        assert_eq!(cc.stale_if_error, Some(600));
-        assert!(!cc.no_store);
-    }
-
-    #[test]
-    fn invalid_max_age_means_stale_and_huge_saturates() {
-        let cc = CacheControl::parse(&headers(&[("cache-control", "max-age=abc")]));
-        assert_eq!(cc.max_age, Some(0));
-        let cc = CacheControl::parse(&headers(&[(
-            "cache-control",
-            "max-age=99999999999999999999999",
-        )]));
-        assert_eq!(cc.max_age, Some(1 << 31));
-        // A number that fits a u64 but not RFC 9111's bound is clamped too.
-        let cc = CacheControl::parse(&headers(&[(
-            "cache-control",
-            "max-age=16871334070874663069",
-        )]));
-        assert_eq!(cc.max_age, Some(1 << 31));
     }
 
     #[test]
@@ -471,14 +395,167 @@ mod tests {
         );
     }
 
+    #[test]
+    fn revalidation_directives_forbid_stale_even_without_respect() {
+        let p = Policy {
+            lifetime: Lifetime {
+                ttl: Duration::from_secs(10),
+                stale_while_revalidate: Duration::from_secs(100),
+                stale_if_error: Duration::from_secs(100),
+            },
+            ..Policy::default()
+        };
+        for line in [
+            "must-revalidate",
+            "proxy-revalidate",
+            "s-maxage=5",
+            "public; must-revalidate",
+        ] {
+            for respect in [false, true] {
+                let p = Policy {
+                    respect_cache_control: respect,
+                    ..p.clone()
+                };
+                let v = classify(&p, StatusCode::OK, &headers(&[("cache-control", line)]));
+                let Verdict::Share { lifetime, store } = v else {
+                    panic!("{line}: {v:?}")
+                };
+                assert!(store, "{line}");
+                assert_eq!(lifetime.stale_while_revalidate, Duration::ZERO, "{line}");
+                assert_eq!(lifetime.stale_if_error, Duration::ZERO, "{line}");
+            }
+        }
+    }
+
+    #[test]
+    fn unparseable_cache_control_passes() {
+        for p in [
+            Policy::default(),
+            Policy {
+                cache_private: true,
+                respect_cache_control: true,
+                ..Policy::default()
+            },
+        ] {
+            let v = classify(
+                &p,
+                StatusCode::OK,
+                &headers(&[("cache-control", "max-age=60, \"")]),
+            );
+            assert!(matches!(v, Verdict::Pass(_)), "{v:?}");
+        }
+    }
+
+    #[test]
+    fn expires_gives_the_lifetime_when_respected() {
+        let now = SystemTime::now();
+        let at = |t: SystemTime| httpdate::fmt_http_date(t).leak() as &'static str;
+        let p = Policy {
+            respect_cache_control: true,
+            ..Policy::default()
+        };
+        let fresh = headers(&[
+            ("date", at(now)),
+            ("expires", at(now + Duration::from_secs(300))),
+        ]);
+        let Verdict::Share { lifetime, store } = classify(&p, StatusCode::OK, &fresh) else {
+            panic!()
+        };
+        assert!(store);
+        assert!(
+            lifetime.ttl > Duration::from_secs(290) && lifetime.ttl <= Duration::from_secs(300)
+        );
+        // The route's ttl stays without respect_cache_control.
+        let Verdict::Share { lifetime, store } =
+            classify(&Policy::default(), StatusCode::OK, &fresh)
+        else {
+            panic!()
+        };
+        assert!(store);
+        assert_eq!(lifetime.ttl, Policy::default().lifetime.ttl);
+        // max-age wins over Expires (RFC 9111 §5.3).
+        let mut h = headers(&[("expires", "0"), ("cache-control", "max-age=60")]);
+        assert!(matches!(
+            classify(&p, StatusCode::OK, &h),
+            Verdict::Share { store: true, .. }
+        ));
+        // Expired or invalid: never stored, respected or not.
+        for expires in [
+            "0",
+            "Thu, 01 Jan 1970 00:00:00 GMT",
+            at(now - Duration::from_secs(5)),
+        ] {
+            h = headers(&[("expires", expires)]);
+            for policy in [&p, &Policy::default()] {
+                let v = classify(policy, StatusCode::OK, &h);
+                assert!(
+                    matches!(v, Verdict::Share { store: false, .. }),
+                    "{expires}: {v:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn request_no_store_bypasses_and_no_cache_does_not() {
+        let p = Policy::default();
+        let get = Method::GET;
+        for line in ["no-store", "max-age=0; no-store", "No-Store"] {
+            let h = headers(&[("cache-control", line)]);
+            assert_eq!(
+                request_bypass(&p, &get, &h),
+                Some("request no-store"),
+                "{line}"
+            );
+        }
+        for line in ["no-cache", "max-age=0", "no-storex"] {
+            let h = headers(&[("cache-control", line)]);
+            assert_eq!(request_bypass(&p, &get, &h), None, "{line}");
+        }
+    }
+
+    fn directive() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "max-age=[0-9]{1,6}",
+            "s-maxage=[0-9]{1,4}",
+            Just("public".to_string()),
+            Just("must-revalidate".to_string()),
+            Just("immutable".to_string()),
+            "[a-z][a-z-]{0,8}",
+            "[a-z]{1,5}=\"[a-z ,;=]{0,6}\"",
+        ]
+    }
+
     proptest! {
         #[test]
-        fn parsing_any_header_never_panics(line in "\\PC{0,64}") {
-            if let Ok(v) = HeaderValue::from_str(&line) {
-                let mut h = HeaderMap::new();
-                h.insert(CACHE_CONTROL, v);
-                let _ = CacheControl::parse(&h);
+        fn a_forbidding_word_is_never_stored(
+            before in proptest::collection::vec(directive(), 0..4),
+            after in proptest::collection::vec(directive(), 0..4),
+            word in prop::sample::select(vec!["private", "no-store", "no-cache", "PRIVATE", "No-Cache", "private=\"x\"", "no-cache=\"set-cookie\""]),
+            seps in proptest::collection::vec("[,; \t]{1,3}", 9),
+            respect in any::<bool>(),
+            strip in any::<bool>(),
+        ) {
+            let mut parts = before;
+            parts.push(word.to_string());
+            parts.extend(after);
+            let mut line = String::new();
+            for (i, part) in parts.iter().enumerate() {
+                if i > 0 {
+                    line.push_str(&seps[i % seps.len()]);
+                }
+                line.push_str(part);
             }
+            let value = HeaderValue::from_str(&line).unwrap();
+            let mut h = HeaderMap::new();
+            h.insert(CACHE_CONTROL, value);
+            let p = Policy {
+                respect_cache_control: respect,
+                strip_set_cookie: strip,
+                ..Policy::default()
+            };
+            let v = classify(&p, StatusCode::OK, &h);
+            prop_assert!(matches!(v, Verdict::Pass(_)), "{:?} gave {:?}", line, v);
         }
     }
 }
