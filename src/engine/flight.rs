@@ -31,6 +31,9 @@ pub(crate) enum Outcome {
     /// The answer was for the request that caused it alone (it sets a
     /// cookie, it is private): each waiter goes to the origin itself.
     Unshared,
+    /// The answer was for the request that caused it alone and says nothing
+    /// about the key (a refusal): a waiter leads again, the others follow.
+    Relead,
     /// The rebuild failed and nothing may stand in for it.
     Failed(Failure),
     /// The flight ended without an outcome; a waiter takes over.
@@ -246,6 +249,12 @@ impl Follower {
     }
 }
 
+/// A wait budget less up to a tenth of it, at random: waiters that joined a
+/// flight together do not all give up at the same instant.
+pub(crate) fn spread(budget: Duration) -> Duration {
+    budget.saturating_sub((budget / 10).mul_f64(rand::random::<f64>()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,5 +385,17 @@ mod tests {
             panic!()
         };
         assert!(follower.wait(Duration::from_millis(50)).await.is_none());
+    }
+
+    #[test]
+    fn spread_budgets_stay_within_a_tenth_below() {
+        let budget = Duration::from_secs(10);
+        let spread: Vec<Duration> = (0..200).map(|_| super::spread(budget)).collect();
+        assert!(spread
+            .iter()
+            .all(|b| *b <= budget && *b >= budget - budget / 10));
+        assert!(spread.iter().any(|b| *b != spread[0]), "budgets differ");
+        assert_eq!(super::spread(Duration::ZERO), Duration::ZERO);
+        assert!(super::spread(Duration::MAX) >= Duration::MAX - Duration::MAX / 10);
     }
 }

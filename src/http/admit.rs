@@ -15,7 +15,7 @@ use super::body::Body;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
 use super::response::CachedResponse;
-use crate::engine::{Built, MAX_DELTA};
+use crate::engine::{Built, Waiters, MAX_DELTA};
 
 /// What the request that caused a rebuild may have, and nobody else.
 pub(crate) enum Private<B: HttpBody, E> {
@@ -54,12 +54,30 @@ where
         }
         Built::Unshared {
             private: Private::Response(response),
-            hit_for_miss: policy.hit_for_miss,
+            waiters: Waiters::HitForMiss(policy.hit_for_miss),
         }
     };
 
+    // Only what would be stored is shared: an answer that is not (a 403 or
+    // 429 for this caller, a 201, a 206, a response stale on arrival) goes to
+    // this request alone, and the waiters lead again. It may depend on who
+    // asked, so the key gets no hit-for-miss window, whatever its headers
+    // (a bot challenge sets a cookie). A server error is a failed rebuild.
+    let refused = |parts: http::response::Parts, body| {
+        tracing::debug!(status = %parts.status, "response not stored: for its requester alone");
+        let response = Response::from_parts(parts, Body::stream(body));
+        Built::Unshared {
+            private: Private::Response(tag(policy, response, CacheStatus::Miss)),
+            waiters: Waiters::Relead,
+        }
+    };
+    let failed = parts.status.is_server_error();
+    if !failed && !policy.statuses.contains(&parts.status) {
+        return refused(parts, body);
+    }
     let (lifetime, store) = match classify(policy, parts.status, &parts.headers) {
         Verdict::Pass(reason) => return unshared(reason, parts, Body::stream(body)),
+        Verdict::Share { store: false, .. } if !failed => return refused(parts, body),
         Verdict::Share { lifetime, store } => (lifetime, store),
     };
     let declared = parts
