@@ -168,7 +168,8 @@ fn directive_parts(directive: &str) -> Option<(&str, Option<&str>)> {
 
 /// The lifetime `Expires` gives (RFC 9111 §4.2.1): `Expires` minus `Date`
 /// (`now` when `Date` is missing or invalid), clamped. `Some(ZERO)` for an
-/// `Expires` that is past, invalid or repeated; `None` without one.
+/// `Expires` that is invalid, repeated, or not after `now` (already past
+/// whatever `Date` says); `None` without one.
 pub(crate) fn expires_lifetime(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let mut all = headers.get_all(EXPIRES).iter();
     let first = all.next()?;
@@ -178,6 +179,9 @@ pub(crate) fn expires_lifetime(headers: &HeaderMap, now: SystemTime) -> Option<D
     let Some(expires) = http_date(first) else {
         return Some(Duration::ZERO);
     };
+    if expires <= now {
+        return Some(Duration::ZERO);
+    }
     let date = headers.get(DATE).and_then(http_date).unwrap_or(now);
     Some(
         expires
@@ -311,9 +315,12 @@ mod tests {
         let date = now - Duration::from_secs(1000);
         let mut h = HeaderMap::new();
         h.insert(DATE, at(date));
+        h.insert(EXPIRES, at(date + Duration::from_secs(1060)));
+        // Relative to the origin's Date, not to this clock...
+        assert_eq!(expires_lifetime(&h, now), Some(Duration::from_secs(1060)));
+        // ...but one already past is past, whatever Date says.
         h.insert(EXPIRES, at(date + Duration::from_secs(60)));
-        // Relative to the origin's Date, not to this clock.
-        assert_eq!(expires_lifetime(&h, now), Some(Duration::from_secs(60)));
+        assert_eq!(expires_lifetime(&h, now), Some(Duration::ZERO));
         h.insert(DATE, HeaderValue::from_static("yesterday"));
         assert_eq!(expires_lifetime(&h, now), Some(Duration::ZERO));
         h.remove(DATE);
