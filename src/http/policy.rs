@@ -34,6 +34,9 @@ pub enum WaitTimeout {
     /// sent to the origin one by one when the budget runs out.
     FailOpen,
     /// Answer with this status and an empty body (503 or 504 are usual).
+    /// Each waiter's budget is shortened at random by up to a tenth, so that
+    /// waiters that came together do not all give up at the same instant;
+    /// none of them calls the origin.
     Respond(StatusCode),
 }
 
