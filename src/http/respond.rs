@@ -213,7 +213,7 @@ fn etag_matches(if_none_match: &[HeaderValue], etag: Option<&HeaderValue>) -> bo
             continue;
         }
         match etag_list(line) {
-            Some(tags) => matched |= tags.iter().any(|tag| *tag == stored),
+            Some(tags) => matched |= tags.contains(&stored),
             None => return false,
         }
     }
