@@ -593,3 +593,48 @@ async fn waiters_out_of_budget_never_call_the_origin_together_with_redis() {
         .iter()
         .all(|a| a.status == StatusCode::OK && a.text() == "v1"));
 }
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_not_handed_to_the_waiters_with_redis() {
+    let redis = common::redis::RedisServer::start();
+    let backend = common::driver::connect(&redis).await;
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
+    let app = refusing_app(&origin, guard, StatusCode::TOO_MANY_REQUESTS);
+    let attacker = {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, bot()).await })
+    };
+    tokio::time::sleep(REFUSE_AFTER / 4).await;
+    let waiters = common::driver::spawn_requests(&app, 20);
+    assert_eq!(
+        attacker.await.unwrap().status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let texts = common::driver::texts(waiters).await;
+    assert!(texts.iter().all(|t| t == "v2"), "{texts:?}");
+    assert_eq!((origin.calls(), origin.peak()), (2, 1));
+}
+
+#[tokio::test]
+async fn a_refusal_to_a_background_refresh_keeps_the_stale_copy() {
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(Backend::local())
+        .ttl(TTL)
+        .stale_while_revalidate(Duration::from_secs(60));
+    let app = refusing_app(&origin, guard, StatusCode::FORBIDDEN);
+    assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
+    // The bot's request is served stale and its refresh is refused.
+    let stale = send(&app, bot()).await;
+    assert_eq!((stale.x_cache(), stale.text().as_str()), ("STALE", "v1"));
+    tokio::time::sleep(REFUSE_AFTER + Duration::from_millis(100)).await;
+    assert_eq!(origin.calls(), 2);
+    // The copy is still there, and the next refresh is anyone's.
+    let next = send(&app, get_req("/report")).await;
+    assert_eq!((next.x_cache(), next.text().as_str()), ("STALE", "v1"));
+    tokio::time::sleep(REFUSE_AFTER + Duration::from_millis(100)).await;
+    let fresh = send(&app, get_req("/report")).await;
+    assert_eq!((fresh.x_cache(), fresh.text().as_str()), ("HIT", "v3"));
+}
