@@ -638,3 +638,45 @@ async fn a_refusal_to_a_background_refresh_keeps_the_stale_copy() {
     let fresh = send(&app, get_req("/report")).await;
     assert_eq!((fresh.x_cache(), fresh.text().as_str()), ("HIT", "v3"));
 }
+
+#[tokio::test]
+async fn a_key_whose_status_is_never_stored_does_not_queue_its_requests() {
+    // A hot redirect the route does not store: after two unshared answers in
+    // a row the key is hit-for-miss, and its requests run side by side
+    // rather than each waiting for all the ones before it.
+    let origin = Origin::default();
+    let app = counted_app(&origin, guard(), |n| async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        (
+            StatusCode::FOUND,
+            [("location", "/elsewhere")],
+            format!("v{n}"),
+        )
+    });
+    let answers = common::burst(&app, 20, || get_req("/report")).await;
+    assert!(answers.iter().all(|a| a.status == StatusCode::FOUND));
+    assert!(origin.peak() > 1, "the requests ran side by side");
+    assert!(origin.calls() <= 20);
+    // Every answer was the caller's own.
+    let mut texts: Vec<String> = answers.iter().map(Answer::text).collect();
+    texts.sort();
+    texts.dedup();
+    assert_eq!(texts.len(), 20);
+}
+
+#[tokio::test]
+async fn an_answer_stale_on_arrival_is_shared_with_its_waiters_but_not_stored() {
+    let origin = Origin::default();
+    let app = counted_app(
+        &origin,
+        guard().respect_cache_control(true),
+        |n| async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            ([("cache-control", "max-age=0")], format!("v{n}"))
+        },
+    );
+    let answers = common::burst(&app, 10, || get_req("/report")).await;
+    assert!(answers.iter().all(|a| a.text() == "v1"));
+    assert_eq!(origin.calls(), 1);
+    assert_eq!(send(&app, get_req("/report")).await.text(), "v2");
+}

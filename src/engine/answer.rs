@@ -56,8 +56,12 @@ pub(crate) enum Built<V, P> {
 pub(crate) enum Waiters {
     /// The answer says something about who asked, not about the key (a
     /// refusal such as a 403 or 429): one waiter leads a new flight, the
-    /// others wait on it, and the key is left as it was.
-    Relead,
+    /// others wait on it, and the key is left as it was. If that flight was
+    /// itself such a re-lead, two answers in a row were unshareable: they
+    /// look like the key's own (a redirect the route does not store), and
+    /// the key gets this hit-for-miss window rather than queue its requests
+    /// one behind the other.
+    Relead(Duration),
     /// The answer says the key's answers are per client (a cookie,
     /// `private`): for this long the key skips coalescing, and the waiters go
     /// to the origin side by side. A shareable answer one of them gets is

@@ -81,10 +81,14 @@ impl Engine {
         } else {
             Instant::now().checked_add(spread(policy.wait_budget))
         };
+        let mut releading = false;
         loop {
             let follower = match self.flights.join(key) {
                 Joined::Follow(follower) => follower,
-                Joined::Lead(leader) => {
+                Joined::Lead(mut leader) => {
+                    if releading {
+                        leader.mark_relead();
+                    }
                     // The previous flight may have ended between the L1 read
                     // and the join: read again, or its value is rebuilt at once.
                     let now = Instant::now();
@@ -135,9 +139,14 @@ impl Engine {
                 Some(Outcome::Failed(failure)) => {
                     stale_or(&stale, Answer::Failed(failure, Status::Coalesced))
                 }
-                // The flight ended without an outcome, or with one for its
-                // starter alone: look again, perhaps lead.
-                Some(Outcome::Abandoned | Outcome::Relead) => continue,
+                // The flight ended without an outcome: look again, perhaps lead.
+                Some(Outcome::Abandoned) => continue,
+                // Its answer was for its starter alone: the same, and a
+                // flight this request leads is a re-lead.
+                Some(Outcome::Relead) => {
+                    releading = true;
+                    continue;
+                }
                 None => {
                     count(m::WAIT_TIMEOUTS);
                     tracing::debug!(key = %key, budget = ?policy.wait_budget, "wait budget ran out");

@@ -118,6 +118,7 @@ impl Flights {
             key,
             flight,
             finished: false,
+            relead: false,
         }
     }
 
@@ -158,11 +159,22 @@ pub(crate) struct Leader {
     key: Key,
     flight: Arc<Flight>,
     finished: bool,
+    /// Led by a waiter of a flight whose answer was for its starter alone.
+    relead: bool,
 }
 
 impl Leader {
     pub(crate) fn key(&self) -> Key {
         self.key
+    }
+
+    /// Marks the flight as a re-lead (see [`Outcome::Relead`]).
+    pub(crate) fn mark_relead(&mut self) {
+        self.relead = true;
+    }
+
+    pub(crate) fn is_relead(&self) -> bool {
+        self.relead
     }
 
     /// Whether an invalidation detached this flight: it must not store.

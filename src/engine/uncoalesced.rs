@@ -99,10 +99,11 @@ impl Engine {
         match waiters {
             // A refusal says nothing about the key: no marker, and whatever
             // the L1 holds for it (a stale-if-error copy) stays.
-            Waiters::Relead => {
+            Waiters::Relead(_) if !leader.is_relead() => {
                 leader.finish(Outcome::Relead, || {});
             }
-            Waiters::HitForMiss(window) => {
+            // A second in a row: the key's answers are not shareable.
+            Waiters::Relead(window) | Waiters::HitForMiss(window) => {
                 let marker = Some(window)
                     .filter(|w| !w.is_zero())
                     .and_then(|w| Instant::now().checked_add(w));

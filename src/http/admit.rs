@@ -58,17 +58,17 @@ where
         }
     };
 
-    // Only what would be stored is shared: an answer that is not (a 403 or
-    // 429 for this caller, a 201, a 206, a response stale on arrival) goes to
-    // this request alone, and the waiters lead again. It may depend on who
-    // asked, so the key gets no hit-for-miss window, whatever its headers
-    // (a bot challenge sets a cookie). A server error is a failed rebuild.
+    // Only a status the route stores is shared: another (a 403 or 429 for
+    // this caller, a 201, a 206) goes to this request alone, and the waiters
+    // lead again. It may depend on who asked, so the key gets no hit-for-miss
+    // window, whatever its headers (a bot challenge sets a cookie). A server
+    // error is a failed rebuild.
     let refused = |parts: http::response::Parts, body| {
         tracing::debug!(status = %parts.status, "response not stored: for its requester alone");
         let response = Response::from_parts(parts, Body::stream(body));
         Built::Unshared {
             private: Private::Response(tag(policy, response, CacheStatus::Miss)),
-            waiters: Waiters::Relead,
+            waiters: Waiters::Relead(policy.hit_for_miss),
         }
     };
     let failed = parts.status.is_server_error();
@@ -77,7 +77,6 @@ where
     }
     let (lifetime, store) = match classify(policy, parts.status, &parts.headers) {
         Verdict::Pass(reason) => return unshared(reason, parts, Body::stream(body)),
-        Verdict::Share { store: false, .. } if !failed => return refused(parts, body),
         Verdict::Share { lifetime, store } => (lifetime, store),
     };
     let declared = parts

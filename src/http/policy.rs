@@ -182,9 +182,9 @@ fn request_forbids_store(headers: &HeaderMap) -> bool {
 /// What may be done with an origin response.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Stored when `store` is true, and then shared with the waiters too;
-    /// otherwise it goes to the request that asked alone (a server error
-    /// excepted: that is a failed rebuild, shared as one).
+    /// Waiters may have it if its status is one the route stores (a server
+    /// error is a failed rebuild, shared as one; any other status goes to the
+    /// request that asked alone); it is cached too when `store` is true.
     Share { lifetime: Lifetime, store: bool },
     /// Nobody but the request that asked may have it, and the key skips
     /// coalescing for a while (hit-for-miss).
