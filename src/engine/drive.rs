@@ -27,7 +27,7 @@ use tracing::Instrument;
 
 use super::answer::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Served, Status};
 use super::entry::{Entry, Freshness, Held};
-use super::flight::{spread, Joined, Leader, Outcome};
+use super::flight::{wait_deadline, Joined, Leader, Outcome};
 use super::shared::{Lease, Plan, Start};
 use super::{Engine, FlightPolicy, Refresh};
 use crate::metrics::{self as m, count};
@@ -70,17 +70,7 @@ impl Engine {
             return self.uncoalesced(key, leader, rebuild).await;
         }
         let stale = miss.stale;
-        // A request waits for a rebuild it did not start only as long as the
-        // budget says when the route fails closed, counted from here across
-        // re-leads, and shortened at random by up to a tenth so that waiters
-        // who came together do not all give up at the same instant. Failing
-        // open, it waits for the flight, which is itself bounded (its wait on
-        // another instance by the budget, its rebuild by the timeout).
-        let deadline = if policy.fail_open {
-            None
-        } else {
-            Instant::now().checked_add(spread(policy.wait_budget))
-        };
+        let deadline = wait_deadline(&policy, Instant::now());
         let mut releading = false;
         loop {
             let follower = match self.flights.join(key) {

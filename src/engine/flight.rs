@@ -14,12 +14,12 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
 use super::entry::Entry;
-use super::Failure;
+use super::{Failure, FlightPolicy};
 use crate::key::Key;
 
 /// How a flight ended, as its waiters see it.
@@ -261,9 +261,21 @@ impl Follower {
     }
 }
 
-/// A wait budget less up to a tenth of it, at random: waiters that joined a
-/// flight together do not all give up at the same instant.
-pub(crate) fn spread(budget: Duration) -> Duration {
+/// Until when a request waits for a rebuild it did not start: failing
+/// closed, the budget from `now` (counted across re-leads), shortened at
+/// random by up to a tenth so that waiters who came together do not all give
+/// up at the same instant. Failing open, no limit: it waits for the flight,
+/// which is itself bounded (its wait on another instance by the budget, its
+/// rebuild by the timeout).
+pub(crate) fn wait_deadline(policy: &FlightPolicy, now: Instant) -> Option<Instant> {
+    if policy.fail_open {
+        return None;
+    }
+    now.checked_add(spread(policy.wait_budget))
+}
+
+/// A wait budget less up to a tenth of it, at random.
+fn spread(budget: Duration) -> Duration {
     budget.saturating_sub((budget / 10).mul_f64(rand::random::<f64>()))
 }
 
@@ -272,7 +284,6 @@ mod tests {
     use super::*;
     use crate::engine::entry::Lifetime;
     use bytes::Bytes;
-    use std::time::Instant;
 
     fn key(n: u8) -> Key {
         Key::for_value("t", &[n])
@@ -409,5 +420,19 @@ mod tests {
         assert!(spread.iter().any(|b| *b != spread[0]), "budgets differ");
         assert_eq!(super::spread(Duration::ZERO), Duration::ZERO);
         assert!(super::spread(Duration::MAX) >= Duration::MAX - Duration::MAX / 10);
+        let mut policy = FlightPolicy {
+            lease: Duration::from_secs(5),
+            wait_budget: Duration::MAX,
+            fail_open: false,
+            rebuild_timeout: Duration::from_secs(30),
+            early_refresh: None,
+        };
+        let now = Instant::now();
+        assert_eq!(wait_deadline(&policy, now), None, "saturates, no panic");
+        policy.wait_budget = budget;
+        let deadline = wait_deadline(&policy, now).unwrap();
+        assert!(deadline <= now + budget && deadline >= now + budget - budget / 10);
+        policy.fail_open = true;
+        assert_eq!(wait_deadline(&policy, now), None);
     }
 }
