@@ -323,3 +323,27 @@ async fn a_key_whose_status_is_never_stored_does_not_queue_its_requests() {
     texts.dedup();
     assert_eq!(texts.len(), 20);
 }
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_cookie_does_not_unhinge_a_hot_key_with_redis() {
+    let redis = common::redis::RedisServer::start();
+    let backend = common::driver::connect(&redis).await;
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
+    let app = counted_app(&origin, guard, |n| async move {
+        if n == 1 {
+            return ([("set-cookie", "sid=secret")], "personal").into_response();
+        }
+        format!("v{n}").into_response()
+    });
+    assert_eq!(send(&app, get_req("/report")).await.text(), "personal");
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        tasks.push(common::driver::spawn_request(&app));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let texts = common::driver::texts(tasks).await;
+    assert!(texts.iter().all(|t| t.starts_with('v')), "{texts:?}");
+    assert!(origin.calls() <= 3, "{} origin calls", origin.calls());
+}
