@@ -2,7 +2,8 @@
 //! one client.
 //!
 //! A refusal (a 403 or 429 for one caller) says nothing about the key: the
-//! waiters of its flight lead again. A per-client answer (a cookie,
+//! waiters of its flight lead again (a second refusal in a row is taken for
+//! the key's own answer, as below). A per-client answer (a cookie,
 //! `private`) opens a hit-for-miss window in which requests go to the origin
 //! side by side; the first shareable answer in the window is stored and
 //! closes it, so the key is coalesced and hit again.

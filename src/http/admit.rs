@@ -63,17 +63,13 @@ where
     // lead again. It may depend on who asked, so the key gets no hit-for-miss
     // window, whatever its headers (a bot challenge sets a cookie). A server
     // error is a failed rebuild.
-    let refused = |parts: http::response::Parts, body| {
+    if !parts.status.is_server_error() && !policy.statuses.contains(&parts.status) {
         tracing::debug!(status = %parts.status, "response not stored: for its requester alone");
         let response = Response::from_parts(parts, Body::stream(body));
-        Built::Unshared {
+        return Built::Unshared {
             private: Private::Response(tag(policy, response, CacheStatus::Miss)),
             waiters: Waiters::Relead(policy.hit_for_miss),
-        }
-    };
-    let failed = parts.status.is_server_error();
-    if !failed && !policy.statuses.contains(&parts.status) {
-        return refused(parts, body);
+        };
     }
     let (lifetime, store) = match classify(policy, parts.status, &parts.headers) {
         Verdict::Pass(reason) => return unshared(reason, parts, Body::stream(body)),

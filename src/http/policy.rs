@@ -217,7 +217,7 @@ pub(crate) fn classify(policy: &Policy, status: StatusCode, headers: &HeaderMap)
     } else {
         None
     };
-    let mut expired = expires == Some(Duration::ZERO);
+    let expired = expires == Some(Duration::ZERO);
     if policy.respect_cache_control {
         if let Some(seconds) = explicit {
             lifetime.ttl = Duration::from_secs(seconds);
@@ -230,7 +230,6 @@ pub(crate) fn classify(policy: &Policy, status: StatusCode, headers: &HeaderMap)
         if let Some(seconds) = cc.stale_if_error {
             lifetime.stale_if_error = Duration::from_secs(seconds);
         }
-        expired |= lifetime.ttl.is_zero();
     }
     // RFC 9111 §5.2.2.2, §5.2.2.8, §5.2.2.10: must-revalidate,
     // proxy-revalidate and s-maxage (which implies proxy-revalidate) forbid a
