@@ -38,9 +38,11 @@
 //!    others wait for it (`COALESCED`). The rebuild runs on its own task and
 //!    finishes even if that request goes away; if it fails (error, panic,
 //!    timeout), every waiter shares the failure or the stale-if-error copy
-//!    rather than calling the origin itself. If its answer cannot be shared
-//!    (a private response), the key is marked hit-for-miss for a moment so its
-//!    requests run side by side instead of one after another.
+//!    rather than calling the origin itself. If its answer is meant for the
+//!    client that asked (a 403, a 429), the waiters do not get it: one of them
+//!    rebuilds. If the key's answers cannot be shared (a private response),
+//!    the key is marked hit-for-miss for a moment so its requests run side by
+//!    side instead of one after another, until one gets a shareable answer.
 //! 5. **Fleet** (with `Backend::redis`): the flight asks Redis, in one round
 //!    trip, for the entry or the key's rebuild lease. The lease holder runs the
 //!    handler (a watchdog renews the lease; a fencing number guards its

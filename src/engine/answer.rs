@@ -40,15 +40,33 @@ pub(crate) enum Built<V, P> {
         failure: bool,
         private: Option<P>,
     },
-    /// An answer for the request that started the rebuild alone; the key
-    /// skips coalescing for `hit_for_miss`.
-    Unshared { private: P, hit_for_miss: Duration },
+    /// An answer for the request that started the rebuild alone; `waiters`
+    /// says what becomes of the requests waiting on it.
+    Unshared { private: P, waiters: Waiters },
     /// The rebuild failed: `shared` is what the waiters may have of the
     /// error, `private` what its starter gets.
     Failed {
         shared: Option<SharedError>,
         private: Option<P>,
     },
+}
+
+/// What the waiters of a flight do when its answer was for one client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Waiters {
+    /// The answer says something about who asked, not about the key (a
+    /// refusal such as a 403 or 429): one waiter leads a new flight, the
+    /// others wait on it, and the key is left as it was. If that flight was
+    /// itself such a re-lead, two answers in a row were unshareable: they
+    /// look like the key's own (a redirect the route does not store), and
+    /// the key gets this hit-for-miss window rather than queue its requests
+    /// one behind the other.
+    Relead(Duration),
+    /// The answer says the key's answers are per client (a cookie,
+    /// `private`): for this long the key skips coalescing, and the waiters go
+    /// to the origin side by side. A shareable answer one of them gets is
+    /// stored and ends the window.
+    HitForMiss(Duration),
 }
 
 /// Why a flight gave no value.
@@ -141,6 +159,8 @@ pub(crate) enum Answer<R: Rebuild> {
 pub(crate) struct Miss {
     pub(super) key: Option<Key>,
     pub(super) stale: Option<Arc<Entry>>,
+    /// The key is in a hit-for-miss window: no coalescing.
+    pub(super) hit_for_miss: bool,
 }
 
 impl Miss {
@@ -148,14 +168,16 @@ impl Miss {
         Miss {
             key: Some(key),
             stale,
+            hit_for_miss: false,
         }
     }
 
     /// A miss that must not coalesce (hit-for-miss).
-    pub(crate) fn alone() -> Self {
+    pub(crate) fn hit_for_miss(key: Key) -> Self {
         Miss {
-            key: None,
+            key: Some(key),
             stale: None,
+            hit_for_miss: true,
         }
     }
 

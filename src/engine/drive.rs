@@ -9,11 +9,14 @@
 //! | the rebuild gave | waiters get | the request that started it gets |
 //! |---|---|---|
 //! | a value | the value (stored if storable) | the value, and its private extras |
-//! | an answer for one client only | the origin, each on its own (hit-for-miss) | that answer |
+//! | an answer for one client: a refusal (403, 429…) | one of them leads again, the others wait on it | that answer |
+//! | an answer for one client: per-client content (a cookie, `private`) | the origin, each on its own (hit-for-miss) | that answer |
 //! | an error, a panic, a timeout | stale-if-error, else the shared failure | stale-if-error, else its own error or panic |
 //!
 //! No failure sends the waiters to the origin: a failing origin is called
-//! once per flight, not once per waiter.
+//! once per flight, not once per waiter. Nor does the end of a wait: failing
+//! closed, a waiter whose budget runs out is answered by the layer; failing
+//! open, it keeps waiting on its own process's flight, which is bounded.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -24,7 +27,7 @@ use tracing::Instrument;
 
 use super::answer::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Served, Status};
 use super::entry::{Entry, Freshness, Held};
-use super::flight::{Joined, Leader, Outcome};
+use super::flight::{wait_deadline, Joined, Leader, Outcome};
 use super::shared::{Lease, Plan, Start};
 use super::{Engine, FlightPolicy, Refresh};
 use crate::metrics::{self as m, count};
@@ -62,11 +65,20 @@ impl Engine {
         let Some(key) = miss.key else {
             return alone(rebuild);
         };
+        if miss.hit_for_miss {
+            let leader = self.flights.try_lead(key);
+            return self.uncoalesced(key, leader, rebuild).await;
+        }
         let stale = miss.stale;
+        let deadline = wait_deadline(&policy, Instant::now());
+        let mut releading = false;
         loop {
             let follower = match self.flights.join(key) {
                 Joined::Follow(follower) => follower,
-                Joined::Lead(leader) => {
+                Joined::Lead(mut leader) => {
+                    if releading {
+                        leader.mark_relead();
+                    }
                     // The previous flight may have ended between the L1 read
                     // and the join: read again, or its value is rebuilt at once.
                     let now = Instant::now();
@@ -85,8 +97,7 @@ impl Engine {
                             }
                         }
                         Some(Slot::HitForMiss(until)) if now < until => {
-                            leader.finish(Outcome::Unshared, || {});
-                            return alone(rebuild);
+                            return self.uncoalesced(key, Some(leader), rebuild).await;
                         }
                         _ => {}
                     }
@@ -100,15 +111,9 @@ impl Engine {
                     return answer;
                 }
             };
-            // A request waits for a rebuild it did not start only as long as
-            // the budget says when the route fails closed; failing open, it
-            // waits for the flight, which is itself bounded (its wait on
-            // another instance by the budget, its rebuild by the timeout).
-            let budget = if policy.fail_open {
-                Duration::MAX
-            } else {
-                policy.wait_budget
-            };
+            let budget = deadline.map_or(Duration::MAX, |deadline| {
+                deadline.saturating_duration_since(Instant::now())
+            });
             let span = tracing::debug_span!("stampede_guard.wait", key = %key);
             let outcome = follower.wait(budget).instrument(span).await;
             let answer = match outcome {
@@ -117,12 +122,21 @@ impl Engine {
                     Some(held) => served(held, Status::Coalesced),
                     None => return alone(rebuild),
                 },
-                Some(Outcome::Unshared) => return alone(rebuild),
+                Some(Outcome::Unshared) => {
+                    let leader = self.flights.try_lead(key);
+                    return self.uncoalesced(key, leader, rebuild).await;
+                }
                 Some(Outcome::Failed(failure)) => {
                     stale_or(&stale, Answer::Failed(failure, Status::Coalesced))
                 }
                 // The flight ended without an outcome: look again, perhaps lead.
                 Some(Outcome::Abandoned) => continue,
+                // Its answer was for its starter alone: the same, and a
+                // flight this request leads is a re-lead.
+                Some(Outcome::Relead) => {
+                    releading = true;
+                    continue;
+                }
                 None => {
                     count(m::WAIT_TIMEOUTS);
                     tracing::debug!(key = %key, budget = ?policy.wait_budget, "wait budget ran out");
@@ -373,15 +387,8 @@ impl Engine {
                     });
                 }
             }
-            Ok(Built::Unshared {
-                private,
-                hit_for_miss,
-            }) => {
-                let marker = (!hit_for_miss.is_zero()).then(|| Instant::now() + hit_for_miss);
-                leader.finish(Outcome::Unshared, || match marker {
-                    Some(until) => self.l1.insert(key, Slot::HitForMiss(until)),
-                    None => self.l1.remove(&key),
-                });
+            Ok(Built::Unshared { private, waiters }) => {
+                self.end_unshared(leader, waiters);
                 self.give_up(lease, None).await;
                 starter.send(|| Answer::Private(private));
             }
@@ -442,7 +449,7 @@ impl Engine {
 
     /// The one place a flight ends: the L1 (if `store` and no invalidation
     /// detached the flight), then the waiters. Returns whether it stored.
-    fn settle(&self, leader: Leader, outcome: Outcome, store: bool) -> bool {
+    pub(super) fn settle(&self, leader: Leader, outcome: Outcome, store: bool) -> bool {
         let key = leader.key();
         let entry = match (&outcome, store) {
             (

@@ -14,12 +14,12 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
 use super::entry::Entry;
-use super::Failure;
+use super::{Failure, FlightPolicy};
 use crate::key::Key;
 
 /// How a flight ended, as its waiters see it.
@@ -31,6 +31,9 @@ pub(crate) enum Outcome {
     /// The answer was for the request that caused it alone (it sets a
     /// cookie, it is private): each waiter goes to the origin itself.
     Unshared,
+    /// The answer was for the request that caused it alone and says nothing
+    /// about the key (a refusal): a waiter leads again, the others follow.
+    Relead,
     /// The rebuild failed and nothing may stand in for it.
     Failed(Failure),
     /// The flight ended without an outcome; a waiter takes over.
@@ -115,6 +118,7 @@ impl Flights {
             key,
             flight,
             finished: false,
+            relead: false,
         }
     }
 
@@ -155,11 +159,22 @@ pub(crate) struct Leader {
     key: Key,
     flight: Arc<Flight>,
     finished: bool,
+    /// Led by a waiter of a flight whose answer was for its starter alone.
+    relead: bool,
 }
 
 impl Leader {
     pub(crate) fn key(&self) -> Key {
         self.key
+    }
+
+    /// Marks the flight as a re-lead (see [`Outcome::Relead`]).
+    pub(crate) fn mark_relead(&mut self) {
+        self.relead = true;
+    }
+
+    pub(crate) fn is_relead(&self) -> bool {
+        self.relead
     }
 
     /// Whether an invalidation detached this flight: it must not store.
@@ -246,12 +261,29 @@ impl Follower {
     }
 }
 
+/// Until when a request waits for a rebuild it did not start: failing
+/// closed, the budget from `now` (counted across re-leads), shortened at
+/// random by up to a tenth so that waiters who came together do not all give
+/// up at the same instant. Failing open, no limit: it waits for the flight,
+/// which is itself bounded (its wait on another instance by the budget, its
+/// rebuild by the timeout).
+pub(crate) fn wait_deadline(policy: &FlightPolicy, now: Instant) -> Option<Instant> {
+    if policy.fail_open {
+        return None;
+    }
+    now.checked_add(spread(policy.wait_budget))
+}
+
+/// A wait budget less up to a tenth of it, at random.
+fn spread(budget: Duration) -> Duration {
+    budget.saturating_sub((budget / 10).mul_f64(rand::random::<f64>()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::entry::Lifetime;
     use bytes::Bytes;
-    use std::time::Instant;
 
     fn key(n: u8) -> Key {
         Key::for_value("t", &[n])
@@ -376,5 +408,31 @@ mod tests {
             panic!()
         };
         assert!(follower.wait(Duration::from_millis(50)).await.is_none());
+    }
+
+    #[test]
+    fn spread_budgets_stay_within_a_tenth_below() {
+        let budget = Duration::from_secs(10);
+        let spread: Vec<Duration> = (0..200).map(|_| super::spread(budget)).collect();
+        assert!(spread
+            .iter()
+            .all(|b| *b <= budget && *b >= budget - budget / 10));
+        assert!(spread.iter().any(|b| *b != spread[0]), "budgets differ");
+        assert_eq!(super::spread(Duration::ZERO), Duration::ZERO);
+        assert!(super::spread(Duration::MAX) >= Duration::MAX - Duration::MAX / 10);
+        let mut policy = FlightPolicy {
+            lease: Duration::from_secs(5),
+            wait_budget: Duration::MAX,
+            fail_open: false,
+            rebuild_timeout: Duration::from_secs(30),
+            early_refresh: None,
+        };
+        let now = Instant::now();
+        assert_eq!(wait_deadline(&policy, now), None, "saturates, no panic");
+        policy.wait_budget = budget;
+        let deadline = wait_deadline(&policy, now).unwrap();
+        assert!(deadline <= now + budget && deadline >= now + budget - budget / 10);
+        policy.fail_open = true;
+        assert_eq!(wait_deadline(&policy, now), None);
     }
 }

@@ -30,12 +30,13 @@ pub(crate) mod early;
 pub(crate) mod entry;
 pub(crate) mod flight;
 mod shared;
+mod uncoalesced;
 
 use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub(crate) use answer::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Status};
+pub(crate) use answer::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Status, Waiters};
 pub use entry::CacheValue;
 pub(crate) use entry::{Held, Lifetime, MAX_DELTA};
 
@@ -183,7 +184,7 @@ impl Engine {
                 }
             }
             Some(Slot::HitForMiss(until)) if now < until => {
-                return Looked::Miss(Miss::alone());
+                return Looked::Miss(Miss::hit_for_miss(key));
             }
             _ => {}
         }

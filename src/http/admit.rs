@@ -16,7 +16,7 @@ use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
 use super::response::CachedResponse;
-use crate::engine::{Built, MAX_DELTA};
+use crate::engine::{Built, Waiters, MAX_DELTA};
 
 /// What the request that caused a rebuild may have, and nobody else.
 pub(crate) enum Private<B: HttpBody, E> {
@@ -60,10 +60,23 @@ where
         }
         Built::Unshared {
             private: Private::Response(response),
-            hit_for_miss: policy.hit_for_miss,
+            waiters: Waiters::HitForMiss(policy.hit_for_miss),
         }
     };
 
+    // Only a status the route stores is shared: another (a 403 or 429 for
+    // this caller, a 201, a 206) goes to this request alone, and the waiters
+    // lead again. It may depend on who asked, so the key gets no hit-for-miss
+    // window, whatever its headers (a bot challenge sets a cookie). A server
+    // error is a failed rebuild.
+    if !parts.status.is_server_error() && !policy.statuses.contains(&parts.status) {
+        tracing::debug!(status = %parts.status, "response not stored: for its requester alone");
+        let response = Response::from_parts(parts, Body::stream(body));
+        return Built::Unshared {
+            private: Private::Response(tag(policy, response, CacheStatus::Miss)),
+            waiters: Waiters::Relead(policy.hit_for_miss),
+        };
+    }
     let (lifetime, store) = match classify(policy, parts.status, &parts.headers, keyed) {
         Verdict::Pass(reason) => return unshared(reason, parts, Body::stream(body)),
         Verdict::Share { lifetime, store } => (lifetime, store),

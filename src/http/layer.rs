@@ -124,8 +124,10 @@ impl StampedeGuard {
     }
 
     /// Statuses that may be stored (default 200, 203, 204, 300, 301, 308, 404,
-    /// 410). Other responses are still shared with the requests that waited
-    /// for them, but not kept.
+    /// 410). Other responses go to the request that caused them alone (a 429
+    /// or 403 may be meant for that client only): the requests waiting on the
+    /// same rebuild do not get them, one of them rebuilds instead. A 5xx is a
+    /// failed rebuild: the waiters share it (or the stale-if-error copy).
     pub fn cacheable_statuses(self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
         let statuses: Arc<[StatusCode]> = statuses.into_iter().collect();
         self.with(|p| p.statuses = statuses)
@@ -206,9 +208,14 @@ impl StampedeGuard {
     }
 
     /// Take freshness from the origin's `Cache-Control` (`s-maxage`, then
-    /// `max-age`, `stale-while-revalidate`, `stale-if-error`), falling back to
-    /// the route's settings where the origin says nothing. `s-maxage`,
-    /// `must-revalidate` and `proxy-revalidate` forbid serving stale.
+    /// `max-age`, `stale-while-revalidate`, `stale-if-error`) or, without
+    /// those, from `Expires` minus `Date`, falling back to the route's
+    /// settings where the origin says nothing.
+    ///
+    /// On every route, respected or not: `s-maxage`, `must-revalidate` and
+    /// `proxy-revalidate` forbid serving stale (the route's stale windows are
+    /// zeroed for that response), and an `Expires` already past or invalid
+    /// (`0`) keeps the response out of the cache.
     pub fn respect_cache_control(self, on: bool) -> Self {
         self.with(|p| p.respect_cache_control = on)
     }
@@ -240,6 +247,8 @@ impl StampedeGuard {
 
     /// How long a key whose answer could not be shared skips coalescing
     /// (default 5 s), so its requests run side by side, not one after another.
+    /// The window does not block the key: the first shareable answer one of
+    /// those requests gets is stored, and the key is coalesced and hit again.
     pub fn hit_for_miss(self, window: Duration) -> Self {
         self.with(|p| p.hit_for_miss = window.min(MAX_DELTA))
     }

@@ -10,6 +10,7 @@
 
 mod admit;
 mod body;
+mod cache_control;
 mod future;
 mod headers;
 pub(crate) mod key;

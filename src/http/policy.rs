@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::header::{
     ACCEPT_ENCODING, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, COOKIE, PROXY_AUTHORIZATION,
@@ -15,10 +15,11 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 
+use super::cache_control::{expires_lifetime, tokens, CacheControl};
 use super::key::{Keyed, DEFAULT_FORWARDED};
 use super::passes::PassLog;
 use super::vary::{names_in_vary, vary_is_covered, LearnedEncoding};
-use crate::engine::{FlightPolicy, Lifetime, MAX_DELTA};
+use crate::engine::{FlightPolicy, Lifetime};
 
 /// A route's own cache key: receives the request head, returns the key (host,
 /// path and query are then left out of it) or `None` to pass the request
@@ -37,6 +38,9 @@ pub enum WaitTimeout {
     /// sent to the origin one by one when the budget runs out.
     FailOpen,
     /// Answer with this status and an empty body (503 or 504 are usual).
+    /// Each waiter's budget is shortened at random by up to a tenth, so that
+    /// waiters that came together do not all give up at the same instant;
+    /// none of them calls the origin.
     Respond(StatusCode),
 }
 
@@ -179,15 +183,33 @@ pub(crate) fn request_bypass(
     {
         return Some("request body");
     }
+    // RFC 9111 §5.2.1.5: nothing of the answer to this request may be stored.
+    // It goes to the origin on its own; no flight waits on it or stores it.
+    // (A request's `no-cache` or `max-age=0` is ignored: on a shared cache it
+    // would let any client force an origin call for everyone.)
+    if request_forbids_store(headers) {
+        return Some("request no-store");
+    }
     None
+}
+
+/// Whether a request's `Cache-Control` says `no-store`, wherever it appears.
+fn request_forbids_store(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(CACHE_CONTROL)
+        .iter()
+        .any(|line| tokens(line.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"no-store")))
 }
 
 /// What may be done with an origin response.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Waiters may have it; it is cached too when `store` is true.
+    /// Waiters may have it if its status is one the route stores (a server
+    /// error is a failed rebuild, shared as one; any other status goes to the
+    /// request that asked alone); it is cached too when `store` is true.
     Share { lifetime: Lifetime, store: bool },
-    /// Nobody but the request that asked may have it.
+    /// Nobody but the request that asked may have it, and the key skips
+    /// coalescing for a while (hit-for-miss).
     Pass(&'static str),
 }
 
@@ -203,6 +225,9 @@ pub(crate) fn classify(
         return Verdict::Pass("set-cookie");
     }
     let cc = CacheControl::parse(headers);
+    if cc.unparseable {
+        return Verdict::Pass("unparseable cache-control");
+    }
     if (cc.private || cc.no_store || cc.no_cache) && !policy.cache_private {
         return Verdict::Pass("private, no-store or no-cache");
     }
@@ -216,9 +241,22 @@ pub(crate) fn classify(
         return Verdict::Pass("vary");
     }
     let mut lifetime = policy.lifetime;
+    let explicit = cc.s_maxage.or(cc.max_age);
+    // Without max-age, `Expires` speaks (RFC 9111 §4.2.1). One already past,
+    // or invalid (`0`), is stale on arrival: never stored, whatever the route
+    // says, as the HTTP/1.0 way of saying "do not cache". A future one sets
+    // the lifetime only where the route respects the origin.
+    let expires = if explicit.is_none() {
+        expires_lifetime(headers, SystemTime::now())
+    } else {
+        None
+    };
+    let expired = expires == Some(Duration::ZERO);
     if policy.respect_cache_control {
-        if let Some(seconds) = cc.s_maxage.or(cc.max_age) {
+        if let Some(seconds) = explicit {
             lifetime.ttl = Duration::from_secs(seconds);
+        } else if let Some(ttl) = expires {
+            lifetime.ttl = ttl;
         }
         if let Some(seconds) = cc.stale_while_revalidate {
             lifetime.stale_while_revalidate = Duration::from_secs(seconds);
@@ -226,102 +264,22 @@ pub(crate) fn classify(
         if let Some(seconds) = cc.stale_if_error {
             lifetime.stale_if_error = Duration::from_secs(seconds);
         }
-        // RFC 9111 §5.2.2.10: s-maxage implies proxy-revalidate, which, like
-        // must-revalidate, forbids a shared cache to serve the response stale.
-        if cc.s_maxage.is_some() || cc.must_revalidate || cc.proxy_revalidate {
-            lifetime.stale_while_revalidate = Duration::ZERO;
-            lifetime.stale_if_error = Duration::ZERO;
-        }
     }
-    let store = policy.statuses.contains(&status) && !lifetime.ttl.is_zero();
+    // RFC 9111 §5.2.2.2, §5.2.2.8, §5.2.2.10: must-revalidate,
+    // proxy-revalidate and s-maxage (which implies proxy-revalidate) forbid a
+    // shared cache to serve the response stale, whatever the route's windows.
+    if cc.s_maxage.is_some() || cc.must_revalidate || cc.proxy_revalidate {
+        lifetime.stale_while_revalidate = Duration::ZERO;
+        lifetime.stale_if_error = Duration::ZERO;
+    }
+    let store = policy.statuses.contains(&status) && !lifetime.ttl.is_zero() && !expired;
     Verdict::Share { lifetime, store }
-}
-
-/// The `Cache-Control` directives a shared cache acts on.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct CacheControl {
-    pub no_store: bool,
-    pub no_cache: bool,
-    pub private: bool,
-    pub must_revalidate: bool,
-    pub proxy_revalidate: bool,
-    pub max_age: Option<u64>,
-    pub s_maxage: Option<u64>,
-    pub stale_while_revalidate: Option<u64>,
-    pub stale_if_error: Option<u64>,
-}
-
-impl CacheControl {
-    /// Reads every `Cache-Control` line. Unknown directives are ignored; a
-    /// freshness value that is not a number counts as zero (RFC 9111 §1.2.2:
-    /// an invalid lifetime means stale), a malformed stale window as absent.
-    pub(crate) fn parse(headers: &HeaderMap) -> Self {
-        let mut cc = CacheControl::default();
-        for line in headers.get_all(CACHE_CONTROL) {
-            let line = String::from_utf8_lossy(line.as_bytes());
-            for directive in split_directives(&line) {
-                let (name, arg) = match directive.split_once('=') {
-                    Some((n, a)) => (n.trim(), Some(a.trim().trim_matches('"'))),
-                    None => (directive.trim(), None),
-                };
-                let seconds = || arg.map(delta_seconds);
-                match name.to_ascii_lowercase().as_str() {
-                    "no-store" => cc.no_store = true,
-                    // The qualified forms (`no-cache="field"`, `private="field"`)
-                    // are treated like the plain ones: safer than storing
-                    // without the named fields.
-                    "no-cache" => cc.no_cache = true,
-                    "private" => cc.private = true,
-                    "must-revalidate" => cc.must_revalidate = true,
-                    "proxy-revalidate" => cc.proxy_revalidate = true,
-                    "max-age" => cc.max_age = Some(seconds().flatten().unwrap_or(0)),
-                    "s-maxage" => cc.s_maxage = Some(seconds().flatten().unwrap_or(0)),
-                    "stale-while-revalidate" => cc.stale_while_revalidate = seconds().flatten(),
-                    "stale-if-error" => cc.stale_if_error = seconds().flatten(),
-                    _ => {}
-                }
-            }
-        }
-        cc
-    }
-}
-
-/// Parses delta-seconds; a value too large saturates (RFC 9111 §1.2.2).
-fn delta_seconds(arg: &str) -> Option<u64> {
-    if arg.is_empty() || !arg.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let max = MAX_DELTA.as_secs();
-    Some(arg.parse::<u64>().map_or(max, |n| n.min(max)))
-}
-
-/// Splits a header line at commas that are not inside a quoted string.
-fn split_directives(line: &str) -> impl Iterator<Item = &str> {
-    let mut start = 0;
-    let mut quoted = false;
-    let mut escaped = false;
-    let mut cuts = Vec::new();
-    for (i, c) in line.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if quoted => escaped = true,
-            '"' => quoted = !quoted,
-            ',' if !quoted => {
-                cuts.push(&line[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    cuts.push(&line[start..]);
-    cuts.into_iter().map(str::trim).filter(|d| !d.is_empty())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use http::HeaderValue;
-    use proptest::prelude::*;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -329,39 +287,6 @@ mod tests {
             h.append(*k, HeaderValue::from_static(v));
         }
         h
-    }
-
-    #[test]
-    fn parses_directives_across_lines_and_quotes() {
-        let cc = CacheControl::parse(&headers(&[
-            ("cache-control", "public, max-age=60, private=\"a, b\""),
-            (
-                "cache-control",
-                "Stale-While-Revalidate=30, stale-if-error=600",
-            ),
-        ]));
-        assert_eq!(cc.max_age, Some(60));
-        assert!(cc.private);
-        assert_eq!(cc.stale_while_revalidate, Some(30));
-        assert_eq!(cc.stale_if_error, Some(600));
-        assert!(!cc.no_store);
-    }
-
-    #[test]
-    fn invalid_max_age_means_stale_and_huge_saturates() {
-        let cc = CacheControl::parse(&headers(&[("cache-control", "max-age=abc")]));
-        assert_eq!(cc.max_age, Some(0));
-        let cc = CacheControl::parse(&headers(&[(
-            "cache-control",
-            "max-age=99999999999999999999999",
-        )]));
-        assert_eq!(cc.max_age, Some(1 << 31));
-        // A number that fits a u64 but not RFC 9111's bound is clamped too.
-        let cc = CacheControl::parse(&headers(&[(
-            "cache-control",
-            "max-age=16871334070874663069",
-        )]));
-        assert_eq!(cc.max_age, Some(1 << 31));
     }
 
     #[test]
@@ -498,15 +423,8 @@ mod tests {
             None
         );
     }
-
-    proptest! {
-        #[test]
-        fn parsing_any_header_never_panics(line in "\\PC{0,64}") {
-            if let Ok(v) = HeaderValue::from_str(&line) {
-                let mut h = HeaderMap::new();
-                h.insert(CACHE_CONTROL, v);
-                let _ = CacheControl::parse(&h);
-            }
-        }
-    }
 }
+
+#[cfg(test)]
+#[path = "policy_rfc_tests.rs"]
+mod rfc_tests;

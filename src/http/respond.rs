@@ -4,13 +4,14 @@
 //! present.
 
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
-use http::header::{self, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body as HttpBody;
 
 use super::body::Body;
+use super::cache_control::http_date;
 use super::policy::{Policy, WaitTimeout};
 use super::response::CachedResponse;
 use crate::engine::{FailureKind, Held, Status};
@@ -53,18 +54,78 @@ impl From<Status> for CacheStatus {
 pub(crate) struct Conditions {
     /// Only the head (HEAD).
     pub head: bool,
-    /// Only news: the entity tags it already has (`If-None-Match`).
-    pub if_none_match: Option<HeaderValue>,
+    /// Only news: the entity tags it already has (`If-None-Match`, every
+    /// line). Empty when it sent none.
+    pub if_none_match: Vec<HeaderValue>,
+    /// Only news: changes after this date (`If-Modified-Since`), unless it
+    /// sent `If-None-Match`.
+    pub if_modified_since: Option<SystemTime>,
 }
 
 impl Conditions {
     pub(crate) fn of<B>(request: &Request<B>) -> Self {
+        let method = request.method();
+        let headers = request.headers();
+        // RFC 9110 §13.1.2, §13.1.3: only for GET and HEAD; If-Modified-Since
+        // is ignored next to If-None-Match, and when it is not one valid date.
+        let safe = method == Method::GET || method == Method::HEAD;
+        let if_none_match: Vec<HeaderValue> = match safe {
+            true => headers
+                .get_all(header::IF_NONE_MATCH)
+                .iter()
+                .cloned()
+                .collect(),
+            false => Vec::new(),
+        };
+        let mut since = headers.get_all(header::IF_MODIFIED_SINCE).iter();
+        let if_modified_since = match (since.next(), since.next()) {
+            (Some(one), None) if safe && if_none_match.is_empty() => http_date(one),
+            _ => None,
+        };
         Conditions {
-            head: request.method() == Method::HEAD,
-            if_none_match: request.headers().get(header::IF_NONE_MATCH).cloned(),
+            head: method == Method::HEAD,
+            if_none_match,
+            if_modified_since,
         }
     }
+
+    /// Whether the client already has `cached` (RFC 9110 §13.2.2 steps 3
+    /// and 4): `If-None-Match` by weak comparison, else `If-Modified-Since`
+    /// against the stored `Last-Modified` (or `Date`, RFC 9111 §4.3.2).
+    fn not_modified(&self, cached: &CachedResponse) -> bool {
+        if cached.status != StatusCode::OK {
+            return false;
+        }
+        if !self.if_none_match.is_empty() {
+            return etag_matches(&self.if_none_match, cached.headers.get(header::ETAG));
+        }
+        let Some(since) = self.if_modified_since else {
+            return false;
+        };
+        let stored = |name| cached.headers.get(name).and_then(http_date);
+        stored(header::LAST_MODIFIED)
+            .or_else(|| stored(header::DATE))
+            .is_some_and(|modified| modified <= since)
+    }
 }
+
+/// What a `304 Not Modified` carries of the 200 it stands for: the fields
+/// RFC 9110 §15.4.5 asks for, and `Last-Modified` to guide the client's
+/// cache; nothing else describing the missing body (no `Content-Type`).
+/// `Content-Length` is kept, deliberately: it is the 200's, which §8.6
+/// allows, and without it a router that fills in the length of the body it
+/// sees (axum's) would add `Content-Length: 0`, a lie about the
+/// representation.
+const NOT_MODIFIED_FIELDS: [HeaderName; 8] = [
+    header::CACHE_CONTROL,
+    header::CONTENT_LENGTH,
+    header::CONTENT_LOCATION,
+    header::DATE,
+    header::ETAG,
+    header::EXPIRES,
+    header::LAST_MODIFIED,
+    header::VARY,
+];
 
 /// A response from a cached entry.
 pub(crate) fn present<B: HttpBody>(
@@ -75,25 +136,26 @@ pub(crate) fn present<B: HttpBody>(
     now: Instant,
 ) -> Response<Body<B>> {
     let cached = held.value();
-    let not_modified = cached.status == StatusCode::OK
-        && conditions
-            .if_none_match
-            .as_ref()
-            .is_some_and(|tags| etag_matches(tags, cached.headers.get(header::ETAG)));
+    let not_modified = conditions.not_modified(cached);
     let body = if conditions.head || not_modified {
         Body::empty()
     } else {
         Body::full(cached.body.clone())
     };
     let mut response = Response::new(body);
-    *response.headers_mut() = cached.headers.clone();
-    // A 304 carries the headers of the 200 it stands for (RFC 9110 §15.4.5),
-    // Content-Length included: it may, as long as it is the 200's (§8.6).
-    *response.status_mut() = if not_modified {
-        StatusCode::NOT_MODIFIED
+    if not_modified {
+        let mut headers = HeaderMap::with_capacity(NOT_MODIFIED_FIELDS.len() + 2);
+        for name in &NOT_MODIFIED_FIELDS {
+            for value in cached.headers.get_all(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        *response.headers_mut() = headers;
+        *response.status_mut() = StatusCode::NOT_MODIFIED;
     } else {
-        cached.status
-    };
+        *response.headers_mut() = cached.headers.clone();
+        *response.status_mut() = cached.status;
+    }
     let headers = response.headers_mut();
     headers.insert(header::AGE, age_value(held.entry().age(now).as_secs()));
     tag(policy, response, status)
@@ -136,21 +198,73 @@ pub(crate) fn tag<B>(
 }
 
 /// `If-None-Match` against a stored `ETag`, by weak comparison (RFC 9110
-/// §13.1.2): `W/"a"` matches `"a"`; `*` matches any tag.
-fn etag_matches(if_none_match: &HeaderValue, etag: Option<&HeaderValue>) -> bool {
-    let Some(etag) = etag.and_then(|e| e.to_str().ok()) else {
+/// §13.1.2, §8.8.3.2): `W/"a"` matches `"a"`; `*` alone matches any tag.
+/// Commas may stand inside a tag (`"a,b"`). A line that is not a list of
+/// entity tags, or a stored `ETag` that is not one, never matches.
+fn etag_matches(if_none_match: &[HeaderValue], etag: Option<&HeaderValue>) -> bool {
+    let Some(stored) = etag.and_then(|e| single_etag(e.as_bytes())) else {
         return false;
     };
-    fn opaque(tag: &str) -> &str {
-        tag.trim().trim_start_matches("W/")
+    let mut matched = false;
+    for line in if_none_match {
+        let line = line.as_bytes().trim_ascii();
+        if line == b"*" {
+            matched = true;
+            continue;
+        }
+        match etag_list(line) {
+            Some(tags) => matched |= tags.contains(&stored),
+            None => return false,
+        }
     }
-    let stored = opaque(etag);
-    match if_none_match.to_str() {
-        Ok(list) => list
-            .split(',')
-            .any(|tag| tag.trim() == "*" || opaque(tag) == stored),
-        Err(_) => false,
+    matched
+}
+
+/// The opaque part of one entity tag, its weakness dropped (weak
+/// comparison), from `input`; and what follows it.
+fn entity_tag(input: &[u8]) -> Option<(&[u8], &[u8])> {
+    let input = input.strip_prefix(b"W/").unwrap_or(input);
+    let rest = input.strip_prefix(b"\"")?;
+    let end = rest.iter().position(|&b| b == b'"')?;
+    let opaque = &rest[..end];
+    // etagc = %x21 / %x23-7E / obs-text
+    if !opaque
+        .iter()
+        .all(|&b| b == 0x21 || (0x23..=0x7e).contains(&b) || b >= 0x80)
+    {
+        return None;
     }
+    Some((opaque, &rest[end + 1..]))
+}
+
+/// A stored `ETag`: exactly one entity tag.
+fn single_etag(value: &[u8]) -> Option<&[u8]> {
+    match entity_tag(value.trim_ascii())? {
+        (opaque, b"") => Some(opaque),
+        _ => None,
+    }
+}
+
+/// `1#entity-tag`, empty elements allowed; `None` if malformed.
+fn etag_list(mut line: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut tags = Vec::new();
+    loop {
+        line = line.trim_ascii_start();
+        if let Some(rest) = line.strip_prefix(b",") {
+            line = rest;
+            continue;
+        }
+        if line.is_empty() {
+            break;
+        }
+        let (tag, rest) = entity_tag(line)?;
+        tags.push(tag);
+        line = rest.trim_ascii_start();
+        if !line.is_empty() && !line.starts_with(b",") {
+            return None;
+        }
+    }
+    (!tags.is_empty()).then_some(tags)
 }
 
 /// `Age` values, made once: formatting a number into a fresh header value on
@@ -161,5 +275,121 @@ fn age_value(seconds: u64) -> HeaderValue {
     match usize::try_from(seconds).ok().and_then(|s| ages.get(s)) {
         Some(value) => value.clone(),
         None => HeaderValue::from(seconds),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn inm(lines: &[&'static str]) -> Vec<HeaderValue> {
+        lines.iter().map(|l| HeaderValue::from_static(l)).collect()
+    }
+
+    fn matches(lines: &[&'static str], etag: &'static str) -> bool {
+        etag_matches(&inm(lines), Some(&HeaderValue::from_static(etag)))
+    }
+
+    #[test]
+    fn entity_tags_compare_weakly_and_may_hold_commas() {
+        assert!(matches(&[r#""a,b""#], r#""a,b""#));
+        assert!(!matches(&[r#""a,b""#], r#""a""#));
+        assert!(!matches(&[r#""a,b""#], r#""b""#));
+        assert!(matches(&[r#"W/"x""#], r#""x""#));
+        assert!(matches(&[r#""x""#], r#"W/"x""#));
+        assert!(matches(&[r#""p", W/"x" , ,"q""#], r#""x""#));
+        assert!(matches(&[r#""p""#, r#""x""#], r#""x""#));
+        assert!(matches(&["*"], r#""anything""#));
+        assert!(matches(&[" * "], r#"W/"anything""#));
+    }
+
+    #[test]
+    fn a_malformed_list_or_stored_tag_never_matches() {
+        for bad in [
+            r#"x"#,
+            r#""x"#,
+            r#""x" "y""#,
+            r#"*, "x""#,
+            r#"w/"x""#,
+            r#""x"y"#,
+            "",
+            ",",
+        ] {
+            assert!(!matches(&[bad], r#""x""#), "{bad}");
+            assert!(
+                !matches(&[r#""x""#, bad], r#""x""#),
+                "{bad} spoils the list"
+            );
+        }
+        // `""` is a valid (empty) tag: it matches only itself.
+        assert!(!matches(&[r#""""#], r#""x""#));
+        assert!(matches(&[r#""""#], r#""""#));
+        assert!(!matches(&[r#""x""#], "x"));
+        assert!(!matches(&[r#""x""#], r#""x", "y""#));
+        assert!(!etag_matches(&inm(&["*"]), None));
+    }
+
+    fn cached(headers: &[(&'static str, &'static str)]) -> CachedResponse {
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            map.append(*k, HeaderValue::from_static(v));
+        }
+        CachedResponse {
+            status: StatusCode::OK,
+            headers: map,
+            body: Bytes::from_static(b"body"),
+        }
+    }
+
+    fn conditions(method: Method, headers: &[(&'static str, &'static str)]) -> Conditions {
+        let mut request = Request::builder().method(method).uri("/");
+        for (k, v) in headers {
+            request = request.header(*k, *v);
+        }
+        Conditions::of(&request.body(()).unwrap())
+    }
+
+    #[test]
+    fn if_modified_since_uses_last_modified_then_date() {
+        let stored = cached(&[("last-modified", "Sun, 06 Nov 1994 08:49:37 GMT")]);
+        let at = |d| conditions(Method::GET, &[("if-modified-since", d)]);
+        assert!(at("Sun, 06 Nov 1994 08:49:37 GMT").not_modified(&stored));
+        assert!(at("Sunday, 06-Nov-94 08:49:37 GMT").not_modified(&stored));
+        assert!(at("Mon, 07 Nov 1994 00:00:00 GMT").not_modified(&stored));
+        assert!(!at("Sat, 05 Nov 1994 00:00:00 GMT").not_modified(&stored));
+        assert!(!at("yesterday").not_modified(&stored));
+        let dated = cached(&[("date", "Sun, 06 Nov 1994 08:49:37 GMT")]);
+        assert!(at("Mon, 07 Nov 1994 00:00:00 GMT").not_modified(&dated));
+        assert!(!at("Mon, 07 Nov 1994 00:00:00 GMT").not_modified(&cached(&[])));
+        // Two dates: ignored.
+        let two = conditions(
+            Method::GET,
+            &[
+                ("if-modified-since", "Mon, 07 Nov 1994 00:00:00 GMT"),
+                ("if-modified-since", "Mon, 07 Nov 1994 00:00:00 GMT"),
+            ],
+        );
+        assert!(!two.not_modified(&stored));
+        // Next to If-None-Match, it is ignored.
+        let both = conditions(
+            Method::GET,
+            &[
+                ("if-modified-since", "Mon, 07 Nov 1994 00:00:00 GMT"),
+                ("if-none-match", r#""other""#),
+            ],
+        );
+        assert!(!both.not_modified(&stored));
+        // Only for GET and HEAD.
+        let post = conditions(
+            Method::POST,
+            &[("if-modified-since", "Mon, 07 Nov 1994 00:00:00 GMT")],
+        );
+        assert!(!post.not_modified(&stored));
+        let head = conditions(
+            Method::HEAD,
+            &[("if-modified-since", "Mon, 07 Nov 1994 00:00:00 GMT")],
+        );
+        assert!(head.not_modified(&stored));
     }
 }

@@ -1,0 +1,345 @@
+//! Reading `Cache-Control` and `Expires` as a shared cache must: failing
+//! safe on anything it cannot understand.
+
+use std::time::{Duration, SystemTime};
+
+use http::header::{CACHE_CONTROL, DATE, EXPIRES};
+use http::{HeaderMap, HeaderValue};
+
+use crate::engine::MAX_DELTA;
+
+/// The `Cache-Control` directives a shared cache acts on.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct CacheControl {
+    pub no_store: bool,
+    pub no_cache: bool,
+    pub private: bool,
+    pub must_revalidate: bool,
+    pub proxy_revalidate: bool,
+    pub max_age: Option<u64>,
+    pub s_maxage: Option<u64>,
+    pub stale_while_revalidate: Option<u64>,
+    pub stale_if_error: Option<u64>,
+    /// A line is not a list of directives (unbalanced quotes, bytes outside
+    /// a token or quoted string, invalid UTF-8): a response a shared cache
+    /// cannot understand is not stored.
+    pub unparseable: bool,
+}
+
+impl CacheControl {
+    /// Reads every `Cache-Control` line. Unknown directives are ignored; a
+    /// freshness value that is not a number, or given twice with different
+    /// values, counts as zero (RFC 9111 §1.2.2, §4.2.1: an invalid lifetime
+    /// means stale), a malformed stale window as absent.
+    ///
+    /// It fails safe: `private`, `no-store` and `no-cache` count wherever
+    /// they stand as a word (whatever separates them: `;`, spaces, inside a
+    /// quoted string), as nginx and Varnish read them; directives themselves
+    /// may be separated by commas, semicolons or whitespace.
+    pub(crate) fn parse(headers: &HeaderMap) -> Self {
+        let mut cc = CacheControl::default();
+        for line in headers.get_all(CACHE_CONTROL) {
+            for token in tokens(line.as_bytes()) {
+                match token.to_ascii_lowercase().as_slice() {
+                    b"no-store" => cc.no_store = true,
+                    b"no-cache" => cc.no_cache = true,
+                    b"private" => cc.private = true,
+                    _ => {}
+                }
+            }
+            let Ok(line) = std::str::from_utf8(line.as_bytes()) else {
+                cc.unparseable = true;
+                continue;
+            };
+            let Some(directives) = split_directives(line) else {
+                cc.unparseable = true;
+                continue;
+            };
+            for directive in directives {
+                let Some((name, arg)) = directive_parts(directive) else {
+                    cc.unparseable = true;
+                    continue;
+                };
+                let seconds = || arg.and_then(delta_seconds);
+                match name.to_ascii_lowercase().as_str() {
+                    // The qualified forms (`no-cache="field"`, `private="field"`)
+                    // are treated like the plain ones (see above): safer than
+                    // storing without the named fields.
+                    "must-revalidate" => cc.must_revalidate = true,
+                    "proxy-revalidate" => cc.proxy_revalidate = true,
+                    "max-age" => set_freshness(&mut cc.max_age, seconds()),
+                    "s-maxage" => set_freshness(&mut cc.s_maxage, seconds()),
+                    "stale-while-revalidate" => cc.stale_while_revalidate = seconds(),
+                    "stale-if-error" => cc.stale_if_error = seconds(),
+                    _ => {}
+                }
+            }
+        }
+        cc
+    }
+}
+
+/// Records a freshness directive: invalid, or conflicting with an earlier
+/// one, means zero.
+fn set_freshness(slot: &mut Option<u64>, value: Option<u64>) {
+    let value = value.unwrap_or(0);
+    *slot = Some(match *slot {
+        Some(earlier) if earlier != value => 0,
+        _ => value,
+    });
+}
+
+/// Parses delta-seconds; a value too large saturates (RFC 9111 §1.2.2).
+fn delta_seconds(arg: &str) -> Option<u64> {
+    if arg.is_empty() || !arg.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let max = MAX_DELTA.as_secs();
+    Some(arg.parse::<u64>().map_or(max, |n| n.min(max)))
+}
+
+/// `tchar` (RFC 9110 §5.6.2).
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Every run of token characters in a field line, whatever surrounds it.
+pub(crate) fn tokens(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    line.split(|b| !is_tchar(*b)).filter(|t| !t.is_empty())
+}
+
+/// Splits a header line at commas, semicolons and whitespace that are not
+/// inside a quoted string. `None` if a quoted string is left open.
+fn split_directives(line: &str) -> Option<Vec<&str>> {
+    let mut start = 0;
+    let mut quoted = false;
+    let mut escaped = false;
+    let mut cuts = Vec::new();
+    for (i, c) in line.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' if quoted => escaped = true,
+            '"' => quoted = !quoted,
+            ',' | ';' | ' ' | '\t' if !quoted => {
+                cuts.push(&line[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if quoted {
+        return None;
+    }
+    cuts.push(&line[start..]);
+    Some(cuts.into_iter().filter(|d| !d.is_empty()).collect())
+}
+
+/// A directive's name and argument (its quotes removed), or `None` if it is
+/// not `token [ "=" ( token / quoted-string ) ]`.
+fn directive_parts(directive: &str) -> Option<(&str, Option<&str>)> {
+    let (name, arg) = match directive.split_once('=') {
+        Some((name, arg)) => (name, Some(arg)),
+        None => (directive, None),
+    };
+    if name.is_empty() || !name.bytes().all(is_tchar) {
+        return None;
+    }
+    let arg = match arg {
+        None => None,
+        Some(arg) if !arg.is_empty() && arg.bytes().all(is_tchar) => Some(arg),
+        Some(arg) if arg.len() >= 2 && arg.starts_with('"') && arg.ends_with('"') => {
+            let inner = &arg[1..arg.len() - 1];
+            // One quoted string, not two glued together (`"a"b"c"`).
+            let mut escaped = false;
+            for c in inner.chars() {
+                match c {
+                    _ if escaped => escaped = false,
+                    '\\' => escaped = true,
+                    '"' => return None,
+                    _ => {}
+                }
+            }
+            Some(inner)
+        }
+        Some(_) => return None,
+    };
+    Some((name, arg))
+}
+
+/// The lifetime `Expires` gives (RFC 9111 §4.2.1): `Expires` minus `Date`
+/// (`now` when `Date` is missing or invalid), clamped. `Some(ZERO)` for an
+/// `Expires` that is invalid, repeated, or not after `now` (already past
+/// whatever `Date` says); `None` without one.
+pub(crate) fn expires_lifetime(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let mut all = headers.get_all(EXPIRES).iter();
+    let first = all.next()?;
+    if all.next().is_some() {
+        return Some(Duration::ZERO);
+    }
+    let Some(expires) = http_date(first) else {
+        return Some(Duration::ZERO);
+    };
+    if expires <= now {
+        return Some(Duration::ZERO);
+    }
+    let date = headers.get(DATE).and_then(http_date).unwrap_or(now);
+    Some(
+        expires
+            .duration_since(date)
+            .map_or(Duration::ZERO, |d| d.min(MAX_DELTA)),
+    )
+}
+
+/// An HTTP-date (RFC 9110 §5.6.7, all three forms), or `None`.
+pub(crate) fn http_date(value: &HeaderValue) -> Option<SystemTime> {
+    httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn parses_directives_across_lines_and_quotes() {
+        let cc = CacheControl::parse(&headers(&[
+            ("cache-control", "public, max-age=60, private=\"a, b\""),
+            (
+                "cache-control",
+                "Stale-While-Revalidate=30, stale-if-error=600",
+            ),
+        ]));
+        assert_eq!(cc.max_age, Some(60));
+        assert!(cc.private);
+        assert_eq!(cc.stale_while_revalidate, Some(30));
+        assert_eq!(cc.stale_if_error, Some(600));
+        assert!(!cc.no_store);
+    }
+
+    #[test]
+    fn invalid_max_age_means_stale_and_huge_saturates() {
+        let cc = CacheControl::parse(&headers(&[("cache-control", "max-age=abc")]));
+        assert_eq!(cc.max_age, Some(0));
+        let cc = CacheControl::parse(&headers(&[(
+            "cache-control",
+            "max-age=99999999999999999999999",
+        )]));
+        assert_eq!(cc.max_age, Some(1 << 31));
+        // A number that fits a u64 but not RFC 9111's bound is clamped too.
+        let cc = CacheControl::parse(&headers(&[(
+            "cache-control",
+            "max-age=16871334070874663069",
+        )]));
+        assert_eq!(cc.max_age, Some(1 << 31));
+    }
+
+    proptest! {
+        #[test]
+        fn parsing_any_header_never_panics(line in "\\PC{0,64}") {
+            if let Ok(v) = HeaderValue::from_str(&line) {
+                let mut h = HeaderMap::new();
+                h.insert(CACHE_CONTROL, v);
+                let _ = CacheControl::parse(&h);
+            }
+        }
+    }
+
+    #[test]
+    fn forbidding_words_count_whatever_separates_them() {
+        for line in [
+            "private; max-age=600",
+            "max-age=600 private",
+            "max-age=600\tno-store",
+            "public;no-cache",
+            "PRIVATE",
+            "max-age=60, community=\"private\"",
+        ] {
+            let cc = CacheControl::parse(&headers(&[("cache-control", line)]));
+            assert!(cc.private || cc.no_store || cc.no_cache, "{line}");
+        }
+        let cc = CacheControl::parse(&headers(&[("cache-control", "max-age=600; public")]));
+        assert_eq!(cc.max_age, Some(600));
+        assert!(!cc.unparseable);
+        let cc = CacheControl::parse(&headers(&[("cache-control", "x-private, no-storey")]));
+        assert!(!cc.private && !cc.no_store && !cc.no_cache);
+    }
+
+    #[test]
+    fn a_field_that_is_not_a_directive_list_is_unparseable() {
+        for line in [
+            "max-age=60, private=\"open",
+            "max-age=60, @@",
+            "max-age=60, max-age = 60",
+            "max-age=\"6\"0\"",
+            "=60",
+            "max-age=60, {}",
+        ] {
+            let cc = CacheControl::parse(&headers(&[("cache-control", line)]));
+            assert!(cc.unparseable, "{line}");
+        }
+        let mut h = HeaderMap::new();
+        h.insert(
+            CACHE_CONTROL,
+            HeaderValue::from_bytes(b"max-age=60, \xff").unwrap(),
+        );
+        assert!(CacheControl::parse(&h).unparseable);
+        let cc = CacheControl::parse(&headers(&[("cache-control", "max-age=\"60\", ,")]));
+        assert!(!cc.unparseable);
+        assert_eq!(cc.max_age, Some(60));
+    }
+
+    #[test]
+    fn conflicting_freshness_means_stale() {
+        let cc = CacheControl::parse(&headers(&[
+            ("cache-control", "max-age=60"),
+            ("cache-control", "max-age=0"),
+        ]));
+        assert_eq!(cc.max_age, Some(0));
+        let cc = CacheControl::parse(&headers(&[("cache-control", "max-age=60, max-age=60")]));
+        assert_eq!(cc.max_age, Some(60));
+    }
+
+    #[test]
+    fn expires_minus_date_is_the_lifetime() {
+        // Whole seconds, as HTTP-dates are.
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let at = |t: SystemTime| HeaderValue::from_str(&httpdate::fmt_http_date(t)).unwrap();
+        let date = now - Duration::from_secs(1000);
+        let mut h = HeaderMap::new();
+        h.insert(DATE, at(date));
+        h.insert(EXPIRES, at(date + Duration::from_secs(1060)));
+        // Relative to the origin's Date, not to this clock...
+        assert_eq!(expires_lifetime(&h, now), Some(Duration::from_secs(1060)));
+        // ...but one already past is past, whatever Date says.
+        h.insert(EXPIRES, at(date + Duration::from_secs(60)));
+        assert_eq!(expires_lifetime(&h, now), Some(Duration::ZERO));
+        h.insert(DATE, HeaderValue::from_static("yesterday"));
+        assert_eq!(expires_lifetime(&h, now), Some(Duration::ZERO));
+        h.remove(DATE);
+        h.insert(EXPIRES, at(now + Duration::from_secs(120)));
+        assert_eq!(expires_lifetime(&h, now), Some(Duration::from_secs(120)));
+        for invalid in ["0", "-1", "Thu, 01 Jan 1970 00:00:00 GMT", "soon"] {
+            h.insert(EXPIRES, HeaderValue::from_static(invalid));
+            assert_eq!(expires_lifetime(&h, now), Some(Duration::ZERO), "{invalid}");
+        }
+        h.insert(EXPIRES, at(now + Duration::from_secs(120)));
+        h.append(EXPIRES, at(now + Duration::from_secs(120)));
+        assert_eq!(expires_lifetime(&h, now), Some(Duration::ZERO));
+        assert_eq!(expires_lifetime(&HeaderMap::new(), now), None);
+        // Far future: clamped like any delta.
+        let mut h = HeaderMap::new();
+        h.insert(
+            EXPIRES,
+            HeaderValue::from_static("Fri, 31 Dec 9999 23:59:59 GMT"),
+        );
+        assert_eq!(expires_lifetime(&h, now), Some(MAX_DELTA));
+    }
+}

@@ -1,0 +1,186 @@
+//! What `classify` and `request_bypass` make of RFC 9111 fields: revalidation
+//! directives, `Expires`, unparseable `Cache-Control`, a request's `no-store`.
+
+use super::*;
+use http::HeaderValue;
+use proptest::prelude::*;
+
+fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(*k, HeaderValue::from_static(v));
+    }
+    h
+}
+
+#[test]
+fn revalidation_directives_forbid_stale_even_without_respect() {
+    let p = Policy {
+        lifetime: Lifetime {
+            ttl: Duration::from_secs(10),
+            stale_while_revalidate: Duration::from_secs(100),
+            stale_if_error: Duration::from_secs(100),
+        },
+        ..Policy::default()
+    };
+    for line in [
+        "must-revalidate",
+        "proxy-revalidate",
+        "s-maxage=5",
+        "public; must-revalidate",
+    ] {
+        for respect in [false, true] {
+            let p = Policy {
+                respect_cache_control: respect,
+                ..p.clone()
+            };
+            let v = classify(
+                &p,
+                StatusCode::OK,
+                &headers(&[("cache-control", line)]),
+                Keyed::now(&p),
+            );
+            let Verdict::Share { lifetime, store } = v else {
+                panic!("{line}: {v:?}")
+            };
+            assert!(store, "{line}");
+            assert_eq!(lifetime.stale_while_revalidate, Duration::ZERO, "{line}");
+            assert_eq!(lifetime.stale_if_error, Duration::ZERO, "{line}");
+        }
+    }
+}
+
+#[test]
+fn unparseable_cache_control_passes() {
+    for p in [
+        Policy::default(),
+        Policy {
+            cache_private: true,
+            respect_cache_control: true,
+            ..Policy::default()
+        },
+    ] {
+        let v = classify(
+            &p,
+            StatusCode::OK,
+            &headers(&[("cache-control", "max-age=60, \"")]),
+            Keyed::now(&p),
+        );
+        assert!(matches!(v, Verdict::Pass(_)), "{v:?}");
+    }
+}
+
+#[test]
+fn expires_gives_the_lifetime_when_respected() {
+    let now = SystemTime::now();
+    let at = |t: SystemTime| httpdate::fmt_http_date(t).leak() as &'static str;
+    let p = Policy {
+        respect_cache_control: true,
+        ..Policy::default()
+    };
+    let fresh = headers(&[
+        ("date", at(now)),
+        ("expires", at(now + Duration::from_secs(300))),
+    ]);
+    let Verdict::Share { lifetime, store } = classify(&p, StatusCode::OK, &fresh, Keyed::now(&p))
+    else {
+        panic!()
+    };
+    assert!(store);
+    assert!(lifetime.ttl > Duration::from_secs(290) && lifetime.ttl <= Duration::from_secs(300));
+    // The route's ttl stays without respect_cache_control.
+    let Verdict::Share { lifetime, store } = classify(
+        &Policy::default(),
+        StatusCode::OK,
+        &fresh,
+        Keyed::now(&Policy::default()),
+    ) else {
+        panic!()
+    };
+    assert!(store);
+    assert_eq!(lifetime.ttl, Policy::default().lifetime.ttl);
+    // max-age wins over Expires (RFC 9111 §5.3).
+    let mut h = headers(&[("expires", "0"), ("cache-control", "max-age=60")]);
+    assert!(matches!(
+        classify(&p, StatusCode::OK, &h, Keyed::now(&p)),
+        Verdict::Share { store: true, .. }
+    ));
+    // Expired or invalid: never stored, respected or not.
+    for expires in [
+        "0",
+        "Thu, 01 Jan 1970 00:00:00 GMT",
+        at(now - Duration::from_secs(5)),
+    ] {
+        h = headers(&[("expires", expires)]);
+        for policy in [&p, &Policy::default()] {
+            let v = classify(policy, StatusCode::OK, &h, Keyed::now(policy));
+            assert!(
+                matches!(v, Verdict::Share { store: false, .. }),
+                "{expires}: {v:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn request_no_store_bypasses_and_no_cache_does_not() {
+    let p = Policy::default();
+    let get = Method::GET;
+    for line in ["no-store", "max-age=0; no-store", "No-Store"] {
+        let h = headers(&[("cache-control", line)]);
+        assert_eq!(
+            request_bypass(&p, &get, &h),
+            Some("request no-store"),
+            "{line}"
+        );
+    }
+    for line in ["no-cache", "max-age=0", "no-storex"] {
+        let h = headers(&[("cache-control", line)]);
+        assert_eq!(request_bypass(&p, &get, &h), None, "{line}");
+    }
+}
+
+fn directive() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "max-age=[0-9]{1,6}",
+        "s-maxage=[0-9]{1,4}",
+        Just("public".to_string()),
+        Just("must-revalidate".to_string()),
+        Just("immutable".to_string()),
+        "[a-z][a-z-]{0,8}",
+        "[a-z]{1,5}=\"[a-z ,;=]{0,6}\"",
+    ]
+}
+
+proptest! {
+    #[test]
+    fn a_forbidding_word_is_never_stored(
+        before in proptest::collection::vec(directive(), 0..4),
+        after in proptest::collection::vec(directive(), 0..4),
+        word in prop::sample::select(vec!["private", "no-store", "no-cache", "PRIVATE", "No-Cache", "private=\"x\"", "no-cache=\"set-cookie\""]),
+        seps in proptest::collection::vec("[,; \t]{1,3}", 9),
+        respect in any::<bool>(),
+        strip in any::<bool>(),
+    ) {
+        let mut parts = before;
+        parts.push(word.to_string());
+        parts.extend(after);
+        let mut line = String::new();
+        for (i, part) in parts.iter().enumerate() {
+            if i > 0 {
+                line.push_str(&seps[i % seps.len()]);
+            }
+            line.push_str(part);
+        }
+        let value = HeaderValue::from_str(&line).unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(CACHE_CONTROL, value);
+        let p = Policy {
+            respect_cache_control: respect,
+            strip_set_cookie: strip,
+            ..Policy::default()
+        };
+        let v = classify(&p, StatusCode::OK, &h, Keyed::now(&p));
+        prop_assert!(matches!(v, Verdict::Pass(_)), "{:?} gave {:?}", line, v);
+    }
+}
