@@ -3,13 +3,26 @@
 //! A request's key is the digest of everything that selects its response:
 //! namespace, host, path, the query with its pairs sorted, and the values of
 //! the route's Vary headers (HEAD shares GET's entry, and nothing else reaches
-//! here, so the method adds nothing).
+//! here, so the method adds nothing). The Vary values select a variant within
+//! the URL's group ([`RequestKey`]), so that one invalidation drops them all.
 
 use http::header::HOST;
 use http::request::Parts;
 use http::HeaderName;
 
 use crate::key::{Key, KeyHasher};
+
+/// A request's key in two parts (RFC 9111 §4.1): the URL's key, which names
+/// the group an invalidation drops, and the key of the variant the request
+/// selects within it, under which the response is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RequestKey {
+    /// Namespace and the request's target (or the route's custom key).
+    pub url: Key,
+    /// `url` and the values of the route's Vary headers; a member of `url`'s
+    /// group (the URL key itself when the route varies on nothing).
+    pub key: Key,
+}
 
 /// The key of a request. `custom` replaces host, path and query when the route
 /// supplies its own key function.
@@ -19,6 +32,25 @@ pub(crate) fn request_key(
     vary: &[HeaderName],
     custom: Option<&str>,
 ) -> Key {
+    split_key(namespace, parts, vary, custom).key
+}
+
+/// Both parts of a request's key.
+pub(crate) fn split_key(
+    namespace: &str,
+    parts: &Parts,
+    vary: &[HeaderName],
+    custom: Option<&str>,
+) -> RequestKey {
+    let url = url_key(namespace, parts, custom);
+    RequestKey {
+        url,
+        key: variant_key(&url, parts, vary),
+    }
+}
+
+/// The URL part: what names the resource, whatever the variant.
+pub(crate) fn url_key(namespace: &str, parts: &Parts, custom: Option<&str>) -> Key {
     // "h1": responses, key format 1. HEAD is answered from the GET entry and
     // nothing else reaches here, so the method adds nothing to the key.
     let mut h = KeyHasher::new(b"h1");
@@ -40,6 +72,17 @@ pub(crate) fn request_key(
             h.part_query(parts.uri.query().unwrap_or(""));
         }
     }
+    h.finish()
+}
+
+/// The variant part: the URL key and the values of the Vary headers.
+pub(crate) fn variant_key(url: &Key, parts: &Parts, vary: &[HeaderName]) -> Key {
+    if vary.is_empty() {
+        return *url;
+    }
+    // "h1v": a variant of a response's URL.
+    let mut h = KeyHasher::new(b"h1v");
+    h.part(url.as_bytes());
     for name in vary {
         h.part(name.as_str().as_bytes());
         let mut values = parts.headers.get_all(name).iter().peekable();
@@ -51,7 +94,7 @@ pub(crate) fn request_key(
             h.part(value.as_bytes());
         }
     }
-    h.finish()
+    h.finish_in(url)
 }
 
 /// Sorts the query's pairs so that `?b=2&a=1` and `?a=1&b=2` share an entry, and
@@ -115,6 +158,26 @@ mod tests {
         assert_ne!(v(&[]), v(&[("accept-language", "")]));
         // Headers the route does not vary on do not matter.
         assert_eq!(v(&[("x-other", "1")]), v(&[("x-other", "2")]));
+    }
+
+    #[test]
+    fn every_variant_belongs_to_its_urls_group() {
+        let vary: Vec<HeaderName> = vec!["accept-language".parse().unwrap()];
+        let en = split_key("ns", &parts("/r", &[("accept-language", "en")]), &vary, None);
+        let fr = split_key("ns", &parts("/r", &[("accept-language", "fr")]), &vary, None);
+        let other = split_key("ns", &parts("/s", &[("accept-language", "en")]), &vary, None);
+        assert_eq!(en.url, fr.url);
+        assert_ne!(en.key, fr.key);
+        assert_eq!(en.key.group(), en.url);
+        assert_eq!(fr.key.group(), fr.url);
+        assert_ne!(other.key.group(), en.url);
+        // A variant never takes its URL's own key.
+        assert_ne!(en.key, en.url);
+        assert!(!en.key.is_group());
+        // Without Vary the URL key is the entry's key.
+        let plain = split_key("ns", &parts("/r", &[]), &[], None);
+        assert_eq!(plain.key, plain.url);
+        assert!(plain.key.is_group());
     }
 
     #[test]
