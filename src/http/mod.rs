@@ -17,6 +17,7 @@ mod policy;
 mod respond;
 pub(crate) mod response;
 mod service;
+mod unsafe_methods;
 
 #[doc(inline)]
 pub use body::Body;

@@ -24,6 +24,7 @@ use super::key::request_key;
 use super::policy::{request_bypass, Policy};
 use super::respond::{failure, present, tag, CacheStatus, Conditions};
 use super::response::CachedResponse;
+use super::unsafe_methods::{invalidate, is_unsafe, Targets};
 use crate::backend::Backend;
 use crate::engine::{Answer, Engine, Held, Looked, Miss, Rebuild};
 use crate::metrics::{self as m, count};
@@ -91,6 +92,9 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let policy = &self.policy;
+        if policy.invalidate_on_unsafe && is_unsafe(request.method()) {
+            return self.unsafe_method(request);
+        }
         if request_bypass(policy, request.method(), request.headers()).is_some() {
             return self.pass_through(request);
         }
@@ -141,6 +145,32 @@ where
 }
 
 impl<S> GuardService<S> {
+    /// An unsafe method: passed through; a successful answer drops the
+    /// groups it touched, everywhere, before it is returned.
+    fn unsafe_method<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ResBody: HttpBody + Send + 'static,
+    {
+        count(m::BYPASS);
+        let (mut parts, body) = request.into_parts();
+        let targets = Targets::of(&self.policy, &mut parts);
+        let future = self.inner.call(Request::from_parts(parts, body));
+        let engine = self.backend.engine.clone();
+        let policy = self.policy.clone();
+        ResponseFuture::miss(Box::pin(async move {
+            let response = future.await?;
+            let keys = targets.keys(&policy, response.status(), response.headers());
+            invalidate(&engine, keys).await;
+            Ok(tag(&policy, response.map(Body::stream), CacheStatus::Bypass))
+        }))
+    }
+
     fn pass_through<ReqBody, ResBody>(
         &mut self,
         request: Request<ReqBody>,
