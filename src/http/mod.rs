@@ -16,6 +16,7 @@ mod layer;
 mod policy;
 mod respond;
 pub(crate) mod response;
+mod revalidate;
 mod service;
 mod unsafe_methods;
 

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Buf;
-use http::{header, HeaderName, Method, Request, Response};
+use http::{header, HeaderName, Method, Request, Response, StatusCode};
 use http_body::Body as HttpBody;
 use tower_service::Service;
 
@@ -24,6 +24,7 @@ use super::key::request_key;
 use super::policy::{request_bypass, Policy};
 use super::respond::{failure, present, tag, CacheStatus, Conditions};
 use super::response::CachedResponse;
+use super::revalidate::{ask_conditionally, renew};
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
 use crate::backend::Backend;
 use crate::engine::{Answer, Engine, Held, Looked, Miss, Rebuild};
@@ -292,7 +293,7 @@ where
 
     async fn rebuild(
         mut self,
-        _stale: Option<Held<CachedResponse>>,
+        stale: Option<Held<CachedResponse>>,
     ) -> Admitted<ResBody, S::Error> {
         // The entry is the GET answer, whatever this request's method and
         // conditions; HEAD is answered from it afterwards.
@@ -300,8 +301,20 @@ where
         for name in &CONDITIONAL {
             self.request.headers_mut().remove(name);
         }
+        // The entry being replaced, if it has a validator: ask whether it
+        // still holds (only our own conditions reach the origin).
+        let stored = stale
+            .map(|held| held.value().clone())
+            .filter(|stored| ask_conditionally(stored, self.request.headers_mut()));
         let policy = self.policy.clone();
         match self.call().await {
+            Ok(response) if response.status() == StatusCode::NOT_MODIFIED => match stored {
+                Some(stored) => {
+                    count(m::REVALIDATED);
+                    renew(&policy, stored, response)
+                }
+                None => admit(&policy, response).await,
+            },
             Ok(response) => admit(&policy, response).await,
             Err(error) => crate::engine::Built::Failed {
                 shared: None,
