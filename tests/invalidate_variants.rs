@@ -187,12 +187,7 @@ mod with_redis {
         // Generation and values share the URL's hash tag (one cluster slot).
         let group = guard_a.key_for(&req(Some("en"))).unwrap().group();
         let count = |pattern: String| {
-            redis.raw(&[
-                "EVAL",
-                "return #redis.call('KEYS', ARGV[1])",
-                "0",
-                &pattern,
-            ])
+            redis.raw(&["EVAL", "return #redis.call('KEYS', ARGV[1])", "0", &pattern])
         };
         assert_eq!(count(format!("sg:{{{group}}}:*:v")), ":3");
         assert_eq!(count(format!("sg:{{{group}}}:g")), ":1");

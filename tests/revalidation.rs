@@ -14,9 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use common::{send, Answer};
-use http::header::{
-    CONTENT_LENGTH, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED,
-};
+use http::header::{CONTENT_LENGTH, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED};
 use http::Request;
 use stampede_guard::{Backend, StampedeGuard};
 
@@ -66,15 +64,13 @@ impl Origin {
             let origin = origin.clone();
             async move {
                 let calls = origin.full() + origin.not_modified() + 1;
-                let conditional = headers.contains_key(IF_NONE_MATCH)
-                    || headers.contains_key(IF_MODIFIED_SINCE);
+                let conditional =
+                    headers.contains_key(IF_NONE_MATCH) || headers.contains_key(IF_MODIFIED_SINCE);
                 if conditional {
                     origin.conditions_seen.fetch_add(1, Ordering::SeqCst);
                 }
                 let unchanged = match origin.validator {
-                    Validator::ETag => headers
-                        .get(IF_NONE_MATCH)
-                        .is_some_and(|v| v == "\"c1\""),
+                    Validator::ETag => headers.get(IF_NONE_MATCH).is_some_and(|v| v == "\"c1\""),
                     Validator::LastModified => headers
                         .get(IF_MODIFIED_SINCE)
                         .is_some_and(|v| v == MODIFIED),
@@ -143,7 +139,10 @@ async fn a_304_renews_the_entry(validator: Validator, a: Backend, b: Option<Back
     let origin = Origin::new(validator);
     let app = origin.app(StampedeGuard::new(a));
     let first = send(&app, doc()).await;
-    assert_eq!((first.text().as_str(), version(&first).as_str()), ("the body", "1"));
+    assert_eq!(
+        (first.text().as_str(), version(&first).as_str()),
+        ("the body", "1")
+    );
     tokio::time::sleep(TTL * 2).await;
     let stale = send(&app, doc()).await;
     assert_eq!(stale.x_cache(), "STALE");
@@ -152,7 +151,11 @@ async fn a_304_renews_the_entry(validator: Validator, a: Backend, b: Option<Back
     assert_eq!(after.status, StatusCode::OK);
     assert_eq!(after.text(), "the body", "the stored body stays");
     assert_eq!(after.headers[CONTENT_LENGTH], "8");
-    assert_eq!(version(&after), "2", "the 304's header replaced the stored one");
+    assert_eq!(
+        version(&after),
+        "2",
+        "the 304's header replaced the stored one"
+    );
     assert_eq!(after.x_cache(), "HIT", "a fresh lifetime");
     assert_eq!(origin.full(), 1, "the body crossed the wire once");
     assert_eq!(origin.not_modified(), 1);

@@ -111,7 +111,10 @@ fn app(store: &Store, guard: StampedeGuard) -> Router {
 }
 
 fn request(method: Method, uri: &str, host: &str, lang: Option<&str>) -> Request<Body> {
-    let mut b = Request::builder().method(method).uri(uri).header(HOST, host);
+    let mut b = Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(HOST, host);
     if let Some(lang) = lang {
         b = b.header(ACCEPT_LANGUAGE, lang);
     }
@@ -164,7 +167,10 @@ async fn a_write_is_read_back_everywhere(a: Backend, b: Backend) {
             let mine = read(&a, "/item", "a.example", lang).await.text();
             assert_eq!(mine, want, "{method} was not invalidated here");
             let theirs = read_until(&b, "/item", lang, &want).await;
-            assert_eq!(theirs, want, "{method} was not invalidated on the other instance");
+            assert_eq!(
+                theirs, want,
+                "{method} was not invalidated on the other instance"
+            );
         }
     }
 }
@@ -192,7 +198,10 @@ async fn a_successful_write_invalidates_embedded() {
 async fn an_error_answer_invalidates_nothing() {
     let store = Store::default();
     let app = app(&store, StampedeGuard::new(Backend::local()));
-    assert_eq!(read(&app, "/item", "a.example", None).await.text(), "none:0");
+    assert_eq!(
+        read(&app, "/item", "a.example", None).await.text(),
+        "none:0"
+    );
     for status in [400, 403, 404, 409, 500, 503] {
         let uri = format!("/item?status={status}&location=/other");
         let answer = write(&app, Method::POST, &uri).await;
@@ -219,7 +228,11 @@ async fn locations_on_the_same_host_are_invalidated_and_other_hosts_are_not() {
         let other = read(&app, "/other", "evil.example", None).await;
         assert_eq!(other.x_cache(), "HIT", "{location} reached another host");
         let ours = read(&app, "/other", "a.example", None).await;
-        assert_eq!(ours.x_cache(), "HIT", "{location} is not this host's /other");
+        assert_eq!(
+            ours.x_cache(),
+            "HIT",
+            "{location} is not this host's /other"
+        );
     }
     assert_eq!(store.reads(), 2);
 

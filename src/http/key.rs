@@ -163,9 +163,24 @@ mod tests {
     #[test]
     fn every_variant_belongs_to_its_urls_group() {
         let vary: Vec<HeaderName> = vec!["accept-language".parse().unwrap()];
-        let en = split_key("ns", &parts("/r", &[("accept-language", "en")]), &vary, None);
-        let fr = split_key("ns", &parts("/r", &[("accept-language", "fr")]), &vary, None);
-        let other = split_key("ns", &parts("/s", &[("accept-language", "en")]), &vary, None);
+        let en = split_key(
+            "ns",
+            &parts("/r", &[("accept-language", "en")]),
+            &vary,
+            None,
+        );
+        let fr = split_key(
+            "ns",
+            &parts("/r", &[("accept-language", "fr")]),
+            &vary,
+            None,
+        );
+        let other = split_key(
+            "ns",
+            &parts("/s", &[("accept-language", "en")]),
+            &vary,
+            None,
+        );
         assert_eq!(en.url, fr.url);
         assert_ne!(en.key, fr.key);
         assert_eq!(en.key.group(), en.url);

@@ -70,10 +70,8 @@ where
 {
     let (parts, _no_body) = not_modified.into_parts();
     let update = parts.headers;
-    if let (Some(theirs), Some(ours)) = (
-        update.get(header::ETAG),
-        stored.headers.get(header::ETAG),
-    ) {
+    if let (Some(theirs), Some(ours)) = (update.get(header::ETAG), stored.headers.get(header::ETAG))
+    {
         if !same_tag(theirs, ours) {
             tracing::warn!("a 304 named another representation; the entry is not renewed");
             return Built::Failed {
@@ -85,7 +83,9 @@ where
     let initial_age = update
         .get(header::AGE)
         .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-        .map_or(Duration::ZERO, |s| Duration::from_secs(s.min(MAX_DELTA.as_secs())));
+        .map_or(Duration::ZERO, |s| {
+            Duration::from_secs(s.min(MAX_DELTA.as_secs()))
+        });
     let CachedResponse {
         status,
         mut headers,
@@ -174,7 +174,10 @@ mod tests {
     fn stored(headers: &[(&str, &str)]) -> CachedResponse {
         let mut map = HeaderMap::new();
         for (k, v) in headers {
-            map.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+            map.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
         }
         CachedResponse {
             status: StatusCode::OK,
@@ -203,10 +206,16 @@ mod tests {
         let mut req = HeaderMap::new();
         assert!(!ask_conditionally(&stored(&[]), &mut req));
         assert!(req.is_empty());
-        let s = stored(&[("etag", "\"a\""), ("last-modified", "Sun, 01 Nov 2026 00:00:00 GMT")]);
+        let s = stored(&[
+            ("etag", "\"a\""),
+            ("last-modified", "Sun, 01 Nov 2026 00:00:00 GMT"),
+        ]);
         assert!(ask_conditionally(&s, &mut req));
         assert_eq!(req[header::IF_NONE_MATCH], "\"a\"");
-        assert_eq!(req[header::IF_MODIFIED_SINCE], "Sun, 01 Nov 2026 00:00:00 GMT");
+        assert_eq!(
+            req[header::IF_MODIFIED_SINCE],
+            "Sun, 01 Nov 2026 00:00:00 GMT"
+        );
         let mut not_ok = stored(&[("etag", "\"a\"")]);
         not_ok.status = StatusCode::NOT_FOUND;
         assert!(!ask_conditionally(&not_ok, &mut HeaderMap::new()));

@@ -168,7 +168,11 @@ impl<S> GuardService<S> {
             let response = future.await?;
             let keys = targets.keys(&policy, response.status(), response.headers());
             invalidate(&engine, keys).await;
-            Ok(tag(&policy, response.map(Body::stream), CacheStatus::Bypass))
+            Ok(tag(
+                &policy,
+                response.map(Body::stream),
+                CacheStatus::Bypass,
+            ))
         }))
     }
 
@@ -291,10 +295,7 @@ where
     type Value = CachedResponse;
     type Private = Private<ResBody, S::Error>;
 
-    async fn rebuild(
-        mut self,
-        stale: Option<Held<CachedResponse>>,
-    ) -> Admitted<ResBody, S::Error> {
+    async fn rebuild(mut self, stale: Option<Held<CachedResponse>>) -> Admitted<ResBody, S::Error> {
         // The entry is the GET answer, whatever this request's method and
         // conditions; HEAD is answered from it afterwards.
         *self.request.method_mut() = Method::GET;

@@ -63,7 +63,12 @@ impl Targets {
 
     /// The groups to drop after an answer with `status` and `headers`: none
     /// for an error (or an informational) answer.
-    pub(crate) fn keys(&self, policy: &Policy, status: StatusCode, headers: &HeaderMap) -> Vec<Key> {
+    pub(crate) fn keys(
+        &self,
+        policy: &Policy,
+        status: StatusCode,
+        headers: &HeaderMap,
+    ) -> Vec<Key> {
         if !(status.is_success() || status.is_redirection()) {
             return Vec::new();
         }
@@ -108,7 +113,10 @@ impl Targets {
             let absolute = if has_scheme {
                 reference.to_owned()
             } else {
-                format!("{}:{reference}", self.scheme.as_ref().map_or("http", |s| s.as_str()))
+                format!(
+                    "{}:{reference}",
+                    self.scheme.as_ref().map_or("http", |s| s.as_str())
+                )
             };
             let parsed: Uri = absolute.parse().ok()?;
             let (Some(theirs), Some(authority)) = (parsed.scheme(), parsed.authority()) else {
@@ -218,9 +226,16 @@ mod tests {
         let t = targets("/items", "a.example");
         let mut headers = HeaderMap::new();
         headers.insert(LOCATION, "/items/9".parse().unwrap());
-        headers.insert(CONTENT_LOCATION, "http://evil.example/items".parse().unwrap());
-        assert!(t.keys(&policy, StatusCode::BAD_REQUEST, &headers).is_empty());
-        assert!(t.keys(&policy, StatusCode::BAD_GATEWAY, &headers).is_empty());
+        headers.insert(
+            CONTENT_LOCATION,
+            "http://evil.example/items".parse().unwrap(),
+        );
+        assert!(t
+            .keys(&policy, StatusCode::BAD_REQUEST, &headers)
+            .is_empty());
+        assert!(t
+            .keys(&policy, StatusCode::BAD_GATEWAY, &headers)
+            .is_empty());
         let keys = t.keys(&policy, StatusCode::CREATED, &headers);
         assert_eq!(keys.len(), 2, "target and Location, not the other host");
         let get = |uri: &str| {

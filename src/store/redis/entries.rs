@@ -46,7 +46,10 @@ pub(crate) enum Fetched {
     /// A fresh entry.
     Fresh(Remote),
     /// The lease is ours: rebuild, then commit. The old entry, if any.
-    Leased { lease: Lease, stale: Option<Remote> },
+    Leased {
+        lease: Box<Lease>,
+        stale: Option<Remote>,
+    },
     /// Someone else holds the lease for `lease_pttl`. The old entry, if any.
     Held {
         lease_pttl: Duration,
@@ -79,16 +82,16 @@ impl RedisTier {
         let reply = self.call(invocation.invoke_async(&mut conn)).await;
         let (status, value, a, value_pttl, generation): (i64, Vec<u8>, i64, i64, String) =
             match reply {
-            Ok(reply) => reply,
-            Err(e) => {
-                // The script may have run, and taken the lease, after we
-                // stopped waiting: nobody else knows the token.
-                if e.may_have_run() {
-                    self.release_orphan(*key, token, lease_time);
+                Ok(reply) => reply,
+                Err(e) => {
+                    // The script may have run, and taken the lease, after we
+                    // stopped waiting: nobody else knows the token.
+                    if e.may_have_run() {
+                        self.release_orphan(*key, token, lease_time);
+                    }
+                    return Err(e);
                 }
-                return Err(e);
-            }
-        };
+            };
         let value = Bytes::from(value);
         let remote = |fresh: Option<Duration>| {
             (!value.is_empty()).then(|| Remote {
@@ -104,14 +107,14 @@ impl RedisTier {
             },
             2 => Fetched::Leased {
                 stale: remote(None),
-                lease: Lease::new(
+                lease: Box::new(Lease::new(
                     self.clone(),
                     *key,
                     token,
                     a.max(0) as u64,
                     lease_time,
                     generation,
-                ),
+                )),
             },
             3 => Fetched::Held {
                 lease_pttl: positive(a).unwrap_or(Duration::ZERO),
