@@ -194,6 +194,68 @@ mod with_redis {
     }
 }
 
+#[cfg(feature = "redis")]
+mod generation_lost {
+    use super::*;
+    use common::driver::connect;
+    use common::redis::RedisServer;
+
+    /// Deletes every group generation, as eviction or a restart would.
+    fn evict_generations(redis: &RedisServer) -> String {
+        redis.raw(&[
+            "EVAL",
+            "local n = 0; for _, k in ipairs(redis.call('KEYS', '*:g')) do \
+             n = n + redis.call('DEL', k) end; return n",
+            "0",
+        ])
+    }
+
+    /// A lost generation never brings back a variant stored under an older
+    /// one: the `fr` variant left over from before an invalidation stays
+    /// gone, and a lost generation voids the current ones too (a miss, never
+    /// an old value).
+    #[tokio::test]
+    async fn a_lost_generation_revives_nothing() {
+        let redis = RedisServer::start();
+        let origin = Origin::default();
+        let gate = Gate::default();
+        let (guard, app_a) = app(&origin, &gate, connect(&redis).await);
+        let old = texts(&app_a).await;
+        guard
+            .invalidate(&req(Some("en")))
+            .await
+            .expect("invalidated");
+        // Only `en` is rebuilt: `fr` and the default stay in Redis under
+        // the old generation.
+        let en = send(&app_a, req(Some("en"))).await.text();
+        assert_ne!(en, old[0]);
+        assert_eq!(evict_generations(&redis), ":1");
+        // A cold instance asks Redis.
+        let (_, cold) = app(&origin, &gate, connect(&redis).await);
+        let now = texts(&cold).await;
+        for (new, old) in now.iter().zip(&old) {
+            assert_ne!(new, old, "an invalidated variant came back");
+        }
+        assert_ne!(now[0], en, "an entry of a lost generation is a miss");
+    }
+}
+
+/// On a cluster, a URL's variants and its generation share one slot, so
+/// every script still touches one slot only.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn variants_on_a_cluster() {
+    let cluster = common::cluster::Cluster::start(3, 0);
+    let connect = || async {
+        Backend::redis_cluster_builder(cluster.urls())
+            .connect()
+            .await
+            .expect("cluster backend")
+    };
+    all_variants_rebuild(connect().await, connect().await).await;
+    a_running_rebuild_of_an_unseen_variant_cannot_store(connect().await, connect().await).await;
+}
+
 #[tokio::test]
 async fn embedded_invalidation_reaches_every_variant() {
     let backend = Backend::local();

@@ -186,6 +186,32 @@ mod with_redis {
         let redis = RedisServer::start();
         a_write_is_read_back_everywhere(connect(&redis).await, connect(&redis).await).await;
     }
+
+    /// Redis gone: the write still gets its answer (the purge is tried, and
+    /// fails, within the backend's deadlines), and this instance has dropped
+    /// its copy all the same.
+    #[tokio::test]
+    async fn a_failed_invalidation_never_fails_the_write() {
+        let mut redis = RedisServer::start();
+        let backend = Backend::redis_builder(&redis.url())
+            .deadline(Duration::from_millis(50))
+            .connect()
+            .await
+            .expect("redis backend");
+        let store = Store::default();
+        let app = app(&store, StampedeGuard::new(backend.clone()));
+        assert_eq!(
+            read(&app, "/item", "a.example", None).await.text(),
+            "none:0"
+        );
+        redis.kill();
+        let written = write(&app, Method::POST, "/item").await;
+        assert_eq!(written.status, StatusCode::OK);
+        assert_eq!(written.text(), "written");
+        let after = read(&app, "/item", "a.example", None).await;
+        assert_eq!(after.text(), "none:1", "the local copy was dropped");
+        assert!(backend.stats().redis.unwrap().errors > 0);
+    }
 }
 
 #[tokio::test]

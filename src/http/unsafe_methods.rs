@@ -18,6 +18,7 @@ use http::header::{CONTENT_LOCATION, HOST, LOCATION};
 use http::request::Parts;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, Method, Request, StatusCode, Uri};
+use std::sync::Arc;
 
 use super::key::url_key;
 use super::policy::Policy;
@@ -167,15 +168,27 @@ fn key_of(policy: &Policy, parts: &Parts) -> Option<Key> {
     Some(url_key(&policy.namespace, parts, custom.as_deref()))
 }
 
-/// Drops every group in `keys`, on every instance; a failure is logged and
-/// counted, never returned.
-pub(crate) async fn invalidate(engine: &Engine, keys: Vec<Key>) {
-    for key in keys {
-        count(m::UNSAFE_INVALIDATIONS);
-        if let Err(error) = engine.invalidate(&key).await {
-            count(m::INVALIDATION_FAILURES);
-            tracing::warn!(key = %key, error = %error, "invalidation after an unsafe method failed");
-        }
+/// Drops every group in `keys`, on every instance, side by side (so a
+/// failing Redis delays the response by one invalidation's tries, not one
+/// per URI); a failure is logged and counted, never returned. Each runs on
+/// its own task: a client that goes away does not cut it short.
+pub(crate) async fn invalidate(engine: &Arc<Engine>, keys: Vec<Key>) {
+    let tasks: Vec<_> = keys
+        .into_iter()
+        .map(|key| {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                count(m::UNSAFE_INVALIDATIONS);
+                if let Err(error) = engine.invalidate(&key).await {
+                    count(m::INVALIDATION_FAILURES);
+                    tracing::warn!(key = %key, error = %error, "invalidation after an unsafe method failed");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        // A panic in the task is the engine's bug, not the response's.
+        let _ = task.await;
     }
 }
 
