@@ -38,6 +38,8 @@ struct Origin {
     full: Arc<AtomicUsize>,
     not_modified: Arc<AtomicUsize>,
     conditions_seen: Arc<AtomicUsize>,
+    /// Every `If-None-Match` the origin was sent.
+    tags_seen: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Origin {
@@ -47,6 +49,7 @@ impl Origin {
             full: Arc::default(),
             not_modified: Arc::default(),
             conditions_seen: Arc::default(),
+            tags_seen: Arc::default(),
         }
     }
 
@@ -68,6 +71,10 @@ impl Origin {
                     headers.contains_key(IF_NONE_MATCH) || headers.contains_key(IF_MODIFIED_SINCE);
                 if conditional {
                     origin.conditions_seen.fetch_add(1, Ordering::SeqCst);
+                }
+                for tag in headers.get_all(IF_NONE_MATCH) {
+                    let tag = tag.to_str().unwrap_or("?").to_owned();
+                    origin.tags_seen.lock().unwrap().push(tag);
                 }
                 let unchanged = match origin.validator {
                     Validator::ETag => headers.get(IF_NONE_MATCH).is_some_and(|v| v == "\"c1\""),
@@ -210,6 +217,27 @@ async fn a_clients_conditions_are_not_sent_to_the_origin() {
     let plain = send(&app, doc()).await;
     assert_eq!(plain.text(), "the body");
     assert_eq!(plain.x_cache(), "HIT");
+}
+
+/// A client whose stale hit starts the refresh cannot choose what the
+/// origin is asked: its own `If-None-Match` is replaced by the entry's.
+#[tokio::test]
+async fn the_refresh_asks_with_the_entrys_validator_not_the_clients() {
+    let origin = Origin::new(Validator::ETag);
+    let app = origin.app(StampedeGuard::new(Backend::local()));
+    send(&app, doc()).await;
+    tokio::time::sleep(TTL * 2).await;
+    let attacker = Request::get("/doc")
+        .header(IF_NONE_MATCH, "\"forged\"")
+        .header(IF_MODIFIED_SINCE, MODIFIED)
+        .body(Body::empty())
+        .unwrap();
+    let stale = send(&app, attacker).await;
+    assert_eq!(stale.x_cache(), "STALE");
+    let after = renewed(&app, "1").await;
+    assert_eq!(after.text(), "the body");
+    assert_eq!(*origin.tags_seen.lock().unwrap(), ["\"c1\""]);
+    assert_eq!((origin.full(), origin.not_modified()), (1, 1));
 }
 
 #[cfg(feature = "redis")]

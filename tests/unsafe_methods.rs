@@ -62,6 +62,11 @@ impl Write {
 /// `/item` (GET reads, POST/PUT/PATCH/DELETE write) and `/other` (GET), all
 /// behind the guard; `/item` varies on Accept-Language.
 fn app(store: &Store, guard: StampedeGuard) -> Router {
+    app_with(store, guard.vary([ACCEPT_LANGUAGE]))
+}
+
+/// [`app`] with the guard as given.
+fn app_with(store: &Store, guard: StampedeGuard) -> Router {
     let read = {
         let store = store.clone();
         move |headers: HeaderMap| {
@@ -104,7 +109,7 @@ fn app(store: &Store, guard: StampedeGuard) -> Router {
         .put(write.clone())
         .patch(write.clone())
         .delete(write);
-    let guard = guard.ttl(Duration::from_secs(60)).vary([ACCEPT_LANGUAGE]);
+    let guard = guard.ttl(Duration::from_secs(60));
     Router::new()
         .route("/item", item.layer(guard.clone()))
         .route("/other", get(read).layer(guard))
@@ -302,4 +307,43 @@ async fn safe_methods_invalidate_nothing() {
     let after = read(&app, "/item", "a.example", None).await;
     assert_eq!(after.x_cache(), "HIT");
     assert_eq!(store.reads(), 1);
+}
+
+/// The write's target is keyed as a GET of it is: the query in any order,
+/// with credentials on the write, and through the route's key function.
+#[tokio::test]
+async fn the_target_is_keyed_as_its_get() {
+    let store = Store::default();
+    let app = app(&store, StampedeGuard::new(Backend::local()));
+    read(&app, "/item?a=1&b=2", "a.example", None).await;
+    let mut post = request(Method::POST, "/item?b=2&a=1", "A.EXAMPLE", None);
+    post.headers_mut()
+        .insert(http::header::COOKIE, "session=1".parse().unwrap());
+    assert_eq!(send(&app, post).await.status, StatusCode::OK);
+    let after = read(&app, "/item?a=1&b=2", "a.example", None).await;
+    assert_eq!(after.x_cache(), "MISS");
+    assert_eq!(after.text(), "none:1");
+
+    // A key function: one entry per tenant.
+    let store = Store::default();
+    let guard = StampedeGuard::new(Backend::local()).key_fn(|req| {
+        let tenant = req.headers.get("x-tenant")?.to_str().ok()?;
+        Some(format!("{}:{}", tenant, req.uri.path()))
+    });
+    let app = app_with(&store, guard);
+    let tenant = |method: Method, tenant: &str| {
+        let mut r = request(method, "/item", "a.example", None);
+        r.headers_mut().insert("x-tenant", tenant.parse().unwrap());
+        r
+    };
+    send(&app, tenant(Method::GET, "t1")).await;
+    send(&app, tenant(Method::GET, "t2")).await;
+    assert_eq!(store.reads(), 2);
+    send(&app, tenant(Method::PUT, "t1")).await;
+    assert_eq!(
+        send(&app, tenant(Method::GET, "t1")).await.x_cache(),
+        "MISS"
+    );
+    assert_eq!(send(&app, tenant(Method::GET, "t2")).await.x_cache(), "HIT");
+    assert_eq!(store.reads(), 3);
 }
