@@ -80,7 +80,8 @@ impl Key {
         self.group == group.id
     }
 
-    /// Parses the 32 lowercase hex digits that `Display` writes.
+    /// Parses the 32 lowercase hex digits that `Display` writes. The key is
+    /// its own group (the digits do not say which group a variant is of).
     pub fn from_hex(hex: &str) -> Option<Key> {
         let hex = hex.as_bytes();
         if hex.len() != 32 {
