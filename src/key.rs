@@ -9,8 +9,43 @@
 use std::fmt;
 
 /// A fixed-length cache key.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key([u8; 16]);
+///
+/// A key belongs to a *group*: the entries an invalidation drops together.
+/// A response's group is its URL, and the key is one variant of it (RFC 9111
+/// §4.1: the values of the headers it varies on); a generic cache value is
+/// its own group. Two keys are equal when their digests are: the digest
+/// already covers the group.
+#[derive(Clone, Copy)]
+pub struct Key {
+    id: [u8; 16],
+    group: [u8; 16],
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.id.cmp(&other.id)
+    }
+}
 
 impl Key {
     /// The key of an application value for the generic [`Cache`](crate::Cache).
@@ -23,10 +58,30 @@ impl Key {
 
     /// The raw digest.
     pub fn as_bytes(&self) -> &[u8; 16] {
-        &self.0
+        &self.id
     }
 
-    /// Parses the 32 lowercase hex digits that `Display` writes.
+    /// The key of this key's group: for a response, its URL, shared by
+    /// every variant; for a generic cache value, the key itself.
+    pub fn group(&self) -> Key {
+        Key {
+            id: self.group,
+            group: self.group,
+        }
+    }
+
+    /// Whether the key is its own group (nothing else shares it).
+    pub(crate) fn is_group(&self) -> bool {
+        self.id == self.group
+    }
+
+    /// Whether the key belongs to `group`.
+    pub(crate) fn in_group(&self, group: &Key) -> bool {
+        self.group == group.id
+    }
+
+    /// Parses the 32 lowercase hex digits that `Display` writes. The key is
+    /// its own group (the digits do not say which group a variant is of).
     pub fn from_hex(hex: &str) -> Option<Key> {
         let hex = hex.as_bytes();
         if hex.len() != 32 {
@@ -41,7 +96,10 @@ impl Key {
             };
             out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
         }
-        Some(Key(out))
+        Some(Key {
+            id: out,
+            group: out,
+        })
     }
 }
 
@@ -53,7 +111,7 @@ impl fmt::Debug for Key {
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
+        for b in self.id {
             write!(f, "{b:02x}")?;
         }
         Ok(())
@@ -178,14 +236,28 @@ impl KeyHasher {
         }
     }
 
+    /// The key of the parts written, its own group.
     pub(crate) fn finish(&self) -> Key {
+        let id = self.digest();
+        Key { id, group: id }
+    }
+
+    /// The key of the parts written, as a member of `group`.
+    pub(crate) fn finish_in(&self, group: &Key) -> Key {
+        Key {
+            id: self.digest(),
+            group: group.id,
+        }
+    }
+
+    fn digest(&self) -> [u8; 16] {
         let digest = match &self.spill {
             Some(spill) => spill.finalize(),
             None => blake3::hash(&self.buf[..self.len]),
         };
         let mut out = [0u8; 16];
         out.copy_from_slice(&digest.as_bytes()[..16]);
-        Key(out)
+        out
     }
 }
 
@@ -253,7 +325,7 @@ mod tests {
         whole.update(b"d");
         whole.update(&[0xe8, 0x07]); // 1000 in LEB128
         whole.update(long.as_bytes());
-        assert_eq!(&spilled.finish().0[..], &whole.finalize().as_bytes()[..16]);
+        assert_eq!(&spilled.finish().id[..], &whole.finalize().as_bytes()[..16]);
     }
 
     proptest! {

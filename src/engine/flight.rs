@@ -76,8 +76,10 @@ impl Flights {
         }
     }
 
+    /// The shard of the key's group: every variant of a URL sits in one
+    /// shard, so a group is detached under one lock.
     fn shard(&self, key: &Key) -> MutexGuard<'_, Shard> {
-        let idx = key.as_bytes()[0] as usize % SHARDS;
+        let idx = key.group().as_bytes()[0] as usize % SHARDS;
         // No user code runs under this lock, so a poisoned lock still holds a
         // consistent map.
         self.shards[idx]
@@ -122,16 +124,22 @@ impl Flights {
         }
     }
 
-    /// Takes the key's flight out of the map, if one runs: later requests
-    /// start their own, and this one may no longer store.
-    pub(crate) fn detach(&self, key: &Key) {
-        let mut shard = self.shard(key);
-        if let Some(flight) = shard.remove(key) {
-            flight.detached.store(true, Ordering::Relaxed);
-        }
+    /// Takes the flight of every key of `group` out of the map, variants no
+    /// request has completed yet included: later requests start their own,
+    /// and these may no longer store.
+    pub(crate) fn detach_group(&self, group: &Key) {
+        let group = group.group();
+        let mut shard = self.shard(&group);
+        shard.retain(|key, flight| {
+            let member = key.in_group(&group);
+            if member {
+                flight.detached.store(true, Ordering::Relaxed);
+            }
+            !member
+        });
     }
 
-    /// Detaches every flight (see [`detach`](Self::detach)).
+    /// Detaches every flight (see [`detach_group`](Self::detach_group)).
     #[cfg(feature = "redis")]
     pub(crate) fn detach_all(&self) {
         for shard in self.shards.iter() {
@@ -378,7 +386,7 @@ mod tests {
         let Joined::Follow(before) = flights.join(key(5)) else {
             panic!()
         };
-        flights.detach(&key(5));
+        flights.detach_group(&key(5));
         let Joined::Lead(after) = flights.join(key(5)) else {
             panic!("a request after the invalidation starts its own flight")
         };

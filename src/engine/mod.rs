@@ -234,11 +234,12 @@ impl Engine {
         }
     }
 
-    /// Drops the key here and, with a shared tier, from Redis and every
-    /// other instance. A barrier: a rebuild already running for the key may
-    /// still answer the requests that were waiting on it, but it stores
-    /// nothing, and a request that starts after this returns does not join
-    /// it; it gets a value built afterwards.
+    /// Drops the key's whole group (every variant of a URL; a generic cache
+    /// value is its own group) here and, with a shared tier, from Redis and
+    /// every other instance. A barrier: a rebuild already running for any
+    /// key of the group may still answer the requests that were waiting on
+    /// it, but it stores nothing, and a request that starts after this
+    /// returns does not join it; it gets a value built afterwards.
     pub(crate) async fn invalidate(&self, key: &Key) -> Result<(), crate::Error> {
         // Redis first: a flight of this process that read the old value from
         // Redis before the purge is detached (or its value removed) by the
@@ -256,10 +257,11 @@ impl Engine {
         purged
     }
 
-    /// The in-process half of an invalidation.
+    /// The in-process half of an invalidation: the key's whole group.
     pub(crate) fn invalidate_here(&self, key: &Key) {
-        self.flights.detach(key);
-        self.l1.remove(key);
+        let group = key.group();
+        self.flights.detach_group(&group);
+        self.l1.remove_group(&group);
     }
 
     /// Drops everything this process holds, and keeps every running flight

@@ -210,7 +210,7 @@ async fn plan_shared<V: CacheValue>(
                     continue;
                 }
             },
-            Fetched::Leased { lease, stale } => (Some(lease), Duration::ZERO, stale),
+            Fetched::Leased { lease, stale } => (Some(*lease), Duration::ZERO, stale),
             Fetched::Held { lease_pttl, stale } => (None, lease_pttl, stale),
         };
         stale = newer(

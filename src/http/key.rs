@@ -4,7 +4,9 @@
 //! namespace, host, path, the query with its pairs sorted by name, the values
 //! of the route's Vary headers and of the forwarding headers the deployment
 //! keys on (HEAD shares GET's entry, and nothing else reaches here, so the
-//! method adds nothing).
+//! method adds nothing). The Vary values (and `Accept-Encoding`) select a
+//! variant within the URL's group ([`RequestKey`]), so that one invalidation
+//! drops them all.
 //!
 //! The key is what the client asked for, exactly as the handler sees it: the
 //! URI before any router stripped a prefix (axum's `OriginalUri`), and the
@@ -109,12 +111,40 @@ pub(crate) fn align_host(parts: &mut Parts) -> Result<(), &'static str> {
     }
 }
 
+/// A request's key in two parts (RFC 9111 §4.1): the URL's key, which names
+/// the group an invalidation drops, and the key of the variant the request
+/// selects within it, under which the response is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RequestKey {
+    /// Namespace, the request's target (or the route's custom key) and the
+    /// forwarding headers keyed on.
+    pub url: Key,
+    /// `url` and the values of the route's Vary headers (and the normalised
+    /// `Accept-Encoding`); a member of `url`'s group (the URL key itself when
+    /// the route varies on nothing).
+    pub key: Key,
+}
+
 /// The key of a request. `custom` replaces host, path and query when the route
 /// supplies its own key function.
 pub(crate) fn request_key(rules: &KeyRules<'_>, parts: &Parts, custom: Option<&str>) -> Key {
+    split_key(rules, parts, custom).key
+}
+
+/// Both parts of a request's key.
+pub(crate) fn split_key(rules: &KeyRules<'_>, parts: &Parts, custom: Option<&str>) -> RequestKey {
+    let url = url_key(rules, parts, custom);
+    RequestKey {
+        url,
+        key: variant_key(&url, rules, parts),
+    }
+}
+
+/// The URL part: what names the resource, whatever the variant.
+pub(crate) fn url_key(rules: &KeyRules<'_>, parts: &Parts, custom: Option<&str>) -> Key {
     // "h2": responses, key format 2 (query sorted by name only, forwarding
-    // headers and the normalised Accept-Encoding). HEAD is answered from the
-    // GET entry and nothing else reaches here, so the method adds nothing.
+    // headers, variants in the URL's group). HEAD is answered from the GET
+    // entry and nothing else reaches here, so the method adds nothing.
     let mut h = KeyHasher::new(b"h2");
     h.part(rules.namespace.as_bytes());
     match custom {
@@ -137,6 +167,28 @@ pub(crate) fn request_key(rules: &KeyRules<'_>, parts: &Parts, custom: Option<&s
             h.part_query(uri.query().unwrap_or(""));
         }
     }
+    // Forwarding headers are usually absent: only the present ones are
+    // written (name, count, values), so a typical key stays short. They name
+    // the URL the client used (its host, scheme, prefix), so they belong to
+    // the URL part.
+    h.part(b"\x00forwarded");
+    for name in rules.forwarded {
+        if parts.headers.contains_key(name) {
+            hash_values(&mut h, parts, name);
+        }
+    }
+    h.finish()
+}
+
+/// The variant part: the URL key and the values of the Vary headers.
+pub(crate) fn variant_key(url: &Key, rules: &KeyRules<'_>, parts: &Parts) -> Key {
+    let others = rules.vary.iter().any(|name| name != ACCEPT_ENCODING);
+    if !others && !rules.accept_encoding {
+        return *url;
+    }
+    // "h2v": a variant of a response's URL.
+    let mut h = KeyHasher::new(b"h2v");
+    h.part(url.as_bytes());
     for name in rules.vary {
         if name != ACCEPT_ENCODING {
             hash_values(&mut h, parts, name);
@@ -145,15 +197,7 @@ pub(crate) fn request_key(rules: &KeyRules<'_>, parts: &Parts, custom: Option<&s
     if rules.accept_encoding {
         hash_accept_encoding(&mut h, &parts.headers);
     }
-    // Forwarding headers are usually absent: only the present ones are
-    // written (name, count, values), so a typical key stays short.
-    h.part(b"\x00forwarded");
-    for name in rules.forwarded {
-        if parts.headers.contains_key(name) {
-            hash_values(&mut h, parts, name);
-        }
-    }
-    h.finish()
+    h.finish_in(url)
 }
 
 /// A header's name, how many lines it has (none: absent, which differs from
@@ -268,6 +312,41 @@ mod tests {
         assert_ne!(v(&[]), v(&[("accept-language", "")]));
         // Headers the route does not vary on do not matter.
         assert_eq!(v(&[("x-other", "1")]), v(&[("x-other", "2")]));
+    }
+
+    #[test]
+    fn every_variant_belongs_to_its_urls_group() {
+        let vary: Vec<HeaderName> = vec!["accept-language".parse().unwrap()];
+        let split = |uri, lang| {
+            split_key(
+                &rules("ns", &vary),
+                &parts(uri, &[("accept-language", lang)]),
+                None,
+            )
+        };
+        let (en, fr, other) = (split("/r", "en"), split("/r", "fr"), split("/s", "en"));
+        assert_eq!(en.url, fr.url);
+        assert_ne!(en.key, fr.key);
+        assert_eq!(en.key.group(), en.url);
+        assert_eq!(fr.key.group(), fr.url);
+        assert_ne!(other.key.group(), en.url);
+        // A variant never takes its URL's own key.
+        assert_ne!(en.key, en.url);
+        assert!(!en.key.is_group());
+        // Without Vary the URL key is the entry's key.
+        let plain = split_key(&rules("ns", &[]), &parts("/r", &[]), None);
+        assert_eq!(plain.key, plain.url);
+        assert!(plain.key.is_group());
+        // A normalised Accept-Encoding is a variant too.
+        let ae = [ACCEPT_ENCODING];
+        let gz = split_key(
+            &rules("ns", &ae),
+            &parts("/r", &[("accept-encoding", "gzip")]),
+            None,
+        );
+        assert_eq!(gz.url, plain.url);
+        assert_eq!(gz.key.group(), plain.url);
+        assert_ne!(gz.key, plain.key);
     }
 
     #[test]

@@ -287,6 +287,18 @@ impl StampedeGuard {
         self.with(|p| p.early_refresh = beta)
     }
 
+    /// Whether a successful (2xx or 3xx) answer to an unsafe method (any
+    /// but GET, HEAD, OPTIONS and TRACE) drops, on every instance and before
+    /// the response is returned, every variant of the request's URI and of
+    /// the same-host URIs in its `Location` and `Content-Location` (RFC 9111
+    /// §4.4). On by default.
+    ///
+    /// Anyone who can make the origin accept a write can so make the fleet
+    /// rebuild that URI once: the rebuild is still coalesced.
+    pub fn invalidate_on_unsafe(self, on: bool) -> Self {
+        self.with(|p| p.invalidate_on_unsafe = on)
+    }
+
     /// Prefix for every key, to keep apart services or versions that share a
     /// backend.
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
@@ -329,15 +341,16 @@ impl StampedeGuard {
         Some(request_key(&rules, &parts, custom.as_deref()))
     }
 
-    /// Drops the entry a request would be answered from, so the next request
-    /// rebuilds it: in this process and, with a Redis backend, in Redis and
-    /// in every instance's in-process tier.
+    /// Drops the entry a request would be answered from, and every other
+    /// variant of its URL (the entries for other values of the route's
+    /// [`vary`](Self::vary) headers), so the next request rebuilds them: in
+    /// this process and, with a Redis backend, in Redis and in every
+    /// instance's in-process tier.
     ///
-    /// The entry is the one for this request's own Vary values and
-    /// forwarding headers: a route keyed on `accept-encoding` (listed or
-    /// learned) has one entry per normalised `Accept-Encoding`, and each is
-    /// invalidated by a request carrying it. Behind a proxy that sets
-    /// `X-Forwarded-Proto` (or another of the
+    /// Every variant goes: the entries for other values of the Vary headers
+    /// and, on a route keyed on `Accept-Encoding` (listed or learned), every
+    /// coding. The forwarding headers, though, are part of the URL: behind a
+    /// proxy that sets `X-Forwarded-Proto` (or another of the
     /// [forwarding headers](Self::forwarded_headers)), give the invalidating
     /// request the same values, for example by copying them from the request
     /// that caused the invalidation.

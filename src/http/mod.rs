@@ -19,7 +19,9 @@ mod passes;
 mod policy;
 mod respond;
 pub(crate) mod response;
+mod revalidate;
 mod service;
+mod unsafe_methods;
 mod vary;
 
 #[doc(inline)]

@@ -79,6 +79,8 @@ pub(crate) struct Policy {
     pub lease: Duration,
     pub rebuild_timeout: Duration,
     pub early_refresh: Option<f64>,
+    /// Drop the target's entries after a successful unsafe method.
+    pub invalidate_on_unsafe: bool,
 }
 
 impl Policy {
@@ -125,6 +127,7 @@ impl Default for Policy {
             lease: Duration::from_secs(5),
             rebuild_timeout: DEFAULT_REBUILD_TIMEOUT,
             early_refresh: None,
+            invalidate_on_unsafe: true,
         }
     }
 }

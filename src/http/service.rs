@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Buf;
-use http::{header, HeaderName, Method, Request, Response};
+use http::{header, HeaderName, Method, Request, Response, StatusCode};
 use http_body::Body as HttpBody;
 use tower_service::Service;
 
@@ -24,8 +24,11 @@ use super::key::{align_host, request_key, KeyRules, Keyed};
 use super::policy::{request_bypass, Policy};
 use super::respond::{failure, present, tag, CacheStatus, Conditions};
 use super::response::CachedResponse;
+use super::revalidate::{ask_conditionally, renew};
+use super::unsafe_methods::{invalidate, is_unsafe, Targets};
 use crate::backend::Backend;
 use crate::engine::{Answer, Engine, Held, Looked, Miss, Rebuild};
+use crate::metrics::{self as m, count};
 
 /// The service a [`StampedeGuard`](crate::StampedeGuard) wraps around an inner
 /// service.
@@ -96,6 +99,9 @@ where
         if let Err(reason) = align_host(&mut parts) {
             return self.pass_through(Request::from_parts(parts, body), reason);
         }
+        if policy.invalidate_on_unsafe && is_unsafe(&parts.method) {
+            return self.unsafe_method(Request::from_parts(parts, body));
+        }
         let bypass = request_bypass(policy, &parts.method, &parts.headers);
         if let Some(reason) = bypass.or_else(|| body_pending(&body)) {
             return self.pass_through(Request::from_parts(parts, body), reason);
@@ -150,6 +156,36 @@ where
 }
 
 impl<S> GuardService<S> {
+    /// An unsafe method: passed through; a successful answer drops the
+    /// groups it touched, everywhere, before it is returned.
+    fn unsafe_method<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ResBody: HttpBody + Send + 'static,
+    {
+        self.policy.passes.request("method");
+        let (mut parts, body) = request.into_parts();
+        let targets = Targets::of(&self.policy, &mut parts);
+        let future = self.inner.call(Request::from_parts(parts, body));
+        let engine = self.backend.engine.clone();
+        let policy = self.policy.clone();
+        ResponseFuture::miss(Box::pin(async move {
+            let response = future.await?;
+            let keys = targets.keys(&policy, response.status(), response.headers());
+            invalidate(&engine, keys).await;
+            Ok(tag(
+                &policy,
+                response.map(Body::stream),
+                CacheStatus::Bypass,
+            ))
+        }))
+    }
+
     fn pass_through<ReqBody, ResBody>(
         &mut self,
         request: Request<ReqBody>,
@@ -285,18 +321,27 @@ where
     type Value = CachedResponse;
     type Private = Private<ResBody, S::Error>;
 
-    async fn rebuild(
-        mut self,
-        _stale: Option<Held<CachedResponse>>,
-    ) -> Admitted<ResBody, S::Error> {
+    async fn rebuild(mut self, stale: Option<Held<CachedResponse>>) -> Admitted<ResBody, S::Error> {
         // The entry is the GET answer, whatever this request's method and
         // conditions; HEAD is answered from it afterwards.
         *self.request.method_mut() = Method::GET;
         for name in &CONDITIONAL {
             self.request.headers_mut().remove(name);
         }
+        // The entry being replaced, if it has a validator: ask whether it
+        // still holds (only our own conditions reach the origin).
+        let stored = stale
+            .map(|held| held.value().clone())
+            .filter(|stored| ask_conditionally(stored, self.request.headers_mut()));
         let (policy, keyed) = (self.policy.clone(), self.keyed);
         match self.call().await {
+            Ok(response) if response.status() == StatusCode::NOT_MODIFIED => match stored {
+                Some(stored) => {
+                    count(m::REVALIDATED);
+                    renew(&policy, stored, response, keyed)
+                }
+                None => admit(&policy, response, keyed).await,
+            },
             Ok(response) => admit(&policy, response, keyed).await,
             Err(error) => crate::engine::Built::Failed {
                 shared: None,

@@ -9,6 +9,7 @@
 //! The tier does not know what it stores beyond [`Stored`]: its weight and
 //! how long it may still be used.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -84,6 +85,9 @@ impl<T: Stored> Expiry<Key, Slot<T>> for SlotExpiry {
 pub(crate) struct LocalTier<T> {
     cache: Moka<Key, Slot<T>>,
     max_bytes: u64,
+    /// Set once a key that is not its own group (a variant of a URL) was
+    /// stored: only then must dropping a group look past the group's key.
+    variants: Arc<AtomicBool>,
 }
 
 impl<T> Clone for LocalTier<T> {
@@ -91,6 +95,7 @@ impl<T> Clone for LocalTier<T> {
         LocalTier {
             cache: self.cache.clone(),
             max_bytes: self.max_bytes,
+            variants: self.variants.clone(),
         }
     }
 }
@@ -104,8 +109,13 @@ impl<T: Stored> LocalTier<T> {
                 Slot::HitForMiss(_) => SLOT_OVERHEAD as u32,
             })
             .expire_after(SlotExpiry)
+            .support_invalidation_closures()
             .build();
-        LocalTier { cache, max_bytes }
+        LocalTier {
+            cache,
+            max_bytes,
+            variants: Arc::default(),
+        }
     }
 
     pub(crate) fn get(&self, key: &Key) -> Option<Slot<T>> {
@@ -116,6 +126,9 @@ impl<T: Stored> LocalTier<T> {
     /// admit it and evict it only at its next housekeeping, letting one huge
     /// value push out every hot entry in the meantime.
     pub(crate) fn insert(&self, key: Key, slot: Slot<T>) {
+        if !key.is_group() && !self.variants.load(Ordering::Relaxed) {
+            self.variants.store(true, Ordering::Relaxed);
+        }
         if let Slot::Value(value) = &slot {
             if u64::from(value.weight()) > self.max_bytes {
                 self.cache.invalidate(&key);
@@ -145,6 +158,25 @@ impl<T: Stored> LocalTier<T> {
 
     pub(crate) fn remove(&self, key: &Key) {
         self.cache.invalidate(key);
+    }
+
+    /// Drops every slot of `group`: the group's own key and, once variants
+    /// were stored, every key of the group. Once this returns, no slot of
+    /// the group stored before it is returned again (moka checks the
+    /// predicate on reads until its sweep has removed them).
+    pub(crate) fn remove_group(&self, group: &Key) {
+        let group = group.group();
+        self.cache.invalidate(&group);
+        if self.variants.load(Ordering::Relaxed) {
+            let predicate = self
+                .cache
+                .invalidate_entries_if(move |key, _| key.in_group(&group));
+            if predicate.is_err() {
+                // Closures are enabled above; should that ever change, drop
+                // everything rather than keep a variant.
+                self.cache.invalidate_all();
+            }
+        }
     }
 
     /// Removes the key's value only if it is still `value`: a newer one

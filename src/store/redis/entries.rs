@@ -46,7 +46,10 @@ pub(crate) enum Fetched {
     /// A fresh entry.
     Fresh(Remote),
     /// The lease is ours: rebuild, then commit. The old entry, if any.
-    Leased { lease: Lease, stale: Option<Remote> },
+    Leased {
+        lease: Box<Lease>,
+        stale: Option<Remote>,
+    },
     /// Someone else holds the lease for `lease_pttl`. The old entry, if any.
     Held {
         lease_pttl: Duration,
@@ -77,20 +80,22 @@ impl RedisTier {
             .arg(early.map_or(-1, |d| millis(d).min(1 << 52) as i64))
             .arg(millis(FENCE_KEEP));
         let reply = self.call(invocation.invoke_async(&mut conn)).await;
-        let (status, value, a, value_pttl): (i64, Vec<u8>, i64, i64) = match reply {
-            Ok(reply) => reply,
-            Err(e) => {
-                // The script may have run, and taken the lease, after we
-                // stopped waiting: nobody else knows the token.
-                if e.may_have_run() {
-                    self.release_orphan(*key, token, lease_time);
+        let (status, value, a, value_pttl, generation): (i64, Vec<u8>, i64, i64, String) =
+            match reply {
+                Ok(reply) => reply,
+                Err(e) => {
+                    // The script may have run, and taken the lease, after we
+                    // stopped waiting: nobody else knows the token.
+                    if e.may_have_run() {
+                        self.release_orphan(*key, token, lease_time);
+                    }
+                    return Err(e);
                 }
-                return Err(e);
-            }
-        };
+            };
+        let value = Bytes::from(value);
         let remote = |fresh: Option<Duration>| {
             (!value.is_empty()).then(|| Remote {
-                bytes: Bytes::from(value.clone()),
+                bytes: without_generation(&value),
                 fresh,
                 remaining: positive(value_pttl),
             })
@@ -102,7 +107,14 @@ impl RedisTier {
             },
             2 => Fetched::Leased {
                 stale: remote(None),
-                lease: Lease::new(self.clone(), *key, token, a.max(0) as u64, lease_time),
+                lease: Box::new(Lease::new(
+                    self.clone(),
+                    *key,
+                    token,
+                    a.max(0) as u64,
+                    lease_time,
+                    generation,
+                )),
             },
             3 => Fetched::Held {
                 lease_pttl: positive(a).unwrap_or(Duration::ZERO),
@@ -128,16 +140,21 @@ impl RedisTier {
         for k in &keys {
             invocation.key(k);
         }
+        let mut tagged = Vec::with_capacity(lease.generation.len() + 1 + entry.len());
+        tagged.extend_from_slice(lease.generation.as_bytes());
+        tagged.push(b'|');
+        tagged.extend_from_slice(&entry);
         invocation
             .arg(lease.token())
             .arg(lease.fence.0)
-            .arg(entry.as_ref())
+            .arg(tagged)
             .arg(millis(fresh))
             .arg(millis(keep).max(1))
             .arg(millis(FENCE_KEEP))
             .arg(&self.shared.channel)
             .arg(Event::Committed.message(&lease.key))
-            .arg(Event::Failed.message(&lease.key));
+            .arg(Event::Failed.message(&lease.key))
+            .arg(&lease.generation);
         let stored: i64 = match self.call(invocation.invoke_async(&mut conn)).await {
             Ok(stored) => stored,
             Err(e) => {
@@ -217,7 +234,7 @@ impl RedisTier {
         token: &str,
         message: &str,
     ) -> Result<i64, RedisError> {
-        let [_, _, lease_key, _] = self.keys(key);
+        let [_, _, lease_key, _, _] = self.keys(key);
         let mut conn = self.conn();
         self.shared
             .scripts
@@ -261,7 +278,7 @@ impl RedisTier {
         token: &str,
         time: Duration,
     ) -> Result<bool, TierError> {
-        let [_, _, lease_key, _] = self.keys(key);
+        let [_, _, lease_key, _, _] = self.keys(key);
         let mut conn = self.conn();
         let renewed: i64 = self
             .call(
@@ -277,7 +294,9 @@ impl RedisTier {
         Ok(renewed == 1)
     }
 
-    /// Drops the entry from Redis and from every instance's L1.
+    /// Drops the key's whole group (every variant of its URL) from Redis and
+    /// from every instance's L1, in one step whatever the number of variants:
+    /// the group's generation moves.
     ///
     /// An invalidation is a write the caller is owed, not a read the cache
     /// can do without: it goes to Redis even while the circuit is open, and
@@ -285,16 +304,19 @@ impl RedisTier {
     /// deadline, with growing pauses) before the caller is told it did not
     /// reach Redis.
     pub(crate) async fn invalidate(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
-        let [value, fresh, _, fence] = self.keys(key);
-        let message = self.notifier.invalidation(key);
+        let [value, fresh, _, fence, generation] = self.keys(key);
+        // The message names the group: each instance drops all its variants.
+        let message = self.notifier.invalidation(&key.group());
         let until = std::time::Instant::now() + self.shared.config.deadline * INVALIDATE_TRIES;
-        let (value, fresh, fence, message) = (&value, &fresh, &fence, &message);
+        let (value, fresh, fence, generation, message) =
+            (&value, &fresh, &fence, &generation, &message);
         let purged = self
             .call_until(until, |mut conn| async move {
                 let mut invocation = self.shared.scripts.invalidate.key(value);
                 invocation
                     .key(fresh)
                     .key(fence)
+                    .key(generation)
                     .arg(&self.shared.channel)
                     .arg(message)
                     .arg(millis(FENCE_KEEP));
@@ -311,6 +333,18 @@ impl RedisTier {
         self.stats.corrupt_entries.fetch_add(1, Ordering::Relaxed);
         count(m::CORRUPT_ENTRIES);
         tracing::warn!(key = %key, "unreadable entry in Redis; treating it as a miss");
+    }
+}
+
+/// A stored value without its `<generation>|` prefix. Bytes without one are
+/// not ours, and are handed on whole, for the decoder to refuse.
+fn without_generation(value: &Bytes) -> Bytes {
+    let head = &value[..value.len().min(24)];
+    match head.iter().position(|&b| b == b'|') {
+        Some(bar) if bar > 0 && head[..bar].iter().all(u8::is_ascii_digit) => {
+            value.slice(bar + 1..)
+        }
+        _ => value.clone(),
     }
 }
 

@@ -26,6 +26,9 @@ pub(crate) struct Lease {
     pub(crate) fence: FencingToken,
     /// How long the lease lasts in Redis without renewal.
     pub(crate) time: Duration,
+    /// The key's group generation when the lease was taken: the commit is
+    /// refused if the group was invalidated since.
+    pub(crate) generation: String,
     renewer: Renewer,
 }
 
@@ -36,6 +39,7 @@ impl Lease {
         token: String,
         fence: u64,
         time: Duration,
+        generation: String,
     ) -> Self {
         // The request that took the lease was sent at most a deadline ago:
         // count the lease's validity from then, never from the reply.
@@ -45,6 +49,7 @@ impl Lease {
             key,
             fence: FencingToken(fence),
             time,
+            generation,
             renewer: Renewer::start(tier, LeaseKind::Rebuild, key, token, time, granted, None),
         }
     }

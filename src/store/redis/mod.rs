@@ -1,12 +1,16 @@
 //! The shared tier: cached entries, rebuild leases and wake-ups in Redis.
 //!
-//! Every key of one entry shares a hash tag, `{prefix}:{<key>}:…`, so value,
-//! freshness marker, lease and fence sit in one cluster slot and every script
-//! touches one slot only:
+//! Every key of one entry shares a hash tag, `{prefix}:{<group>}:…`, so value,
+//! freshness marker, lease, fence and the group's generation sit in one
+//! cluster slot and every script touches one slot only. An entry that is its
+//! own group (a generic cache value, a response whose route varies on
+//! nothing) is `{prefix}:{<key>}:…`; a variant of a URL is
+//! `{prefix}:{<url>}:<variant>:…`:
 //!
 //! | key | holds | expires |
 //! |---|---|---|
-//! | `…:v` | the encoded entry | when its last stale window closes |
+//! | `{prefix}:{<group>}:g` | the group's generation: an invalidation moves it, and every entry stored under an older one is gone | a day after the last lease, and never before the group's entries (then reseeded from Redis's clock) |
+//! | `…:v` | `<generation>\|` then the encoded entry | when its last stale window closes |
 //! | `…:f` | freshness marker | when the entry stops being fresh (Redis's clock) |
 //! | `…:l` | rebuild lease: the owner's token | after the lease time, unless renewed |
 //! | `…:n` | fence hash: numbers issued and committed | a day after the last lease (then reseeded from Redis's clock) |
@@ -237,13 +241,24 @@ impl RedisTier {
         self.shared.breaker.is_closed()
     }
 
-    fn keys(&self, key: &Key) -> [String; 4] {
-        let base = format!("{}:{{{key}}}", self.shared.config.prefix);
+    /// The Redis keys of an entry: value, freshness marker, lease, fence
+    /// hash, and its group's generation. All carry the group's hash tag, so
+    /// every variant of a URL shares one cluster slot with the generation.
+    fn keys(&self, key: &Key) -> [String; 5] {
+        let prefix = &self.shared.config.prefix;
+        let group = key.group();
+        let generation = format!("{prefix}:{{{group}}}:g");
+        let base = if key.is_group() {
+            format!("{prefix}:{{{key}}}")
+        } else {
+            format!("{prefix}:{{{group}}}:{key}")
+        };
         [
             format!("{base}:v"),
             format!("{base}:f"),
             format!("{base}:l"),
             format!("{base}:n"),
+            generation,
         ]
     }
 

@@ -14,3 +14,38 @@ local function seed_fence(key)
   end
 end
 
+
+-- A group's generation (every variant of one URL): the prefix of every value
+-- stored in the group. An invalidation moves it, so all the group's values,
+-- and every lease taken under the old one, are void at once. A lost
+-- generation starts again from Redis's clock, like a fence hash: never a
+-- number some stored value carries.
+local function generation(key, keep)
+  local g = redis.call('GET', key)
+  if not g then
+    local t = redis.call('TIME')
+    g = t[1] .. string.format('%06d', tonumber(t[2]))
+    redis.call('SET', key, g)
+  end
+  if redis.call('PTTL', key) < tonumber(keep) then
+    redis.call('PEXPIRE', key, keep)
+  end
+  return g
+end
+
+-- The stored value if it belongs to generation `g` (nil: none). A value
+-- with another generation's prefix is gone; one with no prefix at all is
+-- foreign bytes, handed back for the caller to count as unreadable.
+local function current(value, g)
+  if not value then
+    return nil
+  end
+  local tag = (g or '') .. '|'
+  if g and string.sub(value, 1, #tag) == tag then
+    return value
+  end
+  if string.find(string.sub(value, 1, 24), '^%d+|') then
+    return nil
+  end
+  return value
+end

@@ -1,0 +1,291 @@
+//! Revalidation with the origin (RFC 9111 §4.3).
+//!
+//! When the entry a rebuild replaces is a `200` with a validator (`ETag`,
+//! `Last-Modified`), the rebuild asks the origin conditionally
+//! (`If-None-Match`, `If-Modified-Since`). A `304 Not Modified` renews the
+//! stored response (§4.3.4): its header fields are replaced by those of the
+//! 304 (§3.2), and it gets a fresh lifetime; no body crosses the wire. It is
+//! then committed like any rebuild.
+//!
+//! A 304 whose `ETag` names another representation than the stored one does
+//! not renew it: the rebuild fails (stale-if-error, or the route's error
+//! answer), and the next one asks again.
+
+use std::time::Duration;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Response, StatusCode};
+use http_body::Body as HttpBody;
+
+use super::admit::{Admitted, Private};
+use super::body::Body;
+use super::key::Keyed;
+use super::policy::{classify, Policy, Verdict};
+use super::respond::{tag, CacheStatus};
+use super::response::CachedResponse;
+use crate::engine::{Built, Waiters, MAX_DELTA};
+
+/// Header fields a 304 never changes in the stored response: the body's
+/// framing and coding (the stored body was not resent: RFC 9111 §3.2 lets a
+/// cache keep what the body's integrity depends on), and fields that
+/// describe one connection (§3.1). `Age` is the 304's own, read apart.
+const KEPT: [HeaderName; 11] = [
+    header::CONTENT_LENGTH,
+    header::CONTENT_ENCODING,
+    header::CONTENT_RANGE,
+    header::TRANSFER_ENCODING,
+    header::CONNECTION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::AGE,
+];
+
+/// Adds the stored response's validators to a rebuild's request. Returns
+/// false (and adds nothing) when it has none, or is not a `200`.
+pub(crate) fn ask_conditionally(stored: &CachedResponse, request: &mut HeaderMap) -> bool {
+    if stored.status != StatusCode::OK {
+        return false;
+    }
+    let etag = stored.headers.get(header::ETAG).cloned();
+    let modified = stored.headers.get(header::LAST_MODIFIED).cloned();
+    if let Some(etag) = &etag {
+        request.insert(header::IF_NONE_MATCH, etag.clone());
+    }
+    if let Some(modified) = &modified {
+        request.insert(header::IF_MODIFIED_SINCE, modified.clone());
+    }
+    etag.is_some() || modified.is_some()
+}
+
+/// The stored response, renewed by the origin's `304`.
+pub(crate) fn renew<B, E>(
+    policy: &Policy,
+    stored: CachedResponse,
+    not_modified: Response<B>,
+    keyed: Keyed,
+) -> Admitted<B, E>
+where
+    B: HttpBody,
+{
+    let (parts, _no_body) = not_modified.into_parts();
+    let update = parts.headers;
+    if let (Some(theirs), Some(ours)) = (update.get(header::ETAG), stored.headers.get(header::ETAG))
+    {
+        if !same_tag(theirs, ours) {
+            tracing::warn!("a 304 named another representation; the entry is not renewed");
+            return Built::Failed {
+                shared: None,
+                private: None,
+            };
+        }
+    }
+    let initial_age = update
+        .get(header::AGE)
+        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+        .map_or(Duration::ZERO, |s| {
+            Duration::from_secs(s.min(MAX_DELTA.as_secs()))
+        });
+    let CachedResponse {
+        status,
+        mut headers,
+        body,
+    } = stored;
+    merge(&mut headers, &update, policy.status_header.as_ref());
+    let mut cookies = Vec::new();
+    if policy.strip_set_cookie {
+        cookies.extend(
+            headers
+                .get_all(header::SET_COOKIE)
+                .iter()
+                .map(|v| (header::SET_COOKIE, v.clone())),
+        );
+        headers.remove(header::SET_COOKIE);
+    }
+    let (lifetime, store) = match classify(policy, status, &headers, keyed) {
+        Verdict::Share { lifetime, store } => (lifetime, store),
+        Verdict::Pass(reason) => {
+            // The origin now says the response may not be shared: its
+            // starter alone gets it, as any unshared answer.
+            tracing::debug!(reason, "renewed response not shared");
+            let mut response = Response::new(Body::full(body));
+            *response.status_mut() = status;
+            *response.headers_mut() = headers;
+            return Built::Unshared {
+                private: Private::Response(tag(policy, response, CacheStatus::Miss)),
+                waiters: Waiters::HitForMiss(policy.hit_for_miss),
+            };
+        }
+    };
+    Built::Value {
+        value: CachedResponse {
+            status,
+            headers,
+            body,
+        },
+        lifetime,
+        initial_age,
+        store,
+        failure: false,
+        private: (!cookies.is_empty()).then_some(Private::Headers(cookies)),
+    }
+}
+
+/// Replaces each field of `stored` that `update` carries with `update`'s
+/// values (RFC 9111 §3.2), except those in [`KEPT`], those the 304's
+/// `Connection` names, and the layer's own status header.
+fn merge(stored: &mut HeaderMap, update: &HeaderMap, status_header: Option<&HeaderName>) {
+    let named: Vec<HeaderName> = update
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    for name in update.keys() {
+        if KEPT.contains(name)
+            || named.contains(name)
+            || name.as_str() == "keep-alive"
+            || Some(name) == status_header
+        {
+            continue;
+        }
+        stored.remove(name);
+        for value in update.get_all(name) {
+            stored.append(name.clone(), value.clone());
+        }
+    }
+}
+
+/// Weak comparison of two entity tags (RFC 9110 §8.8.3.2).
+fn same_tag(a: &HeaderValue, b: &HeaderValue) -> bool {
+    let strip = |v: &HeaderValue| {
+        let v = v.as_bytes();
+        v.strip_prefix(b"W/").unwrap_or(v).to_vec()
+    };
+    strip(a) == strip(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn stored(headers: &[(&str, &str)]) -> CachedResponse {
+        let mut map = HeaderMap::new();
+        for (k, v) in headers {
+            map.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        CachedResponse {
+            status: StatusCode::OK,
+            headers: map,
+            body: Bytes::from_static(b"body"),
+        }
+    }
+
+    fn not_modified(headers: &[(&str, &str)]) -> Response<String> {
+        let mut b = Response::builder().status(StatusCode::NOT_MODIFIED);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(String::new()).unwrap()
+    }
+
+    fn renewed(stored_h: &[(&str, &str)], update: &[(&str, &str)]) -> Option<CachedResponse> {
+        match renew::<_, ()>(
+            &Policy::default(),
+            stored(stored_h),
+            not_modified(update),
+            Keyed::now(&Policy::default()),
+        ) {
+            Built::Value { value, .. } => Some(value),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn validators_make_the_request_conditional() {
+        let mut req = HeaderMap::new();
+        assert!(!ask_conditionally(&stored(&[]), &mut req));
+        assert!(req.is_empty());
+        let s = stored(&[
+            ("etag", "\"a\""),
+            ("last-modified", "Sun, 01 Nov 2026 00:00:00 GMT"),
+        ]);
+        assert!(ask_conditionally(&s, &mut req));
+        assert_eq!(req[header::IF_NONE_MATCH], "\"a\"");
+        assert_eq!(
+            req[header::IF_MODIFIED_SINCE],
+            "Sun, 01 Nov 2026 00:00:00 GMT"
+        );
+        let mut not_ok = stored(&[("etag", "\"a\"")]);
+        not_ok.status = StatusCode::NOT_FOUND;
+        assert!(!ask_conditionally(&not_ok, &mut HeaderMap::new()));
+    }
+
+    #[test]
+    fn a_304_replaces_header_fields_but_not_the_bodys_framing() {
+        let value = renewed(
+            &[
+                ("etag", "\"a\""),
+                ("x-version", "1"),
+                ("x-multi", "a"),
+                ("x-multi", "b"),
+                ("content-length", "4"),
+                ("content-encoding", "identity"),
+                ("x-kept", "yes"),
+            ],
+            &[
+                ("etag", "W/\"a\""),
+                ("x-version", "2"),
+                ("x-multi", "c"),
+                ("content-length", "0"),
+                ("content-encoding", "gzip"),
+                ("connection", "x-hop"),
+                ("x-hop", "1"),
+                ("transfer-encoding", "chunked"),
+                ("x-cache", "MISS"),
+            ],
+        )
+        .expect("renewed");
+        let h = &value.headers;
+        assert_eq!(h["x-version"], "2");
+        assert_eq!(h.get_all("x-multi").iter().collect::<Vec<_>>(), ["c"]);
+        assert_eq!(h["content-length"], "4");
+        assert_eq!(h["content-encoding"], "identity");
+        assert_eq!(h["x-kept"], "yes");
+        assert!(!h.contains_key("x-hop"));
+        assert!(!h.contains_key("connection"));
+        assert!(!h.contains_key("transfer-encoding"));
+        assert!(!h.contains_key("x-cache"));
+        assert_eq!(value.body, "body");
+    }
+
+    #[test]
+    fn a_304_for_another_representation_renews_nothing() {
+        assert!(renewed(&[("etag", "\"a\"")], &[("etag", "\"b\"")]).is_none());
+    }
+
+    #[test]
+    fn a_304_that_forbids_sharing_is_not_stored() {
+        let built = renew::<_, ()>(
+            &Policy::default(),
+            stored(&[("etag", "\"a\"")]),
+            not_modified(&[("cache-control", "no-store")]),
+            Keyed::now(&Policy::default()),
+        );
+        assert!(matches!(built, Built::Unshared { .. }));
+        let built = renew::<_, ()>(
+            &Policy::default(),
+            stored(&[("etag", "\"a\"")]),
+            not_modified(&[("set-cookie", "s=1")]),
+            Keyed::now(&Policy::default()),
+        );
+        assert!(matches!(built, Built::Unshared { .. }));
+    }
+}
