@@ -14,12 +14,14 @@ mod future;
 pub(crate) mod key;
 mod layer;
 mod policy;
+mod range;
 mod respond;
 pub(crate) mod response;
 mod service;
+mod spool;
 
 #[doc(inline)]
-pub use body::Body;
+pub use body::{Body, BoxError};
 #[doc(inline)]
 pub use future::ResponseFuture;
 #[doc(inline)]
@@ -28,3 +30,5 @@ pub use layer::StampedeGuard;
 pub use policy::{KeyFn, WaitTimeout};
 #[doc(inline)]
 pub use service::GuardService;
+#[doc(inline)]
+pub use spool::SharedBodyError;

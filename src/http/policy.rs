@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{
-    AUTHORIZATION, CACHE_CONTROL, COOKIE, PROXY_AUTHORIZATION, RANGE, SET_COOKIE, UPGRADE, VARY,
+    AUTHORIZATION, CACHE_CONTROL, COOKIE, PROXY_AUTHORIZATION, SET_COOKIE, UPGRADE, VARY,
 };
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 
@@ -152,10 +152,10 @@ pub(crate) fn request_bypass(
     {
         return Some("credentials");
     }
-    // A range answer (206) is a slice of the entry, not the entry; an upgrade
-    // is a connection, not a document.
-    if headers.contains_key(RANGE) || headers.contains_key(UPGRADE) {
-        return Some("range or upgrade");
+    // An upgrade is a connection, not a document. (A range is answered from
+    // the whole entry.)
+    if headers.contains_key(UPGRADE) {
+        return Some("upgrade");
     }
     None
 }
@@ -453,11 +453,13 @@ mod tests {
         let get = Method::GET;
         assert_eq!(request_bypass(&p, &get, &HeaderMap::new()), None);
         assert_eq!(request_bypass(&p, &Method::HEAD, &HeaderMap::new()), None);
+        let range = headers(&[("range", "bytes=0-1")]);
+        assert_eq!(request_bypass(&p, &get, &range), None);
         assert!(request_bypass(&p, &Method::POST, &HeaderMap::new()).is_some());
         for h in [
             ("authorization", "Bearer x"),
             ("cookie", "a=b"),
-            ("range", "bytes=0-1"),
+            ("upgrade", "websocket"),
         ] {
             assert!(request_bypass(&p, &get, &headers(&[h])).is_some(), "{h:?}");
         }

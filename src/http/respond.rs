@@ -12,7 +12,8 @@ use http_body::Body as HttpBody;
 
 use super::body::Body;
 use super::policy::{Policy, WaitTimeout};
-use super::response::CachedResponse;
+use super::range;
+use super::response::{CachedBody, CachedResponse};
 use crate::engine::{FailureKind, Held, Status};
 
 /// How a response was answered, as told in the cache-status header.
@@ -55,6 +56,8 @@ pub(crate) struct Conditions {
     pub head: bool,
     /// Only news: the entity tags it already has (`If-None-Match`).
     pub if_none_match: Option<HeaderValue>,
+    /// Only part of the body (`Range`, and `If-Range` if any).
+    pub range: Option<(HeaderValue, Option<HeaderValue>)>,
 }
 
 impl Conditions {
@@ -62,6 +65,12 @@ impl Conditions {
         Conditions {
             head: request.method() == Method::HEAD,
             if_none_match: request.headers().get(header::IF_NONE_MATCH).cloned(),
+            range: request.headers().get(header::RANGE).map(|range| {
+                (
+                    range.clone(),
+                    request.headers().get(header::IF_RANGE).cloned(),
+                )
+            }),
         }
     }
 }
@@ -83,7 +92,10 @@ pub(crate) fn present<B: HttpBody>(
     let body = if conditions.head || not_modified {
         Body::empty()
     } else {
-        Body::full(cached.body.clone())
+        match &cached.body {
+            CachedBody::Full(bytes) => Body::full(bytes.clone()),
+            CachedBody::Spooled(spool) => Body::spooled(spool.clone(), None),
+        }
     };
     let mut response = Response::new(body);
     *response.headers_mut() = cached.headers.clone();
@@ -96,6 +108,10 @@ pub(crate) fn present<B: HttpBody>(
     };
     let headers = response.headers_mut();
     headers.insert(header::AGE, age_value(held.entry().age(now).as_secs()));
+    // Range applies to GET only (RFC 9110 §14.2), after the preconditions.
+    if let (Some((range, if_range)), false) = (&conditions.range, conditions.head || not_modified) {
+        range::answer(&mut response, cached, range, if_range.as_ref());
+    }
     tag(policy, response, status)
 }
 

@@ -15,9 +15,10 @@ use std::time::Instant;
 use bytes::Buf;
 use http::{header, HeaderName, Method, Request, Response};
 use http_body::Body as HttpBody;
+use tokio::sync::oneshot;
 use tower_service::Service;
 
-use super::admit::{admit, Admitted, Private};
+use super::admit::{admit, Admitted, Early, Private};
 use super::body::Body;
 use super::future::ResponseFuture;
 use super::key::request_key;
@@ -120,6 +121,7 @@ where
                         inner: self.inner.clone(),
                         request,
                         policy: policy.clone(),
+                        early: None,
                     };
                     engine.refresh(refresh, flight, origin);
                 }
@@ -132,6 +134,7 @@ where
                     inner: std::mem::replace(&mut self.inner, clone),
                     request,
                     policy: policy.clone(),
+                    early: None,
                 };
                 let future = resolve(engine.clone(), miss, conditions, origin);
                 ResponseFuture::miss(Box::pin(future))
@@ -164,7 +167,7 @@ async fn resolve<S, ReqBody, ResBody>(
     engine: Arc<Engine>,
     miss: Miss,
     conditions: Conditions,
-    origin: Origin<S, ReqBody>,
+    origin: Origin<S, ReqBody, ResBody>,
 ) -> Result<Response<Body<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -176,7 +179,24 @@ where
     ResBody::Error: Send,
 {
     let policy = origin.policy.clone();
-    match engine.resolve(miss, policy.flight(), origin).await {
+    // A plain GET that starts the rebuild takes the origin's response as it
+    // streams in; one asking for less (HEAD, a precondition, a range) is
+    // answered from the whole entry.
+    let plain = origin.request.method() == Method::GET
+        && !CONDITIONAL
+            .iter()
+            .chain([&header::RANGE])
+            .any(|name| origin.request.headers().contains_key(name));
+    let (early, mut streamed) = oneshot::channel();
+    let mut origin = origin;
+    origin.early = plain.then_some(early);
+    let answer = engine.resolve(miss, policy.flight(), origin);
+    let answer = tokio::select! {
+        biased;
+        Ok(response) = &mut streamed => return Ok(response),
+        answer = answer => answer,
+    };
+    match answer {
         Answer::Served(served) => {
             let mut response = present(
                 &policy,
@@ -209,10 +229,12 @@ where
 
 /// How the layer rebuilds an entry: the inner service, with the request that
 /// missed.
-struct Origin<S, ReqBody> {
+struct Origin<S, ReqBody, ResBody: HttpBody> {
     inner: S,
     request: Request<ReqBody>,
     policy: Arc<Policy>,
+    /// The starter's response, as soon as it may be shared.
+    early: Option<Early<ResBody>>,
 }
 
 /// Request headers that would let the origin answer with less than the whole
@@ -225,7 +247,7 @@ const CONDITIONAL: [HeaderName; 5] = [
     header::IF_RANGE,
 ];
 
-impl<S, ReqBody, ResBody> Origin<S, ReqBody>
+impl<S, ReqBody, ResBody> Origin<S, ReqBody, ResBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: HttpBody,
@@ -247,7 +269,7 @@ where
     }
 }
 
-impl<S, ReqBody, ResBody> Rebuild for Origin<S, ReqBody>
+impl<S, ReqBody, ResBody> Rebuild for Origin<S, ReqBody, ResBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -270,9 +292,12 @@ where
         for name in &CONDITIONAL {
             self.request.headers_mut().remove(name);
         }
+        // The entry is the whole representation; ranges are cut from it.
+        self.request.headers_mut().remove(header::RANGE);
         let policy = self.policy.clone();
+        let early = self.early.take();
         match self.call().await {
-            Ok(response) => admit(&policy, response).await,
+            Ok(response) => admit(&policy, response, early).await,
             Err(error) => crate::engine::Built::Failed {
                 shared: None,
                 private: Some(Private::Error(error)),

@@ -1,0 +1,248 @@
+//! A body that one task fills and any number of readers read, each from the
+//! start and at its own pace.
+//!
+//! It lets the request that started a rebuild stream the origin's bytes as
+//! they come while the entry fills, and lets every coalesced waiter share one
+//! origin fetch of a body too large to cache. Chunks are kept until the spool
+//! is dropped, which is when its last reader (or the flight holding it) is
+//! gone: a spool costs the bytes read so far for as long as anyone reads it.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Buf, Bytes};
+use http::HeaderMap;
+use http_body::{Body as HttpBody, Frame};
+
+/// How far the filling task got.
+enum End {
+    Open,
+    /// The origin's body ended, with these trailers.
+    Done(Option<HeaderMap>),
+    /// The origin's body failed part way.
+    Failed,
+}
+
+struct State {
+    chunks: Vec<Bytes>,
+    len: usize,
+    end: End,
+    wakers: Vec<Waker>,
+}
+
+/// The shared growing buffer.
+pub(crate) struct Spool {
+    state: Mutex<State>,
+}
+
+impl Spool {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Spool {
+            state: Mutex::new(State {
+                chunks: Vec::new(),
+                len: 0,
+                end: End::Open,
+                wakers: Vec::new(),
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A reader or writer that panicked left the chunks whole: go on.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bytes read from the origin so far.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len
+    }
+
+    pub(crate) fn push(&self, chunk: Bytes) {
+        if chunk.is_empty() {
+            return;
+        }
+        let wakers = {
+            let mut state = self.lock();
+            state.len = state.len.saturating_add(chunk.len());
+            state.chunks.push(chunk);
+            std::mem::take(&mut state.wakers)
+        };
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    fn end(&self, end: End) {
+        let wakers = {
+            let mut state = self.lock();
+            state.end = end;
+            std::mem::take(&mut state.wakers)
+        };
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    pub(crate) fn finish(&self, trailers: Option<HeaderMap>) {
+        self.end(End::Done(trailers));
+    }
+
+    pub(crate) fn fail(&self) {
+        self.end(End::Failed);
+    }
+
+    /// The whole body in one exactly sized buffer of its own, if it ended
+    /// without trailers: what the cache keeps must not pin the (larger)
+    /// buffers the chunks are slices of.
+    pub(crate) fn to_owned_bytes(&self) -> Option<Bytes> {
+        let state = self.lock();
+        if !matches!(state.end, End::Done(None)) {
+            return None;
+        }
+        if state.len == 0 {
+            return Some(Bytes::new());
+        }
+        let mut all = Vec::with_capacity(state.len);
+        for chunk in &state.chunks {
+            all.extend_from_slice(chunk);
+        }
+        Some(Bytes::from(all))
+    }
+
+    /// Whether the origin's body ended with trailers.
+    pub(crate) fn has_trailers(&self) -> bool {
+        matches!(self.lock().end, End::Done(Some(_)))
+    }
+
+    /// Reads the origin's body into the spool on a task of its own, until
+    /// it ends or nobody is left to read it.
+    pub(crate) fn pump<B>(self: Arc<Self>, body: Pin<Box<B>>, error: OriginError<B::Error>)
+    where
+        B: HttpBody + Send + 'static,
+        B::Data: Buf + Send,
+        B::Error: Send + 'static,
+    {
+        tokio::spawn(async move {
+            let mut body = body;
+            loop {
+                // Only the pump holds it: no reader, no flight.
+                if Arc::strong_count(&self) == 1 {
+                    return;
+                }
+                match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
+                    None => return self.finish(None),
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(mut data) => self.push(data.copy_to_bytes(data.remaining())),
+                        Err(frame) => return self.finish(frame.into_trailers().ok()),
+                    },
+                    Some(Err(e)) => {
+                        error.put(e);
+                        return self.fail();
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The origin's body error, kept for the one reader allowed to see it (the
+/// request that caused the fetch); the others get a [`SharedBodyError`].
+pub(crate) struct OriginError<E>(Arc<Mutex<Option<E>>>);
+
+impl<E> Clone for OriginError<E> {
+    fn clone(&self) -> Self {
+        OriginError(self.0.clone())
+    }
+}
+
+impl<E> OriginError<E> {
+    pub(crate) fn new() -> Self {
+        OriginError(Arc::new(Mutex::new(None)))
+    }
+
+    pub(crate) fn put(&self, error: E) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+    }
+
+    pub(crate) fn take(&self) -> Option<E> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// The error a body shared by several requests ends with when the origin's
+/// body failed part way.
+#[derive(Debug)]
+pub struct SharedBodyError;
+
+impl std::fmt::Display for SharedBodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the origin's body failed while being streamed")
+    }
+}
+
+impl std::error::Error for SharedBodyError {}
+
+/// One reader's place in a spool.
+pub(crate) struct SpoolReader {
+    spool: Arc<Spool>,
+    next: usize,
+    finished: bool,
+}
+
+/// What a reader found.
+pub(crate) enum Read {
+    Frame(Frame<Bytes>),
+    Failed,
+}
+
+impl SpoolReader {
+    pub(crate) fn new(spool: Arc<Spool>) -> Self {
+        SpoolReader {
+            spool,
+            next: 0,
+            finished: false,
+        }
+    }
+
+    pub(crate) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Option<Read>> {
+        if self.finished {
+            return Poll::Ready(None);
+        }
+        let mut state = self.spool.lock();
+        if let Some(chunk) = state.chunks.get(self.next) {
+            self.next += 1;
+            return Poll::Ready(Some(Read::Frame(Frame::data(chunk.clone()))));
+        }
+        match &state.end {
+            End::Open => {
+                if !state.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                    state.wakers.push(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            End::Done(trailers) => {
+                self.finished = true;
+                Poll::Ready(trailers.clone().map(|t| Read::Frame(Frame::trailers(t))))
+            }
+            End::Failed => {
+                self.finished = true;
+                Poll::Ready(Some(Read::Failed))
+            }
+        }
+    }
+
+    pub(crate) fn is_end_stream(&self) -> bool {
+        if self.finished {
+            return true;
+        }
+        let state = self.spool.lock();
+        self.next >= state.chunks.len() && matches!(state.end, End::Done(None))
+    }
+
+    /// Bytes still to read, once the body is complete.
+    pub(crate) fn exact_remaining(&self) -> Option<u64> {
+        let state = self.spool.lock();
+        if !matches!(state.end, End::Done(_)) {
+            return None;
+        }
+        let read: usize = state.chunks.iter().take(self.next).map(Bytes::len).sum();
+        Some(state.len.saturating_sub(read) as u64)
+    }
+}
