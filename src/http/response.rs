@@ -65,16 +65,17 @@ impl std::fmt::Debug for CachedBody {
     }
 }
 
-/// Heap bytes a stored response costs beyond its body and header bytes, as
-/// measured: the `HeaderMap` (its index table and entry vector), the `Entry`
-/// around the value, and moka's per-entry bookkeeping (its value entry,
-/// access-order and expiry nodes). Charging it keeps the byte bound true for
-/// a flood of small answers.
-const RESPONSE_OVERHEAD: usize = 512;
+/// Heap bytes a stored response costs beyond its body, its header bytes
+/// and its header slots, as measured with a counting allocator (see
+/// `tests/memory.rs`): the `HeaderMap` itself, the `Entry` and `Arc` around
+/// the value, and moka's per-entry bookkeeping (its value entry, access-order
+/// and expiry nodes). Charging it keeps the byte bound true for a flood of
+/// small answers.
+const RESPONSE_OVERHEAD: usize = 448;
 
-/// Heap bytes each header costs beyond its name and value bytes: its slot in
-/// the map's entry vector and index table, and the value's own allocation.
-const HEADER_OVERHEAD: usize = 96;
+/// Heap bytes of one slot of a `HeaderMap`, used or not: its entry (name,
+/// value, hash and links) and its share of the index table.
+const HEADER_SLOT: usize = 112;
 
 impl CachedResponse {
     fn write(&self, out: &mut BytesMut) -> Option<()> {
@@ -125,19 +126,15 @@ impl CachedResponse {
 
 impl CacheValue for CachedResponse {
     fn weight(&self) -> usize {
-        let headers: usize = self
+        let bytes: usize = self
             .headers
             .iter()
-            .map(|(name, value)| {
-                name.as_str()
-                    .len()
-                    .saturating_add(value.len())
-                    .saturating_add(HEADER_OVERHEAD)
-            })
+            .map(|(name, value)| name.as_str().len().saturating_add(value.len()))
             .fold(0usize, usize::saturating_add);
         self.body
             .len()
-            .saturating_add(headers)
+            .saturating_add(bytes)
+            .saturating_add(self.headers.capacity().saturating_mul(HEADER_SLOT))
             .saturating_add(RESPONSE_OVERHEAD)
     }
 
