@@ -196,6 +196,10 @@ where
         Ok(response) = &mut streamed => return Ok(response),
         answer = answer => answer,
     };
+    // The flight may end within the very poll that saw the response sent.
+    if let Ok(response) = streamed.try_recv() {
+        return Ok(response);
+    }
     match answer {
         Answer::Served(served) => {
             let mut response = present(
