@@ -288,8 +288,14 @@ where
 
     async fn rebuild(
         mut self,
-        _stale: Option<Held<CachedResponse>>,
+        stale: Option<Held<CachedResponse>>,
     ) -> Admitted<ResBody, S::Error> {
+        // With a copy that may stand in for a failure, the starter waits for
+        // the whole answer: a body failing part way is then replaced by that
+        // copy, which a response already streaming could not be.
+        if stale.is_some_and(|s| s.entry().usable_on_error(Instant::now())) {
+            self.early = None;
+        }
         // The entry is the GET answer, whatever this request's method and
         // conditions; HEAD is answered from it afterwards.
         *self.request.method_mut() = Method::GET;
