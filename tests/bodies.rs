@@ -329,3 +329,45 @@ async fn a_server_error_over_the_cap_is_not_shared() {
     }
     assert_eq!(tally(&answers, "COALESCED"), 4);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endless_body_over_the_cap_stops_being_read_when_its_readers_leave() {
+    // A client asks for an endless body and hangs up: the shared fetch must
+    // not keep reading (and holding) it for nobody.
+    let stopped = Arc::new(Notify::new());
+    let s = stopped.clone();
+    let app = Router::new().route(
+        "/endless",
+        get(move || {
+            let stopped = s.clone();
+            async move {
+                let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+                tokio::spawn(async move {
+                    while tx.send(Ok(Bytes::from(vec![b'z'; 1024]))).await.is_ok() {}
+                    stopped.notify_one();
+                });
+                Response::new(Body::from_stream(
+                    tokio_stream::wrappers::ReceiverStream::new(rx),
+                ))
+            }
+        })
+        .layer(guard().max_body_bytes(4096)),
+    );
+    let response = app.oneshot(get_req("/endless")).await.unwrap();
+    let mut body = response.into_body();
+    let mut seen = 0;
+    while seen <= 8192 {
+        seen += body
+            .frame()
+            .await
+            .unwrap()
+            .unwrap()
+            .into_data()
+            .unwrap()
+            .len();
+    }
+    drop(body);
+    tokio::time::timeout(PATIENCE, stopped.notified())
+        .await
+        .expect("the origin's body is dropped once nobody reads it");
+}

@@ -286,10 +286,7 @@ where
     type Value = CachedResponse;
     type Private = Private<ResBody, S::Error>;
 
-    async fn rebuild(
-        mut self,
-        stale: Option<Held<CachedResponse>>,
-    ) -> Admitted<ResBody, S::Error> {
+    async fn rebuild(mut self, stale: Option<Held<CachedResponse>>) -> Admitted<ResBody, S::Error> {
         // With a copy that may stand in for a failure, the starter waits for
         // the whole answer: a body failing part way is then replaced by that
         // copy, which a response already streaming could not be.
