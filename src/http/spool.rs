@@ -236,13 +236,87 @@ impl SpoolReader {
         self.next >= state.chunks.len() && matches!(state.end, End::Done(None))
     }
 
-    /// Bytes still to read, once the body is complete.
+    /// Bytes still to read, once the body is complete (and has no trailers,
+    /// which a length-delimited message could not carry).
     pub(crate) fn exact_remaining(&self) -> Option<u64> {
         let state = self.spool.lock();
-        if !matches!(state.end, End::Done(_)) {
+        if !matches!(state.end, End::Done(None)) {
             return None;
         }
         let read: usize = state.chunks.iter().take(self.next).map(Bytes::len).sum();
         Some(state.len.saturating_sub(read) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::Wake;
+
+    struct Noop;
+
+    impl Wake for Noop {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    fn read(reader: &mut SpoolReader) -> Poll<Option<Read>> {
+        let waker = Waker::from(Arc::new(Noop));
+        reader.poll_read(&mut Context::from_waker(&waker))
+    }
+
+    fn data(poll: Poll<Option<Read>>) -> Bytes {
+        match poll {
+            Poll::Ready(Some(Read::Frame(frame))) => frame.into_data().expect("data"),
+            _ => panic!("expected data"),
+        }
+    }
+
+    #[test]
+    fn every_reader_reads_from_the_start_at_its_own_pace() {
+        let spool = Spool::new();
+        let mut early = SpoolReader::new(spool.clone());
+        spool.push(Bytes::from_static(b"ab"));
+        assert_eq!(data(read(&mut early)), "ab");
+        assert!(read(&mut early).is_pending());
+        spool.push(Bytes::from_static(b"cd"));
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-sum", "1".parse().unwrap());
+        spool.finish(Some(trailers));
+        let mut late = SpoolReader::new(spool.clone());
+        for reader in [&mut early, &mut late] {
+            if reader.next == 0 {
+                assert_eq!(data(read(reader)), "ab");
+            }
+            assert_eq!(data(read(reader)), "cd");
+            assert!(matches!(read(reader), Poll::Ready(Some(Read::Frame(f))) if f.is_trailers()));
+            assert!(matches!(read(reader), Poll::Ready(None)));
+        }
+        // Trailers: not a body the cache may keep.
+        assert!(spool.to_owned_bytes().is_none());
+    }
+
+    #[test]
+    fn a_failure_reaches_every_reader_after_the_bytes_read() {
+        let spool = Spool::new();
+        spool.push(Bytes::from_static(b"ab"));
+        spool.fail();
+        let mut reader = SpoolReader::new(spool.clone());
+        assert_eq!(data(read(&mut reader)), "ab");
+        assert!(matches!(read(&mut reader), Poll::Ready(Some(Read::Failed))));
+        assert!(matches!(read(&mut reader), Poll::Ready(None)));
+        assert!(spool.to_owned_bytes().is_none());
+    }
+
+    #[test]
+    fn the_kept_body_is_one_exact_buffer() {
+        let spool = Spool::new();
+        let big = Bytes::from(vec![1u8; 4096]);
+        spool.push(big.slice(0..3));
+        spool.push(big.slice(10..12));
+        spool.finish(None);
+        let owned = spool.to_owned_bytes().unwrap();
+        assert_eq!(owned.len(), 5);
+        // Not a slice of the big buffer.
+        assert!(!big.as_ptr_range().contains(&owned.as_ptr()));
     }
 }
