@@ -16,7 +16,7 @@ use super::body::Body;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
 use super::response::{CachedBody, CachedResponse};
-use super::spool::{OriginError, Spool};
+use super::spool::{Filling, OriginError, Spool};
 use crate::engine::{Built, MAX_DELTA};
 
 /// What the request that caused a rebuild may have, and nobody else.
@@ -89,6 +89,7 @@ where
 
     strip_hop_by_hop(&mut parts.headers);
     let spool = Spool::new();
+    let filling = Filling::new(&spool);
     let origin_error = OriginError::new();
     // The starter's response, as it would be without the layer but for the
     // hop-by-hop headers. Not for a server error: stale-if-error may still
@@ -168,6 +169,7 @@ where
     if over_cap {
         // Too large to cache: the rest is read on a task of its own, and
         // every request that waited reads this one fetch.
+        filling.hand_over();
         spool.clone().pump(body, origin_error.clone());
         if failure {
             return Built::Failed {

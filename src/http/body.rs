@@ -6,6 +6,7 @@
 //! origin sends them, and a body too large to cache is read from the origin
 //! once for every request that waited for it.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -13,6 +14,7 @@ use std::task::{Context, Poll};
 use bytes::{Buf, Bytes};
 use http_body::{Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tokio::sync::oneshot;
 
 use super::spool::{OriginError, Read, SharedBodyError, Spool, SpoolReader};
 
@@ -42,6 +44,8 @@ pin_project! {
             reader: SpoolReader,
             // Set for the request whose origin body it is.
             origin_error: Option<OriginError<B::Error>>,
+            // Holds back the end of a whole body until it fires.
+            end_after: Option<oneshot::Receiver<()>>,
         },
     }
 }
@@ -76,7 +80,16 @@ impl<B: http_body::Body> Body<B> {
             kind: Kind::Spooled {
                 reader: SpoolReader::new(spool),
                 origin_error,
+                end_after: None,
             },
+        }
+    }
+
+    /// Holds back the end of a spooled body (not its bytes, not a failure)
+    /// until `signal` fires or is dropped.
+    pub(crate) fn end_after(&mut self, signal: oneshot::Receiver<()>) {
+        if let Kind::Spooled { end_after, .. } = &mut self.kind {
+            *end_after = Some(signal);
         }
     }
 }
@@ -106,15 +119,25 @@ where
             KindProj::Spooled {
                 reader,
                 origin_error,
-            } => reader.poll_read(cx).map(|read| {
-                read.map(|read| match read {
-                    Read::Frame(frame) => Ok(frame),
-                    Read::Failed => Err(match origin_error.as_ref().and_then(|e| e.take()) {
-                        Some(error) => error.into(),
-                        None => Box::new(SharedBodyError) as BoxError,
-                    }),
+                end_after,
+            } => {
+                if let Some(signal) = end_after {
+                    if reader.at_end() {
+                        // Fired or dropped: either way, the wait is over.
+                        let _ = std::task::ready!(Pin::new(signal).poll(cx));
+                        *end_after = None;
+                    }
+                }
+                reader.poll_read(cx).map(|read| {
+                    read.map(|read| match read {
+                        Read::Frame(frame) => Ok(frame),
+                        Read::Failed => Err(match origin_error.as_ref().and_then(|e| e.take()) {
+                            Some(error) => error.into(),
+                            None => Box::new(SharedBodyError) as BoxError,
+                        }),
+                    })
                 })
-            }),
+            }
         }
     }
 
@@ -122,7 +145,9 @@ where
         match &self.kind {
             Kind::Full { data } => data.is_none(),
             Kind::Stream { inner } => inner.is_end_stream(),
-            Kind::Spooled { reader, .. } => reader.is_end_stream(),
+            Kind::Spooled {
+                reader, end_after, ..
+            } => end_after.is_none() && reader.is_end_stream(),
         }
     }
 

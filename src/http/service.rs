@@ -190,11 +190,12 @@ where
     let (early, mut streamed) = oneshot::channel();
     let mut origin = origin;
     origin.early = plain.then_some(early);
-    let answer = engine.resolve(miss, policy.flight(), origin);
+    let flight = policy.flight();
+    let mut answer = Box::pin(async move { engine.resolve(miss, flight, origin).await });
     let answer = tokio::select! {
         biased;
-        Ok(response) = &mut streamed => return Ok(response),
-        answer = answer => answer,
+        Ok(response) = &mut streamed => return Ok(settled_by(response, answer)),
+        answer = &mut answer => answer,
     };
     // The flight may end within the very poll that saw the response sent.
     if let Ok(response) = streamed.try_recv() {
@@ -229,6 +230,25 @@ where
         // it sees the panic as it would without the layer.
         Answer::Panicked(payload) => std::panic::resume_unwind(payload),
     }
+}
+
+/// The starter's streamed response, whose body ends only once the flight has
+/// answered it: the engine answers a starter once the fleet has the entry, so
+/// that a client that saw the whole body is never served an older one next.
+/// The flight's answer is awaited on a task of its own, so a client that hangs
+/// up does not stop it.
+fn settled_by<B, F>(mut response: Response<Body<B>>, answer: F) -> Response<Body<B>>
+where
+    B: HttpBody,
+    F: std::future::Future + Send + 'static,
+{
+    let (settled, wait) = oneshot::channel();
+    tokio::spawn(async move {
+        let _ = answer.await;
+        let _ = settled.send(());
+    });
+    response.body_mut().end_after(wait);
+    response
 }
 
 /// How the layer rebuilds an entry: the inner service, with the request that

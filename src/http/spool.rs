@@ -8,7 +8,7 @@
 //! gone: a spool costs the bytes read so far for as long as anyone reads it.
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes};
@@ -88,6 +88,12 @@ impl Spool {
         self.end(End::Failed);
     }
 
+    fn fail_if_open(&self) {
+        if matches!(self.lock().end, End::Open) {
+            self.fail();
+        }
+    }
+
     /// The whole body in one exactly sized buffer of its own, if it ended
     /// without trailers: what the cache keeps must not pin the (larger)
     /// buffers the chunks are slices of.
@@ -119,7 +125,9 @@ impl Spool {
         B::Data: Buf + Send,
         B::Error: Send + 'static,
     {
+        let filling = Filling::new(&self);
         tokio::spawn(async move {
+            let _filling = filling;
             let mut body = body;
             loop {
                 // Only the pump holds it: no reader, no flight.
@@ -139,6 +147,31 @@ impl Spool {
                 }
             }
         });
+    }
+}
+
+/// Fails a spool still open when dropped: a fill abandoned part way (a
+/// rebuild past its timeout, a runtime shutting down) must not leave its
+/// readers waiting for bytes that will never come. It holds the spool weakly,
+/// so that it does not count as a reader.
+pub(crate) struct Filling(Option<Weak<Spool>>);
+
+impl Filling {
+    pub(crate) fn new(spool: &Arc<Spool>) -> Self {
+        Filling(Some(Arc::downgrade(spool)))
+    }
+
+    /// The fill goes on elsewhere (the pump has its own guard).
+    pub(crate) fn hand_over(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Filling {
+    fn drop(&mut self) {
+        if let Some(spool) = self.0.take().and_then(|s| s.upgrade()) {
+            spool.fail_if_open();
+        }
     }
 }
 
@@ -226,6 +259,13 @@ impl SpoolReader {
                 Poll::Ready(Some(Read::Failed))
             }
         }
+    }
+
+    /// Whether every byte was read and the body ended whole: what comes
+    /// next is its trailers or its end.
+    pub(crate) fn at_end(&self) -> bool {
+        let state = self.spool.lock();
+        !self.finished && self.next >= state.chunks.len() && matches!(state.end, End::Done(_))
     }
 
     pub(crate) fn is_end_stream(&self) -> bool {
