@@ -371,3 +371,36 @@ async fn an_endless_body_over_the_cap_stops_being_read_when_its_readers_leave() 
         .await
         .expect("the origin's body is dropped once nobody reads it");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_by_the_rebuild_timeout_ends_with_an_error_not_a_hang() {
+    // The origin sends a chunk, then never finishes: the rebuild is
+    // abandoned at its timeout, and the starter's stream must fail rather
+    // than wait forever or end as if complete.
+    let origin = Origin::default();
+    let gate = Arc::new(Notify::new());
+    let app = scripted_app(
+        &origin,
+        &gate,
+        guard().rebuild_timeout(Duration::from_millis(200)),
+        || vec![chunk(b'a', 10), None, chunk(b'b', 10)],
+    );
+    let response = app.clone().oneshot(get_req("/r")).await.unwrap();
+    let body = tokio::time::timeout(PATIENCE, response.into_body().collect())
+        .await
+        .expect("the stream ends");
+    assert!(body.is_err(), "a cut body never looks complete");
+    // Until the abandoned flight has ended a request may share its 504;
+    // after, it fetches again. Never a stored cut body.
+    for _ in 0..1000 {
+        let next = app.clone().oneshot(get_req("/r")).await.unwrap();
+        let status = next.headers()["x-cache"].to_str().unwrap().to_owned();
+        assert_ne!(status, "HIT", "a cut body was stored");
+        if status == "MISS" {
+            assert_eq!(origin.calls(), 2);
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the abandoned flight never ended");
+}
