@@ -97,6 +97,7 @@ pub mod metrics;
 mod store;
 
 pub use crate::http::{Body, GuardService, KeyFn, ResponseFuture, StampedeGuard, WaitTimeout};
+pub use crate::http::{BoxError, SharedBodyError};
 pub use backend::{Backend, BackendBuilder, BackendStats, DEFAULT_L1_MAX_BYTES};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackendBuilder, RedisConfig, RedisStats, TlsFiles};
@@ -136,7 +137,7 @@ pub mod __bench {
         let response = CachedResponse {
             status,
             headers,
-            body,
+            body: body.into(),
         };
         let envelope = Envelope {
             lifetime: Lifetime {

@@ -157,7 +157,7 @@ async fn private_responses_are_cached_when_the_route_opts_in() {
 }
 
 #[tokio::test]
-async fn other_methods_and_ranges_pass_through() {
+async fn other_methods_pass_through_and_ranges_are_cut_from_one_fetch() {
     let origin = Origin::default();
     let o = origin.clone();
     let handler = move || {
@@ -177,8 +177,13 @@ async fn other_methods_and_ranges_pass_through() {
             .body(Body::empty())
             .unwrap()
     };
-    twice(&app, range).await;
-    assert_eq!(origin.calls(), 4);
+    // A range is cut from the whole entry, fetched once.
+    let (first, second) = twice(&app, range).await;
+    assert_eq!(origin.calls(), 3);
+    for answer in [first, second] {
+        assert_eq!(answer.status, StatusCode::PARTIAL_CONTENT);
+        assert_eq!(answer.text(), "ca");
+    }
 }
 
 #[tokio::test]

@@ -1,21 +1,23 @@
 //! Admitting an origin response: what may become of it (stored, shared with
-//! the waiters, or kept for the request that asked), and its body buffered
-//! when it may be shared.
+//! the waiters, or kept for the request that asked), and its body read into a
+//! spool when it may be shared: the request that caused the fetch streams it
+//! from there as it arrives, and so do the waiters when it outgrows the cache.
 
-use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::Buf;
 use http::header::{self, HeaderName, HeaderValue};
-use http::{HeaderMap, Response};
-use http_body::{Body as HttpBody, Frame};
+use http::{HeaderMap, Response, StatusCode};
+use http_body::Body as HttpBody;
+use tokio::sync::oneshot;
 
 use super::body::Body;
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
-use super::response::CachedResponse;
+use super::response::{CachedBody, CachedResponse};
+use super::spool::{Filling, OriginError, Spool};
 use crate::engine::{Built, Waiters, MAX_DELTA};
 
 /// What the request that caused a rebuild may have, and nobody else.
@@ -30,17 +32,24 @@ pub(crate) enum Private<B: HttpBody, E> {
 
 pub(crate) type Admitted<B, E> = Built<CachedResponse, Private<B, E>>;
 
-/// Decides what the origin's response may become, and buffers its body if it
-/// may be shared.
-/// `keyed` says what the key the answer would be stored under was made of.
+/// Where the request that caused a rebuild takes its response as soon as the
+/// origin's head is known to be shareable, before the body is whole.
+pub(crate) type Early<B> = oneshot::Sender<Response<Body<B>>>;
+
+/// Decides what the origin's response may become, and reads its body if it
+/// may be shared. `early`, if given, gets the response as soon as it may be
+/// shared, its body streaming while it fills the entry. `keyed` says what
+/// the key the answer would be stored under was made of.
 pub(crate) async fn admit<B, E>(
     policy: &Policy,
     response: Response<B>,
     keyed: Keyed,
+    early: Option<Early<B>>,
 ) -> Admitted<B, E>
 where
-    B: HttpBody,
-    B::Data: Buf,
+    B: HttpBody + Send + 'static,
+    B::Data: Buf + Send,
+    B::Error: Send + 'static,
 {
     let (mut parts, body) = response.into_parts();
     let unshared = |reason: &'static str, parts: http::response::Parts, body| {
@@ -64,6 +73,11 @@ where
         }
     };
 
+    // A 206 is a slice of a representation, never one: the rebuild asks for
+    // the whole, so an origin answering with a part is not to be shared.
+    if parts.status == StatusCode::PARTIAL_CONTENT {
+        return unshared("partial content", parts, Body::stream(body));
+    }
     // Only a status the route stores is shared: another (a 403 or 429 for
     // this caller, a 201, a 206) goes to this request alone, and the waiters
     // lead again. It may depend on who asked, so the key gets no hit-for-miss
@@ -81,47 +95,74 @@ where
         Verdict::Pass(reason) => return unshared(reason, parts, Body::stream(body)),
         Verdict::Share { lifetime, store } => (lifetime, store),
     };
+    let failure = parts.status.is_server_error();
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > policy.max_body_bytes as u64) {
-        return unshared("body larger than max_body_bytes", parts, Body::stream(body));
-    }
+    let mut over_cap = declared.is_some_and(|n| n > policy.max_body_bytes as u64);
 
-    // Read the body, giving up (and streaming the rest) past the size cap.
+    strip_hop_by_hop(&mut parts.headers);
+    let spool = Spool::new();
+    let filling = Filling::new(&spool);
+    let origin_error = OriginError::new();
+    // The starter's response, as it would be without the layer but for the
+    // hop-by-hop headers. Not for a server error: stale-if-error may still
+    // answer it.
+    let early_sent = match early {
+        Some(early) if !failure => {
+            let mut head = Response::new(Body::spooled(spool.clone(), Some(origin_error.clone())));
+            *head.status_mut() = parts.status;
+            *head.headers_mut() = parts.headers.clone();
+            let age = HeaderValue::from_static("0");
+            head.headers_mut().entry(header::AGE).or_insert(age);
+            early.send(tag(policy, head, CacheStatus::Miss)).is_ok()
+        }
+        _ => false,
+    };
+    // The starter's own streamed answer, when the entry is not for it.
+    let private = |parts: &http::response::Parts| {
+        (!early_sent).then(|| {
+            let body = Body::spooled(spool.clone(), Some(origin_error.clone()));
+            let mut response = Response::new(body);
+            *response.status_mut() = parts.status;
+            *response.headers_mut() = parts.headers.clone();
+            Private::Response(tag(policy, response, CacheStatus::Miss))
+        })
+    };
+
+    // Read the body into the spool, up to the size cap.
     let mut body = Box::pin(body);
-    let mut frames: VecDeque<Frame<Bytes>> = VecDeque::new();
-    let mut len = 0usize;
-    loop {
+    while !over_cap {
         match poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-            None => break,
-            Some(Ok(frame)) => {
-                let frame = frame.map_data(|mut d| d.copy_to_bytes(d.remaining()));
-                let trailers = frame.is_trailers();
-                len = len.saturating_add(frame.data_ref().map_or(0, Bytes::len));
-                frames.push_back(frame);
-                if trailers || len > policy.max_body_bytes {
-                    let body = Body::replay(frames, None, false, body);
-                    return unshared("body too large or has trailers", parts, body);
-                }
+            None => {
+                spool.finish(None);
+                break;
             }
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(mut data) => {
+                    spool.push(data.copy_to_bytes(data.remaining()));
+                    over_cap = spool.len() > policy.max_body_bytes;
+                }
+                Err(frame) => {
+                    spool.finish(frame.into_trailers().ok());
+                    break;
+                }
+            },
             Some(Err(error)) => {
                 // The starter gets what was read and the error; the waiters
                 // share the failure (or stale-if-error).
-                let body = Body::replay(frames, Some(error), true, body);
-                let response = tag(policy, Response::from_parts(parts, body), CacheStatus::Miss);
+                origin_error.put(error);
+                spool.fail();
                 return Built::Failed {
                     shared: None,
-                    private: Some(Private::Response(response)),
+                    private: private(&parts),
                 };
             }
         }
     }
-    let body = concat(frames, len);
 
-    strip_hop_by_hop(&mut parts.headers);
     let initial_age = parts
         .headers
         .remove(header::AGE)
@@ -139,50 +180,77 @@ where
         );
         parts.headers.remove(header::SET_COOKIE);
     }
-    parts
-        .headers
-        .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    let cookies = (!cookies.is_empty()).then_some(Private::Headers(cookies));
+
+    if over_cap {
+        // Too large to cache: the rest is read on a task of its own, and
+        // every request that waited reads this one fetch.
+        filling.hand_over();
+        spool.clone().pump(body, origin_error.clone());
+        if failure {
+            return Built::Failed {
+                shared: None,
+                private: private(&parts),
+            };
+        }
+        tracing::debug!("body larger than max_body_bytes: streamed to every waiter, not stored");
+        return Built::Value {
+            value: CachedResponse {
+                status: parts.status,
+                headers: parts.headers,
+                body: CachedBody::Spooled(spool),
+            },
+            lifetime,
+            initial_age,
+            store: false,
+            failure: false,
+            private: cookies,
+        };
+    }
+    let Some(bytes) = spool.to_owned_bytes() else {
+        // Trailers cannot be kept in an entry: the starter alone has them.
+        debug_assert!(spool.has_trailers());
+        return Built::Unshared {
+            // Already streaming to the starter if `None`.
+            private: private(&parts).unwrap_or(Private::Headers(Vec::new())),
+            waiters: Waiters::HitForMiss(policy.hit_for_miss),
+        };
+    };
+
+    // What the cache keeps owns its bytes: a header value read by hyper is a
+    // slice of its whole read buffer, which would otherwise stay alive.
+    let mut headers = owned(&parts.headers);
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     // Slots for the headers every hit fills in: replacing a value in the
     // cloned map is cheaper than growing it.
-    parts
-        .headers
-        .insert(header::AGE, HeaderValue::from_static("0"));
+    headers.insert(header::AGE, HeaderValue::from_static("0"));
     if let Some(name) = &policy.status_header {
-        parts
-            .headers
-            .insert(name.clone(), CacheStatus::Hit.header_value());
+        headers.insert(name.clone(), CacheStatus::Hit.header_value());
     }
-    let failure = parts.status.is_server_error();
     Built::Value {
         value: CachedResponse {
             status: parts.status,
-            headers: parts.headers,
-            body,
+            headers,
+            body: CachedBody::Full(bytes),
         },
         lifetime,
         initial_age,
         store,
         failure,
-        private: (!cookies.is_empty()).then_some(Private::Headers(cookies)),
+        private: cookies,
     }
 }
 
-/// One `Bytes` from the data frames: no copy when the origin sent one chunk.
-fn concat(frames: VecDeque<Frame<Bytes>>, len: usize) -> Bytes {
-    let mut chunks = frames.into_iter().filter_map(|f| f.into_data().ok());
-    match (chunks.next(), chunks.next()) {
-        (None, _) => Bytes::new(),
-        (Some(only), None) => only,
-        (Some(first), Some(second)) => {
-            let mut all = BytesMut::with_capacity(len);
-            all.extend_from_slice(&first);
-            all.extend_from_slice(&second);
-            for chunk in chunks {
-                all.extend_from_slice(&chunk);
-            }
-            all.freeze()
-        }
+/// A copy of `headers` whose values own their bytes.
+fn owned(headers: &HeaderMap) -> HeaderMap {
+    // Room for the two slots added after.
+    let mut out = HeaderMap::with_capacity(headers.len().saturating_add(2));
+    for (name, value) in headers {
+        let mut copy = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+        copy.set_sensitive(value.is_sensitive());
+        out.append(name.clone(), copy);
     }
+    out
 }
 
 /// Removes the headers that describe one connection, not the resource

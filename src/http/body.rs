@@ -2,23 +2,33 @@
 //!
 //! A hit is one `Bytes` shared with the cache (no copy). A response that is not
 //! cached streams the origin's body through untouched. A response the layer
-//! started to buffer but then gave up on (too large, trailers, an error part
-//! way) replays what it read and streams the rest, so nothing is lost and a
-//! large body is never held whole in memory.
+//! reads while answering is a reader of a [`Spool`]: the bytes reach it as the
+//! origin sends them, and a body too large to cache is read from the origin
+//! once for every request that waited for it.
 
-use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
 use http_body::{Frame, SizeHint};
 use pin_project_lite::pin_project;
+use tokio::sync::oneshot;
+
+use super::spool::{OriginError, Read, SharedBodyError, Spool, SpoolReader};
+
+/// The error type of a [`Body`]: the inner body's error, or a
+/// [`SharedBodyError`] for a request that shared another one's origin body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pin_project! {
     /// Body of a response that went through a [`StampedeGuard`](crate::StampedeGuard).
     ///
-    /// It implements [`http_body::Body`] with `Bytes` data and the inner body's
-    /// error type, so axum and hyper take it as it is.
+    /// It implements [`http_body::Body`] with `Bytes` data and [`BoxError`]
+    /// errors, so axum and hyper take it as it is. A request that read its
+    /// own origin body sees that body's error as it was (boxed); a request
+    /// that shared someone else's sees a [`SharedBodyError`].
     pub struct Body<B> where B: http_body::Body {
         #[pin]
         kind: Kind<B>,
@@ -30,12 +40,12 @@ pin_project! {
     enum Kind<B> where B: http_body::Body {
         Full { data: Option<Bytes> },
         Stream { #[pin] inner: B },
-        Replay {
-            buffered: VecDeque<Frame<Bytes>>,
-            error: Option<B::Error>,
-            // The inner body already said it ended while being buffered.
-            ended: bool,
-            rest: Pin<Box<B>>,
+        Spooled {
+            reader: SpoolReader,
+            // Set for the request whose origin body it is.
+            origin_error: Option<OriginError<B::Error>>,
+            // Holds back the end of a whole body until it fires.
+            end_after: Option<oneshot::Receiver<()>>,
         },
     }
 }
@@ -63,20 +73,23 @@ impl<B: http_body::Body> Body<B> {
         }
     }
 
-    /// Frames already read from `rest`, then whatever `rest` still holds.
-    pub(crate) fn replay(
-        buffered: VecDeque<Frame<Bytes>>,
-        error: Option<B::Error>,
-        ended: bool,
-        rest: Pin<Box<B>>,
-    ) -> Self {
+    /// A spool, read from its start; `origin_error` for the request whose
+    /// origin body fills it.
+    pub(crate) fn spooled(spool: Arc<Spool>, origin_error: Option<OriginError<B::Error>>) -> Self {
         Body {
-            kind: Kind::Replay {
-                buffered,
-                error,
-                ended,
-                rest,
+            kind: Kind::Spooled {
+                reader: SpoolReader::new(spool),
+                origin_error,
+                end_after: None,
             },
+        }
+    }
+
+    /// Holds back the end of a spooled body (not its bytes, not a failure)
+    /// until `signal` fires or is dropped.
+    pub(crate) fn end_after(&mut self, signal: oneshot::Receiver<()>) {
+        if let Kind::Spooled { end_after, .. } = &mut self.kind {
+            *end_after = Some(signal);
         }
     }
 }
@@ -89,38 +102,41 @@ impl<B> http_body::Body for Body<B>
 where
     B: http_body::Body,
     B::Data: Buf,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Stream { inner } => inner
                 .poll_frame(cx)
-                .map(|frame| frame.map(|f| f.map(to_bytes))),
-            KindProj::Replay {
-                buffered,
-                error,
-                ended,
-                rest,
+                .map(|frame| frame.map(|f| f.map(to_bytes).map_err(Into::into))),
+            KindProj::Spooled {
+                reader,
+                origin_error,
+                end_after,
             } => {
-                if let Some(frame) = buffered.pop_front() {
-                    return Poll::Ready(Some(Ok(frame)));
+                if let Some(signal) = end_after {
+                    if reader.at_end() {
+                        // Fired or dropped: either way, the wait is over.
+                        let _ = std::task::ready!(Pin::new(signal).poll(cx));
+                        *end_after = None;
+                    }
                 }
-                if let Some(e) = error.take() {
-                    *ended = true;
-                    return Poll::Ready(Some(Err(e)));
-                }
-                if *ended {
-                    return Poll::Ready(None);
-                }
-                rest.as_mut()
-                    .poll_frame(cx)
-                    .map(|frame| frame.map(|f| f.map(to_bytes)))
+                reader.poll_read(cx).map(|read| {
+                    read.map(|read| match read {
+                        Read::Frame(frame) => Ok(frame),
+                        Read::Failed => Err(match origin_error.as_ref().and_then(|e| e.take()) {
+                            Some(error) => error.into(),
+                            None => Box::new(SharedBodyError) as BoxError,
+                        }),
+                    })
+                })
             }
         }
     }
@@ -129,12 +145,9 @@ where
         match &self.kind {
             Kind::Full { data } => data.is_none(),
             Kind::Stream { inner } => inner.is_end_stream(),
-            Kind::Replay {
-                buffered,
-                error,
-                ended,
-                rest,
-            } => buffered.is_empty() && error.is_none() && (*ended || rest.is_end_stream()),
+            Kind::Spooled {
+                reader, end_after, ..
+            } => end_after.is_none() && reader.is_end_stream(),
         }
     }
 
@@ -144,28 +157,10 @@ where
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Stream { inner } => inner.size_hint(),
-            Kind::Replay {
-                buffered,
-                ended,
-                rest,
-                ..
-            } => {
-                let held: u64 = buffered
-                    .iter()
-                    .filter_map(|f| f.data_ref())
-                    .map(|d| d.len() as u64)
-                    .sum();
-                if *ended {
-                    return SizeHint::with_exact(held);
-                }
-                let inner = rest.size_hint();
-                let mut hint = SizeHint::new();
-                hint.set_lower(held + inner.lower());
-                if let Some(upper) = inner.upper() {
-                    hint.set_upper(held + upper);
-                }
-                hint
-            }
+            Kind::Spooled { reader, .. } => match reader.exact_remaining() {
+                Some(n) => SizeHint::with_exact(n),
+                None => SizeHint::new(),
+            },
         }
     }
 }

@@ -117,8 +117,10 @@ impl StampedeGuard {
         self.with(|p| p.on_wait_timeout = action)
     }
 
-    /// Largest body stored (default 4 MiB). A larger response is streamed to
-    /// its client, never buffered whole, and not stored.
+    /// Largest body stored (default 4 MiB). A larger response is not stored:
+    /// it is read from the origin once and streamed to every request that
+    /// waited for it, each from the start; the bytes read stay in memory
+    /// while one of those requests is still reading.
     pub fn max_body_bytes(self, bytes: usize) -> Self {
         self.with(|p| p.max_body_bytes = bytes)
     }

@@ -17,15 +17,17 @@ pub(crate) mod key;
 mod layer;
 mod passes;
 mod policy;
+mod range;
 mod respond;
 pub(crate) mod response;
 mod revalidate;
 mod service;
+mod spool;
 mod unsafe_methods;
 mod vary;
 
 #[doc(inline)]
-pub use body::Body;
+pub use body::{Body, BoxError};
 #[doc(inline)]
 pub use future::ResponseFuture;
 #[doc(inline)]
@@ -34,3 +36,5 @@ pub use layer::StampedeGuard;
 pub use policy::{KeyFn, WaitTimeout};
 #[doc(inline)]
 pub use service::GuardService;
+#[doc(inline)]
+pub use spool::SharedBodyError;

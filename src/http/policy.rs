@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use http::header::{
     ACCEPT_ENCODING, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, COOKIE, PROXY_AUTHORIZATION,
-    RANGE, SET_COOKIE, TRANSFER_ENCODING, UPGRADE,
+    SET_COOKIE, TRANSFER_ENCODING, UPGRADE,
 };
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 
@@ -174,10 +174,10 @@ pub(crate) fn request_bypass(
     {
         return Some("credentials");
     }
-    // A range answer (206) is a slice of the entry, not the entry; an upgrade
-    // is a connection, not a document.
-    if headers.contains_key(RANGE) || headers.contains_key(UPGRADE) {
-        return Some("range or upgrade");
+    // An upgrade is a connection, not a document. (A range is answered from
+    // the whole entry.)
+    if headers.contains_key(UPGRADE) {
+        return Some("upgrade");
     }
     // A GET or HEAD with a body: the handler may read it, and the answer the
     // leader's body shaped would be stored for everyone.
@@ -409,11 +409,13 @@ mod tests {
         let get = Method::GET;
         assert_eq!(request_bypass(&p, &get, &HeaderMap::new()), None);
         assert_eq!(request_bypass(&p, &Method::HEAD, &HeaderMap::new()), None);
+        let range = headers(&[("range", "bytes=0-1")]);
+        assert_eq!(request_bypass(&p, &get, &range), None);
         assert!(request_bypass(&p, &Method::POST, &HeaderMap::new()).is_some());
         for h in [
             ("authorization", "Bearer x"),
             ("cookie", "a=b"),
-            ("range", "bytes=0-1"),
+            ("upgrade", "websocket"),
         ] {
             assert!(request_bypass(&p, &get, &headers(&[h])).is_some(), "{h:?}");
         }

@@ -13,7 +13,8 @@ use http_body::Body as HttpBody;
 use super::body::Body;
 use super::cache_control::http_date;
 use super::policy::{Policy, WaitTimeout};
-use super::response::CachedResponse;
+use super::range;
+use super::response::{CachedBody, CachedResponse};
 use crate::engine::{FailureKind, Held, Status};
 
 /// How a response was answered, as told in the cache-status header.
@@ -60,6 +61,8 @@ pub(crate) struct Conditions {
     /// Only news: changes after this date (`If-Modified-Since`), unless it
     /// sent `If-None-Match`.
     pub if_modified_since: Option<SystemTime>,
+    /// Only part of the body (`Range`, and `If-Range` if any).
+    pub range: Option<(HeaderValue, Option<HeaderValue>)>,
 }
 
 impl Conditions {
@@ -86,6 +89,12 @@ impl Conditions {
             head: method == Method::HEAD,
             if_none_match,
             if_modified_since,
+            range: request.headers().get(header::RANGE).map(|range| {
+                (
+                    range.clone(),
+                    request.headers().get(header::IF_RANGE).cloned(),
+                )
+            }),
         }
     }
 
@@ -140,7 +149,10 @@ pub(crate) fn present<B: HttpBody>(
     let body = if conditions.head || not_modified {
         Body::empty()
     } else {
-        Body::full(cached.body.clone())
+        match &cached.body {
+            CachedBody::Full(bytes) => Body::full(bytes.clone()),
+            CachedBody::Spooled(spool) => Body::spooled(spool.clone(), None),
+        }
     };
     let mut response = Response::new(body);
     if not_modified {
@@ -158,6 +170,10 @@ pub(crate) fn present<B: HttpBody>(
     }
     let headers = response.headers_mut();
     headers.insert(header::AGE, age_value(held.entry().age(now).as_secs()));
+    // Range applies to GET only (RFC 9110 §14.2), after the preconditions.
+    if let (Some((range, if_range)), false) = (&conditions.range, conditions.head || not_modified) {
+        range::answer(&mut response, cached, range, if_range.as_ref());
+    }
     tag(policy, response, status)
 }
 
@@ -338,7 +354,7 @@ mod tests {
         CachedResponse {
             status: StatusCode::OK,
             headers: map,
-            body: Bytes::from_static(b"body"),
+            body: Bytes::from_static(b"body").into(),
         }
     }
 

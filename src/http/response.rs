@@ -1,14 +1,17 @@
 //! The cached response: what the layer stores for a URL, and its wire form in
 //! the shared tier.
 //!
-//! Hop-by-hop headers are gone before a response gets here, and the body is
-//! whole in one `Bytes`, so a hit copies no body. The wire form is versioned
-//! by the engine's envelope around it; anything that does not parse is a
-//! miss, never a panic.
+//! Hop-by-hop headers are gone before a response gets here, and a stored
+//! body is whole in one `Bytes`, so a hit copies no body. The wire form is
+//! versioned by the engine's envelope around it; anything that does not parse
+//! is a miss, never a panic.
+
+use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
+use super::spool::Spool;
 use crate::engine::CacheValue;
 
 /// An HTTP response as the layer stores it.
@@ -16,11 +19,67 @@ use crate::engine::CacheValue;
 pub(crate) struct CachedResponse {
     pub status: StatusCode,
     pub headers: HeaderMap,
-    pub body: Bytes,
+    pub body: CachedBody,
 }
+
+/// The body of a [`CachedResponse`].
+#[derive(Clone)]
+pub(crate) enum CachedBody {
+    /// Whole, in a buffer of its own.
+    Full(Bytes),
+    /// Still arriving from the origin: a body over `max_body_bytes`, shared
+    /// by the requests that waited for it and never stored.
+    Spooled(Arc<Spool>),
+}
+
+impl CachedBody {
+    /// The whole body, if it is in memory.
+    pub(crate) fn full(&self) -> Option<&Bytes> {
+        match self {
+            CachedBody::Full(bytes) => Some(bytes),
+            CachedBody::Spooled(_) => None,
+        }
+    }
+
+    /// Bytes held so far.
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            CachedBody::Full(bytes) => bytes.len(),
+            CachedBody::Spooled(spool) => spool.len(),
+        }
+    }
+}
+
+impl From<Bytes> for CachedBody {
+    fn from(bytes: Bytes) -> Self {
+        CachedBody::Full(bytes)
+    }
+}
+
+impl std::fmt::Debug for CachedBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CachedBody::Full(bytes) => write!(f, "Full({} bytes)", bytes.len()),
+            CachedBody::Spooled(spool) => write!(f, "Spooled({} bytes so far)", spool.len()),
+        }
+    }
+}
+
+/// Heap bytes a stored response costs beyond its body, its header bytes
+/// and its header slots, as measured with a counting allocator (see
+/// `tests/memory.rs`): the `HeaderMap` itself, the `Entry` and `Arc` around
+/// the value, and moka's per-entry bookkeeping (its value entry, access-order
+/// and expiry nodes). Charging it keeps the byte bound true for a flood of
+/// small answers.
+const RESPONSE_OVERHEAD: usize = 448;
+
+/// Heap bytes of one slot of a `HeaderMap`, used or not: its entry (name,
+/// value, hash and links) and its share of the index table.
+const HEADER_SLOT: usize = 112;
 
 impl CachedResponse {
     fn write(&self, out: &mut BytesMut) -> Option<()> {
+        let body = self.body.full()?;
         out.put_u16(self.status.as_u16());
         out.put_u16(u16::try_from(self.headers.len()).ok()?);
         for (name, value) in &self.headers {
@@ -29,7 +88,7 @@ impl CachedResponse {
             out.put_u32(u32::try_from(value.len()).ok()?);
             out.put_slice(value.as_bytes());
         }
-        out.put_slice(&self.body);
+        out.put_slice(body);
         Some(())
     }
 
@@ -60,21 +119,26 @@ impl CachedResponse {
         Some(CachedResponse {
             status,
             headers,
-            body: bytes,
+            body: CachedBody::Full(bytes),
         })
     }
 }
 
 impl CacheValue for CachedResponse {
     fn weight(&self) -> usize {
-        let headers: usize = self
+        let bytes: usize = self
             .headers
             .iter()
-            .map(|(name, value)| name.as_str().len() + value.len() + 32)
-            .sum();
-        self.body.len() + headers
+            .map(|(name, value)| name.as_str().len().saturating_add(value.len()))
+            .fold(0usize, usize::saturating_add);
+        self.body
+            .len()
+            .saturating_add(bytes)
+            .saturating_add(self.headers.capacity().saturating_mul(HEADER_SLOT))
+            .saturating_add(RESPONSE_OVERHEAD)
     }
 
+    /// `None` for a spooled body: it is never stored.
     fn encode(&self) -> Option<Bytes> {
         let mut out = BytesMut::with_capacity(self.body.len() + 64 * (self.headers.len() + 1));
         self.write(&mut out)?;
@@ -102,12 +166,12 @@ mod tests {
         let response = CachedResponse {
             status: StatusCode::NOT_FOUND,
             headers,
-            body: Bytes::from_static(b"gone"),
+            body: Bytes::from_static(b"gone").into(),
         };
         let back = CachedResponse::decode(response.encode().unwrap()).unwrap();
         assert_eq!(back.status, StatusCode::NOT_FOUND);
         assert_eq!(back.headers, response.headers);
-        assert_eq!(back.body, response.body);
+        assert_eq!(back.body.full(), response.body.full());
     }
 
     proptest! {
@@ -120,7 +184,7 @@ mod tests {
         fn truncated_responses_are_rejected_or_shorter(cut in 0usize..40) {
             let mut headers = HeaderMap::new();
             headers.append("etag", HeaderValue::from_static("\"v1\""));
-            let response = CachedResponse { status: StatusCode::OK, headers, body: Bytes::from_static(b"body") };
+            let response = CachedResponse { status: StatusCode::OK, headers, body: Bytes::from_static(b"body").into() };
             let full = response.encode().unwrap();
             let cut = cut.min(full.len());
             if let Some(back) = CachedResponse::decode(full.slice(..cut)) {

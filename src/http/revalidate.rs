@@ -22,7 +22,7 @@ use super::body::Body;
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
-use super::response::CachedResponse;
+use super::response::{CachedBody, CachedResponse};
 use crate::engine::{Built, Waiters, MAX_DELTA};
 
 /// Header fields a 304 never changes in the stored response: the body's
@@ -110,7 +110,10 @@ where
             // The origin now says the response may not be shared: its
             // starter alone gets it, as any unshared answer.
             tracing::debug!(reason, "renewed response not shared");
-            let mut response = Response::new(Body::full(body));
+            let mut response = Response::new(match body {
+                CachedBody::Full(bytes) => Body::full(bytes),
+                CachedBody::Spooled(spool) => Body::spooled(spool, None),
+            });
             *response.status_mut() = status;
             *response.headers_mut() = headers;
             return Built::Unshared {
@@ -184,7 +187,7 @@ mod tests {
         CachedResponse {
             status: StatusCode::OK,
             headers: map,
-            body: Bytes::from_static(b"body"),
+            body: Bytes::from_static(b"body").into(),
         }
     }
 
@@ -263,7 +266,7 @@ mod tests {
         assert!(!h.contains_key("connection"));
         assert!(!h.contains_key("transfer-encoding"));
         assert!(!h.contains_key("x-cache"));
-        assert_eq!(value.body, "body");
+        assert_eq!(value.body.full().unwrap(), "body");
     }
 
     #[test]

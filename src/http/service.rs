@@ -15,9 +15,10 @@ use std::time::Instant;
 use bytes::Buf;
 use http::{header, HeaderName, Method, Request, Response, StatusCode};
 use http_body::Body as HttpBody;
+use tokio::sync::oneshot;
 use tower_service::Service;
 
-use super::admit::{admit, Admitted, Private};
+use super::admit::{admit, Admitted, Early, Private};
 use super::body::Body;
 use super::future::ResponseFuture;
 use super::key::{align_host, request_key, KeyRules, Keyed};
@@ -134,6 +135,7 @@ where
                         request,
                         policy: policy.clone(),
                         keyed,
+                        early: None,
                     };
                     engine.refresh(refresh, flight, origin);
                 }
@@ -147,6 +149,7 @@ where
                     request,
                     policy: policy.clone(),
                     keyed,
+                    early: None,
                 };
                 let future = resolve(engine.clone(), miss, conditions, origin);
                 ResponseFuture::miss(Box::pin(future))
@@ -223,7 +226,7 @@ async fn resolve<S, ReqBody, ResBody>(
     engine: Arc<Engine>,
     miss: Miss,
     conditions: Conditions,
-    origin: Origin<S, ReqBody>,
+    origin: Origin<S, ReqBody, ResBody>,
 ) -> Result<Response<Body<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -235,7 +238,29 @@ where
     ResBody::Error: Send,
 {
     let policy = origin.policy.clone();
-    match engine.resolve(miss, policy.flight(), origin).await {
+    // A plain GET that starts the rebuild takes the origin's response as it
+    // streams in; one asking for less (HEAD, a precondition, a range) is
+    // answered from the whole entry.
+    let plain = origin.request.method() == Method::GET
+        && !CONDITIONAL
+            .iter()
+            .chain([&header::RANGE])
+            .any(|name| origin.request.headers().contains_key(name));
+    let (early, mut streamed) = oneshot::channel();
+    let mut origin = origin;
+    origin.early = plain.then_some(early);
+    let flight = policy.flight();
+    let mut answer = Box::pin(async move { engine.resolve(miss, flight, origin).await });
+    let answer = tokio::select! {
+        biased;
+        Ok(response) = &mut streamed => return Ok(settled_by(response, answer)),
+        answer = &mut answer => answer,
+    };
+    // The flight may end within the very poll that saw the response sent.
+    if let Ok(response) = streamed.try_recv() {
+        return Ok(response);
+    }
+    match answer {
         Answer::Served(served) => {
             let mut response = present(
                 &policy,
@@ -266,14 +291,35 @@ where
     }
 }
 
+/// The starter's streamed response, whose body ends only once the flight has
+/// answered it: the engine answers a starter once the fleet has the entry, so
+/// that a client that saw the whole body is never served an older one next.
+/// The flight's answer is awaited on a task of its own, so a client that hangs
+/// up does not stop it.
+fn settled_by<B, F>(mut response: Response<Body<B>>, answer: F) -> Response<Body<B>>
+where
+    B: HttpBody,
+    F: std::future::Future + Send + 'static,
+{
+    let (settled, wait) = oneshot::channel();
+    tokio::spawn(async move {
+        let _ = answer.await;
+        let _ = settled.send(());
+    });
+    response.body_mut().end_after(wait);
+    response
+}
+
 /// How the layer rebuilds an entry: the inner service, with the request that
 /// missed.
-struct Origin<S, ReqBody> {
+struct Origin<S, ReqBody, ResBody: HttpBody> {
     inner: S,
     request: Request<ReqBody>,
     policy: Arc<Policy>,
     /// What the key this rebuild stores under was made of.
     keyed: Keyed,
+    /// The starter's response, as soon as it may be shared.
+    early: Option<Early<ResBody>>,
 }
 
 /// Request headers that would let the origin answer with less than the whole
@@ -286,7 +332,7 @@ const CONDITIONAL: [HeaderName; 5] = [
     header::IF_RANGE,
 ];
 
-impl<S, ReqBody, ResBody> Origin<S, ReqBody>
+impl<S, ReqBody, ResBody> Origin<S, ReqBody, ResBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: HttpBody,
@@ -308,7 +354,7 @@ where
     }
 }
 
-impl<S, ReqBody, ResBody> Rebuild for Origin<S, ReqBody>
+impl<S, ReqBody, ResBody> Rebuild for Origin<S, ReqBody, ResBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -322,27 +368,39 @@ where
     type Private = Private<ResBody, S::Error>;
 
     async fn rebuild(mut self, stale: Option<Held<CachedResponse>>) -> Admitted<ResBody, S::Error> {
+        // With a copy that may stand in for a failure, the starter waits for
+        // the whole answer: a body failing part way is then replaced by that
+        // copy, which a response already streaming could not be.
+        if stale
+            .as_ref()
+            .is_some_and(|s| s.entry().usable_on_error(Instant::now()))
+        {
+            self.early = None;
+        }
         // The entry is the GET answer, whatever this request's method and
         // conditions; HEAD is answered from it afterwards.
         *self.request.method_mut() = Method::GET;
         for name in &CONDITIONAL {
             self.request.headers_mut().remove(name);
         }
+        // The entry is the whole representation; ranges are cut from it.
+        self.request.headers_mut().remove(header::RANGE);
         // The entry being replaced, if it has a validator: ask whether it
         // still holds (only our own conditions reach the origin).
         let stored = stale
             .map(|held| held.value().clone())
             .filter(|stored| ask_conditionally(stored, self.request.headers_mut()));
         let (policy, keyed) = (self.policy.clone(), self.keyed);
+        let early = self.early.take();
         match self.call().await {
             Ok(response) if response.status() == StatusCode::NOT_MODIFIED => match stored {
                 Some(stored) => {
                     count(m::REVALIDATED);
                     renew(&policy, stored, response, keyed)
                 }
-                None => admit(&policy, response, keyed).await,
+                None => admit(&policy, response, keyed, early).await,
             },
-            Ok(response) => admit(&policy, response, keyed).await,
+            Ok(response) => admit(&policy, response, keyed, early).await,
             Err(error) => crate::engine::Built::Failed {
                 shared: None,
                 private: Some(Private::Error(error)),
