@@ -1,0 +1,329 @@
+//! More attacks: credentials and one-client answers, hit-for-miss, the
+//! references an unsafe method's answer names (dot segments, a bare query),
+//! and invalidation as a barrier across variants and instances.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::OriginalUri;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use common::driver::counted_app;
+use common::{get as get_req, send, Origin};
+use http::header::{CONTENT_LOCATION, LOCATION, SET_COOKIE};
+use http::{HeaderMap, HeaderName, Method, Request, StatusCode};
+use stampede_guard::{Backend, StampedeGuard};
+
+fn guard() -> StampedeGuard {
+    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
+}
+
+fn request(m: Method, uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut r = Request::builder().method(m).uri(uri);
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    r.body(Body::empty()).unwrap()
+}
+
+/// A request with credentials, in any spelling, is neither answered from
+/// the cache nor stored.
+#[tokio::test]
+async fn credentials_in_any_spelling_bypass() {
+    for (name, value) in [
+        ("authorization", "Bearer x"),
+        ("Authorization", ""),
+        ("cookie", "s=1"),
+        ("cookie", ""),
+        ("proxy-authorization", "Basic eA=="),
+    ] {
+        let origin = Origin::default();
+        let app = counted_app(&origin, guard(), |n| async move { format!("v{n}") });
+        assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+        let with = send(&app, request(Method::GET, "/report", &[(name, value)])).await;
+        assert_eq!(with.x_cache(), "BYPASS", "{name}: {value}");
+        assert_eq!(with.text(), "v2", "{name}: answered from the cache");
+        assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+    }
+}
+
+/// Two answers with cookies in a row open a hit-for-miss window; the first
+/// cacheable answer in it is stored all the same.
+#[tokio::test]
+async fn hit_for_miss_never_blocks_the_next_cacheable_answer() {
+    let origin = Origin::default();
+    let app = counted_app(&origin, guard(), |n| async move {
+        if n <= 2 {
+            ([(SET_COOKIE, format!("s={n}"))], format!("v{n}")).into_response()
+        } else {
+            format!("v{n}").into_response()
+        }
+    });
+    for n in 1..=2 {
+        let a = send(&app, get_req("/report")).await;
+        assert_eq!(a.text(), format!("v{n}"));
+    }
+    assert_eq!(send(&app, get_req("/report")).await.text(), "v3");
+    let hit = send(&app, get_req("/report")).await;
+    assert_eq!(hit.text(), "v3", "the cacheable answer was not stored");
+    assert!(hit.headers.get(SET_COOKIE).is_none());
+    assert_eq!(origin.calls(), 3);
+}
+
+/// Refusals for one client (and statuses the route does not store) never
+/// reach another, sequentially or while waiting on the same rebuild.
+#[tokio::test]
+async fn one_clients_refusal_never_reaches_another() {
+    for status in [401u16, 403, 407, 429, 302, 206, 201] {
+        let origin = Origin::default();
+        let app = counted_app(&origin, guard(), move |n| async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if n == 1 {
+                (StatusCode::from_u16(status).unwrap(), "refused").into_response()
+            } else {
+                format!("v{n}").into_response()
+            }
+        });
+        let answers = common::burst(&app, 10, || get_req("/report")).await;
+        let refused = answers.iter().filter(|a| a.text() == "refused").count();
+        assert_eq!(refused, 1, "{status} reached {refused} clients");
+        assert!(answers
+            .iter()
+            .all(|a| a.text() == "refused" || a.status == StatusCode::OK));
+    }
+}
+
+/// Posts and reads on one host: a write answers 200 with `Location` and
+/// `Content-Location` from its query (`loc`, `cloc`); a read answers its
+/// path and query with the write count.
+fn site(writes: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
+    let w = writes.clone();
+    let read = move |OriginalUri(uri): OriginalUri| {
+        let w = w.clone();
+        async move { format!("{uri}@{}", w.load(Ordering::SeqCst)) }
+    };
+    let w = writes.clone();
+    let write = move |OriginalUri(uri): OriginalUri| {
+        let w = w.clone();
+        async move {
+            w.fetch_add(1, Ordering::SeqCst);
+            let mut headers = HeaderMap::new();
+            for pair in uri.query().unwrap_or("").split('&') {
+                match pair.split_once('=') {
+                    Some(("loc", v)) => {
+                        headers.insert(LOCATION, v.parse().unwrap());
+                    }
+                    Some(("cloc", v)) => {
+                        headers.insert(CONTENT_LOCATION, v.parse().unwrap());
+                    }
+                    _ => {}
+                }
+            }
+            (headers, "written").into_response()
+        }
+    };
+    Router::new()
+        .route("/lists/{id}", get(read.clone()))
+        .route("/items/{id}", get(read).post(write))
+        .layer(guard)
+}
+
+/// RFC 3986 §5.2: `../lists/1` from `/items/5` is `/lists/1`, and `?v=full`
+/// from `/items/5` is `/items/5?v=full`. The entries a GET of those reads
+/// are dropped by the write.
+#[tokio::test]
+async fn references_resolve_as_rfc_3986_says() {
+    let mut missed = Vec::new();
+    for (param, reference, read) in [
+        ("loc", "/lists/1", "/lists/1"),
+        ("loc", "../lists/1", "/lists/1"),
+        ("cloc", "./6", "/items/6"),
+        ("cloc", "?v=full", "/items/5?v=full"),
+    ] {
+        let writes = Arc::new(AtomicUsize::new(0));
+        let app = site(&writes, guard());
+        let h = [("host", "a.example")];
+        let before = send(&app, request(Method::GET, read, &h)).await;
+        assert_eq!(before.text(), format!("{read}@0"));
+        assert_eq!(
+            send(&app, request(Method::GET, read, &h)).await.x_cache(),
+            "HIT"
+        );
+        let uri = format!("/items/5?{param}={reference}");
+        let w = send(&app, request(Method::POST, &uri, &h)).await;
+        assert_eq!(w.text(), "written");
+        let after = send(&app, request(Method::GET, read, &h)).await;
+        if after.text() != format!("{read}@1") {
+            missed.push(format!("{param}: {reference} did not drop {read}"));
+        }
+    }
+    assert!(missed.is_empty(), "{missed:?}");
+}
+
+/// The opt-out keeps every entry, and a failed write drops nothing.
+#[tokio::test]
+async fn the_opt_out_and_failed_writes_drop_nothing() {
+    let writes = Arc::new(AtomicUsize::new(0));
+    let app = site(&writes, guard().invalidate_on_unsafe(false));
+    let h = [("host", "a.example")];
+    send(&app, request(Method::GET, "/items/5", &h)).await;
+    send(&app, request(Method::POST, "/items/5", &h)).await;
+    assert_eq!(
+        send(&app, request(Method::GET, "/items/5", &h))
+            .await
+            .text(),
+        "/items/5@0"
+    );
+
+    let origin = Origin::default();
+    let o = origin.clone();
+    let app = Router::new()
+        .route(
+            "/x",
+            get(move || {
+                let o = o.clone();
+                async move {
+                    o.enter();
+                    "x"
+                }
+            })
+            .post(|| async { StatusCode::FORBIDDEN })
+            .put(|| async { StatusCode::INTERNAL_SERVER_ERROR }),
+        )
+        .layer(guard());
+    send(&app, get_req("/x")).await;
+    send(&app, request(Method::POST, "/x", &[])).await;
+    send(&app, request(Method::PUT, "/x", &[])).await;
+    assert_eq!(send(&app, get_req("/x")).await.x_cache(), "HIT");
+}
+
+/// An origin whose reads take a while and answer the version they read at
+/// their start, varying on `x-lang`.
+fn slow_reader(version: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
+    let v = version.clone();
+    let read = move |headers: HeaderMap| {
+        let v = v.clone();
+        async move {
+            let seen = v.load(Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let lang = headers
+                .get("x-lang")
+                .and_then(|l| l.to_str().ok())
+                .unwrap_or("-")
+                .to_owned();
+            ([("vary", "x-lang")], format!("{lang}:{seen}"))
+        }
+    };
+    Router::new().route("/doc", get(read).layer(guard))
+}
+
+fn lang(l: &str) -> Request<Body> {
+    request(Method::GET, "/doc", &[("x-lang", l)])
+}
+
+/// `invalidate` drops every variant on every instance, and is a barrier: a
+/// request after it never gets a value read before it, even from a rebuild
+/// that was running when it was called.
+async fn invalidate_is_a_barrier(a: Backend, b: Backend) {
+    let vary = [HeaderName::from_static("x-lang")];
+    let ttl = Duration::from_secs(60);
+    let ga = StampedeGuard::new(a).ttl(ttl).vary(vary.clone());
+    let gb = StampedeGuard::new(b).ttl(ttl).vary(vary);
+    let version = Arc::new(AtomicUsize::new(0));
+    let app_a = slow_reader(&version, ga.clone());
+    let app_b = slow_reader(&version, gb.clone());
+    assert_eq!(send(&app_a, lang("en")).await.text(), "en:0");
+    assert_eq!(send(&app_b, lang("fr")).await.text(), "fr:0");
+    assert_eq!(send(&app_b, lang("en")).await.text(), "en:0");
+
+    // A rebuild of a new variant is running on A when B writes.
+    let running = {
+        let app_a = app_a.clone();
+        tokio::spawn(async move { send(&app_a, lang("de")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    version.fetch_add(1, Ordering::SeqCst);
+    gb.invalidate(&lang("xx")).await.expect("invalidate");
+
+    for (app, l) in [
+        (&app_a, "en"),
+        (&app_a, "fr"),
+        (&app_b, "en"),
+        (&app_b, "fr"),
+        (&app_a, "de"),
+    ] {
+        let got = send(app, lang(l)).await.text();
+        assert_eq!(
+            got,
+            format!("{l}:1"),
+            "a value from before the invalidation"
+        );
+    }
+    let _ = running.await;
+    let again = send(&app_a, lang("de")).await.text();
+    assert_eq!(
+        again, "de:1",
+        "the rebuild running at the invalidation was stored"
+    );
+}
+
+#[tokio::test]
+async fn invalidate_is_a_barrier_embedded() {
+    let backend = Backend::local();
+    invalidate_is_a_barrier(backend.clone(), backend).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn invalidate_is_a_barrier_for_the_fleet() {
+    let redis = common::redis::RedisServer::start();
+    let a = common::driver::connect(&redis).await;
+    let b = common::driver::connect(&redis).await;
+    invalidate_is_a_barrier(a, b).await;
+}
+
+/// The other instance drops every variant too (once the invalidation
+/// message reaches it), and its rebuild that was running then stores
+/// nothing.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn invalidate_reaches_every_variant_on_every_instance() {
+    let redis = common::redis::RedisServer::start();
+    let a = common::driver::connect(&redis).await;
+    let b = common::driver::connect(&redis).await;
+    let vary = [HeaderName::from_static("x-lang")];
+    let ttl = Duration::from_secs(60);
+    let ga = StampedeGuard::new(a).ttl(ttl).vary(vary.clone());
+    let gb = StampedeGuard::new(b).ttl(ttl).vary(vary);
+    let version = Arc::new(AtomicUsize::new(0));
+    let app_a = slow_reader(&version, ga);
+    let _app_b = slow_reader(&version, gb.clone());
+    for l in ["en", "fr"] {
+        assert_eq!(send(&app_a, lang(l)).await.text(), format!("{l}:0"));
+    }
+    let running = {
+        let app_a = app_a.clone();
+        tokio::spawn(async move { send(&app_a, lang("de")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    version.fetch_add(1, Ordering::SeqCst);
+    gb.invalidate(&lang("xx")).await.expect("invalidate");
+    for l in ["en", "fr"] {
+        let mut got = String::new();
+        for _ in 0..50 {
+            got = send(&app_a, lang(l)).await.text();
+            if got == format!("{l}:1") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(got, format!("{l}:1"), "the other instance kept {l}");
+    }
+    let _ = running.await;
+    assert_eq!(send(&app_a, lang("de")).await.text(), "de:1");
+}
