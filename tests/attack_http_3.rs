@@ -327,3 +327,75 @@ async fn invalidate_reaches_every_variant_on_every_instance() {
     let _ = running.await;
     assert_eq!(send(&app_a, lang("de")).await.text(), "de:1");
 }
+
+/// The guard around a whole router, served by hyper directly: the request
+/// body is hyper's `Incoming`, not axum's. An HTTP/2 GET whose DATA frames
+/// come without `Content-Length` still bypasses, and the answer its body
+/// shaped never reaches a GET without one.
+#[tokio::test]
+async fn an_http2_get_body_bypasses_a_guard_around_the_router() {
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use hyper_util::server::conn::auto;
+    use hyper_util::service::TowerToHyperService;
+    use tokio::net::{TcpListener, TcpStream};
+    use tower::Layer;
+
+    let origin = Origin::default();
+    let o = origin.clone();
+    let router = Router::new().route(
+        "/r",
+        get(move |body: String| {
+            let o = o.clone();
+            async move {
+                o.enter();
+                format!("body={body}")
+            }
+        }),
+    );
+    let service = guard().layer(router);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = TowerToHyperService::new(service.clone());
+            tokio::spawn(async move {
+                let _ = auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("h2 handshake");
+    tokio::spawn(conn);
+    let mut bodies = Vec::new();
+    for body in [Some("evil"), None] {
+        let frames: Vec<Result<Frame<bytes::Bytes>, std::convert::Infallible>> = body
+            .map(|b| Ok(Frame::data(bytes::Bytes::from_static(b.as_bytes()))))
+            .into_iter()
+            .collect();
+        let request = Request::get("http://a.test/r")
+            .body(StreamBody::new(tokio_stream::iter(frames)))
+            .unwrap();
+        let response = sender.send_request(request).await.expect("h2 response");
+        let status = response.headers()["x-cache"].to_str().unwrap().to_owned();
+        let text = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
+        bodies.push((status, String::from_utf8_lossy(&text).into_owned()));
+    }
+    assert_eq!(
+        bodies[0].0, "BYPASS",
+        "a GET with a body was keyed: {bodies:?}"
+    );
+    assert_eq!(
+        bodies[1].1, "body=",
+        "the body-shaped answer was stored: {bodies:?}"
+    );
+}
