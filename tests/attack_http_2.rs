@@ -552,3 +552,62 @@ async fn an_attackers_write_never_purges_another_host() {
         );
     }
 }
+
+/// An answer already older than its lifetime plus the stale windows (Age:
+/// 1000 against max-age 60 and 60 s windows) is past every window on
+/// arrival: it is never served stale afterwards, neither while revalidating
+/// nor when the origin fails.
+#[tokio::test]
+async fn an_answer_older_than_its_windows_is_never_served_stale() {
+    for respect in [true, false] {
+        let origin = Origin::default();
+        let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let f = failing.clone();
+        let app = counted_app(
+            &origin,
+            guard()
+                .ttl(Duration::from_secs(60))
+                .respect_cache_control(respect)
+                .stale_while_revalidate(Duration::from_secs(60))
+                .stale_if_error(Duration::from_secs(60)),
+            move |n| {
+                let failing = f.load(Ordering::SeqCst);
+                async move {
+                    if failing {
+                        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+                    }
+                    (
+                        [
+                            (
+                                "cache-control",
+                                "max-age=60, stale-while-revalidate=60, stale-if-error=60",
+                            ),
+                            ("age", "1000"),
+                        ],
+                        format!("v{n}"),
+                    )
+                        .into_response()
+                }
+            },
+        );
+        assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+        let second = send(&app, get_req("/report")).await;
+        assert_ne!(
+            second.x_cache(),
+            "STALE",
+            "respect {respect}: 940 s past freshness, served stale"
+        );
+        failing.store(true, Ordering::SeqCst);
+        let failed = send(&app, get_req("/report")).await;
+        assert_ne!(
+            failed.x_cache(),
+            "STALE",
+            "respect {respect}: served stale-if-error"
+        );
+        assert!(
+            !failed.text().starts_with('v'),
+            "respect {respect}: {}",
+            failed.text()
+        );
+    }
+}
