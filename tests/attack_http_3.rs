@@ -9,13 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::OriginalUri;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use common::driver::counted_app;
 use common::{get as get_req, send, Origin};
-use http::header::{CONTENT_LOCATION, LOCATION, SET_COOKIE};
+use http::header::SET_COOKIE;
 use http::{HeaderMap, HeaderName, Method, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 
@@ -96,110 +95,6 @@ async fn one_clients_refusal_never_reaches_another() {
             .iter()
             .all(|a| a.text() == "refused" || a.status == StatusCode::OK));
     }
-}
-
-/// Posts and reads on one host: a write answers 200 with `Location` and
-/// `Content-Location` from its query (`loc`, `cloc`); a read answers its
-/// path and query with the write count.
-fn site(writes: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
-    let w = writes.clone();
-    let read = move |OriginalUri(uri): OriginalUri| {
-        let w = w.clone();
-        async move { format!("{uri}@{}", w.load(Ordering::SeqCst)) }
-    };
-    let w = writes.clone();
-    let write = move |OriginalUri(uri): OriginalUri| {
-        let w = w.clone();
-        async move {
-            w.fetch_add(1, Ordering::SeqCst);
-            let mut headers = HeaderMap::new();
-            for pair in uri.query().unwrap_or("").split('&') {
-                match pair.split_once('=') {
-                    Some(("loc", v)) => {
-                        headers.insert(LOCATION, v.parse().unwrap());
-                    }
-                    Some(("cloc", v)) => {
-                        headers.insert(CONTENT_LOCATION, v.parse().unwrap());
-                    }
-                    _ => {}
-                }
-            }
-            (headers, "written").into_response()
-        }
-    };
-    Router::new()
-        .route("/lists/{id}", get(read.clone()))
-        .route("/items/{id}", get(read).post(write))
-        .layer(guard)
-}
-
-/// RFC 3986 §5.2: `../lists/1` from `/items/5` is `/lists/1`, and `?v=full`
-/// from `/items/5` is `/items/5?v=full`. The entries a GET of those reads
-/// are dropped by the write.
-#[tokio::test]
-async fn references_resolve_as_rfc_3986_says() {
-    let mut missed = Vec::new();
-    for (param, reference, read) in [
-        ("loc", "/lists/1", "/lists/1"),
-        ("loc", "../lists/1", "/lists/1"),
-        ("cloc", "./6", "/items/6"),
-        ("cloc", "?v=full", "/items/5?v=full"),
-    ] {
-        let writes = Arc::new(AtomicUsize::new(0));
-        let app = site(&writes, guard());
-        let h = [("host", "a.example")];
-        let before = send(&app, request(Method::GET, read, &h)).await;
-        assert_eq!(before.text(), format!("{read}@0"));
-        assert_eq!(
-            send(&app, request(Method::GET, read, &h)).await.x_cache(),
-            "HIT"
-        );
-        let uri = format!("/items/5?{param}={reference}");
-        let w = send(&app, request(Method::POST, &uri, &h)).await;
-        assert_eq!(w.text(), "written");
-        let after = send(&app, request(Method::GET, read, &h)).await;
-        if after.text() != format!("{read}@1") {
-            missed.push(format!("{param}: {reference} did not drop {read}"));
-        }
-    }
-    assert!(missed.is_empty(), "{missed:?}");
-}
-
-/// The opt-out keeps every entry, and a failed write drops nothing.
-#[tokio::test]
-async fn the_opt_out_and_failed_writes_drop_nothing() {
-    let writes = Arc::new(AtomicUsize::new(0));
-    let app = site(&writes, guard().invalidate_on_unsafe(false));
-    let h = [("host", "a.example")];
-    send(&app, request(Method::GET, "/items/5", &h)).await;
-    send(&app, request(Method::POST, "/items/5", &h)).await;
-    assert_eq!(
-        send(&app, request(Method::GET, "/items/5", &h))
-            .await
-            .text(),
-        "/items/5@0"
-    );
-
-    let origin = Origin::default();
-    let o = origin.clone();
-    let app = Router::new()
-        .route(
-            "/x",
-            get(move || {
-                let o = o.clone();
-                async move {
-                    o.enter();
-                    "x"
-                }
-            })
-            .post(|| async { StatusCode::FORBIDDEN })
-            .put(|| async { StatusCode::INTERNAL_SERVER_ERROR }),
-        )
-        .layer(guard());
-    send(&app, get_req("/x")).await;
-    send(&app, request(Method::POST, "/x", &[])).await;
-    send(&app, request(Method::PUT, "/x", &[])).await;
-    assert_eq!(send(&app, get_req("/x")).await.x_cache(), "HIT");
 }
 
 /// An origin whose reads take a while and answer the version they read at
