@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
-use std::time::Duration;
+use std::time::SystemTime;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
@@ -12,11 +12,12 @@ use http::{HeaderMap, Response};
 use http_body::{Body as HttpBody, Frame};
 
 use super::body::Body;
+use super::cache_control::initial_age;
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
 use super::response::CachedResponse;
-use crate::engine::{Built, Waiters, MAX_DELTA};
+use crate::engine::{Built, Waiters};
 
 /// What the request that caused a rebuild may have, and nobody else.
 pub(crate) enum Private<B: HttpBody, E> {
@@ -122,11 +123,8 @@ where
     let body = concat(frames, len);
 
     strip_hop_by_hop(&mut parts.headers);
-    let initial_age = parts
-        .headers
-        .remove(header::AGE)
-        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-        .map_or(Duration::ZERO, |s| Duration::from_secs(s).min(MAX_DELTA));
+    let initial_age = initial_age(&parts.headers, SystemTime::now());
+    parts.headers.remove(header::AGE);
     let mut cookies = Vec::new();
     if policy.strip_set_cookie {
         // The stored copy loses every cookie; the starter's own answer keeps them.
