@@ -76,7 +76,7 @@ impl<'a> KeyRules<'a> {
 
 /// The URI the client sent: axum's `OriginalUri` when a router has recorded
 /// it (a nested router strips its prefix from the URI its routes see).
-fn target(parts: &Parts) -> &Uri {
+pub(crate) fn target(parts: &Parts) -> &Uri {
     #[cfg(feature = "axum")]
     if let Some(original) = parts.extensions.get::<axum::extract::OriginalUri>() {
         return &original.0;

@@ -17,6 +17,7 @@ pub(crate) mod key;
 mod layer;
 mod passes;
 mod policy;
+mod reference;
 mod respond;
 pub(crate) mod response;
 mod revalidate;
