@@ -68,8 +68,8 @@
 //! absolute-form target or HTTP/2 `:authority` replaces `Host` before the
 //! handler runs and is the host keyed on; nested axum routers are keyed on
 //! the `OriginalUri`; an absolute-form target's scheme is keyed; query pairs
-//! are sorted by name only, stably; the
-//! forwarding headers frameworks read the host and scheme from are keyed
+//! are sorted by name only, stably; the forwarding headers frameworks read
+//! the host and scheme from are keyed
 //! ([`StampedeGuard::forwarded_headers`]); a `GET`/`HEAD` with a body is
 //! passed through; and `Accept-Encoding` is keyed in a normalised form once
 //! the origin varies on it (see [`StampedeGuard::vary`], which also says

@@ -187,8 +187,8 @@ impl StampedeGuard {
     }
 
     /// The route's own key, in place of host, path and query. Return `None` to
-    /// pass a request through uncached. Vary headers and the namespace are
-    /// still part of the key.
+    /// pass a request through uncached. The namespace, the target's scheme,
+    /// the forwarding headers and the Vary headers are still part of the key.
     ///
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};

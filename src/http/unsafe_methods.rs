@@ -6,8 +6,9 @@
 //! instance and before the response is returned, every variant of:
 //!
 //! - the request's target URI;
-//! - the URIs in `Location` and `Content-Location`, when they name the same
-//!   host (another host's entries are not this origin's to drop).
+//! - the URIs in `Location` and `Content-Location`, resolved against the URI
+//!   the client sent (RFC 3986 §5.2), when they name the same host (another
+//!   host's entries are not this origin's to drop).
 //!
 //! Each key is computed by the same function a GET of that URI uses, so the
 //! group dropped is the one a later GET reads. An invalidation that fails
