@@ -158,8 +158,9 @@ fn merge(stored: &mut HeaderMap, update: &HeaderMap, status_header: Option<&Head
 /// (RFC 9111 §4.3.4). A validator the 304 carries must be the stored one's:
 /// a strong `ETag` must be the stored `ETag` exactly (a stored weak tag, or
 /// none, is another representation as far as anyone can tell); a weak one
-/// must match it weakly; a `Last-Modified` must be the stored date. A 304
-/// carrying no validator renews the one stored response, as it asked.
+/// must match it weakly; a `Last-Modified` must be the stored date when
+/// there is one. A 304 carrying no validator renews the one stored response,
+/// as it asked.
 fn selects(update: &HeaderMap, stored: &HeaderMap) -> bool {
     if let Some(theirs) = update.get(header::ETAG) {
         let Some(ours) = stored.get(header::ETAG) else {
@@ -170,10 +171,13 @@ fn selects(update: &HeaderMap, stored: &HeaderMap) -> bool {
             return false;
         }
     }
-    if let Some(theirs) = update.get(header::LAST_MODIFIED) {
-        let Some(ours) = stored.get(header::LAST_MODIFIED) else {
-            return false;
-        };
+    // A date is a strong validator only under conditions (RFC 9110
+    // §8.8.2.2): one the stored response lacks selects nothing, but does not
+    // refuse the match its other validators made.
+    if let (Some(theirs), Some(ours)) = (
+        update.get(header::LAST_MODIFIED),
+        stored.get(header::LAST_MODIFIED),
+    ) {
         let same = match (http_date(theirs), http_date(ours)) {
             (Some(a), Some(b)) => a == b,
             _ => theirs == ours,
@@ -303,13 +307,13 @@ mod tests {
         // A strong validator the stored response lacks, or has only weakly.
         assert!(renewed(&[lm(nov1)], &[("etag", "\"v2\"")]).is_none());
         assert!(renewed(&[("etag", "W/\"a\"")], &[("etag", "\"a\"")]).is_none());
-        assert!(renewed(&[("etag", "\"a\"")], &[lm(nov1)]).is_none());
         assert!(renewed(&[lm(nov1)], &[lm(nov2)]).is_none());
         // The same validators renew; a 304 without any renews what it asked.
         assert!(renewed(&[("etag", "\"a\"")], &[("etag", "\"a\"")]).is_some());
         assert!(renewed(&[("etag", "\"a\"")], &[("etag", "W/\"a\"")]).is_some());
         assert!(renewed(&[lm(nov1)], &[lm(nov1)]).is_some());
         assert!(renewed(&[("etag", "\"a\""), lm(nov1)], &[]).is_some());
+        assert!(renewed(&[("etag", "\"a\"")], &[("etag", "\"a\""), lm(nov1)]).is_some());
     }
 
     #[test]
