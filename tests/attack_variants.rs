@@ -482,13 +482,24 @@ async fn uncoalesced_rebuild_and_invalidation(other_instance: bool) {
         tokio::spawn(async move { send(&b, get_req("/report")).await })
     };
     o.entered.notified().await;
+    // The window is open: another request does not wait on the parked one
+    // (a guard against a hang only).
+    let beside = tokio::time::timeout(Duration::from_secs(10), send(&b, get_req("/report")))
+        .await
+        .expect("a request in the window is not coalesced");
+    assert_eq!(beside.text(), "old");
     *o.current.lock().unwrap() = "new";
     let by = if other_instance { &a_guard } else { &b_guard };
     by.invalidate(&get_req("/report")).await.expect("invalidated");
     // Time for the notice to reach B.
     tokio::time::sleep(Duration::from_millis(300)).await;
     o.release.notify_one();
-    assert_eq!(parked.await.unwrap().text(), "old");
+    let parked = parked.await.unwrap();
+    assert_eq!(parked.text(), "old");
+    assert!(
+        keys_like(&redis, "*:v").is_empty(),
+        "an answer in a hit-for-miss window is stored in the L1 only"
+    );
     for _ in 0..3 {
         let after = send(&b, get_req("/report")).await;
         assert_eq!(

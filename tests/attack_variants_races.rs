@@ -384,3 +384,111 @@ async fn a_write_completes_while_redis_is_frozen_and_is_read_back() {
     );
 }
 
+
+// ---------------------------------------------------------------------------
+// Promise 1: Redis restarts empty; an invalidation right after it (while B's
+// subscriber may still be reconnecting) still reaches B's copy.
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_right_after_an_empty_restart_reaches_every_instance() {
+    let mut redis = RedisServer::start();
+    let version = Arc::new(AtomicUsize::new(1));
+    let a_guard = StampedeGuard::new(backend_at(&redis.url(), Duration::from_millis(200)).await);
+    let a = version_app(&version, a_guard.clone());
+    let b = version_app(
+        &version,
+        StampedeGuard::new(backend_at(&redis.url(), Duration::from_millis(200)).await),
+    );
+    for round in 1..=3 {
+        assert_eq!(read_until(&b, &format!("v{round}"), 50).await.text(), format!("v{round}"));
+        redis.restart();
+        version.store(round + 1, Ordering::SeqCst);
+        // The first tries may meet the restart; the caller retries until Ok.
+        let mut ok = false;
+        for _ in 0..50 {
+            if a_guard.invalidate(&get_req("/report")).await.is_ok() {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(ok, "the invalidation reached the restarted Redis");
+        let want = format!("v{}", round + 1);
+        assert_eq!(send(&a, get_req("/report")).await.text(), want);
+        let after = read_until(&b, &want, 50).await;
+        assert_eq!(after.text(), want, "round {round}: B {}", after.x_cache());
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Promise 2: a write whose invalidation could not reach Redis (the writer's
+// link froze, then its connections died) still succeeds; the client must
+// then read its write afterwards, on the writer's instance and on another,
+// once Redis is reachable again.
+// ---------------------------------------------------------------------------
+
+/// Ids of the clients connected to `redis`, but for the asking one.
+fn client_ids(redis: &RedisServer) -> Vec<String> {
+    redis
+        .raw(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|l| !l.contains("cmd=client|list"))
+        .filter_map(|l| l.split_whitespace().next()?.strip_prefix("id=").map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_invalidation_was_lost_is_still_read_back() {
+    let redis = RedisServer::start();
+    let version = Arc::new(AtomicUsize::new(1));
+    let before = client_ids(&redis);
+    let proxy = Proxy::start(redis.port()).await;
+    let a = version_app(
+        &version,
+        StampedeGuard::new(backend_at(&proxy.url(), Duration::from_millis(100)).await),
+    );
+    let a_clients: Vec<String> = client_ids(&redis)
+        .into_iter()
+        .filter(|id| !before.contains(id))
+        .collect();
+    assert!(!a_clients.is_empty());
+    let b = version_app(
+        &version,
+        StampedeGuard::new(backend_at(&redis.url(), Duration::from_millis(100)).await),
+    );
+    assert_eq!(send(&a, get_req("/report")).await.text(), "v1");
+    assert_eq!(send(&b, get_req("/report")).await.text(), "v1");
+
+    proxy.freeze();
+    let wrote = tokio::time::timeout(
+        Duration::from_secs(30),
+        send(
+            &a,
+            Request::builder()
+                .method(Method::POST)
+                .uri("/report")
+                .body(Body::empty())
+                .unwrap(),
+        ),
+    )
+    .await
+    .expect("the write came back while A's link was frozen");
+    assert_eq!(wrote.text(), "written");
+    // A's connections die while the invalidation is still held in the link.
+    for id in &a_clients {
+        redis.raw(&["CLIENT", "KILL", "ID", id]);
+    }
+    proxy.thaw();
+    let on_a = read_until(&a, "v2", 50).await;
+    let on_b = read_until(&b, "v2", 50).await;
+    assert_eq!(
+        (on_a.text().as_str(), on_b.text().as_str()),
+        ("v2", "v2"),
+        "5 s after the link came back the writer reads {} on A ({}) and {} on B ({})",
+        on_a.text(),
+        on_a.x_cache(),
+        on_b.text(),
+        on_b.x_cache()
+    );
+}
