@@ -80,22 +80,25 @@ impl RedisTier {
             .arg(early.map_or(-1, |d| millis(d).min(1 << 52) as i64))
             .arg(millis(FENCE_KEEP));
         let reply = self.call(invocation.invoke_async(&mut conn)).await;
-        let (status, value, a, value_pttl, generation): (i64, Vec<u8>, i64, i64, String) =
-            match reply {
-                Ok(reply) => reply,
-                Err(e) => {
-                    // The script may have run, and taken the lease, after we
-                    // stopped waiting: nobody else knows the token.
-                    if e.may_have_run() {
-                        self.release_orphan(*key, token, lease_time);
-                    }
-                    return Err(e);
+        type Reply = (i64, Vec<u8>, i64, i64, String, i64);
+        let (status, value, a, value_pttl, generation, foreign): Reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                // The script may have run, and taken the lease, after we
+                // stopped waiting: nobody else knows the token.
+                if e.may_have_run() {
+                    self.release_orphan(*key, token, lease_time);
                 }
-            };
+                return Err(e);
+            }
+        };
+        if foreign == 1 {
+            self.count_corrupt(key);
+        }
         let value = Bytes::from(value);
         let remote = |fresh: Option<Duration>| {
-            (!value.is_empty()).then(|| Remote {
-                bytes: without_generation(&value),
+            Some(Remote {
+                bytes: without_generation(&value)?,
                 fresh,
                 remaining: positive(value_pttl),
             })
@@ -336,15 +339,16 @@ impl RedisTier {
     }
 }
 
-/// A stored value without its `<generation>|` prefix. Bytes without one are
-/// not ours, and are handed on whole, for the decoder to refuse.
-fn without_generation(value: &Bytes) -> Bytes {
+/// A stored value without its `<generation>|` prefix. A value without one
+/// (none at all, foreign bytes, an entry of an earlier version) is not the
+/// group's current value: it is absent.
+fn without_generation(value: &Bytes) -> Option<Bytes> {
     let head = &value[..value.len().min(24)];
     match head.iter().position(|&b| b == b'|') {
         Some(bar) if bar > 0 && head[..bar].iter().all(u8::is_ascii_digit) => {
-            value.slice(bar + 1..)
+            Some(value.slice(bar + 1..))
         }
-        _ => value.clone(),
+        _ => None,
     }
 }
 

@@ -283,6 +283,11 @@ impl RedisTier {
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
         count(m::REDIS_ERRORS);
         tracing::debug!(error = %error, "redis call failed");
+        if answered(&error) {
+            // Redis is up and answering (a script refused foreign bytes, a
+            // key of the wrong type): nothing the circuit could help with.
+            return Err(error);
+        }
         if shared.config.topology.needs_resolve() {
             shared.signals.call_failed.notify_one();
         }
@@ -350,6 +355,13 @@ impl RedisTier {
         }
         Err(error)
     }
+}
+
+/// Whether Redis answered the call with an error of the call's own (a
+/// script error, a wrong type): the server is up, and the breaker, which
+/// guards against a server that is not, does not count it.
+fn answered(error: &TierError) -> bool {
+    matches!(error, TierError::Redis(e) if matches!(e.code(), Some("ERR" | "WRONGTYPE")))
 }
 
 /// Whether trying again may help: the call may not have run, or the server
