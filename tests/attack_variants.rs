@@ -173,7 +173,11 @@ async fn a_rebuild_frozen_mid_flight_does_not_outlive_the_invalidation() {
         .await
         .expect("invalidated");
     v.release.notify_one();
-    assert_eq!(parked.await.unwrap().text(), "old", "its waiter may have it");
+    assert_eq!(
+        parked.await.unwrap().text(),
+        "old",
+        "its waiter may have it"
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     proxy.thaw();
     let after = read_until(&b, "new", 50).await;
@@ -215,7 +219,12 @@ async fn a_message_lost_to_a_killed_subscriber_is_made_up_for() {
             .expect("invalidated");
         let want = ["new", "newer", "newest"][round];
         let after = read_until(&b, want, 50).await;
-        assert_eq!(after.text(), want, "round {round}: B answered {}", after.x_cache());
+        assert_eq!(
+            after.text(),
+            want,
+            "round {round}: B answered {}",
+            after.x_cache()
+        );
     }
 }
 
@@ -226,7 +235,11 @@ async fn a_message_lost_to_a_killed_subscriber_is_made_up_for() {
 // ---------------------------------------------------------------------------
 
 /// `/report` varying on Accept-Language, answering `<lang>:<version>`.
-fn variant_app(version: &Arc<AtomicUsize>, calls: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
+fn variant_app(
+    version: &Arc<AtomicUsize>,
+    calls: &Arc<AtomicUsize>,
+    guard: StampedeGuard,
+) -> Router {
     let (version, calls) = (version.clone(), calls.clone());
     let handler = move |headers: HeaderMap| {
         let (version, calls) = (version.clone(), calls.clone());
@@ -242,11 +255,7 @@ fn variant_app(version: &Arc<AtomicUsize>, calls: &Arc<AtomicUsize>, guard: Stam
     };
     Router::new().route(
         "/report",
-        get(handler).layer(
-            guard
-                .ttl(Duration::from_secs(60))
-                .vary([ACCEPT_LANGUAGE]),
-        ),
+        get(handler).layer(guard.ttl(Duration::from_secs(60)).vary([ACCEPT_LANGUAGE])),
     )
 }
 
@@ -275,7 +284,11 @@ async fn variants_after_generation_loss(evict_before: bool, evict_after: bool, p
     let a_guard = StampedeGuard::new(backend_at(&redis.url(), Duration::from_millis(300)).await);
     let a = variant_app(&version, &calls, a_guard.clone());
     assert_eq!(variant_texts(&a).await, ["en:1", "fr:1", "de:1", "none:1"]);
-    assert_eq!(keys_like(&redis, "*:g").len(), 1, "one generation for the URL");
+    assert_eq!(
+        keys_like(&redis, "*:g").len(),
+        1,
+        "one generation for the URL"
+    );
     if evict_before {
         assert_eq!(evict(&redis, "*:g"), 1);
     }
@@ -331,7 +344,12 @@ async fn variants_are_invalidated_through_a_client_pause() {
 /// the invalidation; whatever survives, no old variant is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn variants_stay_invalidated_under_real_lru_eviction() {
-    for policy in ["allkeys-lru", "volatile-lru", "volatile-ttl", "allkeys-random"] {
+    for policy in [
+        "allkeys-lru",
+        "volatile-lru",
+        "volatile-ttl",
+        "allkeys-random",
+    ] {
         let redis = RedisServer::start_with(&["--maxmemory", "4mb", "--maxmemory-policy", policy]);
         let version = Arc::new(AtomicUsize::new(1));
         let calls = Arc::new(AtomicUsize::new(0));
@@ -422,7 +440,11 @@ async fn invalidating_one_url_keeps_the_others() {
             assert!(text.ends_with(":2"), "/one {lang:?} kept: {text}");
         }
     }
-    assert_eq!(calls.load(Ordering::SeqCst), built + 4, "only /one rebuilt, once per variant");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        built + 4,
+        "only /one rebuilt, once per variant"
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -490,7 +512,9 @@ async fn uncoalesced_rebuild_and_invalidation(other_instance: bool) {
     assert_eq!(beside.text(), "old");
     *o.current.lock().unwrap() = "new";
     let by = if other_instance { &a_guard } else { &b_guard };
-    by.invalidate(&get_req("/report")).await.expect("invalidated");
+    by.invalidate(&get_req("/report"))
+        .await
+        .expect("invalidated");
     // Time for the notice to reach B.
     tokio::time::sleep(Duration::from_millis(300)).await;
     o.release.notify_one();
@@ -520,4 +544,3 @@ async fn an_uncoalesced_rebuild_does_not_store_over_a_local_invalidation() {
 async fn an_uncoalesced_rebuild_does_not_store_over_another_instances_invalidation() {
     uncoalesced_rebuild_and_invalidation(true).await;
 }
-

@@ -86,7 +86,11 @@ async fn corrupt(kind: &str, value: &str) -> (bool, bool) {
         for _ in 0..3 {
             let answer = send(&b, get_req("/report")).await;
             assert_eq!(answer.status, 200, "{kind}={value}");
-            assert!(answer.text().starts_with('v'), "{kind}={value}: {}", answer.text());
+            assert!(
+                answer.text().starts_with('v'),
+                "{kind}={value}: {}",
+                answer.text()
+            );
         }
     }
     let invalidated = guard.invalidate(&get_req("/report")).await.is_ok();
@@ -140,7 +144,11 @@ async fn a_corrupt_generation_does_not_disable_invalidation() {
 // ---------------------------------------------------------------------------
 
 /// `/report` varying on Accept-Language, answering `<lang>:<version>`.
-fn variant_app(version: &Arc<AtomicUsize>, calls: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
+fn variant_app(
+    version: &Arc<AtomicUsize>,
+    calls: &Arc<AtomicUsize>,
+    guard: StampedeGuard,
+) -> Router {
     let (version, calls) = (version.clone(), calls.clone());
     let handler = move |headers: HeaderMap| {
         let (version, calls) = (version.clone(), calls.clone());

@@ -86,7 +86,10 @@ async fn another_instance_sees_an_invalidation_as_soon_as_it_returns() {
     );
     let mut stale = Vec::new();
     for round in 1..=ROUNDS {
-        assert_eq!(send(&b, get_req("/report")).await.text(), format!("v{round}"));
+        assert_eq!(
+            send(&b, get_req("/report")).await.text(),
+            format!("v{round}")
+        );
         version.store(round + 1, Ordering::SeqCst);
         a_guard
             .invalidate(&get_req("/report"))
@@ -94,7 +97,11 @@ async fn another_instance_sees_an_invalidation_as_soon_as_it_returns() {
             .expect("invalidated");
         let seen = send(&b, get_req("/report")).await;
         if seen.text() != format!("v{}", round + 1) {
-            stale.push(format!("round {round}: {} ({})", seen.text(), seen.x_cache()));
+            stale.push(format!(
+                "round {round}: {} ({})",
+                seen.text(),
+                seen.x_cache()
+            ));
             // Let the notice land before the next round.
             read_until(&b, &format!("v{}", round + 1), 50).await;
         }
@@ -126,7 +133,10 @@ async fn a_write_through_one_instance_is_read_back_at_once_through_another() {
     );
     let mut stale = Vec::new();
     for round in 1..=ROUNDS {
-        assert_eq!(send(&b, get_req("/report")).await.text(), format!("v{round}"));
+        assert_eq!(
+            send(&b, get_req("/report")).await.text(),
+            format!("v{round}")
+        );
         let wrote = send(
             &a,
             Request::builder()
@@ -139,7 +149,11 @@ async fn a_write_through_one_instance_is_read_back_at_once_through_another() {
         assert_eq!(wrote.text(), "written");
         let seen = send(&b, get_req("/report")).await;
         if seen.text() != format!("v{}", round + 1) {
-            stale.push(format!("round {round}: {} ({})", seen.text(), seen.x_cache()));
+            stale.push(format!(
+                "round {round}: {} ({})",
+                seen.text(),
+                seen.x_cache()
+            ));
             read_until(&b, &format!("v{}", round + 1), 50).await;
         }
     }
@@ -203,7 +217,11 @@ async fn a_stalled_rebuild_past_its_lease_cannot_commit_over_an_invalidation() {
         &v,
         StampedeGuard::new(backend_at(&redis.url(), Duration::from_millis(200)).await),
     );
-    assert_eq!(send(&fresh, get_req("/report")).await.text(), "new", "Redis holds the new value");
+    assert_eq!(
+        send(&fresh, get_req("/report")).await.text(),
+        "new",
+        "Redis holds the new value"
+    );
     assert_eq!(send(&a, get_req("/report")).await.text(), "new");
     assert_eq!(send(&c, get_req("/report")).await.text(), "new");
     let after = read_until(&b, "new", 50).await;
@@ -281,7 +299,9 @@ async fn a_late_304(invalidate_on_the_revalidating_instance: bool) {
     } else {
         &a_guard
     };
-    by.invalidate(&get_req("/report")).await.expect("invalidated");
+    by.invalidate(&get_req("/report"))
+        .await
+        .expect("invalidated");
     tokio::time::sleep(Duration::from_millis(200)).await;
     o.release.notify_one();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -378,12 +398,12 @@ async fn a_write_completes_while_redis_is_frozen_and_is_read_back() {
     assert_eq!(wrote.status, 200);
     assert_eq!(wrote.text(), "written");
     assert_eq!(
-        own.unwrap().expect("the read came back while Redis was frozen"),
+        own.unwrap()
+            .expect("the read came back while Redis was frozen"),
         "v2",
         "the writer reads its write on the same instance"
     );
 }
-
 
 // ---------------------------------------------------------------------------
 // Promise 1: Redis restarts empty; an invalidation right after it (while B's
@@ -401,7 +421,10 @@ async fn an_invalidation_right_after_an_empty_restart_reaches_every_instance() {
         StampedeGuard::new(backend_at(&redis.url(), Duration::from_millis(200)).await),
     );
     for round in 1..=3 {
-        assert_eq!(read_until(&b, &format!("v{round}"), 50).await.text(), format!("v{round}"));
+        assert_eq!(
+            read_until(&b, &format!("v{round}"), 50).await.text(),
+            format!("v{round}")
+        );
         redis.restart();
         version.store(round + 1, Ordering::SeqCst);
         // The first tries may meet the restart; the caller retries until Ok.
@@ -434,7 +457,12 @@ fn client_ids(redis: &RedisServer) -> Vec<String> {
         .raw(&["CLIENT", "LIST"])
         .lines()
         .filter(|l| !l.contains("cmd=client|list"))
-        .filter_map(|l| l.split_whitespace().next()?.strip_prefix("id=").map(str::to_owned))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .next()?
+                .strip_prefix("id=")
+                .map(str::to_owned)
+        })
         .collect()
 }
 
