@@ -5,15 +5,17 @@
 //! have run: whatever lease it may have taken or kept is released by its
 //! token in the background, so a deadline leaves nothing behind.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use redis::RedisError;
 
+use super::barrier::all_acked;
 use super::notify::Event;
-use super::{Lease, RedisTier, TierError};
+use super::{Lease, RedisTier, Retryable, TierError};
 use crate::key::Key;
 use crate::metrics::{self as m, count};
 use crate::store::millis;
@@ -27,6 +29,49 @@ const FENCE_KEEP: Duration = Duration::from_secs(24 * 3600);
 /// How long, in deadlines, an invalidation is tried before its caller is
 /// told it failed (a few tries, with growing pauses between them).
 const INVALIDATE_TRIES: u32 = 4;
+
+/// The most invalidations an instance remembers as not yet in Redis (one per
+/// group). Past it, a further failed invalidation is only reported to its
+/// caller.
+const PENDING_MAX: usize = 10_000;
+
+/// Invalidations that did not reach Redis, by group: the key that was
+/// invalidated. While one is pending, the group's values in Redis are the
+/// old ones, and this instance does not take them; the supervisor retries
+/// until Redis has it.
+#[derive(Default)]
+pub(crate) struct Pending(Mutex<HashMap<Key, Key>>);
+
+impl Pending {
+    fn remember(&self, key: &Key) -> bool {
+        let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.len() >= PENDING_MAX && !pending.contains_key(&key.group()) {
+            return false;
+        }
+        pending.insert(key.group(), *key);
+        true
+    }
+
+    fn get(&self, group: &Key) -> Option<Key> {
+        let pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.is_empty() {
+            return None;
+        }
+        pending.get(group).copied()
+    }
+
+    fn forget(&self, key: &Key) {
+        let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.get(&key.group()) == Some(key) {
+            pending.remove(&key.group());
+        }
+    }
+
+    pub(crate) fn all(&self) -> Vec<Key> {
+        let pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        pending.values().copied().collect()
+    }
+}
 
 /// How long a lease may be held by a token whose release went unanswered,
 /// when the caller does not know the lease's own time.
@@ -67,6 +112,12 @@ impl RedisTier {
         lease_time: Duration,
         early: Option<Duration>,
     ) -> Result<Fetched, TierError> {
+        if let Some(invalidated) = self.shared.pending.get(&key.group()) {
+            // This instance invalidated the group and Redis has not heard:
+            // what Redis holds for it is old. Tell it now, or this is a
+            // failed call (the caller rebuilds here, from the origin).
+            self.invalidate_once(&invalidated).await?;
+        }
         let keys = self.keys(key);
         let token = Lease::new_token();
         let mut conn = self.conn();
@@ -305,31 +356,93 @@ impl RedisTier {
     /// can do without: it goes to Redis even while the circuit is open, and
     /// is tried for [`INVALIDATE_TRIES`] deadlines (each try under the
     /// deadline, with growing pauses) before the caller is told it did not
-    /// reach Redis.
+    /// reach Redis. Then this instance remembers it (see [`Pending`]) and
+    /// the supervisor retries it until Redis has it.
+    ///
+    /// Once Redis has it, this waits for the acknowledgements of every
+    /// instance that received the message (see [`super::barrier`]), at most
+    /// one subscription lease: an instance that has not acknowledged by
+    /// then has stopped trusting anything it read before the message.
     pub(crate) async fn invalidate(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
+        let nonce = rand::random::<u64>();
+        let mut acks = self.notifier.acks.expect(nonce);
+        let until = std::time::Instant::now() + self.shared.config.deadline * INVALIDATE_TRIES;
+        let tier = self;
+        let purged = self
+            .call_until(until, |conn| tier.invalidate_script(conn, key, nonce))
+            .await;
+        let receivers = match purged {
+            Ok((_, receivers)) => receivers,
+            Err(error) => {
+                self.notifier.acks.forget(nonce);
+                tracing::warn!(key = %key, error = %error, "invalidation did not reach redis");
+                let retry = match &error {
+                    TierError::Redis(e) => e.may_have_run_or_transient(),
+                    TierError::Open | TierError::Timeout => true,
+                };
+                if retry && !self.shared.pending.remember(key) {
+                    tracing::error!(key = %key, "too many invalidations waiting for redis");
+                }
+                return Err(error);
+            }
+        };
+        // A newer invalidation of the group supersedes a pending one.
+        self.shared.pending.forget(key);
+        let lease = self.notifier.liveness.lease();
+        let acked = all_acked(&mut acks, receivers.max(0) as u64, lease).await;
+        self.notifier.acks.forget(nonce);
+        if !acked {
+            tracing::info!(
+                key = %key,
+                "not every instance acknowledged the invalidation within a subscription \
+                 lease: those have stopped trusting their in-process tier"
+            );
+        }
+        Ok(())
+    }
+
+    /// One try of a pending invalidation, under the deadline and the
+    /// breaker, without waiting for acknowledgements. Forgets it once done.
+    pub(crate) async fn invalidate_once(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
+        self.call(self.invalidate_script(self.conn(), key, rand::random()))
+            .await?;
+        self.shared.pending.forget(key);
+        Ok(())
+    }
+
+    /// Retries the pending invalidations, once each, past the breaker.
+    pub(crate) async fn retry_pending(self: &Arc<Self>) {
+        for key in self.shared.pending.all() {
+            let tried = self
+                .call_past_breaker(self.invalidate_script(self.conn(), &key, rand::random()))
+                .await;
+            if tried.is_ok() {
+                self.shared.pending.forget(&key);
+                tracing::info!(key = %key, "a pending invalidation reached redis");
+            }
+        }
+    }
+
+    /// The invalidation script: (entry keys removed, instances that
+    /// received the message).
+    async fn invalidate_script(
+        &self,
+        mut conn: super::Conn,
+        key: &Key,
+        nonce: u64,
+    ) -> Result<(i64, i64), RedisError> {
         let [value, fresh, _, fence, generation] = self.keys(key);
         // The message names the group: each instance drops all its variants.
-        let message = self.notifier.invalidation(&key.group());
-        let until = std::time::Instant::now() + self.shared.config.deadline * INVALIDATE_TRIES;
-        let (value, fresh, fence, generation, message) =
-            (&value, &fresh, &fence, &generation, &message);
-        let purged = self
-            .call_until(until, |mut conn| async move {
-                let mut invocation = self.shared.scripts.invalidate.key(value);
-                invocation
-                    .key(fresh)
-                    .key(fence)
-                    .key(generation)
-                    .arg(&self.shared.channel)
-                    .arg(message)
-                    .arg(millis(FENCE_KEEP));
-                invocation.invoke_async::<i64>(&mut conn).await
-            })
-            .await;
-        if let Err(error) = &purged {
-            tracing::warn!(key = %key, error = %error, "invalidation did not reach redis");
-        }
-        purged.map(|_| ())
+        let message = self.notifier.invalidation(&key.group(), nonce);
+        let mut invocation = self.shared.scripts.invalidate.key(value);
+        invocation
+            .key(fresh)
+            .key(fence)
+            .key(generation)
+            .arg(&self.shared.channel)
+            .arg(message)
+            .arg(millis(FENCE_KEEP));
+        invocation.invoke_async(&mut conn).await
     }
 
     pub(crate) fn count_corrupt(&self, key: &Key) {
