@@ -372,8 +372,9 @@ impl StampedeGuard {
     /// instance that did not acknowledge has either dropped its copy or
     /// stopped trusting everything it read before the invalidation. (This
     /// assumes the instances' clocks tick at the same rate; on Redis Cluster
-    /// the lease half also assumes the cluster bus delivers the message
-    /// promptly, see `docs/TOPOLOGY.md`.)
+    /// the call waits only for the instances subscribed through the node
+    /// that ran it, and the others rely on the cluster bus delivering the
+    /// message promptly, see `docs/TOPOLOGY.md`.)
     ///
     /// # Errors
     ///

@@ -19,6 +19,9 @@
 //! one lease: a value is only served if it was built after the last drop.
 //! So an instance that did not acknowledge within one lease of the publish
 //! has either handled the message or serves nothing read before it.
+//!
+//! **Pending invalidations.** One that did not reach Redis at all is
+//! remembered here, per group, and retried until Redis has it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +29,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
+
+use crate::key::Key;
 
 /// The subscription lease: how long after a confirmed PING the in-process
 /// tier is trusted.
@@ -135,6 +140,49 @@ impl Acks {
     }
 }
 
+/// The most invalidations an instance remembers as not yet in Redis (one per
+/// group). Past it, a further failed invalidation is only reported to its
+/// caller.
+const PENDING_MAX: usize = 10_000;
+
+/// Invalidations that did not reach Redis, by group: the key that was
+/// invalidated. While one is pending, the group's values in Redis are the
+/// old ones, and this instance does not take them; the supervisor retries
+/// until Redis has it.
+#[derive(Default)]
+pub(crate) struct Pending(Mutex<HashMap<Key, Key>>);
+
+impl Pending {
+    pub(crate) fn remember(&self, key: &Key) -> bool {
+        let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.len() >= PENDING_MAX && !pending.contains_key(&key.group()) {
+            return false;
+        }
+        pending.insert(key.group(), *key);
+        true
+    }
+
+    pub(crate) fn get(&self, group: &Key) -> Option<Key> {
+        let pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.is_empty() {
+            return None;
+        }
+        pending.get(group).copied()
+    }
+
+    pub(crate) fn forget(&self, key: &Key) {
+        let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if pending.get(&key.group()) == Some(key) {
+            pending.remove(&key.group());
+        }
+    }
+
+    pub(crate) fn all(&self) -> Vec<Key> {
+        let pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        pending.values().copied().collect()
+    }
+}
+
 /// Waits until `want` acknowledgements were counted on `rx`, at most
 /// `limit`. Returns whether they all came.
 pub(crate) async fn all_acked(rx: &mut watch::Receiver<u64>, want: u64, limit: Duration) -> bool {
@@ -161,6 +209,22 @@ pub(crate) fn parse_nonce(bytes: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pending_invalidations_are_bounded_and_kept_per_group() {
+        let pending = Pending::default();
+        let first = Key::for_value("t", b"first");
+        assert!(pending.remember(&first));
+        assert_eq!(pending.get(&first.group()), Some(first));
+        for i in 1..PENDING_MAX {
+            assert!(pending.remember(&Key::for_value("t", &i.to_be_bytes())));
+        }
+        assert!(!pending.remember(&Key::for_value("t", b"one too many")));
+        assert!(pending.remember(&first), "a group already pending is kept");
+        pending.forget(&first);
+        assert_eq!(pending.get(&first.group()), None);
+        assert_eq!(pending.all().len(), PENDING_MAX - 1);
+    }
 
     #[test]
     fn a_lapsed_lease_drops_once_per_lease() {

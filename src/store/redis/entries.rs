@@ -5,9 +5,8 @@
 //! have run: whatever lease it may have taken or kept is released by its
 //! token in the background, so a deadline leaves nothing behind.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,49 +28,6 @@ const FENCE_KEEP: Duration = Duration::from_secs(24 * 3600);
 /// How long, in deadlines, an invalidation is tried before its caller is
 /// told it failed (a few tries, with growing pauses between them).
 const INVALIDATE_TRIES: u32 = 4;
-
-/// The most invalidations an instance remembers as not yet in Redis (one per
-/// group). Past it, a further failed invalidation is only reported to its
-/// caller.
-const PENDING_MAX: usize = 10_000;
-
-/// Invalidations that did not reach Redis, by group: the key that was
-/// invalidated. While one is pending, the group's values in Redis are the
-/// old ones, and this instance does not take them; the supervisor retries
-/// until Redis has it.
-#[derive(Default)]
-pub(crate) struct Pending(Mutex<HashMap<Key, Key>>);
-
-impl Pending {
-    fn remember(&self, key: &Key) -> bool {
-        let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if pending.len() >= PENDING_MAX && !pending.contains_key(&key.group()) {
-            return false;
-        }
-        pending.insert(key.group(), *key);
-        true
-    }
-
-    fn get(&self, group: &Key) -> Option<Key> {
-        let pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if pending.is_empty() {
-            return None;
-        }
-        pending.get(group).copied()
-    }
-
-    fn forget(&self, key: &Key) {
-        let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if pending.get(&key.group()) == Some(key) {
-            pending.remove(&key.group());
-        }
-    }
-
-    pub(crate) fn all(&self) -> Vec<Key> {
-        let pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        pending.values().copied().collect()
-    }
-}
 
 /// How long a lease may be held by a token whose release went unanswered,
 /// when the caller does not know the lease's own time.
@@ -356,7 +312,7 @@ impl RedisTier {
     /// can do without: it goes to Redis even while the circuit is open, and
     /// is tried for [`INVALIDATE_TRIES`] deadlines (each try under the
     /// deadline, with growing pauses) before the caller is told it did not
-    /// reach Redis. Then this instance remembers it (see [`Pending`]) and
+    /// reach Redis. Then this instance remembers it (see [`super::barrier::Pending`]) and
     /// the supervisor retries it until Redis has it.
     ///
     /// Once Redis has it, this waits for the acknowledgements of every
@@ -474,4 +430,18 @@ fn protocol_error() -> TierError {
         redis::ErrorKind::Client,
         "unexpected reply from a stampede-guard script",
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_without_a_generation_is_absent() {
+        let tagged = Bytes::from_static(b"17|entry");
+        assert_eq!(without_generation(&tagged).as_deref(), Some(&b"entry"[..]));
+        for foreign in [&b"entry"[..], b"|x", b"abc|x", b""] {
+            assert!(without_generation(&Bytes::from(foreign)).is_none());
+        }
+    }
 }

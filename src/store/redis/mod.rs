@@ -188,7 +188,7 @@ pub(crate) struct Shared {
     /// This process's acknowledgement channel.
     ack_channel: String,
     /// Invalidations that did not reach Redis, retried until they do.
-    pending: entries::Pending,
+    pending: barrier::Pending,
 }
 
 impl RedisTier {
@@ -229,7 +229,7 @@ impl RedisTier {
             scripts,
             signals: Signals::default(),
             ack_channel,
-            pending: entries::Pending::default(),
+            pending: barrier::Pending::default(),
         });
         let tier = Arc::new(RedisTier {
             _supervisor: supervisor::start(shared.clone()),

@@ -485,10 +485,11 @@ mod tests {
             kind: PushKind::Disconnection,
             data: vec![],
         });
+        notifier.subscription_lost();
         assert_eq!(
             *seen.lock().unwrap(),
             [Invalidated::Everything],
-            "at once, not only once it is back"
+            "at once, not only once it is back, and once per gap"
         );
         notifier.on_push(subscribed());
         notifier.on_push(subscribed());
