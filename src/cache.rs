@@ -234,15 +234,24 @@ impl<V: CacheValue> Cache<V> {
     /// Drops the value for `key`, here and (with Redis) everywhere in the
     /// fleet; the next caller rebuilds it.
     ///
-    /// It is a barrier: once it returns, no call that starts afterwards gets
-    /// a value built before it. A rebuild that was already running stores
-    /// nothing, and answers only the callers that were already waiting for it.
+    /// It is a barrier: once it returns `Ok`, no call that starts
+    /// afterwards, here or (with Redis) on any instance, gets a value built
+    /// before it. A rebuild that was already running stores nothing, and
+    /// answers only the callers that were already waiting for it.
+    ///
+    /// With Redis it returns once every instance that received the
+    /// invalidation acknowledged it, or after one subscription lease if
+    /// some did not; those have stopped trusting what they read before it.
+    /// The exact guarantee is the one of
+    /// [`StampedeGuard::invalidate`](crate::StampedeGuard::invalidate).
     ///
     /// # Errors
     ///
     /// When the backend has a Redis tier and the invalidation did not reach
-    /// it. This process has dropped the value all the same; other instances
-    /// may still serve it until it expires, so retry.
+    /// it. This process has dropped the value all the same, takes nothing
+    /// of this key from Redis until Redis has the invalidation, and retries
+    /// it in the background; other instances may serve the old value until
+    /// then.
     pub async fn invalidate(&self, key: impl AsRef<[u8]>) -> Result<(), crate::Error> {
         self.backend
             .engine

@@ -148,6 +148,7 @@ impl Engine {
         policy: &FlightPolicy,
         now: Instant,
     ) -> Looked<V> {
+        self.confirm_l1(now);
         let mut stale = None;
         match self.l1.get(&key) {
             Some(Slot::Value(entry)) => {
@@ -226,11 +227,30 @@ impl Engine {
 
     /// The entry for `key` if it is fresh; never joins a flight.
     pub(crate) fn peek<V: CacheValue>(&self, key: &Key, now: Instant) -> Option<Held<V>> {
+        self.confirm_l1(now);
         match self.l1.get(key) {
             Some(Slot::Value(entry)) if entry.freshness(now) == Freshness::Fresh => {
                 Held::new(entry)
             }
             _ => None,
+        }
+    }
+
+    /// With a shared tier, the L1 is trusted only while the subscription to
+    /// its invalidations is confirmed live (the subscription lease): once
+    /// that ran out, everything here is dropped before anything is served,
+    /// and again every lease for as long as it is not confirmed. Without
+    /// Redis the L1 still protects the origin, with what was built after
+    /// the last drop.
+    fn confirm_l1(&self, _now: Instant) {
+        #[cfg(feature = "redis")]
+        if let Some(shared) = self.shared() {
+            if shared.notifier.liveness.must_drop(_now) {
+                tracing::info!(
+                    "the redis subscription is not confirmed live; the in-process tier is dropped"
+                );
+                self.invalidate_everything_here();
+            }
         }
     }
 

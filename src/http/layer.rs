@@ -358,17 +358,36 @@ impl StampedeGuard {
     /// path (and the host) reaches the entries stored behind a proxy that
     /// sets `X-Forwarded-Proto`.
     ///
-    /// It is a barrier: once it returns, no request that starts afterwards
-    /// is answered with a value built before it. A rebuild that was already
+    /// It is a barrier: once it returns `Ok`, no request that starts
+    /// afterwards, here or (with Redis) on any instance of the fleet, is
+    /// answered with a value built before it. A rebuild that was already
     /// running stores nothing, and may answer only the requests that were
     /// already waiting for it.
+    ///
+    /// With Redis, the call returns once every instance that received the
+    /// invalidation acknowledged it (it had dropped its copies first), or
+    /// after one *subscription lease* (twice the one-second keepalive plus
+    /// the Redis deadline, counted as at least 250 ms) if some did not: an instance serves its
+    /// in-process tier only while its subscription was confirmed live (a
+    /// PONG to a keepalive PING sent less than a lease ago, which comes
+    /// after every message published before the PING), and once that lapses
+    /// it drops the tier and serves only what it built afterwards. So an
+    /// instance that did not acknowledge has either dropped its copy or
+    /// stopped trusting everything it read before the invalidation. (This
+    /// assumes the instances' clocks tick at the same rate; on Redis Cluster
+    /// the call waits only for the instances subscribed through the node
+    /// that ran it, and the others rely on the cluster bus delivering the
+    /// message promptly, see `docs/TOPOLOGY.md`.)
     ///
     /// # Errors
     ///
     /// When the backend has a Redis tier and the invalidation did not reach
     /// it (Redis down, the circuit open, the deadline passed). This process
-    /// has dropped the entry all the same; other instances may still serve
-    /// it until it expires, so retry.
+    /// has dropped the entry all the same, remembers the invalidation, and
+    /// until Redis has it takes nothing of this URL from Redis (it rebuilds
+    /// from the origin instead); it retries in the background until Redis
+    /// takes it (up to 10,000 URLs remembered per process). Other instances
+    /// may serve the old value until then.
     pub async fn invalidate<B>(&self, request: &Request<B>) -> Result<(), crate::Error> {
         match self.key_for(request) {
             Some(key) => self.backend.engine.invalidate(&key).await,

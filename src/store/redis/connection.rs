@@ -196,6 +196,8 @@ pub(crate) struct Options<'a> {
     pub deadline: Duration,
     pub tls: &'a TlsPem,
     pub channel: &'a str,
+    /// This process's acknowledgement channel, on the same subscriber.
+    pub ack_channel: &'a str,
 }
 
 /// Receives the subscriber's pushes.
@@ -365,11 +367,10 @@ async fn open_single(
         ConnectionManager::new_with_config(client, sub_config),
     )
     .await?;
-    with_timeout(
-        options.connect_timeout,
-        "subscribing",
-        subscriber.subscribe(options.channel),
-    )
+    with_timeout(options.connect_timeout, "subscribing", async {
+        subscriber.subscribe(options.ack_channel).await?;
+        subscriber.subscribe(options.channel).await
+    })
     .await?;
     Ok(Link {
         conn: Conn::Single(conn),
@@ -435,11 +436,10 @@ async fn open_cluster(
     .await?;
     // Classic pub/sub: a PUBLISH on any node reaches subscribers on every
     // node, so one subscription anywhere hears the whole fleet.
-    with_timeout(
-        options.connect_timeout,
-        "subscribing",
-        subscriber.subscribe(options.channel),
-    )
+    with_timeout(options.connect_timeout, "subscribing", async {
+        subscriber.subscribe(options.ack_channel).await?;
+        subscriber.subscribe(options.channel).await
+    })
     .await?;
     Ok(Link {
         conn: Conn::Cluster(conn),

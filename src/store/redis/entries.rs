@@ -12,8 +12,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::RedisError;
 
+use super::barrier::all_acked;
 use super::notify::Event;
-use super::{Lease, RedisTier, TierError};
+use super::{Lease, RedisTier, Retryable, TierError};
 use crate::key::Key;
 use crate::metrics::{self as m, count};
 use crate::store::millis;
@@ -67,6 +68,12 @@ impl RedisTier {
         lease_time: Duration,
         early: Option<Duration>,
     ) -> Result<Fetched, TierError> {
+        if let Some(invalidated) = self.shared.pending.get(&key.group()) {
+            // This instance invalidated the group and Redis has not heard:
+            // what Redis holds for it is old. Tell it now, or this is a
+            // failed call (the caller rebuilds here, from the origin).
+            self.invalidate_once(&invalidated).await?;
+        }
         let keys = self.keys(key);
         let token = Lease::new_token();
         let mut conn = self.conn();
@@ -80,22 +87,25 @@ impl RedisTier {
             .arg(early.map_or(-1, |d| millis(d).min(1 << 52) as i64))
             .arg(millis(FENCE_KEEP));
         let reply = self.call(invocation.invoke_async(&mut conn)).await;
-        let (status, value, a, value_pttl, generation): (i64, Vec<u8>, i64, i64, String) =
-            match reply {
-                Ok(reply) => reply,
-                Err(e) => {
-                    // The script may have run, and taken the lease, after we
-                    // stopped waiting: nobody else knows the token.
-                    if e.may_have_run() {
-                        self.release_orphan(*key, token, lease_time);
-                    }
-                    return Err(e);
+        type Reply = (i64, Vec<u8>, i64, i64, String, i64);
+        let (status, value, a, value_pttl, generation, foreign): Reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                // The script may have run, and taken the lease, after we
+                // stopped waiting: nobody else knows the token.
+                if e.may_have_run() {
+                    self.release_orphan(*key, token, lease_time);
                 }
-            };
+                return Err(e);
+            }
+        };
+        if foreign == 1 {
+            self.count_corrupt(key);
+        }
         let value = Bytes::from(value);
         let remote = |fresh: Option<Duration>| {
-            (!value.is_empty()).then(|| Remote {
-                bytes: without_generation(&value),
+            Some(Remote {
+                bytes: without_generation(&value)?,
                 fresh,
                 remaining: positive(value_pttl),
             })
@@ -302,31 +312,93 @@ impl RedisTier {
     /// can do without: it goes to Redis even while the circuit is open, and
     /// is tried for [`INVALIDATE_TRIES`] deadlines (each try under the
     /// deadline, with growing pauses) before the caller is told it did not
-    /// reach Redis.
+    /// reach Redis. Then this instance remembers it (see [`super::barrier::Pending`]) and
+    /// the supervisor retries it until Redis has it.
+    ///
+    /// Once Redis has it, this waits for the acknowledgements of every
+    /// instance that received the message (see [`super::barrier`]), at most
+    /// one subscription lease: an instance that has not acknowledged by
+    /// then has stopped trusting anything it read before the message.
     pub(crate) async fn invalidate(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
+        let nonce = rand::random::<u64>();
+        let mut acks = self.notifier.acks.expect(nonce);
+        let until = std::time::Instant::now() + self.shared.config.deadline * INVALIDATE_TRIES;
+        let tier = self;
+        let purged = self
+            .call_until(until, |conn| tier.invalidate_script(conn, key, nonce))
+            .await;
+        let receivers = match purged {
+            Ok((_, receivers)) => receivers,
+            Err(error) => {
+                self.notifier.acks.forget(nonce);
+                tracing::warn!(key = %key, error = %error, "invalidation did not reach redis");
+                let retry = match &error {
+                    TierError::Redis(e) => e.may_have_run_or_transient(),
+                    TierError::Open | TierError::Timeout => true,
+                };
+                if retry && !self.shared.pending.remember(key) {
+                    tracing::error!(key = %key, "too many invalidations waiting for redis");
+                }
+                return Err(error);
+            }
+        };
+        // A newer invalidation of the group supersedes a pending one.
+        self.shared.pending.forget(key);
+        let lease = self.notifier.liveness.lease();
+        let acked = all_acked(&mut acks, receivers.max(0) as u64, lease).await;
+        self.notifier.acks.forget(nonce);
+        if !acked {
+            tracing::info!(
+                key = %key,
+                "not every instance acknowledged the invalidation within a subscription \
+                 lease: those have stopped trusting their in-process tier"
+            );
+        }
+        Ok(())
+    }
+
+    /// One try of a pending invalidation, under the deadline and the
+    /// breaker, without waiting for acknowledgements. Forgets it once done.
+    pub(crate) async fn invalidate_once(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
+        self.call(self.invalidate_script(self.conn(), key, rand::random()))
+            .await?;
+        self.shared.pending.forget(key);
+        Ok(())
+    }
+
+    /// Retries the pending invalidations, once each, past the breaker.
+    pub(crate) async fn retry_pending(self: &Arc<Self>) {
+        for key in self.shared.pending.all() {
+            let tried = self
+                .call_past_breaker(self.invalidate_script(self.conn(), &key, rand::random()))
+                .await;
+            if tried.is_ok() {
+                self.shared.pending.forget(&key);
+                tracing::info!(key = %key, "a pending invalidation reached redis");
+            }
+        }
+    }
+
+    /// The invalidation script: (entry keys removed, instances that
+    /// received the message).
+    async fn invalidate_script(
+        &self,
+        mut conn: super::Conn,
+        key: &Key,
+        nonce: u64,
+    ) -> Result<(i64, i64), RedisError> {
         let [value, fresh, _, fence, generation] = self.keys(key);
         // The message names the group: each instance drops all its variants.
-        let message = self.notifier.invalidation(&key.group());
-        let until = std::time::Instant::now() + self.shared.config.deadline * INVALIDATE_TRIES;
-        let (value, fresh, fence, generation, message) =
-            (&value, &fresh, &fence, &generation, &message);
-        let purged = self
-            .call_until(until, |mut conn| async move {
-                let mut invocation = self.shared.scripts.invalidate.key(value);
-                invocation
-                    .key(fresh)
-                    .key(fence)
-                    .key(generation)
-                    .arg(&self.shared.channel)
-                    .arg(message)
-                    .arg(millis(FENCE_KEEP));
-                invocation.invoke_async::<i64>(&mut conn).await
-            })
-            .await;
-        if let Err(error) = &purged {
-            tracing::warn!(key = %key, error = %error, "invalidation did not reach redis");
-        }
-        purged.map(|_| ())
+        let message = self.notifier.invalidation(&key.group(), nonce);
+        let mut invocation = self.shared.scripts.invalidate.key(value);
+        invocation
+            .key(fresh)
+            .key(fence)
+            .key(generation)
+            .arg(&self.shared.channel)
+            .arg(message)
+            .arg(millis(FENCE_KEEP));
+        invocation.invoke_async(&mut conn).await
     }
 
     pub(crate) fn count_corrupt(&self, key: &Key) {
@@ -336,15 +408,16 @@ impl RedisTier {
     }
 }
 
-/// A stored value without its `<generation>|` prefix. Bytes without one are
-/// not ours, and are handed on whole, for the decoder to refuse.
-fn without_generation(value: &Bytes) -> Bytes {
+/// A stored value without its `<generation>|` prefix. A value without one
+/// (none at all, foreign bytes, an entry of an earlier version) is not the
+/// group's current value: it is absent.
+fn without_generation(value: &Bytes) -> Option<Bytes> {
     let head = &value[..value.len().min(24)];
     match head.iter().position(|&b| b == b'|') {
         Some(bar) if bar > 0 && head[..bar].iter().all(u8::is_ascii_digit) => {
-            value.slice(bar + 1..)
+            Some(value.slice(bar + 1..))
         }
-        _ => value.clone(),
+        _ => None,
     }
 }
 
@@ -357,4 +430,18 @@ fn protocol_error() -> TierError {
         redis::ErrorKind::Client,
         "unexpected reply from a stampede-guard script",
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_without_a_generation_is_absent() {
+        let tagged = Bytes::from_static(b"17|entry");
+        assert_eq!(without_generation(&tagged).as_deref(), Some(&b"entry"[..]));
+        for foreign in [&b"entry"[..], b"|x", b"abc|x", b""] {
+            assert!(without_generation(&Bytes::from(foreign)).is_none());
+        }
+    }
 }

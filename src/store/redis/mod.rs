@@ -21,6 +21,7 @@
 //! supervisor, closes the circuit again and repairs the connections; it
 //! lives and dies with the tier.
 
+mod barrier;
 mod breaker;
 pub(crate) mod config;
 pub(crate) mod connection;
@@ -184,6 +185,10 @@ pub(crate) struct Shared {
     scripts: Scripts,
     /// How requests ask the supervisor for help.
     signals: Signals,
+    /// This process's acknowledgement channel.
+    ack_channel: String,
+    /// Invalidations that did not reach Redis, retried until they do.
+    pending: barrier::Pending,
 }
 
 impl RedisTier {
@@ -195,10 +200,17 @@ impl RedisTier {
         config: TierConfig,
         on_invalidate: OnInvalidate,
     ) -> Result<Arc<Self>, RedisError> {
-        let notifier = Arc::new(Notifier::new(on_invalidate));
+        let notifier = Arc::new(Notifier::new(
+            on_invalidate,
+            supervisor::subscription_lease(config.deadline),
+        ));
         let channel = format!("{}:events", config.prefix);
+        let ack_channel = notifier.ack_channel(&channel);
         let scripts = Scripts::new();
-        let link = open(&config, &channel, &notifier, &scripts).await?;
+        let started = Instant::now();
+        let link = open(&config, &channel, &ack_channel, &notifier, &scripts).await?;
+        // Subscribed: every message published from now on is heard.
+        notifier.liveness.confirm(started);
         let eviction = eviction_policy(&link.conn, config.connect_timeout).await;
         if let Some(policy) = &eviction {
             tracing::warn!(
@@ -216,14 +228,18 @@ impl RedisTier {
             notifier: notifier.clone(),
             scripts,
             signals: Signals::default(),
+            ack_channel,
+            pending: barrier::Pending::default(),
         });
-        Ok(Arc::new(RedisTier {
+        let tier = Arc::new(RedisTier {
             _supervisor: supervisor::start(shared.clone()),
             shared,
             notifier,
             stats: TierStats::default(),
             eviction,
-        }))
+        });
+        supervisor::retry_pending(&tier);
+        Ok(tier)
     }
 
     /// Redis's `maxmemory-policy` as read at start-up, if it may evict keys.
@@ -283,6 +299,11 @@ impl RedisTier {
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
         count(m::REDIS_ERRORS);
         tracing::debug!(error = %error, "redis call failed");
+        if answered(&error) {
+            // Redis is up and answering (a script refused foreign bytes, a
+            // key of the wrong type): nothing the circuit could help with.
+            return Err(error);
+        }
         if shared.config.topology.needs_resolve() {
             shared.signals.call_failed.notify_one();
         }
@@ -352,6 +373,13 @@ impl RedisTier {
     }
 }
 
+/// Whether Redis answered the call with an error of the call's own (a
+/// script error, a wrong type): the server is up, and the breaker, which
+/// guards against a server that is not, does not count it.
+fn answered(error: &TierError) -> bool {
+    matches!(error, TierError::Redis(e) if matches!(e.code(), Some("ERR" | "WRONGTYPE")))
+}
+
 /// Whether trying again may help: the call may not have run, or the server
 /// is between states (loading, failing over, a moved slot).
 pub(crate) trait Retryable {
@@ -381,7 +409,14 @@ impl Shared {
     async fn reopen(&self) -> Result<(), RedisError> {
         // Messages published before the new subscription are not heard.
         self.notifier.mark_gap();
-        let link = open(&self.config, &self.channel, &self.notifier, &self.scripts).await?;
+        let link = open(
+            &self.config,
+            &self.channel,
+            &self.ack_channel,
+            &self.notifier,
+            &self.scripts,
+        )
+        .await?;
         let old = std::mem::replace(
             &mut *self.link.write().unwrap_or_else(|p| p.into_inner()),
             Arc::new(link),
@@ -398,6 +433,7 @@ impl Shared {
 async fn open(
     config: &TierConfig,
     channel: &str,
+    ack_channel: &str,
     notifier: &Arc<Notifier>,
     scripts: &Scripts,
 ) -> Result<Link, RedisError> {
@@ -406,6 +442,7 @@ async fn open(
         deadline: config.deadline,
         tls: &config.tls,
         channel,
+        ack_channel,
     };
     // Pushes from a link that has been replaced (closing down) are ignored.
     let retired = Arc::new(AtomicBool::new(false));

@@ -18,6 +18,9 @@ use std::time::Duration;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::watch;
 
+#[cfg(test)]
+use super::barrier::ack_message;
+use super::barrier::{ack_channel, parse_nonce, Acks, Liveness};
 use crate::key::Key;
 
 /// What happened to a key, as told on the channel.
@@ -63,6 +66,7 @@ impl Event {
     }
 
     /// The message, signed by the instance that sends it.
+    #[cfg(test)]
     fn message_from(self, key: &Key, sender: &str) -> String {
         format!("{}:{key}:{sender}", self.tag())
     }
@@ -119,6 +123,14 @@ pub(crate) struct Notifier {
     /// after the invalidation from storing.
     instance: String,
     pub(crate) stats: WakeStats,
+    /// The subscription lease: whether the in-process tier may be trusted.
+    pub(crate) liveness: Liveness,
+    /// This process's invalidations waiting for their acknowledgements.
+    pub(crate) acks: Acks,
+    /// Acknowledgements to publish: (the invalidator, its nonce). The
+    /// supervisor publishes them; the subscriber's reader only queues.
+    ack_queue: tokio::sync::mpsc::UnboundedSender<(String, u64)>,
+    ack_out: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<(String, u64)>>>,
     /// Set while the subscription may be missing messages: from a lost
     /// connection (or a link about to be replaced) until it is confirmed
     /// again.
@@ -129,12 +141,19 @@ pub(crate) struct Notifier {
 }
 
 impl Notifier {
-    pub(crate) fn new(on_invalidate: OnInvalidate) -> Self {
+    /// A notifier whose in-process tier is trusted for `lease` after each
+    /// confirmed ping of the subscriber (see [`Liveness`]).
+    pub(crate) fn new(on_invalidate: OnInvalidate, lease: Duration) -> Self {
+        let (ack_queue, ack_out) = tokio::sync::mpsc::unbounded_channel();
         Notifier {
             slots: Mutex::new(HashMap::new()),
             on_invalidate,
             instance: format!("{:016x}", rand::random::<u64>()),
             stats: WakeStats::default(),
+            liveness: Liveness::new(lease),
+            acks: Acks::default(),
+            ack_queue,
+            ack_out: Mutex::new(Some(ack_out)),
             gap: Default::default(),
             disconnected: tokio::sync::Notify::new(),
         }
@@ -145,9 +164,47 @@ impl Notifier {
         self.gap.store(true, Ordering::Release);
     }
 
-    /// The invalidation notice for `key`, signed by this process.
-    pub(crate) fn invalidation(&self, key: &Key) -> String {
-        Event::Invalidated.message_from(key, &self.instance)
+    /// The invalidation notice for `key`, signed by this process, with the
+    /// nonce its acknowledgements name.
+    pub(crate) fn invalidation(&self, key: &Key, nonce: u64) -> String {
+        format!(
+            "{}:{key}:{}:{nonce}",
+            Event::Invalidated.tag(),
+            self.instance
+        )
+    }
+
+    /// The channel this process hears acknowledgements on.
+    pub(crate) fn ack_channel(&self, channel: &str) -> String {
+        ack_channel(channel, &self.instance)
+    }
+
+    /// The acknowledgements to publish, for the supervisor (once).
+    pub(crate) fn take_ack_queue(
+        &self,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<(String, u64)>> {
+        self.ack_out
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// The subscription was seen to fail (a keepalive unanswered, a lost
+    /// connection): invalidations may be going unheard from now on, so
+    /// nothing held in the process is trusted any more, at once rather
+    /// than only once the subscription is back.
+    ///
+    /// Only the first sign of a gap drops it: a flight that starts later
+    /// read nothing from before the gap, and dropping again at every failed
+    /// ping while Redis is down would detach the flights that coalesce this
+    /// process's misses. (The subscription lease drops it again once per
+    /// lease for as long as the gap lasts.)
+    pub(crate) fn subscription_lost(&self) {
+        if !self.gap.swap(true, Ordering::AcqRel) {
+            self.liveness.dropped(std::time::Instant::now());
+            (self.on_invalidate)(Invalidated::Everything);
+        }
+        self.wake_all();
     }
 
     /// Starts listening for `key`. Hold the returned handle across the check
@@ -178,27 +235,37 @@ impl Notifier {
                 let Some(Value::BulkString(payload)) = push.data.get(1) else {
                     return;
                 };
+                if let Some(nonce) = payload.strip_prefix(b"a:") {
+                    if let Some(nonce) = parse_nonce(nonce) {
+                        self.acks.acked(nonce);
+                    }
+                    return;
+                }
                 let Some((event, key, sender)) = Event::parse(payload) else {
                     tracing::debug!("ignoring a foreign message on the event channel");
                     return;
                 };
-                if event == Event::Invalidated && sender != Some(self.instance.as_str()) {
-                    (self.on_invalidate)(Invalidated::Key(key));
+                if event == Event::Invalidated {
+                    self.on_invalidation(key, sender);
                 }
                 self.signal(&key, event);
             }
             PushKind::Disconnection => {
-                // Messages sent while we reconnect are lost: wake everyone
-                // so each re-checks Redis instead of sleeping out its lease,
-                // and remember the gap until the subscription is back.
-                self.mark_gap();
-                self.wake_all();
+                // Messages sent while we reconnect are lost: drop what the
+                // process holds now (not only once the subscription is
+                // back), wake everyone so each re-checks Redis instead of
+                // sleeping out its lease, and remember the gap.
+                self.subscription_lost();
                 self.disconnected.notify_one();
             }
             // Subscribed again after a gap: whatever was invalidated
             // meanwhile was not heard (Redis's client-side caching guidance:
             // flush on reconnection).
-            PushKind::Subscribe if self.gap.swap(false, Ordering::AcqRel) => {
+            // (The acknowledgement channel's subscription is not the one
+            // that ends the gap.)
+            PushKind::Subscribe
+                if !self.is_ack_subscription(&push) && self.gap.swap(false, Ordering::AcqRel) =>
+            {
                 tracing::info!(
                     "event channel subscribed again after a gap; the in-process tier is dropped"
                 );
@@ -206,6 +273,35 @@ impl Notifier {
                 self.wake_all();
             }
             _ => {}
+        }
+    }
+
+    fn is_ack_subscription(&self, push: &PushInfo) -> bool {
+        let suffix = format!(":ack:{}", self.instance);
+        matches!(push.data.first(), Some(Value::BulkString(c)) if c.ends_with(suffix.as_bytes()))
+    }
+
+    /// Another instance's invalidation is handled here first (the group's
+    /// flights detached, its L1 copies dropped), then acknowledged to its
+    /// sender. This process's own echo was handled before it was sent: it
+    /// is only acknowledged, locally.
+    fn on_invalidation(&self, key: Key, sender: Option<&str>) {
+        let (sender, nonce) = match sender.and_then(|s| s.split_once(':')) {
+            Some((sender, nonce)) => (Some(sender), parse_nonce(nonce.as_bytes())),
+            None => (sender, None),
+        };
+        if sender == Some(self.instance.as_str()) {
+            if let Some(nonce) = nonce {
+                self.acks.acked(nonce);
+            }
+            return;
+        }
+        (self.on_invalidate)(Invalidated::Key(key));
+        if let (Some(sender), Some(nonce)) = (sender, nonce) {
+            // Only a sender that looks like one of ours is answered.
+            if sender.len() == 16 && sender.bytes().all(|b| b.is_ascii_hexdigit()) {
+                let _ = self.ack_queue.send((sender.to_owned(), nonce));
+            }
         }
     }
 
@@ -278,7 +374,7 @@ mod tests {
     use super::*;
 
     fn notifier() -> Arc<Notifier> {
-        Arc::new(Notifier::new(Arc::new(|_| {})))
+        Arc::new(Notifier::new(Arc::new(|_| {}), Duration::from_secs(3)))
     }
 
     fn push(payload: &str) -> PushInfo {
@@ -329,10 +425,13 @@ mod tests {
     #[test]
     fn an_invalidation_reaches_the_callback_and_wakes_the_waiter() {
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let notifier = Arc::new(Notifier::new({
-            let seen = seen.clone();
-            Arc::new(move |key| seen.lock().unwrap().push(key))
-        }));
+        let notifier = Arc::new(Notifier::new(
+            {
+                let seen = seen.clone();
+                Arc::new(move |key| seen.lock().unwrap().push(key))
+            },
+            Duration::from_secs(3),
+        ));
         let key = Key::for_value("t", b"k");
         let registration = notifier.register(key);
         notifier.on_push(push(&Event::Committed.message(&key)));
@@ -349,17 +448,32 @@ mod tests {
             &Event::Invalidated.message_from(&key, "0123456789abcdef"),
         ));
         assert_eq!(seen.lock().unwrap().len(), 2);
-        notifier.on_push(push(&notifier.invalidation(&key)));
+        let mut acked = notifier.acks.expect(9);
+        notifier.on_push(push(&notifier.invalidation(&key, 9)));
         assert_eq!(seen.lock().unwrap().len(), 2, "its own echo is ignored");
+        assert_eq!(*acked.borrow_and_update(), 1, "but acknowledged");
+        // Another's, with a nonce: handled, then acknowledged to it.
+        notifier.on_push(push(&format!("i:{key}:0123456789abcdef:5")));
+        assert_eq!(seen.lock().unwrap().len(), 3);
+        let mut queue = notifier.take_ack_queue().unwrap();
+        assert_eq!(
+            queue.try_recv().unwrap(),
+            ("0123456789abcdef".to_owned(), 5)
+        );
+        notifier.on_push(push(&ack_message(9)));
+        assert_eq!(*acked.borrow(), 2);
     }
 
     #[test]
-    fn a_subscription_after_a_gap_invalidates_everything_once() {
+    fn a_gap_invalidates_everything_at_once_and_after_it() {
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let notifier = Arc::new(Notifier::new({
-            let seen = seen.clone();
-            Arc::new(move |what| seen.lock().unwrap().push(what))
-        }));
+        let notifier = Arc::new(Notifier::new(
+            {
+                let seen = seen.clone();
+                Arc::new(move |what| seen.lock().unwrap().push(what))
+            },
+            Duration::from_secs(3),
+        ));
         let subscribed = || PushInfo {
             kind: PushKind::Subscribe,
             data: vec![Value::BulkString(b"sg:events".to_vec()), Value::Int(1)],
@@ -371,9 +485,17 @@ mod tests {
             kind: PushKind::Disconnection,
             data: vec![],
         });
-        assert!(seen.lock().unwrap().is_empty(), "not before it is back");
+        notifier.subscription_lost();
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [Invalidated::Everything],
+            "at once, not only once it is back, and once per gap"
+        );
         notifier.on_push(subscribed());
         notifier.on_push(subscribed());
-        assert_eq!(*seen.lock().unwrap(), [Invalidated::Everything]);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [Invalidated::Everything, Invalidated::Everything]
+        );
     }
 }

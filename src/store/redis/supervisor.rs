@@ -16,11 +16,19 @@
 //!   so nothing would make its client reconnect, and a connection that died
 //!   without a word only times out: open new connections (subscriber and
 //!   command client; behind Sentinel, to the primary the sentinels name; on
-//!   a cluster, once it is whole again) and swap them in. When idle, the supervisor
-//!   pings the subscriber every [`KEEPALIVE`], so a link that died without a
-//!   word (a restarted server, a dropped connection) is found even when no
-//!   request comes. The notifier drops the in-process tier once the
-//!   subscription is back, since messages may have been missed.
+//!   a cluster, once it is whole again) and swap them in.
+//!
+//! Beside those jobs, and never held up by them, the supervisor:
+//!
+//! - pings the subscriber every [`KEEPALIVE`]. An answer renews the
+//!   subscription lease (see [`super::barrier`]); no answer within the
+//!   deadline (a frozen link, a dead connection) means invalidations may go
+//!   unheard from now on: the in-process tier is dropped at once, and the
+//!   subscription opened again (then dropped again, since messages may
+//!   have been missed meanwhile);
+//! - publishes the acknowledgements of other instances' invalidations;
+//! - retries, every probe interval, the invalidations that did not reach
+//!   Redis, until they do.
 //!
 //! Requests and the subscriber only *signal* (a [`Notify`] keeps one permit,
 //! so a signal sent while the supervisor is busy is seen on its next turn,
@@ -31,11 +39,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{watch, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
+use super::barrier::{ack_channel, ack_message};
 use super::connection::{self, Options, Topology};
-use super::Shared;
+use super::{RedisTier, Shared};
 
 /// Why the supervisor should act. The third reason, a lost subscriber
 /// connection, is signalled by the notifier, which sees the push.
@@ -62,18 +71,87 @@ impl Drop for SupervisorGuard {
 /// Starts the supervisor of `shared` on the current runtime.
 pub(crate) fn start(shared: Arc<Shared>) -> SupervisorGuard {
     let (stop, mut stopped) = watch::channel(false);
+    let acks = shared.notifier.take_ack_queue();
     tokio::spawn(async move {
         tokio::select! {
             // A closed channel (the guard gone without a word) means the same.
             _ = stopped.wait_for(|stop| *stop) => {}
             () = supervise(&shared) => {}
+            () = keepalive(&shared) => {}
+            () = acknowledge(&shared, acks) => {}
         }
     });
     SupervisorGuard { stop }
 }
 
-/// How often an idle supervisor checks that the subscriber still answers.
+/// Starts retrying the tier's pending invalidations every probe interval,
+/// for as long as the tier lives.
+pub(crate) fn retry_pending(tier: &Arc<RedisTier>) {
+    let weak = Arc::downgrade(tier);
+    let every = tier
+        .shared
+        .config
+        .probe_interval
+        .max(Duration::from_millis(10));
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let Some(tier) = weak.upgrade() else { return };
+            tier.retry_pending().await;
+        }
+    });
+}
+
+/// How often the supervisor checks that the subscriber still answers.
 pub(crate) const KEEPALIVE: Duration = Duration::from_secs(1);
+
+/// The subscription lease for calls with this deadline: a ping is sent every
+/// [`KEEPALIVE`] and answered within the deadline (or a quarter keepalive),
+/// so a live subscription renews it well before it runs out, with one
+/// keepalive to spare.
+pub(crate) fn subscription_lease(deadline: Duration) -> Duration {
+    KEEPALIVE * 2 + deadline.max(KEEPALIVE / 4)
+}
+
+/// Pings the subscriber every [`KEEPALIVE`]: an answer renews the
+/// subscription lease; none means the subscription is lost.
+async fn keepalive(shared: &Shared) {
+    let mut tick = tokio::time::interval(KEEPALIVE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let sent = std::time::Instant::now();
+        if ping_subscriber(shared).await {
+            shared.notifier.liveness.confirm(sent);
+        } else {
+            tracing::info!(
+                "redis subscriber does not answer; the in-process tier is dropped and \
+                 the subscription opened again"
+            );
+            shared.notifier.subscription_lost();
+            shared.notifier.disconnected.notify_one();
+        }
+    }
+}
+
+/// Publishes acknowledgements of other instances' invalidations, in order.
+async fn acknowledge(shared: &Shared, queue: Option<mpsc::UnboundedReceiver<(String, u64)>>) {
+    let Some(mut queue) = queue else {
+        return std::future::pending().await;
+    };
+    while let Some((sender, nonce)) = queue.recv().await {
+        let mut conn = shared.link().conn.clone();
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(ack_channel(&shared.channel, &sender))
+            .arg(ack_message(nonce));
+        let publish = cmd.query_async::<i64>(&mut conn);
+        if let Ok(Err(e)) = tokio::time::timeout(shared.config.deadline, publish).await {
+            tracing::debug!(error = %e, "cannot acknowledge an invalidation");
+        }
+    }
+    std::future::pending().await
+}
 
 /// What the supervisor has yet to do.
 #[derive(Default)]
@@ -96,12 +174,6 @@ async fn supervise(shared: &Shared) {
             None
         };
         if !gather(shared, &mut work, pause).await {
-            // Idle for a whole keepalive: is the subscriber still there?
-            if !ping_subscriber(shared).await {
-                tracing::info!("redis subscriber does not answer; subscribing again");
-                shared.notifier.mark_gap();
-                work.resubscribe = true;
-            }
             continue;
         }
         // The probe asks the sentinels itself.
@@ -143,14 +215,16 @@ async fn gather(shared: &Shared, work: &mut Work, pause: Option<Duration>) -> bo
 /// Whether the subscriber answers a ping within the deadline. On one server
 /// or behind Sentinel, a ping on a dropped connection is also what makes
 /// its client reconnect and subscribe again.
+/// It is given at least a quarter of a keepalive: a slow answer is no
+/// lost subscription (the lease, not this limit, bounds how long a silent
+/// one is trusted), and dropping the in-process tier for one costs the
+/// whole fleet's L1 hits here.
 async fn ping_subscriber(shared: &Shared) -> bool {
     let mut sub = shared.link().subscriber.clone();
     let cmd = redis::cmd("PING");
     let ping = cmd.query_async::<()>(&mut sub);
-    matches!(
-        tokio::time::timeout(shared.config.deadline, ping).await,
-        Ok(Ok(()))
-    )
+    let limit = shared.config.deadline.max(KEEPALIVE / 4);
+    matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(())))
 }
 
 /// One probe: true once Redis answered and the circuit is closed.
@@ -216,6 +290,7 @@ async fn follow_primary(shared: &Shared) {
             deadline: shared.config.deadline,
             tls: &shared.config.tls,
             channel: &shared.channel,
+            ack_channel: &shared.ack_channel,
         };
         let address = connection::resolve(sentinels, service, &options).await?;
         if shared.link().primary.as_ref() == Some(&address) {

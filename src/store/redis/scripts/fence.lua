@@ -1,16 +1,42 @@
 -- Prepended to the scripts that issue or check fencing numbers for cache
 -- entries (fetch_or_lease.lua, commit.lua, invalidate.lua): Redis scripts
 -- cannot share code otherwise.
---
+
+-- Whether `s` is a number these scripts wrote: plain decimal digits, below
+-- 2^53 (so Lua holds it exactly and INCR, HINCRBY can add to it). Anything
+-- else (foreign bytes, an empty string, a sign, an exponent, 29 digits) is
+-- treated as lost: reseeded from the clock, never fed to INCR for ever.
+local function plain(s)
+  return type(s) == 'string' and #s >= 1 and #s <= 16 and string.find(s, '^%d+$') ~= nil
+    and tonumber(s) < 9007199254740992
+end
+
+-- Redis's clock in microseconds, as a string: a Lua number this large would
+-- be sent as 1.7e+15.
+local function clock()
+  local t = redis.call('TIME')
+  return t[1] .. string.format('%06d', tonumber(t[2]))
+end
+
 -- Fencing numbers only go up, for the life of the deployment. A fence hash
 -- lost to a restart with empty memory, to eviction or to its own expiry
 -- starts again from Redis's clock in microseconds: above every number issued
 -- before it (each lease adds one; a microsecond passes far more often).
+-- Foreign bytes in the hash are treated the same way.
 local function seed_fence(key)
-  if redis.call('HEXISTS', key, 'next') == 0 then
-    local t = redis.call('TIME')
-    -- Built as a string: a Lua number this large would be sent as 1.7e+15.
-    redis.call('HSET', key, 'next', t[1] .. string.format('%06d', tonumber(t[2])))
+  local next = redis.call('HGET', key, 'next')
+  local committed = redis.call('HGET', key, 'committed')
+  if not plain(next) or (committed and not plain(committed)) then
+    -- Gone, or foreign bytes HINCRBY would refuse for ever: both numbers
+    -- start again above every one issued before.
+    local seed = clock()
+    if plain(next) and tonumber(next) > tonumber(seed) then
+      seed = next
+    end
+    redis.call('HSET', key, 'next', seed)
+    if committed then
+      redis.call('HSET', key, 'committed', seed)
+    end
   end
 end
 
@@ -22,9 +48,9 @@ end
 -- number some stored value carries.
 local function generation(key, keep)
   local g = redis.call('GET', key)
-  if not g then
-    local t = redis.call('TIME')
-    g = t[1] .. string.format('%06d', tonumber(t[2]))
+  if not plain(g) then
+    -- Lost, or foreign bytes INCR would refuse: start again from the clock.
+    g = clock()
     redis.call('SET', key, g)
   end
   if redis.call('PTTL', key) < tonumber(keep) then
@@ -34,18 +60,16 @@ local function generation(key, keep)
 end
 
 -- The stored value if it belongs to generation `g` (nil: none). A value
--- with another generation's prefix is gone; one with no prefix at all is
--- foreign bytes, handed back for the caller to count as unreadable.
+-- with another generation's prefix, or with none at all (foreign bytes, or
+-- an entry written before values carried one), is not the group's current
+-- value: it is absent, and rebuilt.
 local function current(value, g)
-  if not value then
+  if not value or not g then
     return nil
   end
-  local tag = (g or '') .. '|'
-  if g and string.sub(value, 1, #tag) == tag then
+  local tag = g .. '|'
+  if string.sub(value, 1, #tag) == tag then
     return value
   end
-  if string.find(string.sub(value, 1, 24), '^%d+|') then
-    return nil
-  end
-  return value
+  return nil
 end

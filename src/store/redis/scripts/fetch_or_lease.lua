@@ -13,23 +13,31 @@
 --                 a newer entry than the caller's has more left and is returned)
 -- ARGV[4] keep    fence hash lifetime in milliseconds
 --
--- Returns {status, value, a, b, gen}:
+-- Returns {status, value, a, b, gen, foreign}:
 --   {1, value, fresh_pttl, value_pttl, ""}   fresh hit
 --   {2, value or "", fence, value_pttl, gen}  lease taken: rebuild, then commit with this fence and generation
 --   {3, value or "", lease_pttl, value_pttl, ""}  another owner holds the lease
+-- foreign is 1 when the value key held bytes with no generation prefix at
+-- all (not ours, or written before values carried one): they are none too,
+-- and the caller counts them as unreadable.
 -- A value of an older generation of its group was invalidated: it is none.
-local value = current(redis.call('GET', KEYS[1]), redis.call('GET', KEYS[5])) or ''
+local raw = redis.call('GET', KEYS[1])
+local value = current(raw, redis.call('GET', KEYS[5])) or ''
+local foreign = 0
+if raw and value == '' and not string.find(string.sub(raw, 1, 24), '^%d+|') then
+  foreign = 1
+end
 local value_pttl = redis.call('PTTL', KEYS[1])
 local fresh_pttl = redis.call('PTTL', KEYS[2])
 local early = tonumber(ARGV[3])
 if value ~= '' and fresh_pttl > 0 and (early < 0 or fresh_pttl > early) then
-  return {1, value, fresh_pttl, value_pttl, ''}
+  return {1, value, fresh_pttl, value_pttl, '', foreign}
 end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
   seed_fence(KEYS[4]) -- fence.lua, prepended
   local fence = redis.call('HINCRBY', KEYS[4], 'next', 1)
   redis.call('PEXPIRE', KEYS[4], ARGV[4])
   local gen = generation(KEYS[5], ARGV[4]) -- fence.lua, prepended
-  return {2, value, fence, value_pttl, gen}
+  return {2, value, fence, value_pttl, gen, foreign}
 end
-return {3, value, redis.call('PTTL', KEYS[3]), value_pttl, ''}
+return {3, value, redis.call('PTTL', KEYS[3]), value_pttl, '', foreign}

@@ -13,7 +13,8 @@
 -- ARGV[2] message the invalidation notice for this key
 -- ARGV[3] fkeep   fence hash lifetime in milliseconds
 --
--- Returns the number of entry keys removed.
+-- Returns {entry keys removed, instances that received the message}: the
+-- invalidator waits for that many acknowledgements.
 local removed = redis.call('DEL', KEYS[1], KEYS[2])
 -- Every fence issued so far is below this: a rebuild that began before the
 -- invalidation cannot commit, even if Redis lost the hash in between.
@@ -23,5 +24,5 @@ redis.call('HSET', KEYS[3], 'committed', next)
 redis.call('PEXPIRE', KEYS[3], ARGV[3])
 generation(KEYS[4], ARGV[3]) -- fence.lua, prepended
 redis.call('INCR', KEYS[4])
-redis.call('PUBLISH', ARGV[1], ARGV[2])
-return removed
+local receivers = redis.call('PUBLISH', ARGV[1], ARGV[2])
+return {removed, receivers}
