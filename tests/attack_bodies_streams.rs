@@ -397,3 +397,65 @@ async fn head_of_a_chunked_body_over_the_cap_does_not_claim_a_zero_length() {
         "HEAD claims Content-Length {claimed:?} for a 2048-byte GET answer"
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_304_for_a_chunked_body_over_the_cap_does_not_claim_a_zero_length() {
+    // Same lie as HEAD, through If-None-Match on a cold key.
+    let app = Router::new().route(
+        "/file",
+        get(|| async {
+            let parts: Vec<Result<Bytes, std::io::Error>> =
+                (0..8u8).map(|i| Ok(Bytes::from(vec![b'a' + i; 256]))).collect();
+            let mut response = Response::new(Body::from_stream(tokio_stream::iter(parts)));
+            response.headers_mut().insert("etag", "\"v1\"".parse().unwrap());
+            response
+        })
+        .layer(guard().max_body_bytes(1024)),
+    );
+    let answer = send(&app, req("GET", &[("if-none-match", "\"v1\"")])).await;
+    assert_eq!(answer.status, StatusCode::NOT_MODIFIED);
+    let claimed = answer.headers.get("content-length").map(|v| v.to_str().unwrap().to_owned());
+    assert!(
+        claimed.is_none() || claimed.as_deref() == Some("2048"),
+        "304 claims Content-Length {claimed:?} for a 2048-byte representation"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn waiters_over_the_cap_read_on_when_the_starter_hangs_up() {
+    let origin = Origin::default();
+    let gate = Arc::new(Notify::new());
+    let parts: Vec<Bytes> = (0..8u8).map(|i| Bytes::from(vec![b'a' + i; 256])).collect();
+    let expected: Vec<u8> = parts.iter().flat_map(|p| p.to_vec()).collect();
+    let app = lying_app(&origin, Some(gate.clone()), None, parts, guard().max_body_bytes(1024));
+    // The starter: takes its head and first bytes, then hangs up.
+    let starter = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let response = app.oneshot(req("GET", &[])).await.unwrap();
+            let mut body = response.into_body();
+            let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+            first.len()
+        })
+    };
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { fetch(&app, req("GET", &[])).await })
+        })
+        .collect();
+    for _ in 0..200 {
+        tokio::task::yield_now().await;
+    }
+    gate.notify_one();
+    assert!(tokio::time::timeout(PATIENCE, starter).await.unwrap().unwrap() > 0);
+    for w in waiters {
+        let (_cl, body, x) = tokio::time::timeout(PATIENCE, w).await.unwrap().unwrap();
+        assert_eq!(x, "COALESCED");
+        assert_eq!(body.unwrap(), Bytes::from(expected.clone()));
+    }
+    assert_eq!(origin.calls(), 1);
+}
