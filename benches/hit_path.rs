@@ -19,7 +19,7 @@ use axum::{routing::get, Router};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{header, Request, Response};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Empty, Full};
 use stampede_guard::{Backend, Cache, StampedeGuard};
 use tower::{ServiceBuilder, ServiceExt};
 
@@ -76,7 +76,7 @@ fn hit_path(c: &mut Criterion) {
 
     let service = ServiceBuilder::new()
         .layer(StampedeGuard::new(Backend::local()).ttl(TTL))
-        .service_fn(|_: Request<()>| async {
+        .service_fn(|_: Request<Empty<Bytes>>| async {
             let response = Response::builder()
                 .header(header::CONTENT_TYPE, CONTENT_TYPE)
                 .body(Full::new(Bytes::from_static(&PAYLOAD)))
@@ -86,7 +86,7 @@ fn hit_path(c: &mut Criterion) {
     let service_request = || {
         Request::get(URI)
             .header(header::HOST, "bench.local")
-            .body(())
+            .body(Empty::<Bytes>::new())
             .expect("valid request")
     };
     runtime.block_on(async {

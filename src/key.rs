@@ -199,7 +199,8 @@ impl KeyHasher {
     }
 
     /// The query with its pairs sorted by name (stably: repeated names keep
-    /// their order) and empty pairs dropped, as one part
+    /// their order; not at all when [`names_are_sortable`] says no) and empty
+    /// pairs dropped, as one part
     /// (the same bytes `normalize_query` returns), without allocating for the
     /// usual handful of pairs.
     pub(crate) fn part_query(&mut self, query: &str) {
@@ -225,7 +226,9 @@ impl KeyHasher {
         };
         // Stable: `?s=b&s=a` and `?s=a&s=b` may be different lists to the
         // origin, so only the names are ordered.
-        pairs.sort_by(|a, b| cmp_query_names(a, b));
+        if names_are_sortable(pairs) {
+            pairs.sort_by(|a, b| cmp_query_names(a, b));
+        }
         let len = pairs.iter().map(|p| p.len()).sum::<usize>() + pairs.len().saturating_sub(1);
         self.prefix(len);
         for (i, pair) in pairs.iter().enumerate() {
@@ -264,6 +267,20 @@ impl KeyHasher {
 /// The name of a query pair: the bytes before its first `=`.
 pub(crate) fn query_name(pair: &str) -> &str {
     pair.split_once('=').map_or(pair, |(name, _)| name)
+}
+
+/// Whether a query's pairs may be sorted by name: every name must
+/// percent-decode to valid UTF-8. A parser that decodes names lossily (axum's
+/// `Query`, any `form_urlencoded` reader) turns each invalid sequence into
+/// U+FFFD, so `%FF` and `%FE` are one name to it, in an order the key cannot
+/// tell: such a query is keyed in the order it was sent.
+pub(crate) fn names_are_sortable(pairs: &[&str]) -> bool {
+    pairs.iter().all(|pair| {
+        let name = query_name(pair);
+        // Only an escape can make a `&str`'s bytes invalid UTF-8.
+        !name.contains('%')
+            || std::str::from_utf8(&name_skeleton(name).collect::<Vec<u8>>()).is_ok()
+    })
 }
 
 /// Orders query pairs by name as an origin might read it: percent-decoded,

@@ -30,8 +30,9 @@
 //!    credentials are cached unless the route opts in; anything else passes
 //!    straight through.
 //! 2. **Key**: namespace, method class (HEAD shares GET's entry), host, path,
-//!    query sorted by name, the route's Vary headers and the forwarding
-//!    headers, hashed to 128 bits.
+//!    query sorted by name (the URL, which an invalidation drops whole), then
+//!    the target's scheme, the forwarding headers and the route's Vary
+//!    headers (the variant), hashed to 128 bits.
 //! 3. **L1**: a byte-bounded `moka` cache. Fresh: `HIT`. Past its ttl but inside
 //!    stale-while-revalidate: `STALE`, and one background refresh.
 //! 4. **Flight**: on a miss the first request starts the rebuild (`MISS`); the
@@ -66,8 +67,9 @@
 //! The key is what the client asked for, exactly as the handler sees it: an
 //! absolute-form target or HTTP/2 `:authority` replaces `Host` before the
 //! handler runs and is the host keyed on; nested axum routers are keyed on
-//! the `OriginalUri`; query pairs are sorted by name only, stably; the
-//! forwarding headers frameworks read the host and scheme from are keyed
+//! the `OriginalUri`; an absolute-form target's scheme is keyed; query pairs
+//! are sorted by name only, stably; the forwarding headers frameworks read
+//! the host and scheme from are keyed
 //! ([`StampedeGuard::forwarded_headers`]); a `GET`/`HEAD` with a body is
 //! passed through; and `Accept-Encoding` is keyed in a normalised form once
 //! the origin varies on it (see [`StampedeGuard::vary`], which also says

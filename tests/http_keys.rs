@@ -125,16 +125,22 @@ async fn absolute_form_target_overrides_host_for_key_and_handler() {
     assert_eq!(header(&h, "x-cache"), "MISS");
     assert_eq!(header(&h, "location"), "https://victim.test/new");
 
-    // The victim's plain request is answered from that entry, correctly.
-    let (_, h) = get_raw(addr, "/old", "victim.test").await;
+    // The same target under any other Host is answered from that entry:
+    // the key is the target's host.
+    let (_, h) = get_raw(addr, "http://victim.test/old", "other.test").await;
     assert_eq!(header(&h, "x-cache"), "HIT");
+    assert_eq!(header(&h, "location"), "https://victim.test/new");
+
+    // The victim's plain request names no scheme: another variant of the
+    // URL (RFC 9111 §4), answered correctly.
+    let (_, h) = get_raw(addr, "/old", "victim.test").await;
     assert_eq!(header(&h, "location"), "https://victim.test/new");
 
     // The attacker's own host has its own entry.
     let (_, h) = get_raw(addr, "/old", "evil.test").await;
     assert_eq!(header(&h, "x-cache"), "MISS");
     assert_eq!(header(&h, "location"), "https://evil.test/new");
-    assert_eq!(origin.calls(), 2);
+    assert_eq!(origin.calls(), 3);
 
     // Passed through (POST), the handler sees the target's host too.
     let request = "POST http://victim.test/old HTTP/1.1\r\nHost: evil.test\r\n\
@@ -150,7 +156,8 @@ async fn absolute_form_target_with_userinfo_and_case_keys_on_the_host() {
     let addr = serve(redirect_app(&origin, guard())).await;
     let (_, h) = get_raw(addr, "http://evil@Victim.test:8080/old", "evil.test").await;
     assert_eq!(header(&h, "location"), "https://Victim.test:8080/new");
-    let (_, h) = get_raw(addr, "/old", "victim.test:8080").await;
+    // Same scheme and host, without userinfo, in another case: one entry.
+    let (_, h) = get_raw(addr, "http://victim.test:8080/old", "evil.test").await;
     assert_eq!(header(&h, "x-cache"), "HIT");
     assert_eq!(origin.calls(), 1);
 }
@@ -198,8 +205,9 @@ async fn http2_authority_overrides_host_for_key_and_handler() {
     assert_eq!(response.status(), StatusCode::MOVED_PERMANENTLY);
     assert_eq!(response.headers()[LOCATION], "https://victim.test/new");
 
-    // Over HTTP/1, the victim shares the entry, and it is the right one.
-    let (_, h) = get_raw(addr, "/old", "victim.test").await;
+    // Over HTTP/1, the same target (scheme and host) shares the entry, and
+    // it is the right one.
+    let (_, h) = get_raw(addr, "http://victim.test/old", "evil.test").await;
     assert_eq!(header(&h, "x-cache"), "HIT");
     assert_eq!(header(&h, "location"), "https://victim.test/new");
     assert_eq!(origin.calls(), 1);

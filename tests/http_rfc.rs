@@ -281,7 +281,9 @@ fn validated_app(origin: &Origin) -> Router {
                 HeaderValue::from_static("Fri, 31 Dec 9999 23:59:59 GMT"),
             ),
             ("vary", HeaderValue::from_static("accept-language")),
-            ("date", HeaderValue::from_static(LAST_MODIFIED)),
+            // Made now: a `Date` of 1994 would make the answer 30 years old
+            // on arrival (RFC 9111 §4.2.3), past any lifetime.
+            ("date", http_date(SystemTime::now())),
             ("content-location", HeaderValue::from_static("/report.txt")),
             ("content-type", HeaderValue::from_static("text/plain")),
             ("x-debug", HeaderValue::from_static("origin")),

@@ -267,3 +267,66 @@ async fn embedded_unseen_variants_rebuild_is_fenced() {
     let backend = Backend::local();
     a_running_rebuild_of_an_unseen_variant_cannot_store(backend.clone(), backend).await;
 }
+
+/// The scheme of an absolute-form target and the forwarding headers select
+/// variants of the URL: a request with only the path and host drops them
+/// all, and so does a write to the URL.
+#[tokio::test]
+async fn schemes_and_forwarding_headers_are_variants_of_the_url() {
+    let origin = Origin::default();
+    let o = origin.clone();
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60));
+    let handler = move || {
+        let o = o.clone();
+        async move { format!("v{}", o.enter().0) }
+    };
+    let app = Router::new().route(
+        "/s",
+        get(handler.clone()).post(handler).layer(guard.clone()),
+    );
+    let requests = || {
+        let with = |uri: &str, forwarded: Option<&str>| {
+            let mut b = Request::get(uri).header("host", "a.test");
+            if let Some(proto) = forwarded {
+                b = b.header("x-forwarded-proto", proto);
+            }
+            b.body(Body::empty()).unwrap()
+        };
+        [
+            with("/s", None),
+            with("http://a.test/s", None),
+            with("https://a.test/s", None),
+            with("/s", Some("https")),
+        ]
+    };
+    let mut first = Vec::new();
+    for r in requests() {
+        first.push(send(&app, r).await.text());
+    }
+    assert_eq!(first, ["v1", "v2", "v3", "v4"], "four entries");
+    for r in requests() {
+        assert_eq!(send(&app, r).await.x_cache(), "HIT");
+    }
+    let plain = || {
+        Request::get("/s")
+            .header("host", "a.test")
+            .body(Body::empty())
+            .unwrap()
+    };
+    guard.invalidate(&plain()).await.expect("invalidated");
+    for r in requests() {
+        assert_eq!(send(&app, r).await.x_cache(), "MISS", "a variant survived");
+    }
+    let post = Request::post("/s")
+        .header("host", "a.test")
+        .body(Body::empty())
+        .unwrap();
+    send(&app, post).await;
+    for r in requests() {
+        assert_eq!(
+            send(&app, r).await.x_cache(),
+            "MISS",
+            "a write left a variant"
+        );
+    }
+}

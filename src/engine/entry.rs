@@ -137,6 +137,17 @@ fn later(at: Instant, by: Duration) -> Instant {
     at.checked_add(by.min(MAX_DELTA)).unwrap_or(at)
 }
 
+/// The stale windows left to a value `initial_age` old: counted, like its
+/// freshness, from when the origin made it (older than ttl plus a window:
+/// past that window on arrival).
+fn windows_left(lifetime: &Lifetime, initial_age: Duration) -> (Duration, Duration) {
+    let overdue = initial_age.saturating_sub(lifetime.ttl);
+    (
+        lifetime.stale_while_revalidate.saturating_sub(overdue),
+        lifetime.stale_if_error.saturating_sub(overdue),
+    )
+}
+
 /// How long a freshly built value may be used, counted from when it was stored.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Lifetime {
@@ -192,6 +203,7 @@ impl Entry {
         let weight = value.weight().saturating_add(ENTRY_OVERHEAD);
         let initial_age = initial_age.min(MAX_DELTA);
         let fresh_until = later(now, lifetime.ttl.saturating_sub(initial_age));
+        let (revalidate, if_error) = windows_left(&lifetime, initial_age);
         Entry {
             value: Arc::new(value),
             weight: u32::try_from(weight).unwrap_or(u32::MAX),
@@ -200,8 +212,8 @@ impl Entry {
             stored_at: now,
             initial_age,
             fresh_until,
-            revalidate_until: later(fresh_until, lifetime.stale_while_revalidate),
-            if_error_until: later(fresh_until, lifetime.stale_if_error),
+            revalidate_until: later(fresh_until, revalidate),
+            if_error_until: later(fresh_until, if_error),
             rebuild_cost,
             last_draw: AtomicU64::new(0),
         }
@@ -220,7 +232,8 @@ impl Entry {
         now: Instant,
     ) -> Self {
         let lifetime = envelope.lifetime;
-        let windows = lifetime.stale_while_revalidate.max(lifetime.stale_if_error);
+        let (revalidate, if_error) = windows_left(&lifetime, envelope.initial_age);
+        let windows = revalidate.max(if_error);
         let fresh_until = match (fresh, remaining) {
             (Some(left), _) => later(now, left),
             // Stale: the value was kept for `windows` past the end of freshness.
@@ -240,8 +253,8 @@ impl Entry {
             stored_at,
             initial_age: envelope.initial_age,
             fresh_until,
-            revalidate_until: later(fresh_until, lifetime.stale_while_revalidate),
-            if_error_until: later(fresh_until, lifetime.stale_if_error),
+            revalidate_until: later(fresh_until, revalidate),
+            if_error_until: later(fresh_until, if_error),
             rebuild_cost: envelope.rebuild_cost,
             last_draw: AtomicU64::new(0),
         }
@@ -266,11 +279,8 @@ impl Entry {
     /// How long the shared tier keeps the value once fresh time `fresh` is
     /// left: freshness plus the longer stale window.
     pub(crate) fn keep_for(&self, fresh: Duration) -> Duration {
-        fresh
-            + self
-                .lifetime
-                .stale_while_revalidate
-                .max(self.lifetime.stale_if_error)
+        let (revalidate, if_error) = windows_left(&self.lifetime, self.initial_age);
+        fresh.saturating_add(revalidate.max(if_error))
     }
 
     #[cfg(feature = "redis")]
@@ -444,6 +454,23 @@ mod tests {
         assert_eq!(e.freshness(t0 + Duration::from_secs(5)), Freshness::Fresh);
         assert_eq!(e.freshness(t0 + Duration::from_secs(6)), Freshness::Expired);
         assert_eq!(e.age(t0 + Duration::from_secs(1)), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn stale_windows_count_from_the_origins_answer() {
+        let (t0, secs) = (Instant::now(), Duration::from_secs);
+        let aged = |age| Entry::new(Bytes::new(), lifetime(10, 5, 20), secs(age), secs(0), t0);
+        // 3 s past its ttl: 2 s of stale-while-revalidate, 17 of stale-if-error.
+        let e = aged(13);
+        assert_eq!(e.freshness(t0), Freshness::Revalidate);
+        assert_eq!(e.freshness(t0 + secs(3)), Freshness::IfError);
+        assert_eq!(e.last_use(), t0 + secs(17));
+        // Older than its ttl plus every window: never served, even on error.
+        let e = aged(1000);
+        assert_eq!(
+            (e.freshness(t0), e.usable_on_error(t0)),
+            (Freshness::Expired, false)
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! from there as it arrives, and so do the waiters when it outgrows the cache.
 
 use std::future::poll_fn;
-use std::time::Duration;
+use std::time::SystemTime;
 
 use bytes::Buf;
 use http::header::{self, HeaderName, HeaderValue};
@@ -13,12 +13,13 @@ use http_body::Body as HttpBody;
 use tokio::sync::oneshot;
 
 use super::body::Body;
+use super::cache_control::initial_age;
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
 use super::response::{CachedBody, CachedResponse};
 use super::spool::{Filling, OriginError, Spool};
-use crate::engine::{Built, Waiters, MAX_DELTA};
+use crate::engine::{Built, Waiters};
 
 /// What the request that caused a rebuild may have, and nobody else.
 pub(crate) enum Private<B: HttpBody, E> {
@@ -163,11 +164,8 @@ where
         }
     }
 
-    let initial_age = parts
-        .headers
-        .remove(header::AGE)
-        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-        .map_or(Duration::ZERO, |s| Duration::from_secs(s).min(MAX_DELTA));
+    let initial_age = initial_age(&parts.headers, SystemTime::now());
+    parts.headers.remove(header::AGE);
     let mut cookies = Vec::new();
     if policy.strip_set_cookie {
         // The stored copy loses every cookie; the starter's own answer keeps them.

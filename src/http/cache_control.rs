@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::header::{CACHE_CONTROL, DATE, EXPIRES};
+use http::header::{AGE, CACHE_CONTROL, DATE, EXPIRES};
 use http::{HeaderMap, HeaderValue};
 
 use crate::engine::MAX_DELTA;
@@ -190,6 +190,33 @@ pub(crate) fn expires_lifetime(headers: &HeaderMap, now: SystemTime) -> Option<D
     )
 }
 
+/// How old a response was when it arrived (RFC 9111 §4.2.3): the larger of
+/// its `Age` and its apparent age, `now` minus its `Date` in whole seconds
+/// (none when `Date` is missing, invalid or in the future), at most
+/// [`MAX_DELTA`].
+///
+/// `Age` is delta-seconds (its first member, RFC 9111 §5.1); one too large
+/// to represent is 2^31 s, never zero. An `Age` that is not delta-seconds
+/// gives [`MAX_DELTA`]: RFC 9111 §5.1 lets a cache ignore it, but an age
+/// nobody can read may hide any age, so failing safe the response is taken
+/// as older than any lifetime and never served from the cache.
+pub(crate) fn initial_age(headers: &HeaderMap, now: SystemTime) -> Duration {
+    let age = match headers.get(AGE) {
+        None => Duration::ZERO,
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|v| delta_seconds(v.split(',').next().unwrap_or_default().trim()))
+            .map_or(MAX_DELTA, Duration::from_secs),
+    };
+    let apparent = headers
+        .get(DATE)
+        .and_then(http_date)
+        .and_then(|date| now.duration_since(date).ok())
+        .map_or(Duration::ZERO, |d| Duration::from_secs(d.as_secs()));
+    age.max(apparent).min(MAX_DELTA)
+}
+
 /// An HTTP-date (RFC 9110 §5.6.7, all three forms), or `None`.
 pub(crate) fn http_date(value: &HeaderValue) -> Option<SystemTime> {
     httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()
@@ -198,6 +225,7 @@ pub(crate) fn http_date(value: &HeaderValue) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderName;
     use proptest::prelude::*;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
@@ -341,5 +369,38 @@ mod tests {
             HeaderValue::from_static("Fri, 31 Dec 9999 23:59:59 GMT"),
         );
         assert_eq!(expires_lifetime(&h, now), Some(MAX_DELTA));
+    }
+
+    #[test]
+    fn the_initial_age_is_the_larger_of_age_and_apparent_age() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let at = |t: SystemTime| HeaderValue::from_str(&httpdate::fmt_http_date(t)).unwrap();
+        let age = |pairs: &[(HeaderName, HeaderValue)]| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(k.clone(), v.clone());
+            }
+            initial_age(&h, now)
+        };
+        let secs = Duration::from_secs;
+        let value = HeaderValue::from_static;
+        assert_eq!(age(&[]), Duration::ZERO);
+        assert_eq!(age(&[(AGE, value("100"))]), secs(100));
+        assert_eq!(age(&[(AGE, value(" 7 , 9"))]), secs(7));
+        // Too large to represent: 2^31, never zero.
+        for huge in ["18446744073709551616", "99999999999999999999999999"] {
+            assert_eq!(age(&[(AGE, value(huge))]), MAX_DELTA, "{huge}");
+        }
+        // Not delta-seconds: failing safe, older than any lifetime.
+        for invalid in ["-1", "1.5", "soon", ""] {
+            assert_eq!(age(&[(AGE, value(invalid))]), MAX_DELTA, "{invalid:?}");
+        }
+        // Apparent age: now minus Date, when Date is in the past.
+        let old = at(now - secs(3600));
+        assert_eq!(age(&[(DATE, old.clone())]), secs(3600));
+        assert_eq!(age(&[(DATE, old.clone()), (AGE, value("10"))]), secs(3600));
+        assert_eq!(age(&[(DATE, old), (AGE, value("5000"))]), secs(5000));
+        assert_eq!(age(&[(DATE, at(now + secs(60)))]), Duration::ZERO);
+        assert_eq!(age(&[(DATE, value("yesterday"))]), Duration::ZERO);
     }
 }

@@ -1,10 +1,11 @@
 //! Request → cache key.
 //!
 //! A request's key is the digest of everything that selects its response:
-//! namespace, host, path, the query with its pairs sorted by name, the values
-//! of the route's Vary headers and of the forwarding headers the deployment
-//! keys on (HEAD shares GET's entry, and nothing else reaches here, so the
-//! method adds nothing). The Vary values (and `Accept-Encoding`) select a
+//! namespace, host, path, the query with its pairs sorted by name, the
+//! target's scheme, the values of the route's Vary headers and of the
+//! forwarding headers the deployment keys on (HEAD shares GET's entry, and
+//! nothing else reaches here, so the method adds nothing). The scheme, the
+//! forwarding headers and the Vary values (and `Accept-Encoding`) select a
 //! variant within the URL's group ([`RequestKey`]), so that one invalidation
 //! drops them all.
 //!
@@ -76,7 +77,7 @@ impl<'a> KeyRules<'a> {
 
 /// The URI the client sent: axum's `OriginalUri` when a router has recorded
 /// it (a nested router strips its prefix from the URI its routes see).
-fn target(parts: &Parts) -> &Uri {
+pub(crate) fn target(parts: &Parts) -> &Uri {
     #[cfg(feature = "axum")]
     if let Some(original) = parts.extensions.get::<axum::extract::OriginalUri>() {
         return &original.0;
@@ -116,12 +117,13 @@ pub(crate) fn align_host(parts: &mut Parts) -> Result<(), &'static str> {
 /// selects within it, under which the response is stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RequestKey {
-    /// Namespace, the request's target (or the route's custom key) and the
-    /// forwarding headers keyed on.
+    /// Namespace and the request's host, path and query (or the route's
+    /// custom key).
     pub url: Key,
-    /// `url` and the values of the route's Vary headers (and the normalised
+    /// `url`, the target's scheme, the forwarding headers keyed on and the
+    /// values of the route's Vary headers (and the normalised
     /// `Accept-Encoding`); a member of `url`'s group (the URL key itself when
-    /// the route varies on nothing).
+    /// none of these is there to split it).
     pub key: Key,
 }
 
@@ -140,12 +142,13 @@ pub(crate) fn split_key(rules: &KeyRules<'_>, parts: &Parts, custom: Option<&str
     }
 }
 
-/// The URL part: what names the resource, whatever the variant.
+/// The URL part: what names the resource, whatever the variant (namespace,
+/// host, path, query), and so what an invalidation reaches.
 pub(crate) fn url_key(rules: &KeyRules<'_>, parts: &Parts, custom: Option<&str>) -> Key {
-    // "h2": responses, key format 2 (query sorted by name only, forwarding
-    // headers, variants in the URL's group). HEAD is answered from the GET
+    // "h3": responses, key format 3 (query sorted by name only; scheme and
+    // forwarding headers in the variant). HEAD is answered from the GET
     // entry and nothing else reaches here, so the method adds nothing.
-    let mut h = KeyHasher::new(b"h2");
+    let mut h = KeyHasher::new(b"h3");
     h.part(rules.namespace.as_bytes());
     match custom {
         Some(custom) => {
@@ -167,28 +170,44 @@ pub(crate) fn url_key(rules: &KeyRules<'_>, parts: &Parts, custom: Option<&str>)
             h.part_query(uri.query().unwrap_or(""));
         }
     }
+    h.finish()
+}
+
+/// The variant part: the URL key, the target's scheme, the forwarding
+/// headers keyed on and the values of the Vary headers.
+///
+/// The scheme (`http://h/x` and `https://h/x` are two URIs, RFC 9111 §4;
+/// an origin-form target names none, which differs from both) and the
+/// forwarding headers (the scheme, host or prefix a proxy says the client
+/// used) select what the handler builds, but an invalidation of the URL, or
+/// an unsafe method's, made without them must still reach every entry they
+/// split: so they select a variant within the URL's group.
+pub(crate) fn variant_key(url: &Key, rules: &KeyRules<'_>, parts: &Parts) -> Key {
+    let scheme = target(parts).scheme().or_else(|| parts.uri.scheme());
+    let forwarded = rules
+        .forwarded
+        .iter()
+        .any(|name| parts.headers.contains_key(name));
+    let others = rules.vary.iter().any(|name| name != ACCEPT_ENCODING);
+    if scheme.is_none() && !forwarded && !others && !rules.accept_encoding {
+        return *url;
+    }
+    // "h3v": a variant of a response's URL.
+    let mut h = KeyHasher::new(b"h3v");
+    h.part(url.as_bytes());
+    match scheme {
+        Some(scheme) => h.part_lowercase(scheme.as_str().as_bytes()),
+        None => h.part(b"\x00absent"),
+    }
     // Forwarding headers are usually absent: only the present ones are
-    // written (name, count, values), so a typical key stays short. They name
-    // the URL the client used (its host, scheme, prefix), so they belong to
-    // the URL part.
+    // written (name, count, values), so a typical key stays short.
     h.part(b"\x00forwarded");
     for name in rules.forwarded {
         if parts.headers.contains_key(name) {
             hash_values(&mut h, parts, name);
         }
     }
-    h.finish()
-}
-
-/// The variant part: the URL key and the values of the Vary headers.
-pub(crate) fn variant_key(url: &Key, rules: &KeyRules<'_>, parts: &Parts) -> Key {
-    let others = rules.vary.iter().any(|name| name != ACCEPT_ENCODING);
-    if !others && !rules.accept_encoding {
-        return *url;
-    }
-    // "h2v": a variant of a response's URL.
-    let mut h = KeyHasher::new(b"h2v");
-    h.part(url.as_bytes());
+    h.part(b"\x00vary");
     for name in rules.vary {
         if name != ACCEPT_ENCODING {
             hash_values(&mut h, parts, name);
@@ -219,305 +238,21 @@ fn hash_values(h: &mut KeyHasher, parts: &Parts, name: &HeaderName) {
 /// Sorts the query's pairs by name, stably, so that `?b=2&a=1` and `?a=1&b=2`
 /// share an entry while `?s=1&s=2` and `?s=2&s=1` (a list whose order the
 /// origin may use) do not, nor `?%73=1&s=2` and `?s=2&%73=1` (names are
-/// compared decoded and case-folded), and drops empty pairs (`?a=1&&`).
+/// compared decoded and case-folded), and drops empty pairs (`?a=1&&`). A
+/// query with a name that decodes to invalid UTF-8 keeps its order
+/// (`?%FF=1&%FE=2`: one name to a lossy parser).
 /// Values keep their bytes: `%41` and `A` stay different, as an origin may
 /// treat them differently. (The key hashes these bytes without building the string; this
 /// is its reference form.)
 #[cfg(test)]
 pub(crate) fn normalize_query(query: &str) -> String {
     let mut pairs: Vec<&str> = query.split('&').filter(|p| !p.is_empty()).collect();
-    pairs.sort_by(|a, b| crate::key::cmp_query_names(a, b));
+    if crate::key::names_are_sortable(&pairs) {
+        pairs.sort_by(|a, b| crate::key::cmp_query_names(a, b));
+    }
     pairs.join("&")
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use http::Request;
-    use proptest::prelude::*;
-
-    fn parts(uri: &str, headers: &[(&str, &str)]) -> Parts {
-        let mut b = Request::get(uri);
-        for (k, v) in headers {
-            b = b.header(*k, *v);
-        }
-        b.body(()).unwrap().into_parts().0
-    }
-
-    fn rules<'a>(namespace: &'a str, vary: &'a [HeaderName]) -> KeyRules<'a> {
-        KeyRules {
-            namespace,
-            vary,
-            forwarded: &DEFAULT_FORWARDED,
-            accept_encoding: vary.contains(&ACCEPT_ENCODING),
-        }
-    }
-
-    fn key_of(p: &Parts, vary: &[&str]) -> Key {
-        let vary: Vec<HeaderName> = vary.iter().map(|v| v.parse().unwrap()).collect();
-        request_key(&rules("ns", &vary), p, None)
-    }
-
-    fn key(uri: &str, headers: &[(&str, &str)], vary: &[&str]) -> Key {
-        key_of(&parts(uri, headers), vary)
-    }
-
-    #[test]
-    fn query_order_does_not_change_the_key() {
-        assert_eq!(key("/r?a=1&b=2", &[], &[]), key("/r?b=2&a=1&", &[], &[]));
-        assert_ne!(key("/r?a=1&b=2", &[], &[]), key("/r?a=1&b=3", &[], &[]));
-    }
-
-    #[test]
-    fn host_path_and_namespace_separate_keys() {
-        let h = |host| key("/r", &[("host", host)], &[]);
-        assert_ne!(h("a.example"), h("b.example"));
-        assert_eq!(h("A.example"), h("a.example"));
-        assert_ne!(h(""), key("/r", &[], &[]));
-        assert_ne!(key("/r", &[], &[]), key("/s", &[], &[]));
-        let p = parts("/r", &[]);
-        assert_ne!(
-            request_key(&rules("a", &[]), &p, None),
-            request_key(&rules("b", &[]), &p, None)
-        );
-    }
-
-    #[test]
-    fn a_value_never_passes_for_the_next_header() {
-        let v = |hs: &[(&str, &str)]| key("/r", hs, &["x-a", "x-b"]);
-        assert_ne!(
-            v(&[("x-a", "x-b"), ("x-b", "x-b"), ("x-b", "v")]),
-            v(&[("x-a", "x-b"), ("x-a", "x-b"), ("x-b", "v")])
-        );
-        let f = |hs: &[(&str, &str)]| key("/r", hs, &[]);
-        assert_ne!(
-            f(&[
-                ("x-forwarded-host", "x-forwarded-proto"),
-                ("x-forwarded-proto", "http")
-            ]),
-            f(&[
-                ("x-forwarded-host", "x-forwarded-proto"),
-                ("x-forwarded-host", "http")
-            ])
-        );
-    }
-
-    #[test]
-    fn vary_headers_split_entries_and_absence_is_distinct() {
-        let v = |hs: &[(&str, &str)]| key("/r", hs, &["accept-language"]);
-        assert_ne!(
-            v(&[("accept-language", "en")]),
-            v(&[("accept-language", "fr")])
-        );
-        assert_ne!(v(&[]), v(&[("accept-language", "")]));
-        // Headers the route does not vary on do not matter.
-        assert_eq!(v(&[("x-other", "1")]), v(&[("x-other", "2")]));
-    }
-
-    #[test]
-    fn every_variant_belongs_to_its_urls_group() {
-        let vary: Vec<HeaderName> = vec!["accept-language".parse().unwrap()];
-        let split = |uri, lang| {
-            split_key(
-                &rules("ns", &vary),
-                &parts(uri, &[("accept-language", lang)]),
-                None,
-            )
-        };
-        let (en, fr, other) = (split("/r", "en"), split("/r", "fr"), split("/s", "en"));
-        assert_eq!(en.url, fr.url);
-        assert_ne!(en.key, fr.key);
-        assert_eq!(en.key.group(), en.url);
-        assert_eq!(fr.key.group(), fr.url);
-        assert_ne!(other.key.group(), en.url);
-        // A variant never takes its URL's own key.
-        assert_ne!(en.key, en.url);
-        assert!(!en.key.is_group());
-        // Without Vary the URL key is the entry's key.
-        let plain = split_key(&rules("ns", &[]), &parts("/r", &[]), None);
-        assert_eq!(plain.key, plain.url);
-        assert!(plain.key.is_group());
-        // A normalised Accept-Encoding is a variant too.
-        let ae = [ACCEPT_ENCODING];
-        let gz = split_key(
-            &rules("ns", &ae),
-            &parts("/r", &[("accept-encoding", "gzip")]),
-            None,
-        );
-        assert_eq!(gz.url, plain.url);
-        assert_eq!(gz.key.group(), plain.url);
-        assert_ne!(gz.key, plain.key);
-    }
-
-    #[test]
-    fn custom_key_replaces_the_url() {
-        let p1 = parts("/a?x=1", &[]);
-        let p2 = parts("/b?y=2", &[]);
-        assert_eq!(
-            request_key(&rules("ns", &[]), &p1, Some("k")),
-            request_key(&rules("ns", &[]), &p2, Some("k"))
-        );
-    }
-
-    #[test]
-    fn value_keys_and_request_keys_never_meet() {
-        let p = parts("/k", &[]);
-        assert_ne!(
-            Key::for_value("ns", b"/k"),
-            request_key(&rules("ns", &[]), &p, None)
-        );
-    }
-
-    #[test]
-    fn repeated_names_keep_their_order() {
-        let k = |uri| key(uri, &[], &[]);
-        assert_ne!(k("/r?sort=price&sort=name"), k("/r?sort=name&sort=price"));
-        assert_eq!(
-            k("/r?sort=price&a=1&sort=name"),
-            k("/r?a=1&sort=price&sort=name")
-        );
-        // Values keep their bytes.
-        assert_ne!(k("/r?a=%41"), k("/r?a=A"));
-        assert_ne!(k("/r?a"), k("/r?a="));
-        // Names an origin may decode or case-fold to one are one name.
-        assert_ne!(k("/r?%61=1&a=2"), k("/r?a=2&%61=1"));
-        assert_ne!(k("/r?A=1&a=2"), k("/r?a=2&A=1"));
-        assert_ne!(k("/r?a+b=1&a%20b=2"), k("/r?a%20b=2&a+b=1"));
-        assert_eq!(k("/r?b=1&A=2"), k("/r?A=2&b=1"));
-    }
-
-    #[test]
-    fn absolute_form_target_names_the_host_and_host_follows_it() {
-        let mut p = parts("http://victim.test/old", &[("host", "evil.test")]);
-        let before = key_of(&p, &[]);
-        assert_eq!(before, key("/old", &[("host", "victim.test")], &[]));
-        align_host(&mut p).unwrap();
-        assert_eq!(p.headers.get_all(HOST).iter().count(), 1);
-        assert_eq!(p.headers[HOST], "victim.test");
-        assert_eq!(key_of(&p, &[]), before);
-        // Userinfo is no part of the host.
-        let mut p = parts("http://user:pw@Victim.test:8080/old", &[]);
-        align_host(&mut p).unwrap();
-        assert_eq!(p.headers[HOST], "Victim.test:8080");
-        assert_eq!(
-            key_of(&p, &[]),
-            key("/old", &[("host", "victim.test:8080")], &[])
-        );
-    }
-
-    #[test]
-    fn two_host_lines_are_refused() {
-        let mut p = parts("/r", &[("host", "a.test"), ("host", "b.test")]);
-        assert_eq!(align_host(&mut p), Err("host"));
-        let mut p = parts("/r", &[("host", "a.test")]);
-        assert_eq!(align_host(&mut p), Ok(()));
-        assert_eq!(p.headers[HOST], "a.test");
-    }
-
-    #[cfg(feature = "axum")]
-    #[test]
-    fn original_uri_is_keyed_not_the_stripped_one() {
-        let mut v1 = parts("/items?a=1", &[]);
-        v1.extensions
-            .insert(axum::extract::OriginalUri("/v1/items?a=1".parse().unwrap()));
-        let mut v2 = parts("/items?a=1", &[]);
-        v2.extensions
-            .insert(axum::extract::OriginalUri("/v2/items?a=1".parse().unwrap()));
-        assert_ne!(key_of(&v1, &[]), key_of(&v2, &[]));
-        assert_eq!(key_of(&v1, &[]), key("/v1/items?a=1", &[], &[]));
-    }
-
-    #[test]
-    fn forwarding_headers_are_keyed_by_default() {
-        let plain = key("/r", &[], &[]);
-        for (name, value) in [
-            ("x-forwarded-host", "evil.test"),
-            ("x-forwarded-proto", "http"),
-            ("x-forwarded-port", "8443"),
-            ("x-forwarded-prefix", "/evil"),
-            ("forwarded", "host=evil.test"),
-            ("forwarded", "proto=http"),
-        ] {
-            assert_ne!(key("/r", &[(name, value)], &[]), plain, "{name}: {value}");
-        }
-        // Per-client values split nothing.
-        assert_eq!(key("/r", &[("x-forwarded-for", "192.0.2.1")], &[]), plain);
-        assert_eq!(
-            key("/r", &[("forwarded", "for=192.0.2.1;proto=https")], &[]),
-            key("/r", &[("forwarded", "for=198.51.100.7;proto=https")], &[])
-        );
-        // A deployment that strips them at its edge keys on none.
-        let none = KeyRules {
-            forwarded: &[],
-            ..rules("ns", &[])
-        };
-        assert_eq!(
-            request_key(&none, &parts("/r", &[("x-forwarded-host", "a")]), None),
-            request_key(&none, &parts("/r", &[]), None)
-        );
-    }
-
-    #[test]
-    fn accept_encoding_in_vary_is_normalised() {
-        let v = |ae: &str| key("/r", &[("accept-encoding", ae)], &["accept-encoding"]);
-        assert_eq!(v("gzip, br"), v("br,gzip"));
-        assert_eq!(v("gzip, br"), v("br;q=1, gzip"));
-        assert_ne!(v("gzip, br"), v("gzip"));
-        assert_ne!(v("gzip"), key("/r", &[], &["accept-encoding"]));
-        // Not keyed at all while the route neither lists nor learned it.
-        assert_eq!(
-            key("/r", &[("accept-encoding", "gzip")], &[]),
-            key("/r", &[("accept-encoding", "br")], &[])
-        );
-    }
-
-    fn hashed_query(query: &str) -> Key {
-        let mut h = KeyHasher::new(b"q");
-        h.part_query(query);
-        h.finish()
-    }
-
-    fn hashed_reference(query: &str) -> Key {
-        let mut h = KeyHasher::new(b"q");
-        h.part(normalize_query(query).as_bytes());
-        h.finish()
-    }
-
-    proptest! {
-        #[test]
-        fn hashing_the_query_in_place_matches_its_reference_form(pairs in proptest::collection::vec("[a-c]{0,2}=?[a-z0-9=]{0,3}", 0..40)) {
-            let query = pairs.join("&");
-            prop_assert_eq!(hashed_query(&query), hashed_reference(&query));
-        }
-
-        #[test]
-        fn normalised_query_ignores_the_order_of_distinct_names(pairs in proptest::collection::btree_map("[a-z]{1,3}", "[a-z0-9=]{0,3}", 0..8)) {
-            let mut pairs: Vec<String> = pairs.into_iter().map(|(n, v)| format!("{n}={v}")).collect();
-            let a = normalize_query(&pairs.join("&"));
-            pairs.reverse();
-            let b = normalize_query(&pairs.join("&"));
-            prop_assert_eq!(a, b);
-        }
-
-        /// Two queries share a key exactly when each name has the same
-        /// sequence of pairs in both.
-        #[test]
-        fn queries_share_a_key_only_when_each_name_has_the_same_values(
-            a in proptest::collection::vec(("(a|A|%61|b|\\+|%2B)", "(=?[xy]{0,2})"), 0..6),
-            b in proptest::collection::vec(("(a|A|%61|b|\\+|%2B)", "(=?[xy]{0,2})"), 0..6),
-        ) {
-            let query = |pairs: &[(String, String)]| pairs.iter().map(|(n, v)| format!("{n}{v}")).collect::<Vec<_>>().join("&");
-            // Names as the loosest origin reads them: decoded, case-folded.
-            fn per_name(q: &str) -> std::collections::BTreeMap<String, Vec<&str>> {
-                let mut map = std::collections::BTreeMap::<String, Vec<&str>>::new();
-                for pair in q.split('&').filter(|p| !p.is_empty()) {
-                    let name = crate::key::query_name(pair).replace("%61", "a").replace("%2B", "+").to_ascii_lowercase();
-                    map.entry(name).or_default().push(pair);
-                }
-                map
-            }
-            let (qa, qb) = (query(&a), query(&b));
-            prop_assert_eq!(per_name(&qa) == per_name(&qb), hashed_query(&qa) == hashed_query(&qb));
-        }
-    }
-}
+#[path = "key_tests.rs"]
+mod tests;

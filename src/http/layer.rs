@@ -170,9 +170,10 @@ impl StampedeGuard {
     /// quoting parsers could read two ways is keyed whole.
     ///
     /// Pass an empty list when the deployment's edge strips these headers
-    /// from client requests, or name the one your edge sets. A request given
-    /// to [`invalidate`](Self::invalidate) must carry the values the entry
-    /// was stored under.
+    /// from client requests, or name the one your edge sets. They select a
+    /// variant of the URL, as the [`vary`](Self::vary) headers do: a request
+    /// given to [`invalidate`](Self::invalidate) (or an unsafe method) drops
+    /// the entries of every value, whether it carries them or not.
     ///
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};
@@ -188,8 +189,8 @@ impl StampedeGuard {
     }
 
     /// The route's own key, in place of host, path and query. Return `None` to
-    /// pass a request through uncached. Vary headers and the namespace are
-    /// still part of the key.
+    /// pass a request through uncached. The namespace, the target's scheme,
+    /// the forwarding headers and the Vary headers are still part of the key.
     ///
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};
@@ -349,13 +350,13 @@ impl StampedeGuard {
     /// this process and, with a Redis backend, in Redis and in every
     /// instance's in-process tier.
     ///
-    /// Every variant goes: the entries for other values of the Vary headers
-    /// and, on a route keyed on `Accept-Encoding` (listed or learned), every
-    /// coding. The forwarding headers, though, are part of the URL: behind a
-    /// proxy that sets `X-Forwarded-Proto` (or another of the
-    /// [forwarding headers](Self::forwarded_headers)), give the invalidating
-    /// request the same values, for example by copying them from the request
-    /// that caused the invalidation.
+    /// Every variant goes: the entries for other values of the Vary headers,
+    /// on a route keyed on `Accept-Encoding` (listed or learned) every
+    /// coding, every scheme of an absolute-form target (`http://h/x`,
+    /// `https://h/x`, `/x`) and every value of the
+    /// [forwarding headers](Self::forwarded_headers): a request with only the
+    /// path (and the host) reaches the entries stored behind a proxy that
+    /// sets `X-Forwarded-Proto`.
     ///
     /// It is a barrier: once it returns, no request that starts afterwards
     /// is answered with a value built before it. A rebuild that was already

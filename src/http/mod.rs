@@ -18,6 +18,7 @@ mod layer;
 mod passes;
 mod policy;
 mod range;
+mod reference;
 mod respond;
 pub(crate) mod response;
 mod revalidate;

@@ -7,11 +7,12 @@
 //! 304 (§3.2), and it gets a fresh lifetime; no body crosses the wire. It is
 //! then committed like any rebuild.
 //!
-//! A 304 whose `ETag` names another representation than the stored one does
-//! not renew it: the rebuild fails (stale-if-error, or the route's error
-//! answer), and the next one asks again.
+//! A 304 whose validators (`ETag`, `Last-Modified`) name another
+//! representation than the stored one, or one the stored response lacks,
+//! does not renew it (§4.3.4): the rebuild fails (stale-if-error, or the
+//! route's error answer), and the next one asks again.
 
-use std::time::Duration;
+use std::time::SystemTime;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
@@ -19,11 +20,12 @@ use http_body::Body as HttpBody;
 
 use super::admit::{Admitted, Private};
 use super::body::Body;
+use super::cache_control::{http_date, initial_age};
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
 use super::response::{CachedBody, CachedResponse};
-use crate::engine::{Built, Waiters, MAX_DELTA};
+use crate::engine::{Built, Waiters};
 
 /// Header fields a 304 never changes in the stored response: the body's
 /// framing and coding (the stored body was not resent: RFC 9111 §3.2 lets a
@@ -72,22 +74,15 @@ where
 {
     let (parts, _no_body) = not_modified.into_parts();
     let update = parts.headers;
-    if let (Some(theirs), Some(ours)) = (update.get(header::ETAG), stored.headers.get(header::ETAG))
-    {
-        if !same_tag(theirs, ours) {
-            tracing::warn!("a 304 named another representation; the entry is not renewed");
-            return Built::Failed {
-                shared: None,
-                private: None,
-            };
-        }
+    if !selects(&update, &stored.headers) {
+        tracing::warn!("a 304 named another representation; the entry is not renewed");
+        return Built::Failed {
+            shared: None,
+            private: None,
+        };
     }
-    let initial_age = update
-        .get(header::AGE)
-        .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-        .map_or(Duration::ZERO, |s| {
-            Duration::from_secs(s.min(MAX_DELTA.as_secs()))
-        });
+    // The 304's own age: its `Age` and `Date`, not the stored response's.
+    let initial_age = initial_age(&update, SystemTime::now());
     let CachedResponse {
         status,
         mut headers,
@@ -160,6 +155,41 @@ fn merge(stored: &mut HeaderMap, update: &HeaderMap, status_header: Option<&Head
             stored.append(name.clone(), value.clone());
         }
     }
+}
+
+/// Whether a 304 with `update`'s header fields selects the stored response
+/// (RFC 9111 §4.3.4). A validator the 304 carries must be the stored one's:
+/// a strong `ETag` must be the stored `ETag` exactly (a stored weak tag, or
+/// none, is another representation as far as anyone can tell); a weak one
+/// must match it weakly; a `Last-Modified` must be the stored date when
+/// there is one. A 304 carrying no validator renews the one stored response,
+/// as it asked.
+fn selects(update: &HeaderMap, stored: &HeaderMap) -> bool {
+    if let Some(theirs) = update.get(header::ETAG) {
+        let Some(ours) = stored.get(header::ETAG) else {
+            return false;
+        };
+        let strong = !theirs.as_bytes().starts_with(b"W/");
+        if (strong && theirs != ours) || !same_tag(theirs, ours) {
+            return false;
+        }
+    }
+    // A date is a strong validator only under conditions (RFC 9110
+    // §8.8.2.2): one the stored response lacks selects nothing, but does not
+    // refuse the match its other validators made.
+    if let (Some(theirs), Some(ours)) = (
+        update.get(header::LAST_MODIFIED),
+        stored.get(header::LAST_MODIFIED),
+    ) {
+        let same = match (http_date(theirs), http_date(ours)) {
+            (Some(a), Some(b)) => a == b,
+            _ => theirs == ours,
+        };
+        if !same {
+            return false;
+        }
+    }
+    true
 }
 
 /// Weak comparison of two entity tags (RFC 9110 §8.8.3.2).
@@ -271,7 +301,22 @@ mod tests {
 
     #[test]
     fn a_304_for_another_representation_renews_nothing() {
+        let lm = |d: &'static str| ("last-modified", d);
+        let (nov1, nov2) = (
+            "Sun, 01 Nov 2026 00:00:00 GMT",
+            "Mon, 02 Nov 2026 00:00:00 GMT",
+        );
         assert!(renewed(&[("etag", "\"a\"")], &[("etag", "\"b\"")]).is_none());
+        // A strong validator the stored response lacks, or has only weakly.
+        assert!(renewed(&[lm(nov1)], &[("etag", "\"v2\"")]).is_none());
+        assert!(renewed(&[("etag", "W/\"a\"")], &[("etag", "\"a\"")]).is_none());
+        assert!(renewed(&[lm(nov1)], &[lm(nov2)]).is_none());
+        // The same validators renew; a 304 without any renews what it asked.
+        assert!(renewed(&[("etag", "\"a\"")], &[("etag", "\"a\"")]).is_some());
+        assert!(renewed(&[("etag", "\"a\"")], &[("etag", "W/\"a\"")]).is_some());
+        assert!(renewed(&[lm(nov1)], &[lm(nov1)]).is_some());
+        assert!(renewed(&[("etag", "\"a\""), lm(nov1)], &[]).is_some());
+        assert!(renewed(&[("etag", "\"a\"")], &[("etag", "\"a\""), lm(nov1)]).is_some());
     }
 
     #[test]

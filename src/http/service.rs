@@ -79,7 +79,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqBody: Send + 'static,
+    ReqBody: HttpBody + Send + 'static,
     ResBody: HttpBody + Send + 'static,
     ResBody::Data: Buf + Send,
     ResBody::Error: Send,
@@ -209,16 +209,12 @@ impl<S> GuardService<S> {
 }
 
 /// A body no header announced: an HTTP/2 request may send DATA frames
-/// without `Content-Length`. The request body type is the caller's, so only
-/// one whose type is known here (axum's, which wraps hyper's) can be asked.
-fn body_pending<B: 'static>(body: &B) -> Option<&'static str> {
-    #[cfg(feature = "axum")]
-    if let Some(body) = (body as &dyn std::any::Any).downcast_ref::<axum::body::Body>() {
-        let empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
-        return (!empty).then_some("request body");
-    }
-    let _ = body;
-    None
+/// without `Content-Length`. Whatever the body's type (axum's, hyper's
+/// `Incoming` when the guard wraps a whole router, or the caller's own), a
+/// body that may still hold data makes the request bypass.
+fn body_pending<B: HttpBody>(body: &B) -> Option<&'static str> {
+    let empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
+    (!empty).then_some("request body")
 }
 
 /// A miss: what the engine's flight gives, as a response.

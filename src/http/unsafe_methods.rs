@@ -6,8 +6,9 @@
 //! instance and before the response is returned, every variant of:
 //!
 //! - the request's target URI;
-//! - the URIs in `Location` and `Content-Location`, when they name the same
-//!   host (another host's entries are not this origin's to drop).
+//! - the URIs in `Location` and `Content-Location`, resolved against the URI
+//!   the client sent (RFC 3986 §5.2), when they name the same host (another
+//!   host's entries are not this origin's to drop).
 //!
 //! Each key is computed by the same function a GET of that URI uses, so the
 //! group dropped is the one a later GET reads. An invalidation that fails
@@ -22,6 +23,7 @@ use std::sync::Arc;
 
 use super::key::{url_key, KeyRules, Keyed};
 use super::policy::Policy;
+use super::reference::{resolve, Reference};
 use crate::engine::Engine;
 use crate::key::Key;
 use crate::metrics::{self as m, count};
@@ -40,9 +42,12 @@ pub(crate) fn is_unsafe(method: &Method) -> bool {
 /// names.
 pub(crate) struct Targets {
     target: Option<Key>,
+    /// The URI the client sent (before a nested router stripped a prefix):
+    /// the base its answer's references are relative to.
     scheme: Option<Scheme>,
     authority: Option<Authority>,
     path: String,
+    query: Option<String>,
     headers: HeaderMap,
 }
 
@@ -53,11 +58,13 @@ impl Targets {
         let method = std::mem::replace(&mut parts.method, Method::GET);
         let target = key_of(policy, parts);
         parts.method = method;
+        let uri = super::key::target(parts);
         Targets {
             target,
-            scheme: parts.uri.scheme().cloned(),
-            authority: parts.uri.authority().cloned(),
-            path: parts.uri.path().to_owned(),
+            scheme: uri.scheme().cloned(),
+            authority: uri.authority().cloned(),
+            path: uri.path().to_owned(),
+            query: uri.query().map(str::to_owned),
             headers: parts.headers.clone(),
         }
     }
@@ -100,48 +107,48 @@ impl Targets {
         }
     }
 
-    /// `reference` (absolute, or relative to the request's URI) as a URI
-    /// in the request's own form, if it names the request's host.
+    /// `reference` resolved against the URI the client sent (RFC 3986
+    /// §5.2), as a URI in the request's own form, if it names the request's
+    /// host (and scheme, when both are known).
     fn resolve(&self, reference: &str) -> Option<Uri> {
-        // The fragment is the client's; it never reaches the server.
-        let reference = reference.trim();
-        let reference = reference.split('#').next().unwrap_or_default();
-        let first_delimiter = reference.find(['/', '?']).unwrap_or(reference.len());
-        let has_scheme = reference[..first_delimiter].contains(':');
-        let path_and_query = if has_scheme || reference.starts_with("//") {
-            // Absolute ("http://h/p") or network-path ("//h/p"): same host
-            // (and scheme, when both are known) only.
-            let absolute = if has_scheme {
-                reference.to_owned()
-            } else {
-                format!(
-                    "{}:{reference}",
-                    self.scheme.as_ref().map_or("http", |s| s.as_str())
-                )
-            };
-            let parsed: Uri = absolute.parse().ok()?;
-            let (Some(theirs), Some(authority)) = (parsed.scheme(), parsed.authority()) else {
-                // "mailto:…", "urn:…": not a URI of this host.
-                return None;
-            };
-            if !authority.as_str().eq_ignore_ascii_case(self.host()?) {
-                return None;
-            }
-            if let Some(ours) = &self.scheme {
-                if theirs != ours {
+        let reference = Reference::parse(reference.trim());
+        let base = Reference {
+            scheme: self.scheme.as_ref().map(Scheme::as_str),
+            authority: self.authority.as_ref().map(Authority::as_str),
+            path: &self.path,
+            query: self.query.as_deref(),
+        };
+        let resolved = resolve(&base, &reference);
+        if reference.scheme.is_some() || reference.authority.is_some() {
+            // Absolute ("http://h/p") or network-path ("//h/p"): an http(s)
+            // URI of this very authority only, userinfo and port included.
+            // (A network-path reference against an origin-form target has
+            // the request's scheme, whichever it is.)
+            if let Some(theirs) = resolved.scheme.as_deref() {
+                let web = ["http", "https"]
+                    .iter()
+                    .any(|s| theirs.eq_ignore_ascii_case(s));
+                let ours = self.scheme.as_ref().map(Scheme::as_str);
+                if !web || ours.is_some_and(|ours| !theirs.eq_ignore_ascii_case(ours)) {
                     return None;
                 }
             }
-            parsed.path_and_query().cloned()
-        } else if reference.starts_with('/') {
-            Some(PathAndQuery::try_from(reference).ok()?)
+            // "mailto:…", "urn:…", "http:g": no authority, not this host's.
+            let authority = resolved.authority.as_deref()?;
+            if !authority.eq_ignore_ascii_case(self.host()?) {
+                return None;
+            }
+        }
+        let mut path_and_query = if resolved.path.is_empty() {
+            String::from("/")
         } else {
-            // A relative path: against the directory of the request's path.
-            let dir = &self.path[..self.path.rfind('/').map_or(0, |i| i + 1)];
-            let dir = if dir.is_empty() { "/" } else { dir };
-            Some(PathAndQuery::try_from(format!("{dir}{reference}")).ok()?)
+            resolved.path
         };
-        let path_and_query = path_and_query.unwrap_or_else(|| PathAndQuery::from_static("/"));
+        if let Some(query) = &resolved.query {
+            path_and_query.push('?');
+            path_and_query.push_str(query);
+        }
+        let path_and_query = PathAndQuery::try_from(path_and_query).ok()?;
         let mut uri = Uri::builder();
         if let (Some(scheme), Some(authority)) = (&self.scheme, &self.authority) {
             uri = uri.scheme(scheme.clone()).authority(authority.clone());
@@ -234,7 +241,14 @@ mod tests {
         assert_eq!(path("mailto:x@a.example"), None);
         assert_eq!(path("not a uri"), None);
         assert_eq!(path("other#frag").as_deref(), Some("/items/other"));
-        assert_eq!(path("?y=2").as_deref(), Some("/items/?y=2"));
+        // RFC 3986 §5.2.2: a bare query keeps the base path; dot segments go.
+        assert_eq!(path("?y=2").as_deref(), Some("/items/5?y=2"));
+        assert_eq!(path("").as_deref(), Some("/items/5?x=1"));
+        assert_eq!(path("../lists/1").as_deref(), Some("/lists/1"));
+        assert_eq!(path("./6/../7").as_deref(), Some("/items/7"));
+        assert_eq!(path("http://a.example/../z").as_deref(), Some("/z"));
+        assert_eq!(path("ftp://a.example/z"), None);
+        assert_eq!(path("http:z"), None);
     }
 
     #[test]
