@@ -17,7 +17,6 @@ use http::{HeaderMap, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Notify;
 
-
 const PATIENCE: Duration = Duration::from_secs(30);
 const BODY: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
 const LM: &str = "Sun, 06 Nov 1994 08:49:37 GMT";
@@ -93,14 +92,49 @@ async fn range_edge_values_are_answered_per_rfc_9110() {
     let len = BODY.len();
     // (Range, status, body, Content-Range)
     let cases: Vec<(String, StatusCode, &[u8], Option<String>)> = vec![
-        ("bytes=0-0".into(), StatusCode::PARTIAL_CONTENT, &BODY[0..1], Some(format!("bytes 0-0/{len}"))),
-        ("bytes=-0".into(), StatusCode::RANGE_NOT_SATISFIABLE, b"", Some(format!("bytes */{len}"))),
+        (
+            "bytes=0-0".into(),
+            StatusCode::PARTIAL_CONTENT,
+            &BODY[0..1],
+            Some(format!("bytes 0-0/{len}")),
+        ),
+        (
+            "bytes=-0".into(),
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            b"",
+            Some(format!("bytes */{len}")),
+        ),
         ("bytes=5-4".into(), StatusCode::OK, BODY, None),
-        ("BYTES=2-3".into(), StatusCode::PARTIAL_CONTENT, &BODY[2..4], Some(format!("bytes 2-3/{len}"))),
-        (format!("bytes={len}-"), StatusCode::RANGE_NOT_SATISFIABLE, b"", Some(format!("bytes */{len}"))),
-        (format!("bytes={}-", "9".repeat(300)), StatusCode::RANGE_NOT_SATISFIABLE, b"", Some(format!("bytes */{len}"))),
-        (format!("bytes=-{}", "9".repeat(300)), StatusCode::PARTIAL_CONTENT, BODY, Some(format!("bytes 0-{}/{len}", len - 1))),
-        (format!("bytes=0-{}", u64::MAX), StatusCode::PARTIAL_CONTENT, BODY, Some(format!("bytes 0-{}/{len}", len - 1))),
+        (
+            "BYTES=2-3".into(),
+            StatusCode::PARTIAL_CONTENT,
+            &BODY[2..4],
+            Some(format!("bytes 2-3/{len}")),
+        ),
+        (
+            format!("bytes={len}-"),
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            b"",
+            Some(format!("bytes */{len}")),
+        ),
+        (
+            format!("bytes={}-", "9".repeat(300)),
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            b"",
+            Some(format!("bytes */{len}")),
+        ),
+        (
+            format!("bytes=-{}", "9".repeat(300)),
+            StatusCode::PARTIAL_CONTENT,
+            BODY,
+            Some(format!("bytes 0-{}/{len}", len - 1)),
+        ),
+        (
+            format!("bytes=0-{}", u64::MAX),
+            StatusCode::PARTIAL_CONTENT,
+            BODY,
+            Some(format!("bytes 0-{}/{len}", len - 1)),
+        ),
         ("bytes=0-1,3-4".into(), StatusCode::OK, BODY, None),
         ("bytes=".into(), StatusCode::OK, BODY, None),
         ("bytes=--1".into(), StatusCode::OK, BODY, None),
@@ -108,14 +142,21 @@ async fn range_edge_values_are_answered_per_rfc_9110() {
         ("bytes=1".into(), StatusCode::OK, BODY, None),
         ("pages=0-1".into(), StatusCode::OK, BODY, None),
         ("bytes=0x1-2".into(), StatusCode::OK, BODY, None),
-        ("bytes=35-35".into(), StatusCode::PARTIAL_CONTENT, &BODY[35..36], Some(format!("bytes 35-35/{len}"))),
+        (
+            "bytes=35-35".into(),
+            StatusCode::PARTIAL_CONTENT,
+            &BODY[35..36],
+            Some(format!("bytes 35-35/{len}")),
+        ),
     ];
     for (range, status, body, content_range) in cases {
         let a = send(&app, req("GET", &[("range", &range)])).await;
         assert_eq!(a.status, status, "{range}");
         assert_eq!(&a.body[..], body, "{range}");
         assert_eq!(
-            a.headers.get("content-range").map(|v| v.to_str().unwrap().to_owned()),
+            a.headers
+                .get("content-range")
+                .map(|v| v.to_str().unwrap().to_owned()),
             content_range,
             "{range}"
         );
@@ -135,7 +176,11 @@ async fn two_range_lines_are_several_ranges_not_the_first_one() {
     // a cache in front that combines the lines disagrees with this one).
     let (app, _origin, _) = file_app(BODY, guard());
     warm(&app).await;
-    let a = send(&app, req("GET", &[("range", "bytes=0-1"), ("range", "bytes=5-6")])).await;
+    let a = send(
+        &app,
+        req("GET", &[("range", "bytes=0-1"), ("range", "bytes=5-6")]),
+    )
+    .await;
     assert_framing(&a);
     assert_eq!(a.status, StatusCode::OK, "several ranges get the whole 200");
     assert_eq!(a.body, Bytes::from_static(BODY));
@@ -151,7 +196,11 @@ async fn two_if_range_lines_never_let_a_range_through() {
         &app,
         req(
             "GET",
-            &[("range", "bytes=0-1"), ("if-range", "\"v1\""), ("if-range", "\"v0\"")],
+            &[
+                ("range", "bytes=0-1"),
+                ("if-range", "\"v1\""),
+                ("if-range", "\"v0\""),
+            ],
         ),
     )
     .await;
@@ -174,7 +223,11 @@ async fn if_range_weak_or_wrong_validators_get_the_whole_200() {
         ("v1", false),
         ("", false),
     ] {
-        let a = send(&app, req("GET", &[("range", "bytes=1-2"), ("if-range", validator)])).await;
+        let a = send(
+            &app,
+            req("GET", &[("range", "bytes=1-2"), ("if-range", validator)]),
+        )
+        .await;
         assert_framing(&a);
         if partial {
             assert_eq!(a.status, StatusCode::PARTIAL_CONTENT, "{validator}");
@@ -206,7 +259,11 @@ async fn if_range_with_a_weak_stored_etag_never_matches() {
     );
     warm(&app).await;
     for validator in ["W/\"v1\"", "\"v1\""] {
-        let a = send(&app, req("GET", &[("range", "bytes=1-2"), ("if-range", validator)])).await;
+        let a = send(
+            &app,
+            req("GET", &[("range", "bytes=1-2"), ("if-range", validator)]),
+        )
+        .await;
         assert_eq!(a.status, StatusCode::OK, "{validator}");
         assert_eq!(a.body, Bytes::from_static(BODY));
         assert_framing(&a);
@@ -219,11 +276,25 @@ async fn if_range_with_a_weak_stored_etag_never_matches() {
 async fn range_with_a_matching_if_none_match_is_a_304_and_head_ignores_range() {
     let (app, _origin, _) = file_app(BODY, guard());
     warm(&app).await;
-    let a = send(&app, req("GET", &[("range", "bytes=1-2"), ("if-none-match", "\"v1\"")])).await;
+    let a = send(
+        &app,
+        req(
+            "GET",
+            &[("range", "bytes=1-2"), ("if-none-match", "\"v1\"")],
+        ),
+    )
+    .await;
     assert_eq!(a.status, StatusCode::NOT_MODIFIED);
     assert!(a.body.is_empty());
     assert!(a.headers.get("content-range").is_none());
-    let a = send(&app, req("GET", &[("range", "bytes=1-2"), ("if-none-match", "\"v0\"")])).await;
+    let a = send(
+        &app,
+        req(
+            "GET",
+            &[("range", "bytes=1-2"), ("if-none-match", "\"v0\"")],
+        ),
+    )
+    .await;
     assert_eq!(a.status, StatusCode::PARTIAL_CONTENT);
     assert_eq!(&a.body[..], &BODY[1..3]);
     assert_framing(&a);
@@ -254,7 +325,11 @@ async fn a_range_on_an_empty_body_is_416_with_star_slash_zero() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_cold_range_request_gets_its_part_and_the_origin_sees_no_range() {
     let (app, origin, ranged) = file_app(BODY, guard());
-    let a = send(&app, req("GET", &[("range", "bytes=-3"), ("if-range", "\"v1\"")])).await;
+    let a = send(
+        &app,
+        req("GET", &[("range", "bytes=-3"), ("if-range", "\"v1\"")]),
+    )
+    .await;
     assert_eq!(a.status, StatusCode::PARTIAL_CONTENT);
     assert_eq!(&a.body[..], &BODY[BODY.len() - 3..]);
     assert_framing(&a);
@@ -281,7 +356,10 @@ async fn an_origin_206_is_neither_shared_nor_stored() {
                 }
                 (
                     StatusCode::PARTIAL_CONTENT,
-                    [("content-range", "bytes 0-1/36"), ("cache-control", "max-age=60")],
+                    [
+                        ("content-range", "bytes 0-1/36"),
+                        ("cache-control", "max-age=60"),
+                    ],
                     format!("p{n}"),
                 )
                     .into_response()

@@ -89,12 +89,7 @@ impl Conditions {
             head: method == Method::HEAD,
             if_none_match,
             if_modified_since,
-            range: request.headers().get(header::RANGE).map(|range| {
-                (
-                    range.clone(),
-                    request.headers().get(header::IF_RANGE).cloned(),
-                )
-            }),
+            range: range_of(headers),
         }
     }
 
@@ -115,6 +110,23 @@ impl Conditions {
         stored(header::LAST_MODIFIED)
             .or_else(|| stored(header::DATE))
             .is_some_and(|modified| modified <= since)
+    }
+}
+
+/// `Range` and `If-Range`, when the client sent exactly one line of each it
+/// sent. Several `Range` lines combine into one list of several ranges (RFC
+/// 9110 §5.3), which the layer answers whole; several `If-Range` lines are
+/// invalid (it is a single value). Either way there is no range to answer.
+fn range_of(headers: &HeaderMap) -> Option<(HeaderValue, Option<HeaderValue>)> {
+    let mut ranges = headers.get_all(header::RANGE).iter();
+    let range = match (ranges.next(), ranges.next()) {
+        (Some(one), None) => one.clone(),
+        _ => return None,
+    };
+    let mut if_ranges = headers.get_all(header::IF_RANGE).iter();
+    match (if_ranges.next(), if_ranges.next()) {
+        (if_range, None) => Some((range, if_range.cloned())),
+        _ => None,
     }
 }
 
