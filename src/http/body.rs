@@ -39,6 +39,8 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> where B: http_body::Body {
         Full { data: Option<Bytes> },
+        // No body, standing for one of a length not known (HEAD, 304).
+        Unsized,
         Stream { #[pin] inner: B },
         Spooled {
             reader: SpoolReader,
@@ -63,6 +65,15 @@ impl<B: http_body::Body> Body<B> {
     pub(crate) fn empty() -> Self {
         Body {
             kind: Kind::Full { data: None },
+        }
+    }
+
+    /// No body, in an answer that stands for a body of unknown length (the
+    /// head of a chunked one, or its `304`): its size hint is not exact, so
+    /// that no router or server writes `Content-Length: 0` for it.
+    pub(crate) fn unsized_empty() -> Self {
+        Body {
+            kind: Kind::Unsized,
         }
     }
 
@@ -113,6 +124,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Unsized => Poll::Ready(None),
             KindProj::Stream { inner } => inner
                 .poll_frame(cx)
                 .map(|frame| frame.map(|f| f.map(to_bytes).map_err(Into::into))),
@@ -144,6 +156,7 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full { data } => data.is_none(),
+            Kind::Unsized => true,
             Kind::Stream { inner } => inner.is_end_stream(),
             Kind::Spooled {
                 reader, end_after, ..
@@ -156,6 +169,7 @@ where
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
+            Kind::Unsized => SizeHint::new(),
             Kind::Stream { inner } => inner.size_hint(),
             Kind::Spooled { reader, .. } => match reader.exact_remaining() {
                 Some(n) => SizeHint::with_exact(n),

@@ -159,7 +159,12 @@ pub(crate) fn present<B: HttpBody>(
     let cached = held.value();
     let not_modified = conditions.not_modified(cached);
     let body = if conditions.head || not_modified {
-        Body::empty()
+        // Without a stored length (a chunked body over the cap), an exact
+        // empty body would be framed as `Content-Length: 0`: a lie.
+        match cached.headers.contains_key(header::CONTENT_LENGTH) {
+            true => Body::empty(),
+            false => Body::unsized_empty(),
+        }
     } else {
         match &cached.body {
             CachedBody::Full(bytes) => Body::full(bytes.clone()),
