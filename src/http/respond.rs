@@ -158,7 +158,15 @@ pub(crate) fn present<B: HttpBody>(
 ) -> Response<Body<B>> {
     let cached = held.value();
     let not_modified = conditions.not_modified(cached);
-    let body = if conditions.head || not_modified {
+    let head_only = conditions.head || not_modified;
+    if let (CachedBody::Spooled(hold), false) = (&cached.body, head_only) {
+        if !hold.spool().joinable() {
+            // Its start is gone (the hold lagged too far behind the readers
+            // it had): the body cannot be read whole any more.
+            return failure(policy, FailureKind::Error, status);
+        }
+    }
+    let body = if head_only {
         // Without a stored length (a chunked body over the cap), an exact
         // empty body would be framed as `Content-Length: 0`: a lie.
         match cached.headers.contains_key(header::CONTENT_LENGTH) {
@@ -168,7 +176,7 @@ pub(crate) fn present<B: HttpBody>(
     } else {
         match &cached.body {
             CachedBody::Full(bytes) => Body::full(bytes.clone()),
-            CachedBody::Spooled(spool) => Body::spooled(spool.clone(), None),
+            CachedBody::Spooled(hold) => Body::spooled(hold.spool().clone(), None),
         }
     };
     let mut response = Response::new(body);
@@ -188,7 +196,7 @@ pub(crate) fn present<B: HttpBody>(
     let headers = response.headers_mut();
     headers.insert(header::AGE, age_value(held.entry().age(now).as_secs()));
     // Range applies to GET only (RFC 9110 §14.2), after the preconditions.
-    if let (Some((range, if_range)), false) = (&conditions.range, conditions.head || not_modified) {
+    if let (Some((range, if_range)), false) = (&conditions.range, head_only) {
         range::answer(&mut response, cached, range, if_range.as_ref());
     }
     tag(policy, response, status)
