@@ -13,13 +13,13 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::Body as HttpBody;
 use tokio::sync::oneshot;
 
-use super::body::Body;
+use super::body::{Body, OriginError};
 use super::cache_control::initial_age;
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
 use super::response::{CachedBody, CachedResponse};
-use super::spool::{Filling, Hold, OriginError, Spool};
+use super::spool::{Filling, Hold, Spool};
 use crate::engine::{Built, Waiters};
 
 /// What the request that caused a rebuild may have, and nobody else.

@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
@@ -16,7 +16,7 @@ use http_body::{Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
 
-use super::spool::{OriginError, Read, SharedBodyError, Spool, SpoolReader};
+use super::spool::{Read, Spool, SpoolReader};
 
 /// The error type of a [`Body`]: the inner body's error, or a
 /// [`SharedBodyError`] for a request that shared another one's origin body.
@@ -184,3 +184,40 @@ impl<B: http_body::Body> std::fmt::Debug for Body<B> {
         f.write_str("stampede_guard::Body")
     }
 }
+
+/// The origin's body error, kept for the one reader allowed to see it (the
+/// request that caused the fetch); the others get a [`SharedBodyError`].
+pub(crate) struct OriginError<E>(Arc<Mutex<Option<E>>>);
+
+impl<E> Clone for OriginError<E> {
+    fn clone(&self) -> Self {
+        OriginError(self.0.clone())
+    }
+}
+
+impl<E> OriginError<E> {
+    pub(crate) fn new() -> Self {
+        OriginError(Arc::new(Mutex::new(None)))
+    }
+
+    pub(crate) fn put(&self, error: E) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+    }
+
+    pub(crate) fn take(&self) -> Option<E> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// The error a body shared by several requests ends with when the origin's
+/// body failed part way.
+#[derive(Debug)]
+pub struct SharedBodyError;
+
+impl std::fmt::Display for SharedBodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the origin's body failed while being streamed")
+    }
+}
+
+impl std::error::Error for SharedBodyError {}

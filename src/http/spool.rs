@@ -22,6 +22,8 @@ use bytes::{Buf, Bytes};
 use http::HeaderMap;
 use http_body::{Body as HttpBody, Frame};
 
+use super::body::OriginError;
+
 /// How far the filling task got.
 enum End {
     Open,
@@ -348,43 +350,6 @@ impl Drop for Filling {
         }
     }
 }
-
-/// The origin's body error, kept for the one reader allowed to see it (the
-/// request that caused the fetch); the others get a [`SharedBodyError`].
-pub(crate) struct OriginError<E>(Arc<Mutex<Option<E>>>);
-
-impl<E> Clone for OriginError<E> {
-    fn clone(&self) -> Self {
-        OriginError(self.0.clone())
-    }
-}
-
-impl<E> OriginError<E> {
-    pub(crate) fn new() -> Self {
-        OriginError(Arc::new(Mutex::new(None)))
-    }
-
-    pub(crate) fn put(&self, error: E) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
-    }
-
-    pub(crate) fn take(&self) -> Option<E> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
-}
-
-/// The error a body shared by several requests ends with when the origin's
-/// body failed part way.
-#[derive(Debug)]
-pub struct SharedBodyError;
-
-impl std::fmt::Display for SharedBodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the origin's body failed while being streamed")
-    }
-}
-
-impl std::error::Error for SharedBodyError {}
 
 /// One reader's place in a spool.
 pub(crate) struct SpoolReader {
