@@ -4,6 +4,7 @@
 //! from there as it arrives, and so do the waiters when it outgrows the cache.
 
 use std::future::poll_fn;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Buf;
@@ -12,13 +13,13 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::Body as HttpBody;
 use tokio::sync::oneshot;
 
-use super::body::Body;
+use super::body::{Body, OriginError};
 use super::cache_control::initial_age;
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
 use super::response::{CachedBody, CachedResponse};
-use super::spool::{Filling, OriginError, Spool};
+use super::spool::{Filling, Hold, Spool};
 use crate::engine::{Built, Waiters};
 
 /// What the request that caused a rebuild may have, and nobody else.
@@ -105,7 +106,10 @@ where
     let mut over_cap = declared.is_some_and(|n| n > policy.max_body_bytes as u64);
 
     strip_hop_by_hop(&mut parts.headers);
-    let spool = Spool::new();
+    // At most four times the cap held for readers that lag (see `Spool`).
+    let spool = Spool::new(declared, policy.max_body_bytes.saturating_mul(4));
+    // The start is kept for the waiters until they have their readers.
+    let hold = Hold::new(&spool);
     let filling = Filling::new(&spool);
     let origin_error = OriginError::new();
     // The starter's response, as it would be without the layer but for the
@@ -143,7 +147,10 @@ where
             }
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(mut data) => {
-                    spool.push(data.copy_to_bytes(data.remaining()));
+                    if !spool.push(data.copy_to_bytes(data.remaining())) {
+                        // Past its declared length.
+                        break;
+                    }
                     over_cap = spool.len() > policy.max_body_bytes;
                 }
                 Err(frame) => {
@@ -162,6 +169,15 @@ where
                 };
             }
         }
+    }
+
+    if spool.failed() {
+        // It broke its declared length (RFC 9111 §3.3: an incomplete
+        // response is not stored as complete): a failed body, as above.
+        return Built::Failed {
+            shared: None,
+            private: private(&parts),
+        };
     }
 
     let initial_age = initial_age(&parts.headers, SystemTime::now());
@@ -196,7 +212,7 @@ where
             value: CachedResponse {
                 status: parts.status,
                 headers: parts.headers,
-                body: CachedBody::Spooled(spool),
+                body: CachedBody::Spooled(Arc::new(hold)),
             },
             lifetime,
             initial_age,

@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
@@ -16,7 +16,7 @@ use http_body::{Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
 
-use super::spool::{OriginError, Read, SharedBodyError, Spool, SpoolReader};
+use super::spool::{Read, Spool, SpoolReader};
 
 /// The error type of a [`Body`]: the inner body's error, or a
 /// [`SharedBodyError`] for a request that shared another one's origin body.
@@ -39,6 +39,8 @@ pin_project! {
     #[project = KindProj]
     enum Kind<B> where B: http_body::Body {
         Full { data: Option<Bytes> },
+        // No body, standing for one of a length not known (HEAD, 304).
+        Unsized,
         Stream { #[pin] inner: B },
         Spooled {
             reader: SpoolReader,
@@ -63,6 +65,15 @@ impl<B: http_body::Body> Body<B> {
     pub(crate) fn empty() -> Self {
         Body {
             kind: Kind::Full { data: None },
+        }
+    }
+
+    /// No body, in an answer that stands for a body of unknown length (the
+    /// head of a chunked one, or its `304`): its size hint is not exact, so
+    /// that no router or server writes `Content-Length: 0` for it.
+    pub(crate) fn unsized_empty() -> Self {
+        Body {
+            kind: Kind::Unsized,
         }
     }
 
@@ -113,6 +124,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Unsized => Poll::Ready(None),
             KindProj::Stream { inner } => inner
                 .poll_frame(cx)
                 .map(|frame| frame.map(|f| f.map(to_bytes).map_err(Into::into))),
@@ -144,6 +156,7 @@ where
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full { data } => data.is_none(),
+            Kind::Unsized => true,
             Kind::Stream { inner } => inner.is_end_stream(),
             Kind::Spooled {
                 reader, end_after, ..
@@ -156,6 +169,7 @@ where
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
+            Kind::Unsized => SizeHint::new(),
             Kind::Stream { inner } => inner.size_hint(),
             Kind::Spooled { reader, .. } => match reader.exact_remaining() {
                 Some(n) => SizeHint::with_exact(n),
@@ -170,3 +184,40 @@ impl<B: http_body::Body> std::fmt::Debug for Body<B> {
         f.write_str("stampede_guard::Body")
     }
 }
+
+/// The origin's body error, kept for the one reader allowed to see it (the
+/// request that caused the fetch); the others get a [`SharedBodyError`].
+pub(crate) struct OriginError<E>(Arc<Mutex<Option<E>>>);
+
+impl<E> Clone for OriginError<E> {
+    fn clone(&self) -> Self {
+        OriginError(self.0.clone())
+    }
+}
+
+impl<E> OriginError<E> {
+    pub(crate) fn new() -> Self {
+        OriginError(Arc::new(Mutex::new(None)))
+    }
+
+    pub(crate) fn put(&self, error: E) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+    }
+
+    pub(crate) fn take(&self) -> Option<E> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// The error a body shared by several requests ends with when the origin's
+/// body failed part way.
+#[derive(Debug)]
+pub struct SharedBodyError;
+
+impl std::fmt::Display for SharedBodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the origin's body failed while being streamed")
+    }
+}
+
+impl std::error::Error for SharedBodyError {}

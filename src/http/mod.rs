@@ -28,7 +28,7 @@ mod unsafe_methods;
 mod vary;
 
 #[doc(inline)]
-pub use body::{Body, BoxError};
+pub use body::{Body, BoxError, SharedBodyError};
 #[doc(inline)]
 pub use future::ResponseFuture;
 #[doc(inline)]
@@ -37,5 +37,3 @@ pub use layer::StampedeGuard;
 pub use policy::{KeyFn, WaitTimeout};
 #[doc(inline)]
 pub use service::GuardService;
-#[doc(inline)]
-pub use spool::SharedBodyError;

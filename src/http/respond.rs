@@ -89,12 +89,7 @@ impl Conditions {
             head: method == Method::HEAD,
             if_none_match,
             if_modified_since,
-            range: request.headers().get(header::RANGE).map(|range| {
-                (
-                    range.clone(),
-                    request.headers().get(header::IF_RANGE).cloned(),
-                )
-            }),
+            range: range_of(headers),
         }
     }
 
@@ -115,6 +110,23 @@ impl Conditions {
         stored(header::LAST_MODIFIED)
             .or_else(|| stored(header::DATE))
             .is_some_and(|modified| modified <= since)
+    }
+}
+
+/// `Range` and `If-Range`, when the client sent exactly one line of each it
+/// sent. Several `Range` lines combine into one list of several ranges (RFC
+/// 9110 §5.3), which the layer answers whole; several `If-Range` lines are
+/// invalid (it is a single value). Either way there is no range to answer.
+fn range_of(headers: &HeaderMap) -> Option<(HeaderValue, Option<HeaderValue>)> {
+    let mut ranges = headers.get_all(header::RANGE).iter();
+    let range = match (ranges.next(), ranges.next()) {
+        (Some(one), None) => one.clone(),
+        _ => return None,
+    };
+    let mut if_ranges = headers.get_all(header::IF_RANGE).iter();
+    match (if_ranges.next(), if_ranges.next()) {
+        (if_range, None) => Some((range, if_range.cloned())),
+        _ => None,
     }
 }
 
@@ -146,12 +158,25 @@ pub(crate) fn present<B: HttpBody>(
 ) -> Response<Body<B>> {
     let cached = held.value();
     let not_modified = conditions.not_modified(cached);
-    let body = if conditions.head || not_modified {
-        Body::empty()
+    let head_only = conditions.head || not_modified;
+    if let (CachedBody::Spooled(hold), false) = (&cached.body, head_only) {
+        if !hold.spool().joinable() {
+            // Its start is gone (the hold lagged too far behind the readers
+            // it had): the body cannot be read whole any more.
+            return failure(policy, FailureKind::Error, status);
+        }
+    }
+    let body = if head_only {
+        // Without a stored length (a chunked body over the cap), an exact
+        // empty body would be framed as `Content-Length: 0`: a lie.
+        match cached.headers.contains_key(header::CONTENT_LENGTH) {
+            true => Body::empty(),
+            false => Body::unsized_empty(),
+        }
     } else {
         match &cached.body {
             CachedBody::Full(bytes) => Body::full(bytes.clone()),
-            CachedBody::Spooled(spool) => Body::spooled(spool.clone(), None),
+            CachedBody::Spooled(hold) => Body::spooled(hold.spool().clone(), None),
         }
     };
     let mut response = Response::new(body);
@@ -171,7 +196,7 @@ pub(crate) fn present<B: HttpBody>(
     let headers = response.headers_mut();
     headers.insert(header::AGE, age_value(held.entry().age(now).as_secs()));
     // Range applies to GET only (RFC 9110 §14.2), after the preconditions.
-    if let (Some((range, if_range)), false) = (&conditions.range, conditions.head || not_modified) {
+    if let (Some((range, if_range)), false) = (&conditions.range, head_only) {
         range::answer(&mut response, cached, range, if_range.as_ref());
     }
     tag(policy, response, status)

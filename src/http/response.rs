@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use super::spool::Spool;
+use super::spool::Hold;
 use crate::engine::CacheValue;
 
 /// An HTTP response as the layer stores it.
@@ -28,8 +28,9 @@ pub(crate) enum CachedBody {
     /// Whole, in a buffer of its own.
     Full(Bytes),
     /// Still arriving from the origin: a body over `max_body_bytes`, shared
-    /// by the requests that waited for it and never stored.
-    Spooled(Arc<Spool>),
+    /// by the requests that waited for it and never stored. The hold keeps
+    /// its start for them while any copy of the response lives.
+    Spooled(Arc<Hold>),
 }
 
 impl CachedBody {
@@ -45,7 +46,7 @@ impl CachedBody {
     pub(crate) fn len(&self) -> usize {
         match self {
             CachedBody::Full(bytes) => bytes.len(),
-            CachedBody::Spooled(spool) => spool.len(),
+            CachedBody::Spooled(hold) => hold.spool().len(),
         }
     }
 }
@@ -60,7 +61,7 @@ impl std::fmt::Debug for CachedBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CachedBody::Full(bytes) => write!(f, "Full({} bytes)", bytes.len()),
-            CachedBody::Spooled(spool) => write!(f, "Spooled({} bytes so far)", spool.len()),
+            CachedBody::Spooled(hold) => write!(f, "Spooled({} bytes so far)", hold.spool().len()),
         }
     }
 }

@@ -107,7 +107,7 @@ where
             tracing::debug!(reason, "renewed response not shared");
             let mut response = Response::new(match body {
                 CachedBody::Full(bytes) => Body::full(bytes),
-                CachedBody::Spooled(spool) => Body::spooled(spool, None),
+                CachedBody::Spooled(hold) => Body::spooled(hold.spool().clone(), None),
             });
             *response.status_mut() = status;
             *response.headers_mut() = headers;

@@ -1,12 +1,19 @@
-//! A body that one task fills and any number of readers read, each from the
-//! start and at its own pace.
+//! A body that one task fills and any number of readers read, each at its
+//! own pace.
 //!
 //! It lets the request that started a rebuild stream the origin's bytes as
 //! they come while the entry fills, and lets every coalesced waiter share one
-//! origin fetch of a body too large to cache. Chunks are kept until the spool
-//! is dropped, which is when its last reader (or the flight holding it) is
-//! gone: a spool costs the bytes read so far for as long as anyone reads it.
+//! origin fetch of a body too large to cache.
+//!
+//! Its memory is bounded, not the body's length: a chunk is kept only until
+//! every live reader has passed it (and a [`Hold`] keeps the start for the
+//! readers still to join). Once the first chunk is gone nobody may join. The
+//! filling task stops reading while the spool holds `bound` bytes and no
+//! reader waits for more; when one does, the readers lagging that far behind
+//! it fail instead of holding the bytes. A declared `Content-Length` is
+//! enforced: a body that runs past it, or ends short of it, fails.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
@@ -15,20 +22,79 @@ use bytes::{Buf, Bytes};
 use http::HeaderMap;
 use http_body::{Body as HttpBody, Frame};
 
+use super::body::OriginError;
+
 /// How far the filling task got.
 enum End {
     Open,
     /// The origin's body ended, with these trailers.
     Done(Option<HeaderMap>),
-    /// The origin's body failed part way.
+    /// The origin's body failed part way, or broke its declared length.
     Failed,
 }
 
 struct State {
-    chunks: Vec<Bytes>,
+    /// The chunks still held; `chunks[0]` is the body's chunk number `first`.
+    chunks: VecDeque<Bytes>,
+    first: usize,
+    /// Bytes in `chunks`.
+    held: usize,
+    /// Bytes read from the origin in all.
     len: usize,
+    /// The origin's `Content-Length`, if it sent one.
+    declared: Option<u64>,
+    /// Bytes held at which the filling task waits for its readers.
+    bound: usize,
     end: End,
     wakers: Vec<Waker>,
+    /// The filling task, waiting for room.
+    pump: Option<Waker>,
+    /// Each live reader (and hold): its id and the number of the next chunk
+    /// it reads. A reader missing from here lagged too far and failed.
+    readers: Vec<(u64, usize)>,
+    next_id: u64,
+}
+
+impl State {
+    fn end_index(&self) -> usize {
+        self.first + self.chunks.len()
+    }
+
+    /// Drops the chunks every live reader has passed.
+    fn trim(&mut self) {
+        let Some(slowest) = self.readers.iter().map(|&(_, at)| at).min() else {
+            // Nobody has joined yet: keep the start for whoever does.
+            return;
+        };
+        while self.first < slowest {
+            match self.chunks.pop_front() {
+                Some(chunk) => self.held -= chunk.len(),
+                None => break,
+            }
+            self.first += 1;
+        }
+    }
+
+    fn wake(&mut self) -> Vec<Waker> {
+        let mut wakers = std::mem::take(&mut self.wakers);
+        wakers.extend(self.pump.take());
+        wakers
+    }
+
+    fn register(&mut self) -> Option<u64> {
+        if self.first != 0 {
+            return None;
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.readers.push((id, 0));
+        Some(id)
+    }
+
+    fn unregister(&mut self, id: u64) {
+        self.readers.retain(|&(r, _)| r != id);
+        self.trim();
+    }
 }
 
 /// The shared growing buffer.
@@ -36,14 +102,27 @@ pub(crate) struct Spool {
     state: Mutex<State>,
 }
 
+fn wake(wakers: Vec<Waker>) {
+    wakers.into_iter().for_each(Waker::wake);
+}
+
 impl Spool {
-    pub(crate) fn new() -> Arc<Self> {
+    /// A spool for a body the origin declared `declared` bytes long, if it
+    /// did, that holds at most about `bound` bytes for its readers.
+    pub(crate) fn new(declared: Option<u64>, bound: usize) -> Arc<Self> {
         Arc::new(Spool {
             state: Mutex::new(State {
-                chunks: Vec::new(),
+                chunks: VecDeque::new(),
+                first: 0,
+                held: 0,
                 len: 0,
+                declared,
+                bound: bound.max(1),
                 end: End::Open,
                 wakers: Vec::new(),
+                pump: None,
+                readers: Vec::new(),
+                next_id: 0,
             }),
         })
     }
@@ -58,29 +137,58 @@ impl Spool {
         self.lock().len
     }
 
-    pub(crate) fn push(&self, chunk: Bytes) {
-        if chunk.is_empty() {
-            return;
-        }
+    /// Whether a new reader may still join, from the start.
+    pub(crate) fn joinable(&self) -> bool {
+        self.lock().first == 0
+    }
+
+    /// Adds a chunk; `false` if the body failed (now, by running past its
+    /// declared length, or before): read no more.
+    pub(crate) fn push(&self, chunk: Bytes) -> bool {
         let wakers = {
             let mut state = self.lock();
-            state.len = state.len.saturating_add(chunk.len());
-            state.chunks.push(chunk);
-            std::mem::take(&mut state.wakers)
+            if !matches!(state.end, End::Open) {
+                return false;
+            }
+            if chunk.is_empty() {
+                return true;
+            }
+            let len = state.len.saturating_add(chunk.len());
+            if state.declared.is_some_and(|d| len as u64 > d) {
+                tracing::debug!("the origin's body ran past its Content-Length");
+                state.end = End::Failed;
+            } else {
+                state.len = len;
+                state.held += chunk.len();
+                state.chunks.push_back(chunk);
+            }
+            state.wake()
         };
-        wakers.into_iter().for_each(Waker::wake);
+        wake(wakers);
+        !self.failed()
     }
 
     fn end(&self, end: End) {
         let wakers = {
             let mut state = self.lock();
-            state.end = end;
-            std::mem::take(&mut state.wakers)
+            if matches!(state.end, End::Open) {
+                state.end = end;
+            }
+            state.wake()
         };
-        wakers.into_iter().for_each(Waker::wake);
+        wake(wakers);
     }
 
+    /// Ends the body, whole if it has its declared length, else failed.
     pub(crate) fn finish(&self, trailers: Option<HeaderMap>) {
+        let short = {
+            let state = self.lock();
+            state.declared.is_some_and(|d| d != state.len as u64)
+        };
+        if short {
+            tracing::debug!("the origin's body ended short of its Content-Length");
+            return self.fail();
+        }
         self.end(End::Done(trailers));
     }
 
@@ -88,18 +196,16 @@ impl Spool {
         self.end(End::Failed);
     }
 
-    fn fail_if_open(&self) {
-        if matches!(self.lock().end, End::Open) {
-            self.fail();
-        }
+    pub(crate) fn failed(&self) -> bool {
+        matches!(self.lock().end, End::Failed)
     }
 
     /// The whole body in one exactly sized buffer of its own, if it ended
-    /// without trailers: what the cache keeps must not pin the (larger)
-    /// buffers the chunks are slices of.
+    /// without trailers (and is all still held): what the cache keeps must
+    /// not pin the (larger) buffers the chunks are slices of.
     pub(crate) fn to_owned_bytes(&self) -> Option<Bytes> {
         let state = self.lock();
-        if !matches!(state.end, End::Done(None)) {
+        if !matches!(state.end, End::Done(None)) || state.first != 0 {
             return None;
         }
         if state.len == 0 {
@@ -117,6 +223,37 @@ impl Spool {
         matches!(self.lock().end, End::Done(Some(_)))
     }
 
+    /// Ready when the filling task may read on: the spool holds less than
+    /// its bound, or a reader waits for more, in which case the readers
+    /// lagging behind it fail until the spool is back under its bound.
+    fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
+        let wakers = {
+            let mut state = self.lock();
+            if state.held < state.bound || state.readers.is_empty() {
+                return Poll::Ready(());
+            }
+            let end = state.end_index();
+            if !state.readers.iter().any(|&(_, at)| at == end) {
+                state.pump = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            while state.held >= state.bound {
+                let Some(slowest) = state.readers.iter().map(|&(_, at)| at).min() else {
+                    break;
+                };
+                if slowest == end {
+                    break;
+                }
+                tracing::debug!("a reader lagged too far behind a shared body and fails");
+                state.readers.retain(|&(_, at)| at != slowest);
+                state.trim();
+            }
+            std::mem::take(&mut state.wakers)
+        };
+        wake(wakers);
+        Poll::Ready(())
+    }
+
     /// Reads the origin's body into the spool on a task of its own, until
     /// it ends or nobody is left to read it.
     pub(crate) fn pump<B>(self: Arc<Self>, body: Pin<Box<B>>, error: OriginError<B::Error>)
@@ -130,14 +267,19 @@ impl Spool {
             let _filling = filling;
             let mut body = body;
             loop {
-                // Only the pump holds it: no reader, no flight.
-                if Arc::strong_count(&self) == 1 {
+                std::future::poll_fn(|cx| self.poll_room(cx)).await;
+                // No reader left, and no flight to hand it to a waiter.
+                if Arc::strong_count(&self) == 1 || self.lock().readers.is_empty() {
                     return;
                 }
                 match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
                     None => return self.finish(None),
                     Some(Ok(frame)) => match frame.into_data() {
-                        Ok(mut data) => self.push(data.copy_to_bytes(data.remaining())),
+                        Ok(mut data) => {
+                            if !self.push(data.copy_to_bytes(data.remaining())) {
+                                return;
+                            }
+                        }
                         Err(frame) => return self.finish(frame.into_trailers().ok()),
                     },
                     Some(Err(e)) => {
@@ -147,6 +289,40 @@ impl Spool {
                 }
             }
         });
+    }
+}
+
+/// Keeps a spool's start for the readers still to join (the waiters of the
+/// flight it answers), as long as it lives and does not lag too far.
+pub(crate) struct Hold {
+    spool: Arc<Spool>,
+    id: Option<u64>,
+}
+
+impl Hold {
+    pub(crate) fn new(spool: &Arc<Spool>) -> Self {
+        let id = spool.lock().register();
+        Hold {
+            spool: spool.clone(),
+            id,
+        }
+    }
+
+    pub(crate) fn spool(&self) -> &Arc<Spool> {
+        &self.spool
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            let wakers = {
+                let mut state = self.spool.lock();
+                state.unregister(id);
+                state.pump.take()
+            };
+            wakers.into_iter().for_each(Waker::wake);
+        }
     }
 }
 
@@ -170,52 +346,18 @@ impl Filling {
 impl Drop for Filling {
     fn drop(&mut self) {
         if let Some(spool) = self.0.take().and_then(|s| s.upgrade()) {
-            spool.fail_if_open();
+            spool.fail();
         }
     }
 }
 
-/// The origin's body error, kept for the one reader allowed to see it (the
-/// request that caused the fetch); the others get a [`SharedBodyError`].
-pub(crate) struct OriginError<E>(Arc<Mutex<Option<E>>>);
-
-impl<E> Clone for OriginError<E> {
-    fn clone(&self) -> Self {
-        OriginError(self.0.clone())
-    }
-}
-
-impl<E> OriginError<E> {
-    pub(crate) fn new() -> Self {
-        OriginError(Arc::new(Mutex::new(None)))
-    }
-
-    pub(crate) fn put(&self, error: E) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
-    }
-
-    pub(crate) fn take(&self) -> Option<E> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
-}
-
-/// The error a body shared by several requests ends with when the origin's
-/// body failed part way.
-#[derive(Debug)]
-pub struct SharedBodyError;
-
-impl std::fmt::Display for SharedBodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("the origin's body failed while being streamed")
-    }
-}
-
-impl std::error::Error for SharedBodyError {}
-
 /// One reader's place in a spool.
 pub(crate) struct SpoolReader {
     spool: Arc<Spool>,
+    /// `None`: it came too late to read from the start, and fails.
+    id: Option<u64>,
     next: usize,
+    read: usize,
     finished: bool,
 }
 
@@ -226,10 +368,14 @@ pub(crate) enum Read {
 }
 
 impl SpoolReader {
+    /// A reader from the start; one that fails if the start is gone.
     pub(crate) fn new(spool: Arc<Spool>) -> Self {
+        let id = spool.lock().register();
         SpoolReader {
             spool,
+            id,
             next: 0,
+            read: 0,
             finished: false,
         }
     }
@@ -239,15 +385,34 @@ impl SpoolReader {
             return Poll::Ready(None);
         }
         let mut state = self.spool.lock();
-        if let Some(chunk) = state.chunks.get(self.next) {
+        let place = self
+            .id
+            .and_then(|id| state.readers.iter().position(|&(r, _)| r == id));
+        let Some(place) = place else {
+            // Late, or lagged too far behind.
+            self.finished = true;
+            return Poll::Ready(Some(Read::Failed));
+        };
+        let at = self.next.wrapping_sub(state.first);
+        if let Some(chunk) = state.chunks.get(at).cloned() {
             self.next += 1;
-            return Poll::Ready(Some(Read::Frame(Frame::data(chunk.clone()))));
+            self.read += chunk.len();
+            state.readers[place].1 = self.next;
+            state.trim();
+            let pump = state.pump.take();
+            drop(state);
+            pump.into_iter().for_each(Waker::wake);
+            return Poll::Ready(Some(Read::Frame(Frame::data(chunk))));
         }
         match &state.end {
             End::Open => {
                 if !state.wakers.iter().any(|w| w.will_wake(cx.waker())) {
                     state.wakers.push(cx.waker().clone());
                 }
+                // It waits for more: the filling task may have to read on.
+                let pump = state.pump.take();
+                drop(state);
+                pump.into_iter().for_each(Waker::wake);
                 Poll::Pending
             }
             End::Done(trailers) => {
@@ -261,11 +426,15 @@ impl SpoolReader {
         }
     }
 
+    fn all_read(&self, state: &State) -> bool {
+        self.id.is_some() && self.next >= state.end_index()
+    }
+
     /// Whether every byte was read and the body ended whole: what comes
     /// next is its trailers or its end.
     pub(crate) fn at_end(&self) -> bool {
         let state = self.spool.lock();
-        !self.finished && self.next >= state.chunks.len() && matches!(state.end, End::Done(_))
+        !self.finished && self.all_read(&state) && matches!(state.end, End::Done(_))
     }
 
     pub(crate) fn is_end_stream(&self) -> bool {
@@ -273,90 +442,33 @@ impl SpoolReader {
             return true;
         }
         let state = self.spool.lock();
-        self.next >= state.chunks.len() && matches!(state.end, End::Done(None))
+        self.all_read(&state) && matches!(state.end, End::Done(None))
     }
 
     /// Bytes still to read, once the body is complete (and has no trailers,
     /// which a length-delimited message could not carry).
     pub(crate) fn exact_remaining(&self) -> Option<u64> {
         let state = self.spool.lock();
-        if !matches!(state.end, End::Done(None)) {
+        if !matches!(state.end, End::Done(None)) || self.id.is_none() {
             return None;
         }
-        let read: usize = state.chunks.iter().take(self.next).map(Bytes::len).sum();
-        Some(state.len.saturating_sub(read) as u64)
+        Some(state.len.saturating_sub(self.read) as u64)
+    }
+}
+
+impl Drop for SpoolReader {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            let pump = {
+                let mut state = self.spool.lock();
+                state.unregister(id);
+                state.pump.take()
+            };
+            pump.into_iter().for_each(Waker::wake);
+        }
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::task::Wake;
-
-    struct Noop;
-
-    impl Wake for Noop {
-        fn wake(self: Arc<Self>) {}
-    }
-
-    fn read(reader: &mut SpoolReader) -> Poll<Option<Read>> {
-        let waker = Waker::from(Arc::new(Noop));
-        reader.poll_read(&mut Context::from_waker(&waker))
-    }
-
-    fn data(poll: Poll<Option<Read>>) -> Bytes {
-        match poll {
-            Poll::Ready(Some(Read::Frame(frame))) => frame.into_data().expect("data"),
-            _ => panic!("expected data"),
-        }
-    }
-
-    #[test]
-    fn every_reader_reads_from_the_start_at_its_own_pace() {
-        let spool = Spool::new();
-        let mut early = SpoolReader::new(spool.clone());
-        spool.push(Bytes::from_static(b"ab"));
-        assert_eq!(data(read(&mut early)), "ab");
-        assert!(read(&mut early).is_pending());
-        spool.push(Bytes::from_static(b"cd"));
-        let mut trailers = HeaderMap::new();
-        trailers.insert("x-sum", "1".parse().unwrap());
-        spool.finish(Some(trailers));
-        let mut late = SpoolReader::new(spool.clone());
-        for reader in [&mut early, &mut late] {
-            if reader.next == 0 {
-                assert_eq!(data(read(reader)), "ab");
-            }
-            assert_eq!(data(read(reader)), "cd");
-            assert!(matches!(read(reader), Poll::Ready(Some(Read::Frame(f))) if f.is_trailers()));
-            assert!(matches!(read(reader), Poll::Ready(None)));
-        }
-        // Trailers: not a body the cache may keep.
-        assert!(spool.to_owned_bytes().is_none());
-    }
-
-    #[test]
-    fn a_failure_reaches_every_reader_after_the_bytes_read() {
-        let spool = Spool::new();
-        spool.push(Bytes::from_static(b"ab"));
-        spool.fail();
-        let mut reader = SpoolReader::new(spool.clone());
-        assert_eq!(data(read(&mut reader)), "ab");
-        assert!(matches!(read(&mut reader), Poll::Ready(Some(Read::Failed))));
-        assert!(matches!(read(&mut reader), Poll::Ready(None)));
-        assert!(spool.to_owned_bytes().is_none());
-    }
-
-    #[test]
-    fn the_kept_body_is_one_exact_buffer() {
-        let spool = Spool::new();
-        let big = Bytes::from(vec![1u8; 4096]);
-        spool.push(big.slice(0..3));
-        spool.push(big.slice(10..12));
-        spool.finish(None);
-        let owned = spool.to_owned_bytes().unwrap();
-        assert_eq!(owned.len(), 5);
-        // Not a slice of the big buffer.
-        assert!(!big.as_ptr_range().contains(&owned.as_ptr()));
-    }
-}
+#[path = "spool_tests.rs"]
+mod tests;

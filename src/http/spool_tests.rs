@@ -1,0 +1,147 @@
+//! Tests of the spool: readers, failures, the kept body, bounded memory.
+
+use super::*;
+use std::task::Wake;
+
+struct Noop;
+
+impl Wake for Noop {
+    fn wake(self: Arc<Self>) {}
+}
+
+fn read(reader: &mut SpoolReader) -> Poll<Option<Read>> {
+    let waker = Waker::from(Arc::new(Noop));
+    reader.poll_read(&mut Context::from_waker(&waker))
+}
+
+fn data(poll: Poll<Option<Read>>) -> Bytes {
+    match poll {
+        Poll::Ready(Some(Read::Frame(frame))) => frame.into_data().expect("data"),
+        _ => panic!("expected data"),
+    }
+}
+
+#[test]
+fn every_reader_reads_from_the_start_at_its_own_pace() {
+    let spool = Spool::new(None, 1 << 20);
+    // Keeps the start for the late reader.
+    let _hold = Hold::new(&spool);
+    let mut early = SpoolReader::new(spool.clone());
+    spool.push(Bytes::from_static(b"ab"));
+    assert_eq!(data(read(&mut early)), "ab");
+    assert!(read(&mut early).is_pending());
+    spool.push(Bytes::from_static(b"cd"));
+    let mut trailers = HeaderMap::new();
+    trailers.insert("x-sum", "1".parse().unwrap());
+    spool.finish(Some(trailers));
+    let mut late = SpoolReader::new(spool.clone());
+    for reader in [&mut early, &mut late] {
+        if reader.next == 0 {
+            assert_eq!(data(read(reader)), "ab");
+        }
+        assert_eq!(data(read(reader)), "cd");
+        assert!(matches!(read(reader), Poll::Ready(Some(Read::Frame(f))) if f.is_trailers()));
+        assert!(matches!(read(reader), Poll::Ready(None)));
+    }
+    // Trailers: not a body the cache may keep.
+    assert!(spool.to_owned_bytes().is_none());
+}
+
+#[test]
+fn a_failure_reaches_every_reader_after_the_bytes_read() {
+    let spool = Spool::new(None, 1 << 20);
+    spool.push(Bytes::from_static(b"ab"));
+    spool.fail();
+    let mut reader = SpoolReader::new(spool.clone());
+    assert_eq!(data(read(&mut reader)), "ab");
+    assert!(matches!(read(&mut reader), Poll::Ready(Some(Read::Failed))));
+    assert!(matches!(read(&mut reader), Poll::Ready(None)));
+    assert!(spool.to_owned_bytes().is_none());
+}
+
+#[test]
+fn the_kept_body_is_one_exact_buffer() {
+    let spool = Spool::new(None, 1 << 20);
+    let big = Bytes::from(vec![1u8; 4096]);
+    spool.push(big.slice(0..3));
+    spool.push(big.slice(10..12));
+    spool.finish(None);
+    let owned = spool.to_owned_bytes().unwrap();
+    assert_eq!(owned.len(), 5);
+    // Not a slice of the big buffer.
+    assert!(!big.as_ptr_range().contains(&owned.as_ptr()));
+}
+
+fn failed(poll: Poll<Option<Read>>) -> bool {
+    matches!(poll, Poll::Ready(Some(Read::Failed)))
+}
+
+#[test]
+fn a_body_that_breaks_its_declared_length_fails() {
+    let short = Spool::new(Some(4), 1 << 20);
+    let mut reader = SpoolReader::new(short.clone());
+    assert!(short.push(Bytes::from_static(b"ab")));
+    short.finish(None);
+    assert_eq!(data(read(&mut reader)), "ab");
+    assert!(failed(read(&mut reader)));
+    assert!(short.to_owned_bytes().is_none());
+
+    let long = Spool::new(Some(3), 1 << 20);
+    let mut reader = SpoolReader::new(long.clone());
+    assert!(long.push(Bytes::from_static(b"ab")));
+    assert!(!long.push(Bytes::from_static(b"cd")));
+    assert_eq!(data(read(&mut reader)), "ab");
+    assert!(failed(read(&mut reader)));
+
+    let exact = Spool::new(Some(2), 1 << 20);
+    assert!(exact.push(Bytes::from_static(b"ab")));
+    exact.finish(None);
+    assert_eq!(exact.to_owned_bytes().unwrap(), "ab");
+}
+
+#[test]
+fn chunks_go_once_every_reader_passed_them_and_then_nobody_joins() {
+    let spool = Spool::new(None, 1 << 20);
+    let hold = Hold::new(&spool);
+    let mut a = SpoolReader::new(spool.clone());
+    let mut b = SpoolReader::new(spool.clone());
+    spool.push(Bytes::from_static(b"ab"));
+    spool.push(Bytes::from_static(b"cd"));
+    assert_eq!(data(read(&mut a)), "ab");
+    assert_eq!(data(read(&mut a)), "cd");
+    assert_eq!(spool.lock().held, 4, "the hold keeps the start");
+    drop(hold);
+    assert_eq!(spool.lock().held, 4, "b has not read yet");
+    assert!(spool.joinable());
+    assert_eq!(data(read(&mut b)), "ab");
+    assert_eq!(spool.lock().held, 2);
+    assert!(!spool.joinable());
+    let mut late = SpoolReader::new(spool.clone());
+    assert!(failed(read(&mut late)));
+    drop(b);
+    assert_eq!(spool.lock().held, 0);
+}
+
+#[test]
+fn a_reader_lagging_past_the_bound_fails_when_another_needs_more() {
+    let spool = Spool::new(None, 4);
+    let mut slow = SpoolReader::new(spool.clone());
+    let mut fast = SpoolReader::new(spool.clone());
+    let waker = Waker::from(Arc::new(Noop));
+    let mut cx = Context::from_waker(&waker);
+    spool.push(Bytes::from_static(b"ab"));
+    assert!(spool.poll_room(&mut cx).is_ready());
+    spool.push(Bytes::from_static(b"cd"));
+    // Full, and nobody waits for more: the filling task waits.
+    assert!(spool.poll_room(&mut cx).is_pending());
+    assert_eq!(data(read(&mut fast)), "ab");
+    assert!(spool.poll_room(&mut cx).is_pending());
+    assert_eq!(data(read(&mut fast)), "cd");
+    assert!(read(&mut fast).is_pending());
+    // The fast reader waits: the slow one, 4 bytes behind, fails.
+    assert!(spool.poll_room(&mut cx).is_ready());
+    assert_eq!(spool.lock().held, 0);
+    assert!(failed(read(&mut slow)));
+    spool.push(Bytes::from_static(b"ef"));
+    assert_eq!(data(read(&mut fast)), "ef");
+}
