@@ -1,0 +1,191 @@
+//! Second-round attacks on the fixed promises: an unreadable `Age` against
+//! saturated stale windows, a request body that holds only trailers, and
+//! the fleet barrier across instances configured with different deadlines.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use common::driver::counted_app;
+use common::proxy::Proxy;
+use common::redis::RedisServer;
+use common::{get as get_req, send, Origin};
+use http::{HeaderMap, HeaderValue, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use stampede_guard::{Backend, StampedeGuard};
+
+fn guard() -> StampedeGuard {
+    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
+}
+
+async fn backend_at(url: &str, deadline: Duration) -> Backend {
+    Backend::redis_builder(url)
+        .deadline(deadline)
+        .connect()
+        .await
+        .expect("redis backend")
+}
+
+// ---------------------------------------------------------------------------
+// B. An unparseable Age means never served from the cache.
+// ---------------------------------------------------------------------------
+
+/// `Age: soon` is taken as the largest age (2^31 s). A stale window that
+/// also saturates (`stale-while-revalidate=99999999999`, legal delta-seconds
+/// clamped to 2^31 s) minus the overdue part (2^31 s − max-age) leaves
+/// max-age seconds of window: the unreadable-age answer is served from the
+/// cache, stale, while revalidating, and when the origin fails.
+#[tokio::test]
+async fn an_unreadable_age_is_never_served_even_with_saturated_stale_windows() {
+    for directive in ["stale-while-revalidate", "stale-if-error"] {
+        let origin = Origin::default();
+        let failing = Arc::new(AtomicBool::new(false));
+        let f = failing.clone();
+        let cc = format!("max-age=60, {directive}=99999999999");
+        let app = counted_app(&origin, guard(), move |n| {
+            let failing = f.load(Ordering::SeqCst);
+            let cc = cc.clone();
+            async move {
+                if failing {
+                    return (StatusCode::INTERNAL_SERVER_ERROR, "down").into_response();
+                }
+                (
+                    [("cache-control", cc.as_str()), ("age", "soon")],
+                    format!("v{n}"),
+                )
+                    .into_response()
+            }
+        });
+        assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+        if directive == "stale-if-error" {
+            failing.store(true, Ordering::SeqCst);
+        }
+        let second = send(&app, get_req("/report")).await;
+        assert_ne!(
+            second.text(),
+            "v1",
+            "{directive}: an answer with an unparseable Age was served from the cache \
+             (x-cache {:?}, age {:?})",
+            second.x_cache(),
+            second.headers.get("age"),
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// D. A request body that has not ended bypasses.
+// ---------------------------------------------------------------------------
+
+/// `/report` answers with the `x-user` trailer of its request body.
+fn trailer_app(origin: &Origin, guard: StampedeGuard) -> Router {
+    let origin = origin.clone();
+    let handler = move |request: Request<Body>| {
+        let origin = origin.clone();
+        async move {
+            let (n, _running) = origin.enter();
+            let collected = request.into_body().collect().await.expect("body");
+            let user = collected
+                .trailers()
+                .and_then(|t| t.get("x-user"))
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("nobody")
+                .to_owned();
+            format!("{user}#{n}")
+        }
+    };
+    Router::new().route("/report", get(handler).layer(guard))
+}
+
+/// A GET whose body has no data but trailers: its `size_hint` is exactly
+/// zero (no data bytes), yet it has not ended (`is_end_stream` is false, a
+/// trailers frame follows).
+fn with_trailer(user: &'static str) -> Request<Body> {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("x-user", HeaderValue::from_static(user));
+    let body = Full::new(Bytes::new())
+        .with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
+    Request::get("/report").body(Body::new(body)).unwrap()
+}
+
+#[tokio::test]
+async fn a_body_of_trailers_only_has_not_ended_and_bypasses() {
+    let origin = Origin::default();
+    let app = trailer_app(&origin, guard());
+    let alice = send(&app, with_trailer("alice")).await;
+    assert_eq!(alice.text(), "alice#1");
+    let bob = send(&app, with_trailer("bob")).await;
+    assert_eq!(
+        bob.text(),
+        "bob#2",
+        "a request whose body still held trailers was answered from the cache \
+         (x-cache {:?})",
+        bob.x_cache()
+    );
+    assert_eq!(origin.calls(), 2);
+}
+
+// ---------------------------------------------------------------------------
+// E. The fleet barrier.
+// ---------------------------------------------------------------------------
+
+/// The sender waits one subscription lease computed from its own deadline;
+/// a receiver trusts its L1 for a lease computed from its own. With A on a
+/// 50 ms deadline (lease 2.25 s) and B on a 3 s one (lease 5 s), B frozen
+/// while A invalidates: A's call returns `Ok` after its 2.25 s, and B,
+/// whose last ping was confirmed under a second before the freeze, still
+/// trusts its copy for about 2.7 s more. A request to B that starts after
+/// `invalidate` returned gets the value built before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_with_different_deadlines_keep_the_barrier() {
+    frozen_receiver_after_invalidate(Duration::from_millis(50), Duration::from_secs(3)).await;
+}
+
+/// The control: the same fleet with one deadline (3 s) on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_with_one_deadline_keep_the_barrier() {
+    frozen_receiver_after_invalidate(Duration::from_secs(3), Duration::from_secs(3)).await;
+}
+
+async fn frozen_receiver_after_invalidate(a_deadline: Duration, b_deadline: Duration) {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let numbered = |guard: StampedeGuard| {
+        counted_app(&origin, guard.ttl(Duration::from_secs(60)), |n| async move {
+            format!("v{n}")
+        })
+    };
+    let a_guard = StampedeGuard::new(backend_at(&redis.url(), a_deadline).await);
+    let a = numbered(a_guard.clone());
+    let proxy = Proxy::start(redis.port()).await;
+    let b = numbered(StampedeGuard::new(
+        backend_at(&proxy.url(), b_deadline).await,
+    ));
+    assert_eq!(send(&b, get_req("/report")).await.text(), "v1");
+    assert_eq!(send(&a, get_req("/report")).await.text(), "v1");
+    assert_eq!(send(&b, get_req("/report")).await.x_cache(), "HIT");
+
+    proxy.freeze();
+    a_guard
+        .invalidate(&get_req("/report"))
+        .await
+        .expect("invalidated");
+    let after = tokio::time::timeout(Duration::from_secs(30), send(&b, get_req("/report")))
+        .await
+        .expect("an answer");
+    assert_ne!(
+        after.text(),
+        "v1",
+        "after invalidate returned Ok, B answered the value built before it \
+         (x-cache {:?})",
+        after.x_cache()
+    );
+    proxy.thaw();
+}
