@@ -189,3 +189,69 @@ async fn frozen_receiver_after_invalidate(a_deadline: Duration, b_deadline: Dura
     );
     proxy.thaw();
 }
+
+// ---------------------------------------------------------------------------
+// A. Query names: what some origin takes for one name keeps its order.
+// ---------------------------------------------------------------------------
+
+/// `/report` answers the values of the name `ä`, in order, matching names
+/// the way a case-insensitive origin does (Unicode lowercase, as .NET's
+/// `OrdinalIgnoreCase` query collection or any `to_lowercase()` lookup).
+fn folded_names_app(origin: &Origin, guard: StampedeGuard) -> Router {
+    let origin = origin.clone();
+    let handler = move |axum::extract::Query(pairs): axum::extract::Query<Vec<(String, String)>>| {
+        let origin = origin.clone();
+        async move {
+            let (n, _running) = origin.enter();
+            let values: Vec<String> = pairs
+                .into_iter()
+                .filter(|(name, _)| name.to_lowercase() == "ä")
+                .map(|(_, value)| value)
+                .collect();
+            format!("{}#{n}", values.join(","))
+        }
+    };
+    Router::new().route("/report", get(handler).layer(guard))
+}
+
+/// The key folds ASCII case only (`a`, `A`, `%61` compare equal, so their
+/// pairs keep the client's order), but sorts `Ä` (`%C3%84`) before `ä`
+/// (`%C3%A4`) by their bytes: `?ä=1&Ä=2` and `?Ä=2&ä=1`, two lists in
+/// opposite order to a case-insensitive origin, share one entry.
+#[tokio::test]
+async fn names_equal_under_unicode_case_folding_keep_their_order() {
+    let origin = Origin::default();
+    let app = folded_names_app(&origin, guard());
+    for uri in ["/report?%C3%A4=1&%C3%84=2", "/report?%C3%A4=1&%C3%84=2"] {
+        assert_eq!(send(&app, get_req(uri)).await.text(), "1,2#1");
+    }
+    let reversed = send(&app, get_req("/report?%C3%84=2&%C3%A4=1")).await;
+    assert_eq!(
+        reversed.text(),
+        "2,1#2",
+        "the reversed list was answered from the other order's entry (x-cache {:?})",
+        reversed.x_cache()
+    );
+}
+
+/// The control: the same attack with ASCII names is kept apart.
+#[tokio::test]
+async fn names_equal_under_ascii_case_folding_keep_their_order() {
+    let origin = Origin::default();
+    let origin2 = origin.clone();
+    let handler = move |axum::extract::Query(pairs): axum::extract::Query<Vec<(String, String)>>| {
+        let origin = origin2.clone();
+        async move {
+            let (n, _running) = origin.enter();
+            let values: Vec<String> = pairs
+                .into_iter()
+                .filter(|(name, _)| name.to_lowercase() == "b")
+                .map(|(_, value)| value)
+                .collect();
+            format!("{}#{n}", values.join(","))
+        }
+    };
+    let app = Router::new().route("/report", get(handler).layer(guard()));
+    assert_eq!(send(&app, get_req("/report?b=1&B=2")).await.text(), "1,2#1");
+    assert_eq!(send(&app, get_req("/report?B=2&b=1")).await.text(), "2,1#2");
+}
