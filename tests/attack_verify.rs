@@ -42,15 +42,17 @@ async fn backend_at(url: &str, deadline: Duration) -> Backend {
 /// also saturates (`stale-while-revalidate=99999999999`, legal delta-seconds
 /// clamped to 2^31 s) minus the overdue part (2^31 s − max-age) leaves
 /// max-age seconds of window: the unreadable-age answer is served from the
-/// cache, stale, while revalidating, and when the origin fails.
+/// cache, stale, while revalidating, and when the origin fails. (The route
+/// respects the origin's Cache-Control; the route's own windows set to
+/// `Duration::MAX` do the same, below.)
 #[tokio::test]
 async fn an_unreadable_age_is_never_served_even_with_saturated_stale_windows() {
-    for directive in ["stale-while-revalidate", "stale-if-error"] {
+    for directive in ["stale-if-error", "stale-while-revalidate"] {
         let origin = Origin::default();
         let failing = Arc::new(AtomicBool::new(false));
         let f = failing.clone();
         let cc = format!("max-age=60, {directive}=99999999999");
-        let app = counted_app(&origin, guard(), move |n| {
+        let app = counted_app(&origin, guard().respect_cache_control(true), move |n| {
             let failing = f.load(Ordering::SeqCst);
             let cc = cc.clone();
             async move {
@@ -73,6 +75,42 @@ async fn an_unreadable_age_is_never_served_even_with_saturated_stale_windows() {
             second.text(),
             "v1",
             "{directive}: an answer with an unparseable Age was served from the cache \
+             (x-cache {:?}, age {:?})",
+            second.x_cache(),
+            second.headers.get("age"),
+        );
+    }
+}
+
+/// The same with the route's own windows set to "forever" (`Duration::MAX`)
+/// and the origin's Cache-Control ignored.
+#[tokio::test]
+async fn an_unreadable_age_is_never_served_even_with_unbounded_route_windows() {
+    for swr in [false, true] {
+        let origin = Origin::default();
+        let failing = Arc::new(AtomicBool::new(false));
+        let f = failing.clone();
+        let route = if swr {
+            guard().stale_while_revalidate(Duration::MAX)
+        } else {
+            guard().stale_if_error(Duration::MAX)
+        };
+        let app = counted_app(&origin, route, move |n| {
+            let failing = f.load(Ordering::SeqCst);
+            async move {
+                if failing {
+                    return (StatusCode::INTERNAL_SERVER_ERROR, "down").into_response();
+                }
+                ([("age", "soon")], format!("v{n}")).into_response()
+            }
+        });
+        assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+        failing.store(!swr, Ordering::SeqCst);
+        let second = send(&app, get_req("/report")).await;
+        assert_ne!(
+            second.text(),
+            "v1",
+            "swr {swr}: an answer with an unparseable Age was served from the cache \
              (x-cache {:?}, age {:?})",
             second.x_cache(),
             second.headers.get("age"),
