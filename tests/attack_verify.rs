@@ -293,3 +293,59 @@ async fn names_equal_under_ascii_case_folding_keep_their_order() {
     assert_eq!(send(&app, get_req("/report?b=1&B=2")).await.text(), "1,2#1");
     assert_eq!(send(&app, get_req("/report?B=2&b=1")).await.text(), "2,1#2");
 }
+
+/// Two instances invalidate the same URL at once while a third is
+/// rebuilding it from the origin (a slow one, started before both): once
+/// both calls have returned `Ok`, no instance answers the value that
+/// rebuild made, whether a request joins it or reads what it stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_concurrent_invalidations_during_a_rebuild_elsewhere() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let slow = |guard: StampedeGuard| {
+        let entered = entered.clone();
+        counted_app(&origin, guard.ttl(Duration::from_secs(60)), move |n| {
+            let entered = entered.clone();
+            async move {
+                entered.notify_one();
+                if n == 1 {
+                    tokio::time::sleep(Duration::from_millis(1500)).await;
+                }
+                format!("v{n}")
+            }
+        })
+    };
+    let mut guards = Vec::new();
+    let mut apps = Vec::new();
+    for _ in 0..3 {
+        let g = StampedeGuard::new(backend_at(&redis.url(), Duration::from_millis(200)).await);
+        apps.push(slow(g.clone()));
+        guards.push(g);
+    }
+    let first = {
+        let c = apps[2].clone();
+        tokio::spawn(async move { send(&c, get_req("/report")).await })
+    };
+    entered.notified().await;
+    let (ra, rb) = (get_req("/report"), get_req("/report"));
+    let (x, y) = tokio::join!(guards[0].invalidate(&ra), guards[1].invalidate(&rb));
+    x.expect("first invalidation");
+    y.expect("second invalidation");
+    let mut seen = Vec::new();
+    for app in &apps {
+        let answer = tokio::time::timeout(Duration::from_secs(20), send(app, get_req("/report")))
+            .await
+            .expect("an answer");
+        seen.push(answer.text());
+    }
+    // And once the old rebuild has ended, what it built is nowhere.
+    assert_eq!(first.await.expect("first").text(), "v1");
+    for app in &apps {
+        seen.push(send(app, get_req("/report")).await.text());
+    }
+    assert!(
+        seen.iter().all(|v| v != "v1"),
+        "a request started after both invalidations got the old rebuild's value: {seen:?}"
+    );
+}
