@@ -349,3 +349,57 @@ async fn two_concurrent_invalidations_during_a_rebuild_elsewhere() {
         "a request started after both invalidations got the old rebuild's value: {seen:?}"
     );
 }
+
+/// B is rebuilding (a slow origin call, started before the invalidation)
+/// when its link freezes; A invalidates and returns after a lease without
+/// B's acknowledgement. A request to B that starts afterwards neither
+/// joins that rebuild nor, once it has ended, reads what it built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_instance_rebuilding_at_invalidate_serves_nothing_from_before() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let app = |guard: StampedeGuard| {
+        let entered = entered.clone();
+        counted_app(&origin, guard.ttl(Duration::from_secs(60)), move |n| {
+            let entered = entered.clone();
+            async move {
+                entered.notify_one();
+                if n == 1 {
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                }
+                format!("v{n}")
+            }
+        })
+    };
+    let deadline = Duration::from_millis(200);
+    let a_guard = StampedeGuard::new(backend_at(&redis.url(), deadline).await);
+    let _a = app(a_guard.clone());
+    let proxy = Proxy::start(redis.port()).await;
+    let b = app(StampedeGuard::new(backend_at(&proxy.url(), deadline).await));
+    let first = {
+        let b = b.clone();
+        tokio::spawn(async move { send(&b, get_req("/report")).await })
+    };
+    entered.notified().await;
+    proxy.freeze();
+    a_guard
+        .invalidate(&get_req("/report"))
+        .await
+        .expect("invalidated");
+    let mut seen = Vec::new();
+    let after = tokio::time::timeout(Duration::from_secs(30), send(&b, get_req("/report")))
+        .await
+        .expect("an answer");
+    seen.push(after.text());
+    assert_eq!(first.await.expect("first").text(), "v1");
+    let later = tokio::time::timeout(Duration::from_secs(30), send(&b, get_req("/report")))
+        .await
+        .expect("an answer");
+    seen.push(later.text());
+    proxy.thaw();
+    assert!(
+        seen.iter().all(|v| v != "v1"),
+        "B answered the rebuild started before the invalidation: {seen:?}"
+    );
+}
