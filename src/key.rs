@@ -277,9 +277,12 @@ pub(crate) fn query_name(pair: &str) -> &str {
 pub(crate) fn names_are_sortable(pairs: &[&str]) -> bool {
     pairs.iter().all(|pair| {
         let name = query_name(pair);
-        // Only an escape can make a `&str`'s bytes invalid UTF-8.
-        !name.contains('%')
-            || std::str::from_utf8(&name_skeleton(name).collect::<Vec<u8>>()).is_ok()
+        // Names are compared with ASCII case folded; a name with other
+        // letters (raw or escaped, valid UTF-8 or not) might be folded or
+        // replaced by an origin in ways this order cannot follow (`%C3%84`
+        // and `%C3%A4`, or U+212A, which lowercases to `k`), so its query
+        // keeps the order it was sent in.
+        name_skeleton(name).all(|b| b.is_ascii())
     })
 }
 

@@ -15,7 +15,9 @@ use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use common::driver::counted_app;
+#[cfg(feature = "redis")]
 use common::proxy::Proxy;
+#[cfg(feature = "redis")]
 use common::redis::RedisServer;
 use common::{get as get_req, send, Origin};
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
@@ -26,6 +28,7 @@ fn guard() -> StampedeGuard {
     StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
 }
 
+#[cfg(feature = "redis")]
 async fn backend_at(url: &str, deadline: Duration) -> Backend {
     Backend::redis_builder(url)
         .deadline(deadline)
@@ -148,8 +151,8 @@ fn trailer_app(origin: &Origin, guard: StampedeGuard) -> Router {
 fn with_trailer(user: &'static str) -> Request<Body> {
     let mut trailers = HeaderMap::new();
     trailers.insert("x-user", HeaderValue::from_static(user));
-    let body = Full::new(Bytes::new())
-        .with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
+    let body =
+        Full::new(Bytes::new()).with_trailers(async move { Some(Ok::<_, Infallible>(trailers)) });
     Request::get("/report").body(Body::new(body)).unwrap()
 }
 
@@ -181,24 +184,29 @@ async fn a_body_of_trailers_only_has_not_ended_and_bypasses() {
 /// whose last ping was confirmed under a second before the freeze, still
 /// trusts its copy for about 2.7 s more. A request to B that starts after
 /// `invalidate` returned gets the value built before it.
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_with_different_deadlines_keep_the_barrier() {
     frozen_receiver_after_invalidate(Duration::from_millis(50), Duration::from_secs(3)).await;
 }
 
 /// The control: the same fleet with one deadline (3 s) on both.
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_with_one_deadline_keep_the_barrier() {
     frozen_receiver_after_invalidate(Duration::from_secs(3), Duration::from_secs(3)).await;
 }
 
+#[cfg(feature = "redis")]
 async fn frozen_receiver_after_invalidate(a_deadline: Duration, b_deadline: Duration) {
     let redis = RedisServer::start();
     let origin = Origin::default();
     let numbered = |guard: StampedeGuard| {
-        counted_app(&origin, guard.ttl(Duration::from_secs(60)), |n| async move {
-            format!("v{n}")
-        })
+        counted_app(
+            &origin,
+            guard.ttl(Duration::from_secs(60)),
+            |n| async move { format!("v{n}") },
+        )
     };
     let a_guard = StampedeGuard::new(backend_at(&redis.url(), a_deadline).await);
     let a = numbered(a_guard.clone());
@@ -237,18 +245,19 @@ async fn frozen_receiver_after_invalidate(a_deadline: Duration, b_deadline: Dura
 /// `OrdinalIgnoreCase` query collection or any `to_lowercase()` lookup).
 fn folded_names_app(origin: &Origin, guard: StampedeGuard) -> Router {
     let origin = origin.clone();
-    let handler = move |axum::extract::Query(pairs): axum::extract::Query<Vec<(String, String)>>| {
-        let origin = origin.clone();
-        async move {
-            let (n, _running) = origin.enter();
-            let values: Vec<String> = pairs
-                .into_iter()
-                .filter(|(name, _)| name.to_lowercase() == "ä")
-                .map(|(_, value)| value)
-                .collect();
-            format!("{}#{n}", values.join(","))
-        }
-    };
+    let handler =
+        move |axum::extract::Query(pairs): axum::extract::Query<Vec<(String, String)>>| {
+            let origin = origin.clone();
+            async move {
+                let (n, _running) = origin.enter();
+                let values: Vec<String> = pairs
+                    .into_iter()
+                    .filter(|(name, _)| name.to_lowercase() == "ä")
+                    .map(|(_, value)| value)
+                    .collect();
+                format!("{}#{n}", values.join(","))
+            }
+        };
     Router::new().route("/report", get(handler).layer(guard))
 }
 
@@ -277,18 +286,19 @@ async fn names_equal_under_unicode_case_folding_keep_their_order() {
 async fn names_equal_under_ascii_case_folding_keep_their_order() {
     let origin = Origin::default();
     let origin2 = origin.clone();
-    let handler = move |axum::extract::Query(pairs): axum::extract::Query<Vec<(String, String)>>| {
-        let origin = origin2.clone();
-        async move {
-            let (n, _running) = origin.enter();
-            let values: Vec<String> = pairs
-                .into_iter()
-                .filter(|(name, _)| name.to_lowercase() == "b")
-                .map(|(_, value)| value)
-                .collect();
-            format!("{}#{n}", values.join(","))
-        }
-    };
+    let handler =
+        move |axum::extract::Query(pairs): axum::extract::Query<Vec<(String, String)>>| {
+            let origin = origin2.clone();
+            async move {
+                let (n, _running) = origin.enter();
+                let values: Vec<String> = pairs
+                    .into_iter()
+                    .filter(|(name, _)| name.to_lowercase() == "b")
+                    .map(|(_, value)| value)
+                    .collect();
+                format!("{}#{n}", values.join(","))
+            }
+        };
     let app = Router::new().route("/report", get(handler).layer(guard()));
     assert_eq!(send(&app, get_req("/report?b=1&B=2")).await.text(), "1,2#1");
     assert_eq!(send(&app, get_req("/report?B=2&b=1")).await.text(), "2,1#2");
@@ -298,6 +308,7 @@ async fn names_equal_under_ascii_case_folding_keep_their_order() {
 /// rebuilding it from the origin (a slow one, started before both): once
 /// both calls have returned `Ok`, no instance answers the value that
 /// rebuild made, whether a request joins it or reads what it stored.
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_concurrent_invalidations_during_a_rebuild_elsewhere() {
     let redis = RedisServer::start();
@@ -354,6 +365,7 @@ async fn two_concurrent_invalidations_during_a_rebuild_elsewhere() {
 /// when its link freezes; A invalidates and returns after a lease without
 /// B's acknowledgement. A request to B that starts afterwards neither
 /// joins that rebuild nor, once it has ended, reads what it built.
+#[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_instance_rebuilding_at_invalidate_serves_nothing_from_before() {
     let redis = RedisServer::start();

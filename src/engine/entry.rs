@@ -139,8 +139,13 @@ fn later(at: Instant, by: Duration) -> Instant {
 
 /// The stale windows left to a value `initial_age` old: counted, like its
 /// freshness, from when the origin made it (older than ttl plus a window:
-/// past that window on arrival).
+/// past that window on arrival). An age at the ceiling (2^31 s, which is also
+/// what an unreadable `Age` becomes) is past every window: ttl and windows are
+/// each clamped to that ceiling, so their sum could otherwise outlast it.
 fn windows_left(lifetime: &Lifetime, initial_age: Duration) -> (Duration, Duration) {
+    if initial_age >= MAX_DELTA {
+        return (Duration::ZERO, Duration::ZERO);
+    }
     let overdue = initial_age.saturating_sub(lifetime.ttl);
     (
         lifetime.stale_while_revalidate.saturating_sub(overdue),

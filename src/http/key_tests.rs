@@ -156,7 +156,9 @@ fn repeated_names_keep_their_order() {
     // Names a lossy parser decodes to one (U+FFFD): no pair moves.
     assert_ne!(k("/r?%FF=1&%FE=2"), k("/r?%FE=2&%FF=1"));
     assert_ne!(k("/r?b=1&a=2&%C3=3"), k("/r?a=2&b=1&%C3=3"));
-    assert_eq!(k("/r?%C3%A9=1&a=2"), k("/r?a=2&%C3%A9=1"));
+    // Nor a query with any name beyond ASCII, valid UTF-8 or not: an origin
+    // may fold `%C3%89` and `%C3%A9` to one name.
+    assert_ne!(k("/r?%C3%A9=1&a=2"), k("/r?a=2&%C3%A9=1"));
 }
 
 fn url_of(p: &Parts) -> Key {

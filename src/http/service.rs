@@ -213,7 +213,9 @@ impl<S> GuardService<S> {
 /// `Incoming` when the guard wraps a whole router, or the caller's own), a
 /// body that may still hold data makes the request bypass.
 fn body_pending<B: HttpBody>(body: &B) -> Option<&'static str> {
-    let empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
+    // Only the body's own word that it has ended counts: an exact size of 0
+    // counts data bytes, and trailers may still follow.
+    let empty = body.is_end_stream();
     (!empty).then_some("request body")
 }
 

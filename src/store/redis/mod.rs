@@ -200,10 +200,7 @@ impl RedisTier {
         config: TierConfig,
         on_invalidate: OnInvalidate,
     ) -> Result<Arc<Self>, RedisError> {
-        let notifier = Arc::new(Notifier::new(
-            on_invalidate,
-            supervisor::subscription_lease(config.deadline),
-        ));
+        let notifier = Arc::new(Notifier::new(on_invalidate, supervisor::SUBSCRIPTION_LEASE));
         let channel = format!("{}:events", config.prefix);
         let ack_channel = notifier.ack_channel(&channel);
         let scripts = Scripts::new();

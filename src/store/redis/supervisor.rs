@@ -105,13 +105,14 @@ pub(crate) fn retry_pending(tier: &Arc<RedisTier>) {
 /// How often the supervisor checks that the subscriber still answers.
 pub(crate) const KEEPALIVE: Duration = Duration::from_secs(1);
 
-/// The subscription lease for calls with this deadline: a ping is sent every
-/// [`KEEPALIVE`] and answered within the deadline (or a quarter keepalive),
-/// so a live subscription renews it well before it runs out, with one
-/// keepalive to spare.
-pub(crate) fn subscription_lease(deadline: Duration) -> Duration {
-    KEEPALIVE * 2 + deadline.max(KEEPALIVE / 4)
-}
+/// The subscription lease: how long after sending a ping that was answered
+/// an instance trusts its L1, and how long an invalidation waits for an
+/// instance that does not acknowledge. It is one constant for the whole
+/// fleet, whatever each instance's deadline: an invalidator that waited a
+/// lease shorter than a receiver's would return while that receiver still
+/// trusts what it read before. A ping goes out every [`KEEPALIVE`], so a
+/// live subscription renews it twice over before it runs out.
+pub(crate) const SUBSCRIPTION_LEASE: Duration = Duration::from_secs(3);
 
 /// Pings the subscriber every [`KEEPALIVE`]: an answer renews the
 /// subscription lease; none means the subscription is lost.
