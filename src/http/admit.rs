@@ -270,14 +270,7 @@ fn owned(headers: &HeaderMap) -> HeaderMap {
 /// Removes the headers that describe one connection, not the resource
 /// (RFC 9110 §7.6.1), including any the `Connection` header names.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| n.trim().parse().ok())
-        .collect();
-    for name in named {
+    for name in connection_named(headers) {
         headers.remove(name);
     }
     for name in [
@@ -292,4 +285,16 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         headers.remove(name);
     }
     headers.remove("keep-alive");
+}
+
+/// The fields a message's `Connection` header names: they describe its
+/// connection, not the resource.
+pub(crate) fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| n.trim().parse().ok())
+        .collect()
 }

@@ -18,7 +18,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body::Body as HttpBody;
 
-use super::admit::{Admitted, Private};
+use super::admit::{connection_named, Admitted, Private};
 use super::body::Body;
 use super::cache_control::{http_date, initial_age};
 use super::key::Keyed;
@@ -135,13 +135,7 @@ where
 /// values (RFC 9111 §3.2), except those in [`KEPT`], those the 304's
 /// `Connection` names, and the layer's own status header.
 fn merge(stored: &mut HeaderMap, update: &HeaderMap, status_header: Option<&HeaderName>) {
-    let named: Vec<HeaderName> = update
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| n.trim().parse().ok())
-        .collect();
+    let named = connection_named(update);
     for name in update.keys() {
         if KEPT.contains(name)
             || named.contains(name)
