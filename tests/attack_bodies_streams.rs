@@ -3,8 +3,8 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
+use common::counting::{live, Counting};
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,44 +20,8 @@ use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::{mpsc, Notify};
 use tower::ServiceExt;
 
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: forwards to `System` unchanged; only a counter is updated beside it.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = System.alloc(layout);
-        if !ptr.is_null() {
-            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        }
-        ptr
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let ptr = System.alloc_zeroed(layout);
-        if !ptr.is_null() {
-            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        }
-        ptr
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let new = System.realloc(ptr, layout, new_size);
-        if !new.is_null() {
-            LIVE.fetch_add(
-                new_size as isize - layout.size() as isize,
-                Ordering::Relaxed,
-            );
-        }
-        new
-    }
-}
-
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOCATOR: Counting = Counting;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 
@@ -375,12 +339,12 @@ async fn one_reader_of_a_huge_body_over_the_cap_does_not_hold_all_of_it() {
         .await
         .unwrap();
     let mut body = response.into_body();
-    let base = LIVE.load(Ordering::Relaxed);
+    let base = live();
     let mut seen = 0usize;
     let mut peak = 0isize;
     while let Some(frame) = body.frame().await {
         seen += frame.unwrap().into_data().unwrap().len();
-        peak = peak.max(LIVE.load(Ordering::Relaxed) - base);
+        peak = peak.max(live() - base);
     }
     assert_eq!(seen, CHUNK * CHUNKS);
     assert!(

@@ -3,8 +3,8 @@
 //! counts what an entry really costs, so a flood of small proxied answers
 //! grows the heap by about the bound, not by many times it.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicIsize, Ordering};
+mod common;
+
 use std::time::Duration;
 
 use axum::body::Body;
@@ -12,6 +12,7 @@ use axum::extract::Path;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use common::counting::{live, Counting};
 use http::Request;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -19,47 +20,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use stampede_guard::{Backend, StampedeGuard};
 use tower::ServiceExt;
-
-/// Counts the bytes allocated and not yet freed.
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-
-// SAFETY: every call is forwarded to `System` unchanged; only a counter is
-// updated beside it.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = System.alloc(layout);
-        if !ptr.is_null() {
-            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let ptr = System.alloc_zeroed(layout);
-        if !ptr.is_null() {
-            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
-        }
-        ptr
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let new = System.realloc(ptr, layout, new_size);
-        if !new.is_null() {
-            LIVE.fetch_add(
-                new_size as isize - layout.size() as isize,
-                Ordering::Relaxed,
-            );
-        }
-        new
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -131,13 +91,13 @@ async fn small_proxied_answers_stay_within_the_l1_bound_in_real_memory() {
         fetch(&app, 1_000_000 + n).await;
     }
     backend.l1_weighted_size();
-    let baseline = LIVE.load(Ordering::SeqCst);
+    let baseline = live();
 
     for n in 0..ANSWERS {
         fetch(&app, n).await;
     }
     let weighted = backend.l1_weighted_size();
-    let growth = LIVE.load(Ordering::SeqCst) - baseline;
+    let growth = live() - baseline;
     println!(
         "live heap growth {growth} bytes for {ANSWERS} answers; L1 weighs {weighted} of {BOUND}"
     );

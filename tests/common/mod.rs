@@ -113,6 +113,7 @@ pub fn tally(answers: &[Answer], status: &str) -> usize {
     answers.iter().filter(|a| a.x_cache() == status).count()
 }
 pub mod cluster;
+pub mod counting;
 pub mod driver;
 #[cfg(feature = "redis")]
 pub mod fleet;

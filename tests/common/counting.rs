@@ -1,0 +1,53 @@
+//! A global allocator that counts the bytes allocated and not yet freed, for
+//! the tests that check memory in real terms. A test binary that wants it
+//! declares `#[global_allocator] static ALLOCATOR: Counting = Counting;`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicIsize, Ordering};
+
+/// Counts the bytes allocated and not yet freed in [`LIVE`].
+pub struct Counting;
+
+/// Bytes allocated through [`Counting`] and not yet freed.
+pub static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+/// The bytes allocated and not yet freed, now.
+pub fn live() -> isize {
+    LIVE.load(Ordering::SeqCst)
+}
+
+// SAFETY: every call is forwarded to `System` unchanged; only a counter is
+// updated beside it.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let ptr = System.alloc(layout);
+        if !ptr.is_null() {
+            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let ptr = System.alloc_zeroed(layout);
+        if !ptr.is_null() {
+            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout);
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let new = System.realloc(ptr, layout, new_size);
+        if !new.is_null() {
+            LIVE.fetch_add(
+                new_size as isize - layout.size() as isize,
+                Ordering::Relaxed,
+            );
+        }
+        new
+    }
+}
