@@ -366,8 +366,8 @@ impl StampedeGuard {
     ///
     /// With Redis, the call returns once every instance that received the
     /// invalidation acknowledged it (it had dropped its copies first), or
-    /// after one *subscription lease* (twice the one-second keepalive plus
-    /// the Redis deadline, counted as at least 250 ms) if some did not: an instance serves its
+    /// after one *subscription lease* (3 s, the same for every instance
+    /// whatever its deadline) if some did not: an instance serves its
     /// in-process tier only while its subscription was confirmed live (a
     /// PONG to a keepalive PING sent less than a lease ago, which comes
     /// after every message published before the PING), and once that lapses
