@@ -8,6 +8,8 @@
 
 mod common;
 
+use common::fleet::{backend_at, keys_like};
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,27 +24,8 @@ use common::redis::RedisServer;
 use common::{get as get_req, send, Answer};
 use http::header::{ACCEPT_LANGUAGE, SET_COOKIE};
 use http::{HeaderMap, Request};
-use stampede_guard::{Backend, StampedeGuard};
+use stampede_guard::StampedeGuard;
 use tokio::sync::Notify;
-
-async fn backend_at(url: &str, deadline: Duration) -> Backend {
-    Backend::redis_builder(url)
-        .deadline(deadline)
-        .probe_interval(Duration::from_millis(100))
-        .connect()
-        .await
-        .expect("redis backend")
-}
-
-/// Keys matching `pattern`.
-fn keys_like(redis: &RedisServer, pattern: &str) -> Vec<String> {
-    let reply = redis.raw(&[
-        "EVAL",
-        &format!("return table.concat(redis.call('KEYS', '{pattern}'), ' ')"),
-        "0",
-    ]);
-    reply.split_whitespace().map(str::to_owned).collect()
-}
 
 /// Deletes every key matching `pattern`, as eviction would.
 fn evict(redis: &RedisServer, pattern: &str) -> usize {

@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::fleet::{backend_at, keys_like};
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,26 +20,7 @@ use common::redis::RedisServer;
 use common::{get as get_req, send};
 use http::header::ACCEPT_LANGUAGE;
 use http::{HeaderMap, Request};
-use stampede_guard::{Backend, StampedeGuard};
-
-async fn backend_at(url: &str, deadline: Duration) -> Backend {
-    Backend::redis_builder(url)
-        .deadline(deadline)
-        .probe_interval(Duration::from_millis(100))
-        .connect()
-        .await
-        .expect("redis backend")
-}
-
-/// Keys matching `pattern`.
-fn keys_like(redis: &RedisServer, pattern: &str) -> Vec<String> {
-    let reply = redis.raw(&[
-        "EVAL",
-        &format!("return table.concat(redis.call('KEYS', '{pattern}'), ' ')"),
-        "0",
-    ]);
-    reply.split_whitespace().map(str::to_owned).collect()
-}
+use stampede_guard::StampedeGuard;
 
 // ---------------------------------------------------------------------------
 // Promise 5: foreign bytes where the generation, the value and the fence

@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::fleet::backend_at;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,17 +24,8 @@ use common::redis::RedisServer;
 use common::{get as get_req, send, Answer};
 use http::header::{ETAG, IF_NONE_MATCH};
 use http::{Method, Request};
-use stampede_guard::{Backend, StampedeGuard};
+use stampede_guard::StampedeGuard;
 use tokio::sync::Notify;
-
-async fn backend_at(url: &str, deadline: Duration) -> Backend {
-    Backend::redis_builder(url)
-        .deadline(deadline)
-        .probe_interval(Duration::from_millis(100))
-        .connect()
-        .await
-        .expect("redis backend")
-}
 
 async fn read_until(app: &Router, want: &str, tries: usize) -> Answer {
     let mut answer = send(app, get_req("/report")).await;

@@ -10,6 +10,7 @@ use axum::Router;
 use http::Request;
 use stampede_guard::{Backend, StampedeGuard};
 
+use super::redis::RedisServer;
 use super::{send, Answer, Origin};
 
 /// One instance of the service: its own backend (L1 + Redis connections).
@@ -111,4 +112,25 @@ pub fn wakeups(instances: &[Instance]) -> (u64, u64) {
             (s.wakeups_by_message, s.wakeups_by_timeout)
         })
         .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+}
+
+/// A backend on `url` whose calls have this deadline, probing a broken
+/// link every 100 ms.
+pub async fn backend_at(url: &str, deadline: Duration) -> Backend {
+    Backend::redis_builder(url)
+        .deadline(deadline)
+        .probe_interval(Duration::from_millis(100))
+        .connect()
+        .await
+        .expect("redis backend")
+}
+
+/// The Redis keys matching `pattern`.
+pub fn keys_like(redis: &RedisServer, pattern: &str) -> Vec<String> {
+    let reply = redis.raw(&[
+        "EVAL",
+        &format!("return table.concat(redis.call('KEYS', '{pattern}'), ' ')"),
+        "0",
+    ]);
+    reply.split_whitespace().map(str::to_owned).collect()
 }
