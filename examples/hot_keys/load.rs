@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use tokio::net::TcpStream;
 use tokio::sync::{watch, Barrier};
 use tokio::task::JoinSet;
