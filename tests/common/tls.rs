@@ -155,6 +155,8 @@ pub struct TlsRedis {
 
 impl TlsRedis {
     pub fn start(certs: &Certs, client_certs_required: bool) -> Self {
+        // As an application must: the crate never picks rustls's provider.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let tls_port = free_port();
         let port = tls_port.to_string();
         let cert = certs.path("server.crt");

@@ -251,7 +251,7 @@ fn client(url: &str, tls: &TlsPem) -> Result<Client, RedisError> {
     let info = info.set_redis_settings(settings);
     let secure = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
     if secure {
-        ensure_crypto_provider();
+        require_crypto_provider()?;
     }
     if tls.ca.is_some() || tls.client.is_some() {
         // Nothing has been sent yet: any failure here is in the settings
@@ -292,15 +292,28 @@ fn no_tls() -> RedisError {
     ))
 }
 
-/// rustls needs a process-wide crypto provider. If the application has not
-/// installed one, install ring's (the one this crate compiles in); a provider
-/// the application chose is left alone.
-fn ensure_crypto_provider() {
+/// rustls needs a process-wide crypto provider, and choosing it is the
+/// application's call (ring, aws-lc-rs, a FIPS build): the crate never
+/// installs one. Without one, the Redis client's rustls would panic while
+/// building its configuration; this says what to do instead, as a settings
+/// error, before anything is sent.
+fn require_crypto_provider() -> Result<(), RedisError> {
     #[cfg(feature = "redis-tls")]
     if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race to another installer is fine: a provider is set.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        return Err(no_crypto_provider());
     }
+    Ok(())
+}
+
+#[cfg(feature = "redis-tls")]
+fn no_crypto_provider() -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "no rustls crypto provider is installed",
+        "a rediss:// URL needs one: call rustls::crypto::ring::default_provider().install_default() \
+         (or aws_lc_rs's) once at start-up, before the backend connects"
+            .to_owned(),
+    ))
 }
 
 async fn with_timeout<T>(
@@ -389,7 +402,7 @@ async fn open_cluster(
     use redis::cluster::ClusterClientBuilder;
 
     if nodes.iter().any(|n| n.starts_with("rediss:")) {
-        ensure_crypto_provider();
+        require_crypto_provider()?;
     }
     let builder = |push: Option<Sink>| -> Result<redis::cluster::ClusterClient, RedisError> {
         let mut b = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
