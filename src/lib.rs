@@ -98,7 +98,9 @@ mod lock;
 pub mod metrics;
 mod store;
 
-pub use crate::http::{Body, GuardService, KeyFn, ResponseFuture, StampedeGuard, WaitTimeout};
+pub use crate::http::{
+    Body, GuardService, KeyFn, ResponseFuture, RouteConfig, StampedeGuard, WaitTimeout,
+};
 pub use crate::http::{BoxError, SharedBodyError};
 pub use backend::{Backend, BackendBuilder, BackendStats, DEFAULT_L1_MAX_BYTES};
 #[cfg(feature = "redis")]

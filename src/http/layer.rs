@@ -316,6 +316,11 @@ impl StampedeGuard {
         self.with(|p| p.status_header = header)
     }
 
+    #[cfg(test)]
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
     /// The backend this guard runs on.
     pub fn backend(&self) -> &Backend {
         &self.backend

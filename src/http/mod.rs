@@ -22,6 +22,7 @@ mod reference;
 mod respond;
 pub(crate) mod response;
 mod revalidate;
+mod route_config;
 mod service;
 mod spool;
 mod unsafe_methods;
@@ -35,5 +36,6 @@ pub use future::ResponseFuture;
 pub use layer::StampedeGuard;
 #[doc(inline)]
 pub use policy::{KeyFn, WaitTimeout};
+pub use route_config::RouteConfig;
 #[doc(inline)]
 pub use service::GuardService;

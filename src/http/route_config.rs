@@ -1,0 +1,311 @@
+//! [`RouteConfig`]: a route's policy as data, for a service that keeps its
+//! settings in its own configuration file.
+
+use std::time::Duration;
+
+use http::{HeaderName, StatusCode};
+
+use super::layer::StampedeGuard;
+use super::policy::WaitTimeout;
+
+/// The data knobs of a route's policy, in one value a service can load from
+/// its own configuration (with the `serde` feature: any serde format,
+/// durations in human form such as `"30s"` or `"1m 30s"`, unknown fields
+/// rejected). Apply it with [`StampedeGuard::with_config`].
+///
+/// Every field is optional: a field left out keeps the guard's setting, so a
+/// file states only what it changes. Each field does what the
+/// [`StampedeGuard`] method of the same name does, with the same bounds. The
+/// key function and the cache-status header are set in code.
+///
+/// ```
+/// # #[cfg(feature = "serde")] {
+/// use std::time::Duration;
+/// use stampede_guard::{Backend, RouteConfig, StampedeGuard, WaitTimeout};
+///
+/// let config: RouteConfig = serde_json::from_str(r#"{
+///     "ttl": "30s",
+///     "stale_while_revalidate": "1m",
+///     "wait_budget": "2s",
+///     "on_wait_timeout": { "respond": 503 },
+///     "vary": ["accept-language"]
+/// }"#).unwrap();
+/// assert_eq!(config.ttl, Some(Duration::from_secs(30)));
+/// assert_eq!(config.on_wait_timeout, Some(WaitTimeout::Respond(http::StatusCode::SERVICE_UNAVAILABLE)));
+/// let guard = StampedeGuard::new(Backend::local()).with_config(&config);
+/// # let _ = guard;
+/// # }
+/// ```
+#[derive(Clone, Debug, Default, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(default, deny_unknown_fields)
+)]
+#[non_exhaustive]
+pub struct RouteConfig {
+    /// See [`StampedeGuard::ttl`].
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub ttl: Option<Duration>,
+    /// See [`StampedeGuard::stale_while_revalidate`].
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub stale_while_revalidate: Option<Duration>,
+    /// See [`StampedeGuard::stale_if_error`].
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub stale_if_error: Option<Duration>,
+    /// See [`StampedeGuard::wait_budget`].
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub wait_budget: Option<Duration>,
+    /// See [`StampedeGuard::on_wait_timeout`]: `"fail_open"` or
+    /// `{ "respond": 503 }`.
+    pub on_wait_timeout: Option<WaitTimeout>,
+    /// See [`StampedeGuard::lease`].
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub lease: Option<Duration>,
+    /// See [`StampedeGuard::rebuild_timeout`].
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub rebuild_timeout: Option<Duration>,
+    /// See [`StampedeGuard::hit_for_miss`].
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub hit_for_miss: Option<Duration>,
+    /// See [`StampedeGuard::early_refresh`] (a `beta`; `0` turns it off).
+    pub early_refresh: Option<f64>,
+    /// See [`StampedeGuard::max_body_bytes`].
+    pub max_body_bytes: Option<usize>,
+    /// See [`StampedeGuard::cacheable_statuses`]: status codes as numbers.
+    #[cfg_attr(feature = "serde", serde(with = "serde_impl::statuses"))]
+    pub cacheable_statuses: Option<Vec<StatusCode>>,
+    /// See [`StampedeGuard::vary`]: header names.
+    #[cfg_attr(feature = "serde", serde(with = "serde_impl::header_names"))]
+    pub vary: Option<Vec<HeaderName>>,
+    /// See [`StampedeGuard::forwarded_headers`]: header names.
+    #[cfg_attr(feature = "serde", serde(with = "serde_impl::header_names"))]
+    pub forwarded_headers: Option<Vec<HeaderName>>,
+    /// See [`StampedeGuard::namespace`].
+    pub namespace: Option<String>,
+    /// See [`StampedeGuard::respect_cache_control`].
+    pub respect_cache_control: Option<bool>,
+    /// See [`StampedeGuard::allow_credentials`].
+    pub allow_credentials: Option<bool>,
+    /// See [`StampedeGuard::strip_set_cookie`].
+    pub strip_set_cookie: Option<bool>,
+    /// See [`StampedeGuard::cache_private`].
+    pub cache_private: Option<bool>,
+    /// See [`StampedeGuard::ignore_vary`].
+    pub ignore_vary: Option<bool>,
+    /// See [`StampedeGuard::invalidate_on_unsafe`].
+    pub invalidate_on_unsafe: Option<bool>,
+}
+
+impl StampedeGuard {
+    /// This guard with every field `config` sets applied, through the method
+    /// of the same name (so with the same bounds); fields left out keep this
+    /// guard's settings.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::{Backend, RouteConfig, StampedeGuard};
+    ///
+    /// let mut config = RouteConfig::default();
+    /// config.ttl = Some(Duration::from_secs(30));
+    /// let guard = StampedeGuard::new(Backend::local()).with_config(&config);
+    /// # let _ = guard;
+    /// ```
+    #[must_use]
+    pub fn with_config(self, config: &RouteConfig) -> Self {
+        fn apply<T: Clone>(
+            guard: StampedeGuard,
+            value: &Option<T>,
+            set: impl FnOnce(StampedeGuard, T) -> StampedeGuard,
+        ) -> StampedeGuard {
+            match value {
+                Some(value) => set(guard, value.clone()),
+                None => guard,
+            }
+        }
+        let c = config;
+        let g = apply(self, &c.ttl, Self::ttl);
+        let g = apply(g, &c.stale_while_revalidate, Self::stale_while_revalidate);
+        let g = apply(g, &c.stale_if_error, Self::stale_if_error);
+        let g = apply(g, &c.wait_budget, Self::wait_budget);
+        let g = apply(g, &c.on_wait_timeout, Self::on_wait_timeout);
+        let g = apply(g, &c.lease, Self::lease);
+        let g = apply(g, &c.rebuild_timeout, Self::rebuild_timeout);
+        let g = apply(g, &c.hit_for_miss, Self::hit_for_miss);
+        let g = apply(g, &c.early_refresh, Self::early_refresh);
+        let g = apply(g, &c.max_body_bytes, Self::max_body_bytes);
+        let g = apply(g, &c.cacheable_statuses, Self::cacheable_statuses);
+        let g = apply(g, &c.vary, Self::vary);
+        let g = apply(g, &c.forwarded_headers, Self::forwarded_headers);
+        let g = apply(g, &c.namespace, Self::namespace);
+        let g = apply(g, &c.respect_cache_control, Self::respect_cache_control);
+        let g = apply(g, &c.allow_credentials, Self::allow_credentials);
+        let g = apply(g, &c.strip_set_cookie, Self::strip_set_cookie);
+        let g = apply(g, &c.cache_private, Self::cache_private);
+        let g = apply(g, &c.ignore_vary, Self::ignore_vary);
+        apply(g, &c.invalidate_on_unsafe, Self::invalidate_on_unsafe)
+    }
+}
+
+#[cfg(feature = "serde")]
+mod serde_impl {
+    use http::{HeaderName, StatusCode};
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::WaitTimeout;
+
+    fn status<E: serde::de::Error>(code: u16) -> Result<StatusCode, E> {
+        StatusCode::from_u16(code)
+            .map_err(|_| E::custom(format!("{code} is not an HTTP status code (100 to 999)")))
+    }
+
+    /// `"fail_open"` or `{ "respond": 503 }`.
+    #[derive(Deserialize, Serialize)]
+    #[serde(rename_all = "snake_case", deny_unknown_fields)]
+    enum WaitTimeoutRepr {
+        FailOpen,
+        Respond(u16),
+    }
+
+    impl<'de> Deserialize<'de> for WaitTimeout {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            match WaitTimeoutRepr::deserialize(d)? {
+                WaitTimeoutRepr::FailOpen => Ok(WaitTimeout::FailOpen),
+                WaitTimeoutRepr::Respond(code) => status(code).map(WaitTimeout::Respond),
+            }
+        }
+    }
+
+    impl Serialize for WaitTimeout {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            match self {
+                WaitTimeout::FailOpen => WaitTimeoutRepr::FailOpen,
+                WaitTimeout::Respond(code) => WaitTimeoutRepr::Respond(code.as_u16()),
+            }
+            .serialize(s)
+        }
+    }
+
+    pub(super) mod statuses {
+        use super::*;
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Vec<StatusCode>>, D::Error> {
+            Option::<Vec<u16>>::deserialize(d)?
+                .map(|codes| codes.into_iter().map(status).collect())
+                .transpose()
+        }
+
+        pub fn serialize<S: Serializer>(
+            v: &Option<Vec<StatusCode>>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            v.as_ref()
+                .map(|codes| codes.iter().map(StatusCode::as_u16).collect::<Vec<_>>())
+                .serialize(s)
+        }
+    }
+
+    pub(super) mod header_names {
+        use super::*;
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Vec<HeaderName>>, D::Error> {
+            Option::<Vec<String>>::deserialize(d)?
+                .map(|names| {
+                    names
+                        .into_iter()
+                        .map(|name| {
+                            HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                                D::Error::custom(format!("{name:?} is not a valid header name"))
+                            })
+                        })
+                        .collect()
+                })
+                .transpose()
+        }
+
+        pub fn serialize<S: Serializer>(
+            v: &Option<Vec<HeaderName>>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            v.as_ref()
+                .map(|names| names.iter().map(HeaderName::as_str).collect::<Vec<_>>())
+                .serialize(s)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Backend;
+
+    #[test]
+    fn every_field_reaches_the_policy_and_absent_fields_keep_the_guards() {
+        let base = StampedeGuard::new(Backend::local())
+            .ttl(Duration::from_secs(7))
+            .namespace("kept");
+        let mut config = RouteConfig::default();
+        let unchanged = base.clone().with_config(&config);
+        assert_eq!(
+            format!("{:?}", unchanged.policy()),
+            format!("{:?}", base.policy())
+        );
+
+        config.stale_while_revalidate = Some(Duration::from_secs(60));
+        config.stale_if_error = Some(Duration::from_secs(120));
+        config.wait_budget = Some(Duration::from_secs(2));
+        config.on_wait_timeout = Some(WaitTimeout::Respond(StatusCode::GATEWAY_TIMEOUT));
+        config.lease = Some(Duration::from_secs(3));
+        config.rebuild_timeout = Some(Duration::from_secs(9));
+        config.hit_for_miss = Some(Duration::from_secs(1));
+        config.early_refresh = Some(2.0);
+        config.max_body_bytes = Some(1024);
+        config.cacheable_statuses = Some(vec![StatusCode::OK]);
+        config.vary = Some(vec![http::header::ACCEPT_LANGUAGE]);
+        config.forwarded_headers = Some(vec![]);
+        config.respect_cache_control = Some(true);
+        config.allow_credentials = Some(true);
+        config.strip_set_cookie = Some(true);
+        config.cache_private = Some(true);
+        config.ignore_vary = Some(true);
+        config.invalidate_on_unsafe = Some(false);
+        let guard = base.with_config(&config);
+        let p = guard.policy();
+        assert_eq!(p.lifetime.ttl, Duration::from_secs(7), "ttl left out: kept");
+        assert_eq!(&*p.namespace, "kept");
+        assert_eq!(p.lifetime.stale_while_revalidate, Duration::from_secs(60));
+        assert_eq!(p.lifetime.stale_if_error, Duration::from_secs(120));
+        assert_eq!(p.wait_budget, Duration::from_secs(2));
+        assert_eq!(
+            p.on_wait_timeout,
+            WaitTimeout::Respond(StatusCode::GATEWAY_TIMEOUT)
+        );
+        assert_eq!(p.lease, Duration::from_secs(3));
+        assert_eq!(p.rebuild_timeout, Duration::from_secs(9));
+        assert_eq!(p.hit_for_miss, Duration::from_secs(1));
+        assert_eq!(p.early_refresh, Some(2.0));
+        assert_eq!(p.max_body_bytes, 1024);
+        assert_eq!(&*p.statuses, &[StatusCode::OK]);
+        assert_eq!(&*p.vary, &[http::header::ACCEPT_LANGUAGE]);
+        assert!(p.forwarded.is_empty());
+        assert!(p.respect_cache_control && p.allow_credentials && p.strip_set_cookie);
+        assert!(p.cache_private && p.ignore_vary && !p.invalidate_on_unsafe);
+    }
+
+    #[test]
+    fn the_builders_bounds_apply_to_configured_values() {
+        let mut config = RouteConfig::default();
+        config.lease = Some(Duration::MAX);
+        config.early_refresh = Some(f64::NAN);
+        let guard = StampedeGuard::new(Backend::local())
+            .early_refresh(1.0)
+            .with_config(&config);
+        assert_eq!(guard.policy().lease, crate::engine::MAX_DELTA);
+        assert_eq!(guard.policy().early_refresh, None);
+    }
+}
