@@ -98,10 +98,14 @@ mod lock;
 pub mod metrics;
 mod store;
 
-pub use crate::http::{
-    Body, GuardService, KeyFn, ResponseFuture, RouteConfig, StampedeGuard, WaitTimeout,
-};
 pub use crate::http::{BoxError, SharedBodyError};
+pub use crate::http::{
+    GuardBody, GuardService, KeyFn, ResponseFuture, RouteConfig, StampedeGuard, WaitTimeout,
+};
+
+/// The old name of [`GuardBody`], kept for one release.
+#[deprecated(note = "renamed `GuardBody`, so as not to clash with `axum::body::Body`")]
+pub type Body<B> = GuardBody<B>;
 pub use backend::{Backend, BackendBuilder, BackendStats, DEFAULT_L1_MAX_BYTES};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackendBuilder, RedisConfig, RedisStats, TlsFiles};

@@ -243,7 +243,21 @@ async fn a_rebuild_timeout_is_covered_by_stale_if_error_for_every_request() {
     stale_herd_on_a_failing_rebuild(Failure::Timeout).await;
 }
 
-type Guarded = Response<stampede_guard::Body<Body>>;
+type Guarded = Response<stampede_guard::GuardBody<Body>>;
+
+/// The old name still names the same type, for one release.
+#[test]
+#[allow(deprecated)]
+fn the_old_body_name_is_the_same_type() {
+    fn same(body: stampede_guard::Body<Body>) -> stampede_guard::GuardBody<Body> {
+        body
+    }
+    let _ = same;
+    assert_eq!(
+        std::any::type_name::<stampede_guard::Body<Body>>(),
+        std::any::type_name::<stampede_guard::GuardBody<Body>>()
+    );
+}
 
 /// A guarded `service_fn` whose inner service fails with `Err` while
 /// `failing` is set (after a pause), else answers `v<call>`.
@@ -282,7 +296,7 @@ async fn call_herd<S>(service: &S) -> Vec<Result<Answer, std::io::Error>>
 where
     S: tower::Service<
             Request<Body>,
-            Response = Response<stampede_guard::Body<Body>>,
+            Response = Response<stampede_guard::GuardBody<Body>>,
             Error = std::io::Error,
         > + Clone
         + Send

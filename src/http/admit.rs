@@ -13,7 +13,7 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::Body as HttpBody;
 use tokio::sync::oneshot;
 
-use super::body::{Body, OriginError};
+use super::body::{GuardBody as Body, OriginError};
 use super::cache_control::initial_age;
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};

@@ -18,18 +18,20 @@ use tokio::sync::oneshot;
 
 use super::spool::{Read, Spool, SpoolReader};
 
-/// The error type of a [`Body`]: the inner body's error, or a
+/// The error type of a [`GuardBody`]: the inner body's error, or a
 /// [`SharedBodyError`] for a request that shared another one's origin body.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pin_project! {
     /// Body of a response that went through a [`StampedeGuard`](crate::StampedeGuard).
+    /// (Named so as not to clash with `axum::body::Body` in the same
+    /// module; it was `stampede_guard::Body`, still there, deprecated.)
     ///
     /// It implements [`http_body::Body`] with `Bytes` data and [`BoxError`]
     /// errors, so axum and hyper take it as it is. A request that read its
     /// own origin body sees that body's error as it was (boxed); a request
     /// that shared someone else's sees a [`SharedBodyError`].
-    pub struct Body<B> where B: http_body::Body {
+    pub struct GuardBody<B> where B: http_body::Body {
         #[pin]
         kind: Kind<B>,
     }
@@ -52,10 +54,10 @@ pin_project! {
     }
 }
 
-impl<B: http_body::Body> Body<B> {
+impl<B: http_body::Body> GuardBody<B> {
     /// A complete body held in memory.
     pub(crate) fn full(data: Bytes) -> Self {
-        Body {
+        GuardBody {
             kind: Kind::Full {
                 data: (!data.is_empty()).then_some(data),
             },
@@ -63,7 +65,7 @@ impl<B: http_body::Body> Body<B> {
     }
 
     pub(crate) fn empty() -> Self {
-        Body {
+        GuardBody {
             kind: Kind::Full { data: None },
         }
     }
@@ -72,14 +74,14 @@ impl<B: http_body::Body> Body<B> {
     /// head of a chunked one, or its `304`): its size hint is not exact, so
     /// that no router or server writes `Content-Length: 0` for it.
     pub(crate) fn unsized_empty() -> Self {
-        Body {
+        GuardBody {
             kind: Kind::Unsized,
         }
     }
 
     /// The inner body, streamed through.
     pub(crate) fn stream(inner: B) -> Self {
-        Body {
+        GuardBody {
             kind: Kind::Stream { inner },
         }
     }
@@ -87,7 +89,7 @@ impl<B: http_body::Body> Body<B> {
     /// A spool, read from its start; `origin_error` for the request whose
     /// origin body fills it.
     pub(crate) fn spooled(spool: Arc<Spool>, origin_error: Option<OriginError<B::Error>>) -> Self {
-        Body {
+        GuardBody {
             kind: Kind::Spooled {
                 reader: SpoolReader::new(spool),
                 origin_error,
@@ -109,7 +111,7 @@ fn to_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
     frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
 }
 
-impl<B> http_body::Body for Body<B>
+impl<B> http_body::Body for GuardBody<B>
 where
     B: http_body::Body,
     B::Data: Buf,
@@ -179,9 +181,9 @@ where
     }
 }
 
-impl<B: http_body::Body> std::fmt::Debug for Body<B> {
+impl<B: http_body::Body> std::fmt::Debug for GuardBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("stampede_guard::Body")
+        f.write_str("stampede_guard::GuardBody")
     }
 }
 

@@ -13,7 +13,7 @@ use http::Response;
 use http_body::Body as HttpBody;
 use pin_project_lite::pin_project;
 
-use super::body::Body;
+use super::body::GuardBody as Body;
 
 pub(crate) type MissFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<Body<B>>, E>> + Send>>;

@@ -29,7 +29,7 @@ mod unsafe_methods;
 mod vary;
 
 #[doc(inline)]
-pub use body::{Body, BoxError, SharedBodyError};
+pub use body::{BoxError, GuardBody, SharedBodyError};
 #[doc(inline)]
 pub use future::ResponseFuture;
 #[doc(inline)]

@@ -9,7 +9,7 @@
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 
-use super::body::Body;
+use super::body::GuardBody as Body;
 use super::response::CachedResponse;
 
 /// What a `Range` header asks of a representation of a given length.

@@ -10,7 +10,7 @@ use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body as HttpBody;
 
-use super::body::Body;
+use super::body::GuardBody as Body;
 use super::cache_control::http_date;
 use super::policy::{Policy, WaitTimeout};
 use super::range;

@@ -19,7 +19,7 @@ use http::{Response, StatusCode};
 use http_body::Body as HttpBody;
 
 use super::admit::{connection_named, Admitted, Private};
-use super::body::Body;
+use super::body::GuardBody as Body;
 use super::cache_control::{http_date, initial_age};
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use tower_service::Service;
 
 use super::admit::{admit, Admitted, Early, Private};
-use super::body::Body;
+use super::body::GuardBody as Body;
 use super::future::ResponseFuture;
 use super::key::{align_host, request_key, KeyRules, Keyed};
 use super::policy::{request_bypass, Policy};
