@@ -440,7 +440,7 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
         match procs::find_on_path(&args.nginx) {
             Some(binary) => {
                 let addr = servers.spawn(origin::serve_http(origin.clone())).await??;
-                if args.ttl_ms % 1000 != 0 {
+                if !args.ttl_ms.is_multiple_of(1000) {
                     eprintln!(
                         "nginx: proxy_cache_valid takes whole seconds; its ttl is {} s",
                         args.ttl_ms.div_ceil(1000)

@@ -37,7 +37,7 @@ pub(crate) fn answer<B: http_body::Body>(
         return;
     };
     if cached.status != StatusCode::OK
-        || !if_range.map_or(true, |v| if_range_holds(v, &cached.headers))
+        || !if_range.is_none_or(|v| if_range_holds(v, &cached.headers))
     {
         return;
     }

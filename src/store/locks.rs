@@ -65,7 +65,7 @@ impl LocalLocks {
                         leave.armed = false;
                         return Some((lock.fence, *holds));
                     }
-                    None if lock.queue.front().map_or(true, |head| head == token) => {
+                    None if lock.queue.front().is_none_or(|head| head == token) => {
                         lock.queue.retain(|t| t != token);
                         lock.fence += 1;
                         lock.owner = Some((token.to_owned(), 1));
