@@ -48,11 +48,13 @@ pub struct Backend {
 impl Backend {
     /// The embedded backend: an in-process L1 with in-process coalescing. It
     /// needs no server and protects one process.
+    #[must_use]
     pub fn local() -> Self {
         Self::builder().build()
     }
 
     /// Settings for a backend.
+    #[must_use]
     pub fn builder() -> BackendBuilder {
         BackendBuilder {
             l1_max_bytes: DEFAULT_L1_MAX_BYTES,
@@ -93,6 +95,7 @@ impl Backend {
     /// `redis-sentinel://host1:port1,host2:port2/SERVICE` for a primary found
     /// through Sentinel (see [`RedisConfig`] for every form).
     #[cfg(feature = "redis")]
+    #[must_use]
     pub fn redis_builder(url: &str) -> RedisBackendBuilder {
         RedisBackendBuilder::from_config(RedisConfig::new(url))
     }
@@ -123,6 +126,7 @@ impl Backend {
     /// The client learns the rest of the cluster from them, follows MOVED and
     /// ASK redirections and refreshes its view when a node is lost.
     #[cfg(feature = "redis-cluster")]
+    #[must_use]
     pub fn redis_cluster_builder<I, S>(nodes: I) -> RedisBackendBuilder
     where
         I: IntoIterator<Item = S>,
@@ -217,6 +221,7 @@ pub struct RedisBackendBuilder {
 #[cfg(feature = "redis")]
 impl RedisBackendBuilder {
     /// A builder with these settings.
+    #[must_use]
     pub fn from_config(config: RedisConfig) -> Self {
         RedisBackendBuilder {
             config,
@@ -226,6 +231,7 @@ impl RedisBackendBuilder {
     }
 
     /// Bound of each process's in-process tier, in bytes (default 64 MiB).
+    #[must_use]
     pub fn l1_max_bytes(mut self, bytes: u64) -> Self {
         self.config.l1_max_bytes = bytes;
         self
@@ -233,6 +239,7 @@ impl RedisBackendBuilder {
 
     /// Prefix of every Redis key and of the event channel (default `sg`).
     /// Services that share a Redis but not their caches use different ones.
+    #[must_use]
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.config.prefix = prefix.into();
         self
@@ -241,12 +248,14 @@ impl RedisBackendBuilder {
     /// The longest any Redis call may take (default 50 ms). A request never
     /// waits on a slow or dead Redis longer than this; repeated failures open
     /// the circuit and the layer runs on its in-process tier alone.
+    #[must_use]
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.config.deadline = deadline;
         self
     }
 
     /// How long connecting may take at start-up (default 2 s).
+    #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.config.connect_timeout = timeout;
         self
@@ -255,6 +264,7 @@ impl RedisBackendBuilder {
     /// How often an open circuit pings Redis to see whether it is back
     /// (default 250 ms). Behind Sentinel the probe first asks the sentinels
     /// where the primary is, and follows it after a failover.
+    #[must_use]
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.config.probe_interval = interval;
         self
@@ -262,6 +272,7 @@ impl RedisBackendBuilder {
 
     /// Trusts this CA (PEM) for `rediss` connections instead of the system's
     /// roots: for a private CA, as managed services and self-hosted TLS use.
+    #[must_use]
     pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls.ca = Some(pem.into());
         self
@@ -269,6 +280,7 @@ impl RedisBackendBuilder {
 
     /// Presents this client certificate chain and key (PEM) to servers that
     /// require one (`tls-auth-clients yes`).
+    #[must_use]
     pub fn tls_client_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
         self.tls.client = Some((cert.into(), key.into()));
         self
@@ -340,12 +352,14 @@ pub struct BackendBuilder {
 impl BackendBuilder {
     /// Bound of the in-process tier, in bytes (default 64 MiB). A value larger
     /// than the whole bound is never kept in L1.
+    #[must_use]
     pub fn l1_max_bytes(mut self, bytes: u64) -> Self {
         self.l1_max_bytes = bytes;
         self
     }
 
     /// Builds the backend.
+    #[must_use]
     pub fn build(self) -> Backend {
         Backend {
             engine: Arc::new(Engine::new(LocalTier::new(self.l1_max_bytes))),

@@ -69,6 +69,7 @@ impl<V> std::fmt::Debug for Cache<V> {
 
 impl<V: CacheValue> Cache<V> {
     /// A cache on `backend`: 10 s ttl, no stale windows, 10 s wait budget.
+    #[must_use]
     pub fn new(backend: Backend) -> Self {
         Cache {
             backend,
@@ -93,17 +94,20 @@ impl<V: CacheValue> Cache<V> {
     }
 
     /// How long a value is fresh.
+    #[must_use]
     pub fn ttl(self, ttl: Duration) -> Self {
         self.with(|s| s.lifetime.ttl = ttl)
     }
 
     /// After the ttl, how long a value is still returned at once while one
     /// caller's rebuild refreshes it in the background.
+    #[must_use]
     pub fn stale_while_revalidate(self, window: Duration) -> Self {
         self.with(|s| s.lifetime.stale_while_revalidate = window)
     }
 
     /// After the ttl, how long a value may stand in for a failed rebuild.
+    #[must_use]
     pub fn stale_if_error(self, window: Duration) -> Self {
         self.with(|s| s.lifetime.stale_if_error = window)
     }
@@ -111,12 +115,14 @@ impl<V: CacheValue> Cache<V> {
     /// How long a rebuild waits, at least, for another instance's rebuild of
     /// the same key before running its own (default 10 s). It waits longer
     /// if the other may run longer: up to the rebuild timeout plus a lease.
+    #[must_use]
     pub fn wait_budget(self, budget: Duration) -> Self {
         self.with(|s| s.wait_budget = budget.min(MAX_DELTA))
     }
 
     /// Fleet-wide rebuild lease time (default 5 s), renewed every third of it
     /// while a rebuild runs. Only used with a Redis backend.
+    #[must_use]
     pub fn lease(self, lease: Duration) -> Self {
         self.with(|s| s.lease = lease.min(MAX_DELTA))
     }
@@ -124,18 +130,21 @@ impl<V: CacheValue> Cache<V> {
     /// The longest a rebuild may run (default 30 s); past it the rebuild is
     /// abandoned and its callers get stale-if-error or
     /// [`RebuildError::TimedOut`].
+    #[must_use]
     pub fn rebuild_timeout(self, timeout: Duration) -> Self {
         self.with(|s| s.rebuild_timeout = timeout.min(MAX_DELTA))
     }
 
     /// Probabilistic early refresh (XFetch) with this `beta`; see
     /// [`StampedeGuard::early_refresh`](crate::StampedeGuard::early_refresh).
+    #[must_use]
     pub fn early_refresh(self, beta: f64) -> Self {
         let beta = (beta.is_finite() && beta > 0.0).then_some(beta);
         self.with(|s| s.early_refresh = beta)
     }
 
     /// Prefix for every key, to keep apart caches sharing a backend.
+    #[must_use]
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace = namespace.into();
         self.with(|s| s.namespace = namespace)

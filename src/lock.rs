@@ -120,6 +120,7 @@ pub struct LockOwner {
 
 impl LockOwner {
     /// A new owner with a random 128-bit token (not guessable).
+    #[must_use]
     pub fn new() -> Self {
         LockOwner {
             token: format!("{:032x}", rand::random::<u128>()),
@@ -172,6 +173,7 @@ impl std::error::Error for LockError {
 
 impl Lock {
     /// A lock on `backend`: 10 s lease (renewed while held), 10 s wait budget.
+    #[must_use]
     pub fn new(backend: Backend) -> Self {
         Lock {
             backend,
@@ -184,12 +186,14 @@ impl Lock {
     /// How long a holder keeps the lock without renewing it. The guard's
     /// watchdog renews it every third of this; a dead holder loses it after
     /// at most this long.
+    #[must_use]
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease.clamp(Duration::from_millis(3), MAX_DELTA);
         self
     }
 
     /// How long [`acquire`](Self::acquire) waits for the lock.
+    #[must_use]
     pub fn wait_budget(mut self, budget: Duration) -> Self {
         self.wait_budget = budget.min(MAX_DELTA);
         self
@@ -201,6 +205,7 @@ impl Lock {
     /// [lost](LockGuard::lost). Unset by default (renewed while the guard
     /// lives). On the embedded backend a lock is never lost, and this has no
     /// effect.
+    #[must_use]
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold.min(MAX_DELTA));
         self

@@ -214,6 +214,7 @@ impl<E> OriginError<E> {
 /// The error a body shared by several requests ends with when the origin's
 /// body failed part way.
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct SharedBodyError;
 
 impl std::fmt::Display for SharedBodyError {

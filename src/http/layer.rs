@@ -69,6 +69,7 @@ pub struct StampedeGuard {
 impl StampedeGuard {
     /// A guard on `backend` with the default policy: 10 s ttl, no stale
     /// windows, 10 s wait budget, bodies up to 4 MiB, `x-cache` header on.
+    #[must_use]
     pub fn new(backend: Backend) -> Self {
         StampedeGuard {
             backend,
@@ -82,18 +83,21 @@ impl StampedeGuard {
     }
 
     /// How long a response is served as fresh.
+    #[must_use]
     pub fn ttl(self, ttl: Duration) -> Self {
         self.with(|p| p.lifetime.ttl = ttl)
     }
 
     /// After the ttl, how long an entry is still served at once while one
     /// request refreshes it in the background (RFC 5861).
+    #[must_use]
     pub fn stale_while_revalidate(self, window: Duration) -> Self {
         self.with(|p| p.lifetime.stale_while_revalidate = window)
     }
 
     /// After the ttl, how long an entry may stand in for a failed rebuild: an
     /// inner-service error or a 5xx response (RFC 5861).
+    #[must_use]
     pub fn stale_if_error(self, window: Duration) -> Self {
         self.with(|p| p.lifetime.stale_if_error = window)
     }
@@ -107,12 +111,14 @@ impl StampedeGuard {
     /// (the [rebuild timeout](Self::rebuild_timeout) plus a lease, or the
     /// budget if longer), so a slow origin is still called once for the
     /// fleet. Failing closed, the budget is when the route answers.
+    #[must_use]
     pub fn wait_budget(self, budget: Duration) -> Self {
         self.with(|p| p.wait_budget = budget.min(MAX_DELTA))
     }
 
     /// What a waiter does when its wait budget runs out (default: keep
     /// waiting for this process's own rebuild; see [`WaitTimeout`]).
+    #[must_use]
     pub fn on_wait_timeout(self, action: WaitTimeout) -> Self {
         self.with(|p| p.on_wait_timeout = action)
     }
@@ -121,6 +127,7 @@ impl StampedeGuard {
     /// it is read from the origin once and streamed to every request that
     /// waited for it, each from the start; the bytes read stay in memory
     /// while one of those requests is still reading.
+    #[must_use]
     pub fn max_body_bytes(self, bytes: usize) -> Self {
         self.with(|p| p.max_body_bytes = bytes)
     }
@@ -130,6 +137,7 @@ impl StampedeGuard {
     /// or 403 may be meant for that client only): the requests waiting on the
     /// same rebuild do not get them, one of them rebuilds instead. A 5xx is a
     /// failed rebuild: the waiters share it (or the stale-if-error copy).
+    #[must_use]
     pub fn cacheable_statuses(self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
         let statuses: Arc<[StatusCode]> = statuses.into_iter().collect();
         self.with(|p| p.statuses = statuses)
@@ -152,6 +160,7 @@ impl StampedeGuard {
     /// store one uncompressed copy and compress each response on the way out,
     /// or *outside* it to store one copy per coding (compressed once per
     /// entry, not per response).
+    #[must_use]
     pub fn vary(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let vary: Arc<[HeaderName]> = headers.into_iter().collect();
         self.with(|p| p.vary = vary)
@@ -183,6 +192,7 @@ impl StampedeGuard {
     ///     .forwarded_headers([http::HeaderName::from_static("x-forwarded-proto")]);
     /// # let _ = guard;
     /// ```
+    #[must_use]
     pub fn forwarded_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let forwarded: Arc<[HeaderName]> = headers.into_iter().collect();
         self.with(|p| p.forwarded = forwarded)
@@ -202,6 +212,7 @@ impl StampedeGuard {
     /// });
     /// # let _ = guard;
     /// ```
+    #[must_use]
     pub fn key_fn<F>(self, key_fn: F) -> Self
     where
         F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
@@ -219,6 +230,7 @@ impl StampedeGuard {
     /// `proxy-revalidate` forbid serving stale (the route's stale windows are
     /// zeroed for that response), and an `Expires` already past or invalid
     /// (`0`) keeps the response out of the cache.
+    #[must_use]
     pub fn respect_cache_control(self, on: bool) -> Self {
         self.with(|p| p.respect_cache_control = on)
     }
@@ -226,6 +238,7 @@ impl StampedeGuard {
     /// Opt in to caching requests that carry `Authorization`, `Cookie` or
     /// `Proxy-Authorization`. Only for routes whose answer does not depend on
     /// who asks (or that key on the credential with [`vary`](Self::vary)).
+    #[must_use]
     pub fn allow_credentials(self, on: bool) -> Self {
         self.with(|p| p.allow_credentials = on)
     }
@@ -233,17 +246,20 @@ impl StampedeGuard {
     /// Opt in to storing responses that set cookies, with the `Set-Cookie`
     /// headers removed from the stored copy: the client that caused the
     /// rebuild gets its cookie, nobody else does.
+    #[must_use]
     pub fn strip_set_cookie(self, on: bool) -> Self {
         self.with(|p| p.strip_set_cookie = on)
     }
 
     /// Opt in to storing responses marked `private`, `no-store` or `no-cache`.
+    #[must_use]
     pub fn cache_private(self, on: bool) -> Self {
         self.with(|p| p.cache_private = on)
     }
 
     /// Opt in to storing responses whose `Vary` is `*` or names headers the
     /// route does not key on.
+    #[must_use]
     pub fn ignore_vary(self, on: bool) -> Self {
         self.with(|p| p.ignore_vary = on)
     }
@@ -252,6 +268,7 @@ impl StampedeGuard {
     /// (default 5 s), so its requests run side by side, not one after another.
     /// The window does not block the key: the first shareable answer one of
     /// those requests gets is stored, and the key is coalesced and hit again.
+    #[must_use]
     pub fn hit_for_miss(self, window: Duration) -> Self {
         self.with(|p| p.hit_for_miss = window.min(MAX_DELTA))
     }
@@ -260,6 +277,7 @@ impl StampedeGuard {
     /// (default 5 s). While the handler runs, a watchdog renews it every third
     /// of this; if the instance dies, another may rebuild after at most this
     /// long. Only used with a Redis backend.
+    #[must_use]
     pub fn lease(self, lease: Duration) -> Self {
         self.with(|p| p.lease = lease.min(MAX_DELTA))
     }
@@ -276,6 +294,7 @@ impl StampedeGuard {
     /// let guard = StampedeGuard::new(Backend::local()).rebuild_timeout(Duration::from_secs(5));
     /// # let _ = guard;
     /// ```
+    #[must_use]
     pub fn rebuild_timeout(self, timeout: Duration) -> Self {
         self.with(|p| p.rebuild_timeout = timeout.min(MAX_DELTA))
     }
@@ -285,6 +304,7 @@ impl StampedeGuard {
     /// as its expiry nears and with how long it took to build. `beta` scales
     /// how early (1.0 is the usual choice; larger refreshes earlier). A hot key
     /// then rarely expires at all.
+    #[must_use]
     pub fn early_refresh(self, beta: f64) -> Self {
         let beta = (beta.is_finite() && beta > 0.0).then_some(beta);
         self.with(|p| p.early_refresh = beta)
@@ -298,12 +318,14 @@ impl StampedeGuard {
     ///
     /// Anyone who can make the origin accept a write can so make the fleet
     /// rebuild that URI once: the rebuild is still coalesced.
+    #[must_use]
     pub fn invalidate_on_unsafe(self, on: bool) -> Self {
         self.with(|p| p.invalidate_on_unsafe = on)
     }
 
     /// Prefix for every key, to keep apart services or versions that share a
     /// backend.
+    #[must_use]
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace: Arc<str> = Arc::from(namespace.into());
         self.with(|p| p.namespace = namespace)
@@ -312,6 +334,7 @@ impl StampedeGuard {
     /// Response header that tells how a response was answered (`HIT`, `STALE`,
     /// `MISS`, `COALESCED`, `BYPASS`); `None` to leave responses as they are.
     /// Default `x-cache`.
+    #[must_use]
     pub fn cache_status_header(self, header: Option<HeaderName>) -> Self {
         self.with(|p| p.status_header = header)
     }
