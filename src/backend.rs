@@ -48,12 +48,20 @@ pub struct Backend {
 impl Backend {
     /// The embedded backend: an in-process L1 with in-process coalescing. It
     /// needs no server and protects one process.
+    ///
+    /// ```
+    /// let backend = stampede_guard::Backend::local();
+    /// ```
     #[must_use]
     pub fn local() -> Self {
         Self::builder().build()
     }
 
     /// Settings for a backend.
+    ///
+    /// ```
+    /// let backend = stampede_guard::Backend::builder().l1_max_bytes(16 << 20).build();
+    /// ```
     #[must_use]
     pub fn builder() -> BackendBuilder {
         BackendBuilder {
@@ -81,6 +89,12 @@ impl Backend {
     /// let backend = stampede_guard::Backend::redis("redis://127.0.0.1:6379").await?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisBackendBuilder::connect`]: when Redis cannot be reached,
+    /// refuses the credentials, the TLS handshake or an ACL permission, or
+    /// the settings are unusable (see [`ErrorKind`](crate::ErrorKind)).
     #[cfg(feature = "redis")]
     pub async fn redis(url: &str) -> Result<Self, Error> {
         Self::redis_builder(url).connect().await
@@ -94,6 +108,12 @@ impl Backend {
     /// server, `redis-cluster://host1:port1,host2:port2` for Redis Cluster,
     /// `redis-sentinel://host1:port1,host2:port2/SERVICE` for a primary found
     /// through Sentinel (see [`RedisConfig`] for every form).
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::Backend;
+    /// // Builds the settings; `.connect().await` connects.
+    /// let builder = Backend::redis_builder("redis://127.0.0.1:6379").prefix("shop");
+    /// ```
     #[cfg(feature = "redis")]
     #[must_use]
     pub fn redis_builder(url: &str) -> RedisBackendBuilder {
@@ -112,6 +132,12 @@ impl Backend {
     /// .await?;
     /// # Ok(()) }
     /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisBackendBuilder::connect`]: when Redis cannot be reached,
+    /// refuses the credentials, the TLS handshake or an ACL permission, or
+    /// the settings are unusable (see [`ErrorKind`](crate::ErrorKind)).
     #[cfg(feature = "redis-cluster")]
     pub async fn redis_cluster<I, S>(nodes: I) -> Result<Self, Error>
     where
@@ -125,6 +151,10 @@ impl Backend {
     /// of its nodes (`redis://[user:password@]host:port`, or `rediss://`).
     /// The client learns the rest of the cluster from them, follows MOVED and
     /// ASK redirections and refreshes its view when a node is lost.
+    ///
+    /// ```
+    /// let builder = stampede_guard::Backend::redis_cluster_builder(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"]);
+    /// ```
     #[cfg(feature = "redis-cluster")]
     #[must_use]
     pub fn redis_cluster_builder<I, S>(nodes: I) -> RedisBackendBuilder
@@ -140,6 +170,18 @@ impl Backend {
 
     /// A Redis-backed backend from settings a service loaded from its own
     /// configuration (see [`RedisConfig`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisBackendBuilder::connect`]: when Redis cannot be reached,
+    /// refuses the credentials, the TLS handshake or an ACL permission, or
+    /// the settings are unusable (see [`ErrorKind`](crate::ErrorKind)).
+    ///
+    /// ```
+    /// use stampede_guard::{RedisBackendBuilder, RedisConfig};
+    ///
+    /// let builder = RedisBackendBuilder::from_config(RedisConfig::new("redis://127.0.0.1:6379"));
+    /// ```
     #[cfg(feature = "redis")]
     pub async fn from_config(config: RedisConfig) -> Result<Self, Error> {
         RedisBackendBuilder::from_config(config).connect().await
@@ -231,6 +273,12 @@ impl RedisBackendBuilder {
     }
 
     /// Bound of each process's in-process tier, in bytes (default 64 MiB).
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::Backend;
+    /// // Builds the settings; `.connect().await` connects.
+    /// let builder = Backend::redis_builder("redis://127.0.0.1:6379").l1_max_bytes(16 << 20);
+    /// ```
     #[must_use]
     pub fn l1_max_bytes(mut self, bytes: u64) -> Self {
         self.config.l1_max_bytes = bytes;
@@ -239,6 +287,12 @@ impl RedisBackendBuilder {
 
     /// Prefix of every Redis key and of the event channel (default `sg`).
     /// Services that share a Redis but not their caches use different ones.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::Backend;
+    /// // Builds the settings; `.connect().await` connects.
+    /// let builder = Backend::redis_builder("redis://127.0.0.1:6379").prefix("shop");
+    /// ```
     #[must_use]
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.config.prefix = prefix.into();
@@ -248,6 +302,12 @@ impl RedisBackendBuilder {
     /// The longest any Redis call may take (default 50 ms). A request never
     /// waits on a slow or dead Redis longer than this; repeated failures open
     /// the circuit and the layer runs on its in-process tier alone.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::Backend;
+    /// // Builds the settings; `.connect().await` connects.
+    /// let builder = Backend::redis_builder("redis://127.0.0.1:6379").deadline(Duration::from_millis(80));
+    /// ```
     #[must_use]
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.config.deadline = deadline;
@@ -255,6 +315,12 @@ impl RedisBackendBuilder {
     }
 
     /// How long connecting may take at start-up (default 2 s).
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::Backend;
+    /// // Builds the settings; `.connect().await` connects.
+    /// let builder = Backend::redis_builder("redis://127.0.0.1:6379").connect_timeout(Duration::from_secs(5));
+    /// ```
     #[must_use]
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.config.connect_timeout = timeout;
@@ -264,6 +330,12 @@ impl RedisBackendBuilder {
     /// How often an open circuit pings Redis to see whether it is back
     /// (default 250 ms). Behind Sentinel the probe first asks the sentinels
     /// where the primary is, and follows it after a failover.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::Backend;
+    /// // Builds the settings; `.connect().await` connects.
+    /// let builder = Backend::redis_builder("redis://127.0.0.1:6379").probe_interval(Duration::from_millis(500));
+    /// ```
     #[must_use]
     pub fn probe_interval(mut self, interval: Duration) -> Self {
         self.config.probe_interval = interval;
@@ -272,6 +344,12 @@ impl RedisBackendBuilder {
 
     /// Trusts this CA (PEM) for `rediss` connections instead of the system's
     /// roots: for a private CA, as managed services and self-hosted TLS use.
+    ///
+    /// ```
+    /// # use stampede_guard::Backend;
+    /// # let ca_pem = Vec::<u8>::new();
+    /// let builder = Backend::redis_builder("rediss://redis.internal:6380").tls_ca_pem(ca_pem);
+    /// ```
     #[must_use]
     pub fn tls_ca_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls.ca = Some(pem.into());
@@ -280,6 +358,13 @@ impl RedisBackendBuilder {
 
     /// Presents this client certificate chain and key (PEM) to servers that
     /// require one (`tls-auth-clients yes`).
+    ///
+    /// ```
+    /// # use stampede_guard::Backend;
+    /// # let (cert_pem, key_pem) = (Vec::<u8>::new(), Vec::<u8>::new());
+    /// let builder = Backend::redis_builder("rediss://redis.internal:6380")
+    ///     .tls_client_pem(cert_pem, key_pem);
+    /// ```
     #[must_use]
     pub fn tls_client_pem(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
         self.tls.client = Some((cert.into(), key.into()));
@@ -290,6 +375,17 @@ impl RedisBackendBuilder {
     /// Fails with the server's reason if Redis is unreachable, refuses the
     /// credentials or the TLS handshake: a misconfigured backend is a
     /// start-up error, not a silent fallback.
+    ///
+    /// # Errors
+    ///
+    /// An [`Error`] whose [`kind`](Error::kind) says why:
+    /// [`InvalidConfig`](crate::ErrorKind::InvalidConfig) for a malformed
+    /// URL, an unreadable certificate, a feature not compiled in or a
+    /// `rediss` URL with no rustls crypto provider installed;
+    /// [`Connect`](crate::ErrorKind::Connect), [`Auth`](crate::ErrorKind::Auth),
+    /// [`Permission`](crate::ErrorKind::Permission), [`Tls`](crate::ErrorKind::Tls)
+    /// or [`Timeout`](crate::ErrorKind::Timeout) for what the server or the
+    /// network answered.
     pub async fn connect(self) -> Result<Backend, Error> {
         let config = self.config;
         let shown = redact(&config.url);
@@ -352,6 +448,10 @@ pub struct BackendBuilder {
 impl BackendBuilder {
     /// Bound of the in-process tier, in bytes (default 64 MiB). A value larger
     /// than the whole bound is never kept in L1.
+    ///
+    /// ```
+    /// let backend = stampede_guard::Backend::builder().l1_max_bytes(16 << 20).build();
+    /// ```
     #[must_use]
     pub fn l1_max_bytes(mut self, bytes: u64) -> Self {
         self.l1_max_bytes = bytes;
@@ -359,6 +459,10 @@ impl BackendBuilder {
     }
 
     /// Builds the backend.
+    ///
+    /// ```
+    /// let backend = stampede_guard::Backend::builder().build();
+    /// ```
     #[must_use]
     pub fn build(self) -> Backend {
         Backend {

@@ -69,6 +69,12 @@ impl<V> std::fmt::Debug for Cache<V> {
 
 impl<V: CacheValue> Cache<V> {
     /// A cache on `backend`: 10 s ttl, no stale windows, 10 s wait budget.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, Cache};
+    ///
+    /// let cache: Cache<String> = Cache::new(Backend::local());
+    /// ```
     #[must_use]
     pub fn new(backend: Backend) -> Self {
         Cache {
@@ -94,6 +100,11 @@ impl<V: CacheValue> Cache<V> {
     }
 
     /// How long a value is fresh.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
+    /// let cache: Cache<String> = Cache::new(Backend::local()).ttl(Duration::from_secs(30));
+    /// ```
     #[must_use]
     pub fn ttl(self, ttl: Duration) -> Self {
         self.with(|s| s.lifetime.ttl = ttl)
@@ -101,12 +112,22 @@ impl<V: CacheValue> Cache<V> {
 
     /// After the ttl, how long a value is still returned at once while one
     /// caller's rebuild refreshes it in the background.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
+    /// let cache: Cache<String> = Cache::new(Backend::local()).stale_while_revalidate(Duration::from_secs(60));
+    /// ```
     #[must_use]
     pub fn stale_while_revalidate(self, window: Duration) -> Self {
         self.with(|s| s.lifetime.stale_while_revalidate = window)
     }
 
     /// After the ttl, how long a value may stand in for a failed rebuild.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
+    /// let cache: Cache<String> = Cache::new(Backend::local()).stale_if_error(Duration::from_secs(600));
+    /// ```
     #[must_use]
     pub fn stale_if_error(self, window: Duration) -> Self {
         self.with(|s| s.lifetime.stale_if_error = window)
@@ -115,6 +136,11 @@ impl<V: CacheValue> Cache<V> {
     /// How long a rebuild waits, at least, for another instance's rebuild of
     /// the same key before running its own (default 10 s). It waits longer
     /// if the other may run longer: up to the rebuild timeout plus a lease.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
+    /// let cache: Cache<String> = Cache::new(Backend::local()).wait_budget(Duration::from_secs(2));
+    /// ```
     #[must_use]
     pub fn wait_budget(self, budget: Duration) -> Self {
         self.with(|s| s.wait_budget = budget.min(MAX_DELTA))
@@ -122,6 +148,11 @@ impl<V: CacheValue> Cache<V> {
 
     /// Fleet-wide rebuild lease time (default 5 s), renewed every third of it
     /// while a rebuild runs. Only used with a Redis backend.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
+    /// let cache: Cache<String> = Cache::new(Backend::local()).lease(Duration::from_secs(2));
+    /// ```
     #[must_use]
     pub fn lease(self, lease: Duration) -> Self {
         self.with(|s| s.lease = lease.min(MAX_DELTA))
@@ -130,6 +161,11 @@ impl<V: CacheValue> Cache<V> {
     /// The longest a rebuild may run (default 30 s); past it the rebuild is
     /// abandoned and its callers get stale-if-error or
     /// [`RebuildError::TimedOut`].
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
+    /// let cache: Cache<String> = Cache::new(Backend::local()).rebuild_timeout(Duration::from_secs(5));
+    /// ```
     #[must_use]
     pub fn rebuild_timeout(self, timeout: Duration) -> Self {
         self.with(|s| s.rebuild_timeout = timeout.min(MAX_DELTA))
@@ -137,6 +173,11 @@ impl<V: CacheValue> Cache<V> {
 
     /// Probabilistic early refresh (XFetch) with this `beta`; see
     /// [`StampedeGuard::early_refresh`](crate::StampedeGuard::early_refresh).
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
+    /// let cache: Cache<String> = Cache::new(Backend::local()).early_refresh(1.0);
+    /// ```
     #[must_use]
     pub fn early_refresh(self, beta: f64) -> Self {
         let beta = (beta.is_finite() && beta > 0.0).then_some(beta);
@@ -144,6 +185,11 @@ impl<V: CacheValue> Cache<V> {
     }
 
     /// Prefix for every key, to keep apart caches sharing a backend.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
+    /// let cache: Cache<String> = Cache::new(Backend::local()).namespace("prices");
+    /// ```
     #[must_use]
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace = namespace.into();

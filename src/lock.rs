@@ -92,6 +92,9 @@ use crate::store::redis::RedisTier;
 
 use crate::fence::FencingToken;
 
+mod error;
+pub use error::LockError;
+
 /// A named lock on a backend. Clone it freely.
 #[derive(Clone)]
 pub struct Lock {
@@ -141,38 +144,14 @@ impl fmt::Debug for LockOwner {
     }
 }
 
-/// Why a lock was not acquired or released.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum LockError {
-    /// Another owner held the lock for the whole wait budget.
-    Timeout,
-    /// The backend could not be asked (Redis unreachable or failing; the
-    /// error says which, and keeps the cause). A lock never falls back to a
-    /// local one: that would not exclude other processes.
-    Unavailable(crate::Error),
-}
-
-impl fmt::Display for LockError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LockError::Timeout => f.write_str("lock not acquired within the wait budget"),
-            LockError::Unavailable(why) => write!(f, "lock backend unavailable: {why}"),
-        }
-    }
-}
-
-impl std::error::Error for LockError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            LockError::Timeout => None,
-            LockError::Unavailable(e) => Some(e),
-        }
-    }
-}
-
 impl Lock {
     /// A lock on `backend`: 10 s lease (renewed while held), 10 s wait budget.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, Lock};
+    ///
+    /// let lock = Lock::new(Backend::local());
+    /// ```
     #[must_use]
     pub fn new(backend: Backend) -> Self {
         Lock {
@@ -186,6 +165,11 @@ impl Lock {
     /// How long a holder keeps the lock without renewing it. The guard's
     /// watchdog renews it every third of this; a dead holder loses it after
     /// at most this long.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, Lock};
+    /// let lock = Lock::new(Backend::local()).lease(Duration::from_secs(3));
+    /// ```
     #[must_use]
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease.clamp(Duration::from_millis(3), MAX_DELTA);
@@ -193,6 +177,11 @@ impl Lock {
     }
 
     /// How long [`acquire`](Self::acquire) waits for the lock.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, Lock};
+    /// let lock = Lock::new(Backend::local()).wait_budget(Duration::from_secs(1));
+    /// ```
     #[must_use]
     pub fn wait_budget(mut self, budget: Duration) -> Self {
         self.wait_budget = budget.min(MAX_DELTA);
@@ -205,6 +194,11 @@ impl Lock {
     /// [lost](LockGuard::lost). Unset by default (renewed while the guard
     /// lives). On the embedded backend a lock is never lost, and this has no
     /// effect.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, Lock};
+    /// let lock = Lock::new(Backend::local()).max_hold(Duration::from_secs(60));
+    /// ```
     #[must_use]
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold.min(MAX_DELTA));
@@ -216,6 +210,11 @@ impl Lock {
     }
 
     /// Takes the lock `name`, waiting up to the wait budget.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Timeout`] if another owner held it for the whole wait
+    /// budget; [`LockError::Unavailable`] if the backend could not be asked.
     pub async fn acquire(&self, name: &str) -> Result<LockGuard, LockError> {
         self.acquire_inner(name, &LockOwner::new(), Some(self.wait_budget), false)
             .await?
@@ -224,6 +223,11 @@ impl Lock {
 
     /// Takes the lock `name` if it is free (and nobody queues for it), without
     /// waiting.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unavailable`] if the backend could not be asked (a lock
+    /// held by another owner is `Ok(None)`, not an error).
     pub async fn try_acquire(&self, name: &str) -> Result<Option<LockGuard>, LockError> {
         self.acquire_inner(name, &LockOwner::new(), None, false)
             .await
@@ -232,6 +236,10 @@ impl Lock {
     /// Takes the lock `name` for `owner`, waiting up to the wait budget. If
     /// `owner` already holds it, this adds a hold instead (reentrancy): the
     /// lock is released when every guard of the owner is gone.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Self::acquire).
     pub async fn acquire_as(&self, name: &str, owner: &LockOwner) -> Result<LockGuard, LockError> {
         self.acquire_inner(name, owner, Some(self.wait_budget), true)
             .await?
@@ -476,6 +484,10 @@ impl LockGuard {
     /// lease would have ended; it returns [`LockError::Unavailable`] only if
     /// Redis answered no try by then, and the hold has then lapsed by
     /// itself.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::Unavailable`], as above.
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
         #[cfg(feature = "redis")]

@@ -69,6 +69,12 @@ pub struct StampedeGuard {
 impl StampedeGuard {
     /// A guard on `backend` with the default policy: 10 s ttl, no stale
     /// windows, 10 s wait budget, bodies up to 4 MiB, `x-cache` header on.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// let guard = StampedeGuard::new(Backend::local());
+    /// ```
     #[must_use]
     pub fn new(backend: Backend) -> Self {
         StampedeGuard {
@@ -77,12 +83,17 @@ impl StampedeGuard {
         }
     }
 
-    fn with(mut self, change: impl FnOnce(&mut Policy)) -> Self {
+    pub(super) fn with(mut self, change: impl FnOnce(&mut Policy)) -> Self {
         change(Arc::make_mut(&mut self.policy));
         self
     }
 
     /// How long a response is served as fresh.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(30));
+    /// ```
     #[must_use]
     pub fn ttl(self, ttl: Duration) -> Self {
         self.with(|p| p.lifetime.ttl = ttl)
@@ -90,6 +101,13 @@ impl StampedeGuard {
 
     /// After the ttl, how long an entry is still served at once while one
     /// request refreshes it in the background (RFC 5861).
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local())
+    ///     .ttl(Duration::from_secs(30))
+    ///     .stale_while_revalidate(Duration::from_secs(60));
+    /// ```
     #[must_use]
     pub fn stale_while_revalidate(self, window: Duration) -> Self {
         self.with(|p| p.lifetime.stale_while_revalidate = window)
@@ -97,6 +115,11 @@ impl StampedeGuard {
 
     /// After the ttl, how long an entry may stand in for a failed rebuild: an
     /// inner-service error or a 5xx response (RFC 5861).
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).stale_if_error(Duration::from_secs(600));
+    /// ```
     #[must_use]
     pub fn stale_if_error(self, window: Duration) -> Self {
         self.with(|p| p.lifetime.stale_if_error = window)
@@ -111,6 +134,11 @@ impl StampedeGuard {
     /// (the [rebuild timeout](Self::rebuild_timeout) plus a lease, or the
     /// budget if longer), so a slow origin is still called once for the
     /// fleet. Failing closed, the budget is when the route answers.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).wait_budget(Duration::from_secs(2));
+    /// ```
     #[must_use]
     pub fn wait_budget(self, budget: Duration) -> Self {
         self.with(|p| p.wait_budget = budget.min(MAX_DELTA))
@@ -118,6 +146,16 @@ impl StampedeGuard {
 
     /// What a waiter does when its wait budget runs out (default: keep
     /// waiting for this process's own rebuild; see [`WaitTimeout`]).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use http::StatusCode;
+    /// use stampede_guard::{Backend, StampedeGuard, WaitTimeout};
+    ///
+    /// let guard = StampedeGuard::new(Backend::local())
+    ///     .wait_budget(Duration::from_secs(2))
+    ///     .on_wait_timeout(WaitTimeout::Respond(StatusCode::SERVICE_UNAVAILABLE));
+    /// ```
     #[must_use]
     pub fn on_wait_timeout(self, action: WaitTimeout) -> Self {
         self.with(|p| p.on_wait_timeout = action)
@@ -127,6 +165,11 @@ impl StampedeGuard {
     /// it is read from the origin once and streamed to every request that
     /// waited for it, each from the start; the bytes read stay in memory
     /// while one of those requests is still reading.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).max_body_bytes(16 << 20);
+    /// ```
     #[must_use]
     pub fn max_body_bytes(self, bytes: usize) -> Self {
         self.with(|p| p.max_body_bytes = bytes)
@@ -137,6 +180,11 @@ impl StampedeGuard {
     /// or 403 may be meant for that client only): the requests waiting on the
     /// same rebuild do not get them, one of them rebuilds instead. A 5xx is a
     /// failed rebuild: the waiters share it (or the stale-if-error copy).
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).cacheable_statuses([http::StatusCode::OK]);
+    /// ```
     #[must_use]
     pub fn cacheable_statuses(self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
         let statuses: Arc<[StatusCode]> = statuses.into_iter().collect();
@@ -160,6 +208,11 @@ impl StampedeGuard {
     /// store one uncompressed copy and compress each response on the way out,
     /// or *outside* it to store one copy per coding (compressed once per
     /// entry, not per response).
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).vary([http::header::ACCEPT_LANGUAGE]);
+    /// ```
     #[must_use]
     pub fn vary(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let vary: Arc<[HeaderName]> = headers.into_iter().collect();
@@ -190,7 +243,6 @@ impl StampedeGuard {
     /// // The edge strips client forwarding headers and sets X-Forwarded-Proto.
     /// let guard = StampedeGuard::new(Backend::local())
     ///     .forwarded_headers([http::HeaderName::from_static("x-forwarded-proto")]);
-    /// # let _ = guard;
     /// ```
     #[must_use]
     pub fn forwarded_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
@@ -210,9 +262,7 @@ impl StampedeGuard {
     ///     let tenant = req.headers.get("x-tenant")?.to_str().ok()?;
     ///     Some(format!("{}:{}", tenant, req.uri.path()))
     /// });
-    /// # let _ = guard;
     /// ```
-    #[must_use]
     pub fn key_fn<F>(self, key_fn: F) -> Self
     where
         F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
@@ -221,119 +271,14 @@ impl StampedeGuard {
         self.with(|p| p.key_fn = Some(key_fn))
     }
 
-    /// Take freshness from the origin's `Cache-Control` (`s-maxage`, then
-    /// `max-age`, `stale-while-revalidate`, `stale-if-error`) or, without
-    /// those, from `Expires` minus `Date`, falling back to the route's
-    /// settings where the origin says nothing.
-    ///
-    /// On every route, respected or not: `s-maxage`, `must-revalidate` and
-    /// `proxy-revalidate` forbid serving stale (the route's stale windows are
-    /// zeroed for that response), and an `Expires` already past or invalid
-    /// (`0`) keeps the response out of the cache.
-    #[must_use]
-    pub fn respect_cache_control(self, on: bool) -> Self {
-        self.with(|p| p.respect_cache_control = on)
-    }
-
-    /// Opt in to caching requests that carry `Authorization`, `Cookie` or
-    /// `Proxy-Authorization`. Only for routes whose answer does not depend on
-    /// who asks (or that key on the credential with [`vary`](Self::vary)).
-    #[must_use]
-    pub fn allow_credentials(self, on: bool) -> Self {
-        self.with(|p| p.allow_credentials = on)
-    }
-
-    /// Opt in to storing responses that set cookies, with the `Set-Cookie`
-    /// headers removed from the stored copy: the client that caused the
-    /// rebuild gets its cookie, nobody else does.
-    #[must_use]
-    pub fn strip_set_cookie(self, on: bool) -> Self {
-        self.with(|p| p.strip_set_cookie = on)
-    }
-
-    /// Opt in to storing responses marked `private`, `no-store` or `no-cache`.
-    #[must_use]
-    pub fn cache_private(self, on: bool) -> Self {
-        self.with(|p| p.cache_private = on)
-    }
-
-    /// Opt in to storing responses whose `Vary` is `*` or names headers the
-    /// route does not key on.
-    #[must_use]
-    pub fn ignore_vary(self, on: bool) -> Self {
-        self.with(|p| p.ignore_vary = on)
-    }
-
-    /// How long a key whose answer could not be shared skips coalescing
-    /// (default 5 s), so its requests run side by side, not one after another.
-    /// The window does not block the key: the first shareable answer one of
-    /// those requests gets is stored, and the key is coalesced and hit again.
-    #[must_use]
-    pub fn hit_for_miss(self, window: Duration) -> Self {
-        self.with(|p| p.hit_for_miss = window.min(MAX_DELTA))
-    }
-
-    /// How long the fleet-wide rebuild lease lasts before it must be renewed
-    /// (default 5 s). While the handler runs, a watchdog renews it every third
-    /// of this; if the instance dies, another may rebuild after at most this
-    /// long. Only used with a Redis backend.
-    #[must_use]
-    pub fn lease(self, lease: Duration) -> Self {
-        self.with(|p| p.lease = lease.min(MAX_DELTA))
-    }
-
-    /// The longest a rebuild may run (default 30 s). A rebuild runs on its
-    /// own task and finishes even if every request waiting for it has gone;
-    /// past this it is abandoned, and its waiters get stale-if-error or
-    /// `504 Gateway Timeout`.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use stampede_guard::{Backend, StampedeGuard};
-    ///
-    /// let guard = StampedeGuard::new(Backend::local()).rebuild_timeout(Duration::from_secs(5));
-    /// # let _ = guard;
-    /// ```
-    #[must_use]
-    pub fn rebuild_timeout(self, timeout: Duration) -> Self {
-        self.with(|p| p.rebuild_timeout = timeout.min(MAX_DELTA))
-    }
-
-    /// Probabilistic early refresh (XFetch): a fresh entry is refreshed in
-    /// the background, by one request in the fleet, with a chance that grows
-    /// as its expiry nears and with how long it took to build. `beta` scales
-    /// how early (1.0 is the usual choice; larger refreshes earlier). A hot key
-    /// then rarely expires at all.
-    #[must_use]
-    pub fn early_refresh(self, beta: f64) -> Self {
-        let beta = (beta.is_finite() && beta > 0.0).then_some(beta);
-        self.with(|p| p.early_refresh = beta)
-    }
-
-    /// Whether a successful (2xx or 3xx) answer to an unsafe method (any
-    /// but GET, HEAD, OPTIONS and TRACE) drops, on every instance and before
-    /// the response is returned, every variant of the request's URI and of
-    /// the same-host URIs in its `Location` and `Content-Location` (RFC 9111
-    /// §4.4). On by default.
-    ///
-    /// Anyone who can make the origin accept a write can so make the fleet
-    /// rebuild that URI once: the rebuild is still coalesced.
-    #[must_use]
-    pub fn invalidate_on_unsafe(self, on: bool) -> Self {
-        self.with(|p| p.invalidate_on_unsafe = on)
-    }
-
-    /// Prefix for every key, to keep apart services or versions that share a
-    /// backend.
-    #[must_use]
-    pub fn namespace(self, namespace: impl Into<String>) -> Self {
-        let namespace: Arc<str> = Arc::from(namespace.into());
-        self.with(|p| p.namespace = namespace)
-    }
-
     /// Response header that tells how a response was answered (`HIT`, `STALE`,
     /// `MISS`, `COALESCED`, `BYPASS`); `None` to leave responses as they are.
     /// Default `x-cache`.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).cache_status_header(None);
+    /// ```
     #[must_use]
     pub fn cache_status_header(self, header: Option<HeaderName>) -> Self {
         self.with(|p| p.status_header = header)

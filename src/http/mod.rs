@@ -14,6 +14,7 @@ mod cache_control;
 mod future;
 mod headers;
 pub(crate) mod key;
+mod knobs;
 mod layer;
 mod passes;
 mod policy;

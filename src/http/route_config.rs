@@ -109,7 +109,6 @@ impl StampedeGuard {
     /// let mut config = RouteConfig::default();
     /// config.ttl = Some(Duration::from_secs(30));
     /// let guard = StampedeGuard::new(Backend::local()).with_config(&config);
-    /// # let _ = guard;
     /// ```
     #[must_use]
     pub fn with_config(self, config: &RouteConfig) -> Self {
@@ -299,9 +298,11 @@ mod tests {
 
     #[test]
     fn the_builders_bounds_apply_to_configured_values() {
-        let mut config = RouteConfig::default();
-        config.lease = Some(Duration::MAX);
-        config.early_refresh = Some(f64::NAN);
+        let config = RouteConfig {
+            lease: Some(Duration::MAX),
+            early_refresh: Some(f64::NAN),
+            ..RouteConfig::default()
+        };
         let guard = StampedeGuard::new(Backend::local())
             .early_refresh(1.0)
             .with_config(&config);
