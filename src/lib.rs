@@ -78,11 +78,16 @@
 //! ## Cargo features
 //! - `redis` (default): the Redis tier (L2, fleet-wide lease, pub/sub
 //!   wake-ups), on one server or through Sentinel.
-//! - `redis-tls` (default): `rediss://` URLs.
-//! - `redis-cluster` (default): Redis Cluster.
-//! - `serde` (default): `Deserialize` for the Redis settings.
 //! - `axum` (default): key nested routes on the URI the client sent, read
 //!   from axum's `OriginalUri` request extension.
+//! - `redis-tls` (opt-in): `rediss://` URLs. The application installs
+//!   rustls's process-wide crypto provider (for example
+//!   `rustls::crypto::ring::default_provider().install_default()`) before
+//!   connecting; the crate never picks one, and without one connecting fails
+//!   with [`ErrorKind::InvalidConfig`].
+//! - `redis-cluster` (opt-in): Redis Cluster.
+//! - `serde` (opt-in): `Deserialize` for `RedisConfig` and
+//!   [`RouteConfig`], durations in human form.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
