@@ -87,10 +87,19 @@ fn mistakes_are_rejected_with_a_message_that_names_them() {
         ),
         (r#"{ "on_wait_timeout": "fail_closed" }"#, "fail_closed"),
         // Durations: a unit that does not exist, a bare number, a negative.
-        (r#"{ "ttl": "30 parsecs" }"#, "parsecs"),
-        (r#"{ "ttl": 30 }"#, "duration"),
-        (r#"{ "lease": "-5s" }"#, "-5s"),
-        (r#"{ "wait_budget": "" }"#, "expected a duration"),
+        (
+            r#"{ "ttl": "30 parsecs" }"#,
+            "unknown time unit \"parsecs\"",
+        ),
+        (
+            r#"{ "ttl": 30 }"#,
+            "invalid type: integer `30`, expected a string",
+        ),
+        (r#"{ "lease": "-5s" }"#, "\"-5s\" is not a duration"),
+        (
+            r#"{ "wait_budget": "" }"#,
+            "\"\" is not a duration (value was empty)",
+        ),
         // Statuses and header names are checked on load, not at first use.
         (
             r#"{ "cacheable_statuses": [200, 1000] }"#,
@@ -109,6 +118,13 @@ fn mistakes_are_rejected_with_a_message_that_names_them() {
             "bad:name",
         ),
         (r#"{ "max_body_bytes": -1 }"#, "-1"),
+        // The same knob twice is a mistake, not "the last one wins".
+        (r#"{ "ttl": "1s", "ttl": "1h" }"#, "duplicate field `ttl`"),
+        // A duration past what a u64 of seconds holds.
+        (
+            r#"{ "ttl": "99999999999999999999s" }"#,
+            "number is too large",
+        ),
     ];
     for (json, expected) in cases {
         let message = parse(json).expect_err(json);
@@ -185,4 +201,27 @@ async fn configured_values_govern_a_real_layer() {
     send(&unkeyed, with_language("en")).await;
     send(&unkeyed, with_language("en")).await;
     assert_eq!(unkeyed_origin.calls(), 2);
+}
+
+/// Durations far past anything sensible (a config typo of a unit) are
+/// clamped, never an overflow on the request path.
+#[tokio::test]
+async fn absurd_configured_durations_serve_without_overflow() {
+    let config = parse(
+        r#"{ "ttl": "500000000years", "stale_while_revalidate": "500000000years",
+             "stale_if_error": "500000000years", "wait_budget": "500000000years",
+             "lease": "500000000years", "rebuild_timeout": "500000000years",
+             "hit_for_miss": "500000000years" }"#,
+    )
+    .expect("large but valid");
+    let origin = Origin::default();
+    let app = app(
+        &origin,
+        StampedeGuard::new(Backend::local())
+            .vary([http::header::ACCEPT_LANGUAGE])
+            .with_config(&config),
+    );
+    assert_eq!(send(&app, with_language("en")).await.text(), "en #1");
+    assert_eq!(send(&app, with_language("en")).await.text(), "en #1");
+    assert_eq!(origin.calls(), 1);
 }

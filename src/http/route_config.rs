@@ -45,28 +45,28 @@ use super::policy::WaitTimeout;
 #[non_exhaustive]
 pub struct RouteConfig {
     /// See [`StampedeGuard::ttl`].
-    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    #[cfg_attr(feature = "serde", serde(with = "serde_impl::duration"))]
     pub ttl: Option<Duration>,
     /// See [`StampedeGuard::stale_while_revalidate`].
-    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    #[cfg_attr(feature = "serde", serde(with = "serde_impl::duration"))]
     pub stale_while_revalidate: Option<Duration>,
     /// See [`StampedeGuard::stale_if_error`].
-    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    #[cfg_attr(feature = "serde", serde(with = "serde_impl::duration"))]
     pub stale_if_error: Option<Duration>,
     /// See [`StampedeGuard::wait_budget`].
-    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    #[cfg_attr(feature = "serde", serde(with = "serde_impl::duration"))]
     pub wait_budget: Option<Duration>,
     /// See [`StampedeGuard::on_wait_timeout`]: `"fail_open"` or
     /// `{ "respond": 503 }`.
     pub on_wait_timeout: Option<WaitTimeout>,
     /// See [`StampedeGuard::lease`].
-    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    #[cfg_attr(feature = "serde", serde(with = "serde_impl::duration"))]
     pub lease: Option<Duration>,
     /// See [`StampedeGuard::rebuild_timeout`].
-    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    #[cfg_attr(feature = "serde", serde(with = "serde_impl::duration"))]
     pub rebuild_timeout: Option<Duration>,
     /// See [`StampedeGuard::hit_for_miss`].
-    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    #[cfg_attr(feature = "serde", serde(with = "serde_impl::duration"))]
     pub hit_for_miss: Option<Duration>,
     /// See [`StampedeGuard::early_refresh`] (a `beta`; `0` turns it off).
     pub early_refresh: Option<f64>,
@@ -183,6 +183,33 @@ mod serde_impl {
                 WaitTimeout::Respond(code) => WaitTimeoutRepr::Respond(code.as_u16()),
             }
             .serialize(s)
+        }
+    }
+
+    /// Durations in human form (`"30s"`, `"1m 30s"`, `"250ms"`), with the
+    /// reason a value is not one.
+    pub(super) mod duration {
+        use std::time::Duration;
+
+        use humantime_serde::re::humantime;
+
+        use super::*;
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+            Option::<String>::deserialize(d)?
+                .map(|text| {
+                    humantime::parse_duration(&text).map_err(|e| {
+                        D::Error::custom(format!(
+                            "{text:?} is not a duration ({e}); write one like \"30s\", \"1m 30s\" or \"250ms\""
+                        ))
+                    })
+                })
+                .transpose()
+        }
+
+        pub fn serialize<S: Serializer>(v: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+            v.map(|d| humantime::format_duration(d).to_string())
+                .serialize(s)
         }
     }
 
