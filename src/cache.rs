@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::backend::Backend;
 use crate::engine::{
     Answer, Built, CacheValue, FailureKind, FlightPolicy, Held, Lifetime, Looked, Rebuild,
-    SharedError, MAX_DELTA,
+    SharedError, TagSet, MAX_DELTA,
 };
 use crate::key::Key;
 
@@ -332,6 +332,7 @@ where
                 store: !self.lifetime.ttl.is_zero(),
                 failure: false,
                 private: None,
+                tags: TagSet::default(),
             },
             Err(error) => {
                 let error = Arc::new(error);

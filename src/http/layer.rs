@@ -62,7 +62,7 @@ use crate::key::Key;
 /// ```
 #[derive(Clone, Debug)]
 pub struct StampedeGuard {
-    backend: Backend,
+    pub(super) backend: Backend,
     policy: Arc<Policy>,
 }
 
@@ -76,7 +76,7 @@ impl StampedeGuard {
         }
     }
 
-    fn with(mut self, change: impl FnOnce(&mut Policy)) -> Self {
+    pub(super) fn with(mut self, change: impl FnOnce(&mut Policy)) -> Self {
         change(Arc::make_mut(&mut self.policy));
         self
     }

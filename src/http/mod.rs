@@ -24,6 +24,7 @@ pub(crate) mod response;
 mod revalidate;
 mod service;
 mod spool;
+mod tags;
 mod unsafe_methods;
 mod vary;
 

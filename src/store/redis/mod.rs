@@ -26,6 +26,7 @@ mod breaker;
 pub(crate) mod config;
 pub(crate) mod connection;
 mod entries;
+mod generations;
 pub(crate) mod lease;
 pub(crate) mod lock;
 pub(crate) mod notify;
@@ -110,6 +111,7 @@ struct Scripts {
     lock_release: Script,
     lock_renew: Script,
     lock_leave: Script,
+    bump_generation: Script,
 }
 
 impl Scripts {
@@ -133,10 +135,11 @@ impl Scripts {
             lock_release: Script::new(include_str!("scripts/lock_release.lua")),
             lock_renew: Script::new(include_str!("scripts/lock_renew.lua")),
             lock_leave: Script::new(include_str!("scripts/lock_leave.lua")),
+            bump_generation: Script::new(include_str!("scripts/bump_generation.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 9] {
+    fn all(&self) -> [&Script; 10] {
         [
             &self.fetch_or_lease,
             &self.commit,
@@ -147,6 +150,7 @@ impl Scripts {
             &self.lock_release,
             &self.lock_renew,
             &self.lock_leave,
+            &self.bump_generation,
         ]
     }
 }
