@@ -279,20 +279,29 @@ async fn a_missed_message_is_made_up_by_the_reload_after_a_gap() {
     let (origin, gate) = (Origin::default(), Gate::default());
     let nodes = fleet(&redis, 2, &origin, &gate).await;
     all_answer(&nodes, "p1-v1").await;
+    for node in &nodes {
+        assert_eq!(text(node, "/products/3").await, "p3-v2");
+    }
+    assert_ne!(bucket_field("product:1"), bucket_field("product:3"));
     // A generation moved without the fleet hearing it (as if its message
     // was lost): far above any clock-seeded one.
     let field = bucket_field("product:1");
     redis.raw(&["HSET", "sg:tags", &field, "8000000000000000"]);
     all_answer(&nodes, "p1-v1").await;
-    // A new instance loads the table when it connects: it does not take
-    // the old entry from Redis.
-    let late = node(backend_at(&redis.url(), Duration::from_millis(500)).await, &origin, &gate).await;
-    assert_eq!(text(&late, "/products/1").await, "p1-v2");
-    // The others lose their subscriptions; once subscribed again they
-    // reload the table, and serve nothing from before it.
+    // The instances lose their subscriptions; once subscribed again they
+    // reload the table, and serve nothing from before it, from their L1
+    // or from Redis.
     redis.raw(&["CLIENT", "KILL", "TYPE", "pubsub"]);
     for node in &nodes {
         let now = until_not(node, "/products/1", "p1-v1", Duration::from_secs(10)).await;
-        assert_eq!(now, "p1-v2");
+        assert_ne!(now, "p1-v1");
+        assert_ne!(text(node, "/products/1").await, "p1-v1");
     }
+
+    // A new instance loads the table when it connects: it does not take
+    // the old entry of a product from Redis either.
+    redis.raw(&["HSET", "sg:tags", &bucket_field("product:3"), "8000000000000000"]);
+    let calls = origin.calls();
+    let late = node(backend_at(&redis.url(), Duration::from_millis(500)).await, &origin, &gate).await;
+    assert_eq!(text(&late, "/products/3").await, format!("p3-v{}", calls + 1));
 }
