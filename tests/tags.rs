@@ -214,7 +214,12 @@ async fn the_tag_headers_are_configurable() {
 
 /// `/slow` parks its first call until released, then answers `slow-v<n>`
 /// tagged `slow`.
-fn slow_app(origin: &Origin, guard: &StampedeGuard, entered: &Arc<Notify>, release: &Arc<Notify>) -> Router {
+fn slow_app(
+    origin: &Origin,
+    guard: &StampedeGuard,
+    entered: &Arc<Notify>,
+    release: &Arc<Notify>,
+) -> Router {
     let (origin, entered, release) = (origin.clone(), entered.clone(), release.clone());
     let handler = move || {
         let (origin, entered, release) = (origin.clone(), entered.clone(), release.clone());

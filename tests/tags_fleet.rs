@@ -176,7 +176,11 @@ async fn a_rebuild_racing_invalidate_tag_on_another_instance_stores_nothing() {
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     gate.release.notify_one();
-    assert_eq!(racing.await.unwrap(), "p1-v1", "its own waiters may have it");
+    assert_eq!(
+        racing.await.unwrap(),
+        "p1-v1",
+        "its own waiters may have it"
+    );
     let after = after.await.unwrap();
     assert_eq!(after, "p1-v2");
     all_answer(&nodes, "p1-v2").await;
@@ -243,16 +247,34 @@ async fn foreign_bytes_in_the_table_count_as_an_invalidation() {
     nodes[0].guard.invalidate_tag("product:1").await.unwrap();
     all_answer(&nodes, "p1-v2").await;
     let stored = redis.raw(&["HGET", "sg:tags", &field]);
-    assert!(!stored.is_empty() && stored.bytes().all(|b| b.is_ascii_digit()), "{stored}");
+    assert!(
+        !stored.is_empty() && stored.bytes().all(|b| b.is_ascii_digit()),
+        "{stored}"
+    );
 
     // Foreign bytes in `all` (and a number too large for a script) found by
     // an instance loading the table: everything is invalidated, never
     // served as current.
-    redis.raw(&["HSET", "sg:tags", "all", "1e999", &field, "99999999999999999999"]);
-    let late = node(backend_at(&redis.url(), Duration::from_millis(500)).await, &origin, &gate).await;
+    redis.raw(&[
+        "HSET",
+        "sg:tags",
+        "all",
+        "1e999",
+        &field,
+        "99999999999999999999",
+    ]);
+    let late = node(
+        backend_at(&redis.url(), Duration::from_millis(500)).await,
+        &origin,
+        &gate,
+    )
+    .await;
     assert_eq!(text(&late, "/products/1").await, "p1-v3");
     let all = redis.raw(&["HGET", "sg:tags", "all"]);
-    assert!(!all.is_empty() && all.bytes().all(|b| b.is_ascii_digit()), "{all}");
+    assert!(
+        !all.is_empty() && all.bytes().all(|b| b.is_ascii_digit()),
+        "{all}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,9 +290,18 @@ async fn a_table_of_the_wrong_type_fails_the_call_and_serves_nothing_stale() {
     assert_eq!(text(&nodes[0], "/products/1").await, "p1-v1");
     // An instance that cannot load the table checks every entry it takes
     // from Redis against Redis, cannot, and rebuilds rather than trust it.
-    let late = node(backend_at(&redis.url(), Duration::from_millis(500)).await, &origin, &gate).await;
+    let late = node(
+        backend_at(&redis.url(), Duration::from_millis(500)).await,
+        &origin,
+        &gate,
+    )
+    .await;
     assert_eq!(text(&late, "/products/1").await, "p1-v2");
-    assert_eq!(text(&late, "/products/1").await, "p1-v2", "its own build is kept");
+    assert_eq!(
+        text(&late, "/products/1").await,
+        "p1-v2",
+        "its own build is kept"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,8 +331,21 @@ async fn a_missed_message_is_made_up_by_the_reload_after_a_gap() {
 
     // A new instance loads the table when it connects: it does not take
     // the old entry of a product from Redis either.
-    redis.raw(&["HSET", "sg:tags", &bucket_field("product:3"), "8000000000000000"]);
+    redis.raw(&[
+        "HSET",
+        "sg:tags",
+        &bucket_field("product:3"),
+        "8000000000000000",
+    ]);
     let calls = origin.calls();
-    let late = node(backend_at(&redis.url(), Duration::from_millis(500)).await, &origin, &gate).await;
-    assert_eq!(text(&late, "/products/3").await, format!("p3-v{}", calls + 1));
+    let late = node(
+        backend_at(&redis.url(), Duration::from_millis(500)).await,
+        &origin,
+        &gate,
+    )
+    .await;
+    assert_eq!(
+        text(&late, "/products/3").await,
+        format!("p3-v{}", calls + 1)
+    );
 }

@@ -14,6 +14,7 @@
 //! | `…:f` | freshness marker | when the entry stops being fresh (Redis's clock) |
 //! | `…:l` | rebuild lease: the owner's token | after the lease time, unless renewed |
 //! | `…:n` | fence hash: numbers issued and committed | a day after the last lease (then reseeded from Redis's clock) |
+//! | `{prefix}:tags` | the invalidation table: a generation for everything and one per tag bucket (its own slot; see `generations`) | never (a lost one starts again from Redis's clock) |
 //!
 //! Every call has a deadline. Failures feed a circuit breaker; while it is
 //! open the engine does not call Redis at all and protects the process with
