@@ -258,3 +258,28 @@ async fn a_rebuild_racing_invalidate_tag_stores_nothing_and_gets_no_new_waiters(
     assert_eq!((next.text().as_str(), next.x_cache()), ("slow-v2", "HIT"));
     assert_eq!(origin.calls(), 2);
 }
+
+#[tokio::test]
+async fn tag_headers_are_removed_from_answers_that_are_not_stored() {
+    let guard = guard();
+    let tagged = || async {
+        (
+            [("surrogate-key", "secret:internal"), ("set-cookie", "s=1")],
+            "x",
+        )
+    };
+    let app = Router::new().route("/cookie", get(tagged).post(tagged).layer(guard.clone()));
+    // Answers for one client (a cookie) and unsafe methods: never stored,
+    // and still without the tags.
+    for method in ["GET", "GET", "POST"] {
+        let request = http::Request::builder()
+            .method(method)
+            .uri("/cookie")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let answer = send(&app, request).await;
+        assert_eq!(answer.text(), "x");
+        assert!(answer.headers.get("set-cookie").is_some());
+        assert!(answer.headers.get("surrogate-key").is_none(), "{method}");
+    }
+}

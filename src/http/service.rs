@@ -178,9 +178,10 @@ impl<S> GuardService<S> {
         let engine = self.backend.engine.clone();
         let policy = self.policy.clone();
         ResponseFuture::miss(Box::pin(async move {
-            let response = future.await?;
+            let mut response = future.await?;
             let keys = targets.keys(&policy, response.status(), response.headers());
             invalidate(&engine, keys).await;
+            policy.tags.take(response.headers_mut());
             Ok(tag(
                 &policy,
                 response.map(Body::stream),
@@ -343,7 +344,8 @@ where
     /// This request alone, uncached, streamed.
     async fn alone(self) -> Result<Response<Body<ResBody>>, S::Error> {
         let policy = self.policy.clone();
-        let response = self.call().await?;
+        let mut response = self.call().await?;
+        policy.tags.take(response.headers_mut());
         Ok(tag(
             &policy,
             response.map(Body::stream),
