@@ -317,7 +317,7 @@ impl RedisBackendBuilder {
                         Invalidated::Key(key) => engine.invalidate_here(&key),
                         Invalidated::Everything => engine.invalidate_everything_here(),
                         Invalidated::Generation(field, generation) => {
-                            engine.generation_moved(field, generation)
+                            engine.generation_heard(field, generation)
                         }
                     }
                 }

@@ -349,3 +349,41 @@ async fn a_missed_message_is_made_up_by_the_reload_after_a_gap() {
         format!("p3-v{}", calls + 1)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_generation_on_the_channel_cannot_disable_later_purges() {
+    let redis = RedisServer::start();
+    let (origin, gate) = (Origin::default(), Gate::default());
+    let nodes = fleet(&redis, 2, &origin, &gate).await;
+    all_answer(&nodes, "p1-v1").await;
+    // Anyone who may publish on the channel sends a generation far ahead of
+    // any clock, for everything and for the tag, and garbage.
+    let field = bucket_field("product:1");
+    for forged in [
+        "g:all:9000000000000000:0123456789abcdef:1".to_owned(),
+        format!("g:{field}:9000000000000000:0123456789abcdef:2"),
+        "g:all:1:2:3:4:5".to_owned(),
+        "g:b99999:1:0123456789abcdef:3".to_owned(),
+        "g:".to_owned(),
+    ] {
+        redis.raw(&["PUBLISH", "sg:events", &forged]);
+    }
+    // Heard in order: once this one is acknowledged, the forged ones were.
+    nodes[0].guard.invalidate_tag("unrelated").await.unwrap();
+    let mut held = Vec::new();
+    for node in &nodes {
+        held.push(settled(node).await);
+    }
+    // The real purges that follow still reach every cached entry.
+    nodes[1].guard.invalidate_tag("product:1").await.unwrap();
+    let mut now = Vec::new();
+    for (node, old) in nodes.iter().zip(&held) {
+        now.push(text(node, "/products/1").await);
+        assert_ne!(now.last().unwrap(), old);
+    }
+    let held = now;
+    nodes[0].guard.invalidate_all().await.unwrap();
+    for (node, old) in nodes.iter().zip(&held) {
+        assert_ne!(&text(node, "/products/1").await, old);
+    }
+}

@@ -43,6 +43,29 @@ impl Engine {
         }
     }
 
+    /// Another instance's move of a generation, as heard on the channel.
+    /// A number no Redis clock could have given yet (more than an hour
+    /// ahead of this process's) is not taken: anyone who may publish on
+    /// the channel could otherwise raise a generation so high that later
+    /// invalidations never pass it. Then nothing held here is trusted and
+    /// the table is read again from Redis, which has the real number.
+    #[cfg(feature = "redis")]
+    pub(crate) fn generation_heard(&self, field: Field, generation: u64) {
+        let ceiling = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+            .saturating_add(3_600_000_000);
+        if generation > ceiling {
+            tracing::warn!(
+                field = ?field,
+                "a generation from the future on the event channel; reloading the table from redis"
+            );
+            self.invalidate_everything_here();
+            return;
+        }
+        self.generation_moved(field, generation);
+    }
+
     /// Whether an entry read from Redis may be served: none of the
     /// generations it recorded has moved. While the table may have missed a
     /// move (a gap, an unconfirmed subscription, not reloaded since), the

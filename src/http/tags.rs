@@ -100,7 +100,8 @@ impl StampedeGuard {
     /// Tags every entry of the route with what `tag_fn` returns for the
     /// request that built it, beside the tags of the response's
     /// [tag headers](Self::tag_headers). Invalidate them with
-    /// [`invalidate_tag`](Self::invalidate_tag).
+    /// [`invalidate_tag`](Self::invalidate_tag). Tags are compared exactly
+    /// (case matters), without surrounding whitespace; an empty one is none.
     ///
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};
@@ -153,8 +154,10 @@ impl StampedeGuard {
     /// # Errors
     ///
     /// When the backend has a Redis tier and the invalidation did not reach
-    /// it (Redis down, the deadline passed). Nothing was invalidated then:
-    /// call it again.
+    /// it (Redis down, the deadline passed; it was tried for four
+    /// deadlines). It may have reached Redis without an answer, or not at
+    /// all: nothing is promised then, and this process holds no memory of
+    /// it. Call it again.
     pub async fn invalidate_tag(&self, tag: &str) -> Result<(), crate::Error> {
         self.backend
             .engine

@@ -15,7 +15,7 @@ use redis::RedisError;
 use super::barrier::all_acked;
 use super::notify::{Invalidated, Notifier};
 use super::{RedisTier, TierError};
-use crate::store::generations::{parse_generation, Field};
+use crate::store::generations::{parse_generation, Field, BUCKETS};
 
 /// How long, in deadlines, a bump is tried before its caller is told it
 /// failed (as an invalidation).
@@ -93,7 +93,8 @@ impl RedisTier {
     }
 
     /// The table's generations as Redis holds them now: `fields`, or the
-    /// whole table. A field holding anything but a number this crate wrote
+    /// whole table (every field by name: one script, no command beyond the
+    /// other scripts' own). A field holding anything but a number this crate wrote
     /// is treated as invalidated: it is moved (from Redis's clock, which the
     /// fleet hears) and its new generation returned. Fields Redis does not
     /// have are left out (never invalidated, or lost with Redis's memory;
@@ -102,28 +103,33 @@ impl RedisTier {
         self: &Arc<Self>,
         fields: Option<&[Field]>,
     ) -> Result<Vec<(Field, u64)>, TierError> {
-        let mut conn = self.conn();
-        let raw: Vec<(Field, Option<Vec<u8>>)> = match fields {
-            None => {
-                let mut cmd = redis::cmd("HGETALL");
-                cmd.arg(self.table_key());
-                let all: Vec<(Vec<u8>, Vec<u8>)> = self.call(cmd.query_async(&mut conn)).await?;
-                all.into_iter()
-                    .filter_map(|(name, value)| Some((Field::parse(&name)?, Some(value))))
-                    .collect()
-            }
+        let all: Vec<Field>;
+        let reload = fields.is_none();
+        let fields = match fields {
             Some([]) => return Ok(Vec::new()),
-            Some(fields) => {
-                let mut cmd = redis::cmd("HMGET");
-                cmd.arg(self.table_key());
-                for field in fields {
-                    cmd.arg(field.name());
-                }
-                let values: Vec<Option<Vec<u8>>> = self.call(cmd.query_async(&mut conn)).await?;
-                fields.iter().copied().zip(values).collect()
+            Some(fields) => fields,
+            None => {
+                all = std::iter::once(Field::All)
+                    .chain((0..BUCKETS).map(Field::Bucket))
+                    .collect();
+                &all
             }
         };
-        let mut loaded = Vec::with_capacity(raw.len());
+        let mut conn = self.conn();
+        let mut invocation = self.shared.scripts.load_generations.key(self.table_key());
+        for field in fields {
+            invocation.arg(field.name());
+        }
+        let call = invocation.invoke_async(&mut conn);
+        // A whole reload happens after a gap or at start-up, off any
+        // request's path: its failure is not the breaker's business.
+        let values: Vec<Option<Vec<u8>>> = if reload {
+            self.call_past_breaker(call).await?
+        } else {
+            self.call(call).await?
+        };
+        let raw = fields.iter().copied().zip(values);
+        let mut loaded = Vec::new();
         for (field, value) in raw {
             let Some(value) = value else { continue };
             match parse_generation(&value) {

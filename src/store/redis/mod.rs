@@ -113,6 +113,7 @@ struct Scripts {
     lock_renew: Script,
     lock_leave: Script,
     bump_generation: Script,
+    load_generations: Script,
 }
 
 impl Scripts {
@@ -137,10 +138,11 @@ impl Scripts {
             lock_renew: Script::new(include_str!("scripts/lock_renew.lua")),
             lock_leave: Script::new(include_str!("scripts/lock_leave.lua")),
             bump_generation: Script::new(include_str!("scripts/bump_generation.lua")),
+            load_generations: Script::new(include_str!("scripts/load_generations.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 10] {
+    fn all(&self) -> [&Script; 11] {
         [
             &self.fetch_or_lease,
             &self.commit,
@@ -152,6 +154,7 @@ impl Scripts {
             &self.lock_renew,
             &self.lock_leave,
             &self.bump_generation,
+            &self.load_generations,
         ]
     }
 }
