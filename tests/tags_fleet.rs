@@ -387,3 +387,43 @@ async fn a_forged_generation_on_the_channel_cannot_disable_later_purges() {
         assert_ne!(&text(node, "/products/1").await, old);
     }
 }
+
+/// An instance as a user confined by ACL to the crate's commands and
+/// prefix, over TLS.
+#[cfg(all(feature = "redis-tls", feature = "serde"))]
+async fn confined(
+    certs: &common::tls::Certs,
+    server: &common::tls::TlsRedis,
+    origin: &Origin,
+    gate: &Gate,
+) -> Node {
+    let mut config = stampede_guard::RedisConfig::new(server.url("app-secret"));
+    let mut tls = stampede_guard::TlsFiles::default();
+    tls.ca_file = Some(certs.path("ca.crt"));
+    config.tls = Some(tls);
+    config.deadline = Duration::from_millis(500);
+    let backend = Backend::from_config(config).await.expect("TLS backend");
+    node(backend, origin, gate).await
+}
+
+#[cfg(all(feature = "redis-tls", feature = "serde"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_confined_to_the_crates_commands_can_purge_and_load_the_table() {
+    let certs = common::tls::Certs::generate();
+    let server = common::tls::TlsRedis::start(&certs, false);
+    let (origin, gate) = (Origin::default(), Gate::default());
+    let nodes = vec![
+        confined(&certs, &server, &origin, &gate).await,
+        confined(&certs, &server, &origin, &gate).await,
+    ];
+    all_answer(&nodes, "p1-v1").await;
+    nodes[0].guard.invalidate_tag("product:1").await.unwrap();
+    all_answer(&nodes, "p1-v2").await;
+    nodes[1].guard.invalidate_all().await.unwrap();
+    all_answer(&nodes, "p1-v3").await;
+    // A new instance loads the table (as that user) and takes the current
+    // entry from Redis rather than rebuilding it.
+    let late = confined(&certs, &server, &origin, &gate).await;
+    assert_eq!(text(&late, "/products/1").await, "p1-v3");
+    assert_eq!(origin.calls(), 3);
+}
