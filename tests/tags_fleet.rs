@@ -427,3 +427,36 @@ async fn a_user_confined_to_the_crates_commands_can_purge_and_load_the_table() {
     assert_eq!(text(&late, "/products/1").await, "p1-v3");
     assert_eq!(origin.calls(), 3);
 }
+
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_table_has_its_own_slot_and_purges_reach_every_instance() {
+    let cluster = common::cluster::Cluster::start(3, 0);
+    let (origin, gate) = (Origin::default(), Gate::default());
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        let backend = Backend::redis_cluster_builder(cluster.urls())
+            .deadline(Duration::from_millis(500))
+            .connect()
+            .await
+            .expect("cluster backend");
+        nodes.push(node(backend, &origin, &gate).await);
+    }
+    all_answer(&nodes, "p1-v1").await;
+    // On a cluster the call waits for the instances subscribed through the
+    // node that ran it; the others hear it over the cluster bus (see
+    // docs/TOPOLOGY.md), so they are asked until they have.
+    nodes[0].guard.invalidate_tag("product:1").await.unwrap();
+    assert_eq!(text(&nodes[0], "/products/1").await, "p1-v2");
+    for node in &nodes[1..] {
+        let now = until_not(node, "/products/1", "p1-v1", Duration::from_secs(10)).await;
+        assert_eq!(now, "p1-v2");
+    }
+    nodes[2].guard.invalidate_all().await.unwrap();
+    assert_eq!(text(&nodes[2], "/products/1").await, "p1-v3");
+    for node in &nodes[..2] {
+        let now = until_not(node, "/products/1", "p1-v2", Duration::from_secs(10)).await;
+        assert_eq!(now, "p1-v3");
+    }
+    assert_eq!(origin.calls(), 3, "one rebuild per purge for the fleet");
+}
