@@ -258,6 +258,17 @@ impl<V: CacheValue> Cache<V> {
             .invalidate(&self.key(key.as_ref()))
             .await
     }
+
+    /// Drops every value of the backend (every cache and every
+    /// [`StampedeGuard`](crate::StampedeGuard) route on it), here and on
+    /// every instance, in O(1). The same barrier and errors as
+    /// [`StampedeGuard::invalidate_all`](crate::StampedeGuard::invalidate_all).
+    pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
+        self.backend
+            .engine
+            .invalidate_field(crate::store::generations::Field::All)
+            .await
+    }
 }
 
 /// Why [`Cache::get_or_rebuild`] has no value.

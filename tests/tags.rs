@@ -156,6 +156,10 @@ async fn invalidate_all_drops_every_route_and_every_cache_of_the_backend() {
     assert_eq!(send(&app, request("/poison?x")).await.text(), "poison-v4");
     // And only once: what was built afterwards stays.
     assert_eq!(send(&app, request("/products/1")).await.x_cache(), "HIT");
+    // The generic cache purges the same way.
+    cache.invalidate_all().await.unwrap();
+    assert_eq!(cache.get_or_rebuild("k", value()).await.unwrap(), "c3");
+    assert_eq!(send(&app, request("/products/1")).await.text(), "p1-v5");
 }
 
 #[tokio::test]

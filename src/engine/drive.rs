@@ -361,18 +361,14 @@ impl Engine {
                     starter.send(|| answer);
                     return;
                 }
-                let stamp = self.tags.stamp(&tags, since);
-                let store = store && stamp.is_some() && !tags.overflowed();
-                let entry = Arc::new(
-                    Entry::new(
-                        value,
-                        lifetime,
-                        initial_age,
-                        started.elapsed(),
-                        Instant::now(),
-                    )
-                    .with_stamp(stamp.unwrap_or_default()),
+                let entry = Entry::new(
+                    value,
+                    lifetime,
+                    initial_age,
+                    started.elapsed(),
+                    Instant::now(),
                 );
+                let (entry, store) = self.stamped(entry, &tags, since, store);
                 let held = Held::new(entry.clone());
                 let stored = self.settle(
                     leader,

@@ -2,11 +2,10 @@
 //! generation here and, with Redis, in the fleet; hearing the fleet's moves;
 //! and reloading the table when some may have gone unheard.
 
-#[cfg(feature = "redis")]
 use std::sync::Arc;
 
-#[cfg(feature = "redis")]
 use super::entry::Entry;
+use super::tags::TagSet;
 use super::Engine;
 use crate::store::generations::Field;
 #[cfg(feature = "redis")]
@@ -29,6 +28,22 @@ impl Engine {
         let generation = self.tags.bump_here(field);
         self.generation_moved(field, generation);
         Ok(())
+    }
+
+    /// A rebuilt entry with the generations it was built under, and whether
+    /// it may be stored: not if any generation moved since its rebuild
+    /// began at `since` (it may hold data from before that invalidation),
+    /// nor with tags in more buckets than an entry may record.
+    pub(super) fn stamped(
+        &self,
+        entry: Entry,
+        tags: &TagSet,
+        since: u64,
+        store: bool,
+    ) -> (Arc<Entry>, bool) {
+        let stamp = self.tags.stamp(tags, since);
+        let store = store && stamp.is_some() && !tags.overflowed();
+        (Arc::new(entry.with_stamp(stamp.unwrap_or_default())), store)
     }
 
     /// The in-process half of a moved generation. Which flights build

@@ -50,18 +50,14 @@ impl Engine {
                 private,
                 tags,
             } => {
-                let stamp = self.tags.stamp(&tags, since);
-                let store = store && stamp.is_some() && !tags.overflowed();
-                let entry = Arc::new(
-                    Entry::new(
-                        value,
-                        lifetime,
-                        initial_age,
-                        started.elapsed(),
-                        Instant::now(),
-                    )
-                    .with_stamp(stamp.unwrap_or_default()),
+                let entry = Entry::new(
+                    value,
+                    lifetime,
+                    initial_age,
+                    started.elapsed(),
+                    Instant::now(),
                 );
+                let (entry, store) = self.stamped(entry, &tags, since, store);
                 let held = Held::new(entry.clone());
                 if let Some(leader) = leader {
                     let outcome = Outcome::Value {
