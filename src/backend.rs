@@ -424,6 +424,9 @@ impl RedisBackendBuilder {
                     match what {
                         Invalidated::Key(key) => engine.invalidate_here(&key),
                         Invalidated::Everything => engine.invalidate_everything_here(),
+                        Invalidated::Generation(field, generation) => {
+                            engine.generation_heard(field, generation)
+                        }
                     }
                 }
             })
@@ -431,7 +434,8 @@ impl RedisBackendBuilder {
         let tier = RedisTier::connect(tier_config, on_invalidate)
             .await
             .map_err(|e| Error::setup(&shown, e))?;
-        engine.attach(tier);
+        engine.attach(tier.clone());
+        engine.load_tags(&tier).await;
         Ok(Backend {
             engine,
             locks: Arc::default(),

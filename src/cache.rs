@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::backend::Backend;
 use crate::engine::{
     Answer, Built, CacheValue, FailureKind, FlightPolicy, Held, Lifetime, Looked, Rebuild,
-    SharedError, MAX_DELTA,
+    SharedError, TagSet, MAX_DELTA,
 };
 use crate::key::Key;
 
@@ -313,6 +313,17 @@ impl<V: CacheValue> Cache<V> {
             .invalidate(&self.key(key.as_ref()))
             .await
     }
+
+    /// Drops every value of the backend (every cache and every
+    /// [`StampedeGuard`](crate::StampedeGuard) route on it), here and on
+    /// every instance, in O(1). The same barrier and errors as
+    /// [`StampedeGuard::invalidate_all`](crate::StampedeGuard::invalidate_all).
+    pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
+        self.backend
+            .engine
+            .invalidate_field(crate::store::generations::Field::All)
+            .await
+    }
 }
 
 /// Why [`Cache::get_or_rebuild`] has no value.
@@ -387,6 +398,7 @@ where
                 store: !self.lifetime.ttl.is_zero(),
                 failure: false,
                 private: None,
+                tags: TagSet::default(),
             },
             Err(error) => {
                 let error = Arc::new(error);

@@ -160,12 +160,13 @@ pub mod __bench {
             initial_age: Duration::ZERO,
             rebuild_cost: Duration::from_millis(100),
         };
-        codec::encode(&envelope, &response.encode().unwrap_or_default())
+        let stamp = crate::engine::tags::Stamp::default();
+        codec::encode(&envelope, &stamp, &response.encode().unwrap_or_default())
     }
 
     /// Reads back what [`encode_response`] wrote; the body length, or `None`.
     pub fn decode_response(bytes: Bytes) -> Option<usize> {
-        let (_, payload) = codec::decode(bytes)?;
+        let (_, _, payload) = codec::decode(bytes)?;
         CachedResponse::decode(payload).map(|r| r.body.len())
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::entry::{CacheValue, Entry, Held, Lifetime};
+use super::tags::TagSet;
 use super::SharedError;
 use crate::key::Key;
 
@@ -39,6 +40,8 @@ pub(crate) enum Built<V, P> {
         store: bool,
         failure: bool,
         private: Option<P>,
+        /// Its tags: an invalidation of any of them drops it.
+        tags: TagSet,
     },
     /// An answer for the request that started the rebuild alone; `waiters`
     /// says what becomes of the requests waiting on it.

@@ -11,9 +11,16 @@ use std::time::Duration;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use super::entry::{Lifetime, MAX_DELTA};
+use super::tags::{Stamp, MAX_TAGS};
+use crate::store::generations::BUCKETS;
 
 const MAGIC: &[u8; 2] = b"SG";
-const VERSION: u8 = 1;
+/// Version 1 had no stamp (read as built under no generation); version 2
+/// adds the generations the entry was built under, after the header:
+/// `all` (u64), a count (u16), then each tag bucket (u16) and its
+/// generation (u64).
+const VERSION_1: u8 = 1;
+const VERSION: u8 = 2;
 const HEADER_LEN: usize = 2 + 1 + 5 * 8;
 
 /// An entry's metadata, as written beside its value.
@@ -24,8 +31,9 @@ pub(crate) struct Envelope {
     pub rebuild_cost: Duration,
 }
 
-pub(crate) fn encode(envelope: &Envelope, payload: &[u8]) -> Bytes {
-    let mut out = BytesMut::with_capacity(HEADER_LEN + payload.len());
+pub(crate) fn encode(envelope: &Envelope, stamp: &Stamp, payload: &[u8]) -> Bytes {
+    let stamp_len = 8 + 2 + stamp.tags.len() * 10;
+    let mut out = BytesMut::with_capacity(HEADER_LEN + stamp_len + payload.len());
     out.put_slice(MAGIC);
     out.put_u8(VERSION);
     out.put_u64_le(millis(envelope.lifetime.ttl));
@@ -33,12 +41,23 @@ pub(crate) fn encode(envelope: &Envelope, payload: &[u8]) -> Bytes {
     out.put_u64_le(millis(envelope.lifetime.stale_if_error));
     out.put_u64_le(millis(envelope.initial_age));
     out.put_u64_le(envelope.rebuild_cost.as_micros().min(u64::MAX as u128) as u64);
+    out.put_u64_le(stamp.all);
+    // At most MAX_TAGS, so the count fits.
+    out.put_u16_le(stamp.tags.len().min(MAX_TAGS) as u16);
+    for &(bucket, generation) in stamp.tags.iter().take(MAX_TAGS) {
+        out.put_u16_le(bucket);
+        out.put_u64_le(generation);
+    }
     out.put_slice(payload);
     out.freeze()
 }
 
-pub(crate) fn decode(mut bytes: Bytes) -> Option<(Envelope, Bytes)> {
-    if bytes.len() < HEADER_LEN || &bytes[..2] != MAGIC || bytes[2] != VERSION {
+pub(crate) fn decode(mut bytes: Bytes) -> Option<(Envelope, Stamp, Bytes)> {
+    if bytes.len() < HEADER_LEN || &bytes[..2] != MAGIC {
+        return None;
+    }
+    let version = bytes[2];
+    if version != VERSION && version != VERSION_1 {
         return None;
     }
     bytes.advance(3);
@@ -59,7 +78,39 @@ pub(crate) fn decode(mut bytes: Bytes) -> Option<(Envelope, Bytes)> {
         initial_age,
         rebuild_cost,
     };
-    Some((envelope, bytes))
+    let stamp = if version == VERSION {
+        decode_stamp(&mut bytes)?
+    } else {
+        Stamp::default()
+    };
+    Some((envelope, stamp, bytes))
+}
+
+/// The stamp of a version 2 entry. Untrusted: a count past [`MAX_TAGS`], a
+/// bucket out of range, buckets out of order or a short read is `None`.
+fn decode_stamp(bytes: &mut Bytes) -> Option<Stamp> {
+    if bytes.len() < 10 {
+        return None;
+    }
+    let all = bytes.get_u64_le();
+    let count = usize::from(bytes.get_u16_le());
+    if count > MAX_TAGS || bytes.len() < count.saturating_mul(10) {
+        return None;
+    }
+    let mut tags = Vec::with_capacity(count);
+    for _ in 0..count {
+        let bucket = bytes.get_u16_le();
+        let generation = bytes.get_u64_le();
+        let ordered = !matches!(tags.last(), Some(&(last, _)) if last >= bucket);
+        if bucket >= BUCKETS || !ordered {
+            return None;
+        }
+        tags.push((bucket, generation));
+    }
+    Some(Stamp {
+        all,
+        tags: tags.into(),
+    })
 }
 
 pub(crate) use crate::store::millis;
@@ -83,9 +134,14 @@ mod tests {
 
     #[test]
     fn envelope_round_trips() {
-        let bytes = encode(&envelope(), b"payload");
-        let (env, payload) = decode(bytes).expect("decodes");
+        let stamp = Stamp {
+            all: 7,
+            tags: vec![(1, 10), (4095, u64::MAX)].into(),
+        };
+        let bytes = encode(&envelope(), &stamp, b"payload");
+        let (env, read, payload) = decode(bytes).expect("decodes");
         assert_eq!(env, envelope());
+        assert_eq!(read, stamp);
         assert_eq!(&payload[..], b"payload");
     }
 
@@ -93,11 +149,32 @@ mod tests {
     fn foreign_or_truncated_bytes_are_rejected() {
         assert!(decode(Bytes::from_static(b"")).is_none());
         assert!(decode(Bytes::from_static(b"{\"json\":true}")).is_none());
-        let good = encode(&envelope(), b"x");
+        let good = encode(&envelope(), &Stamp::default(), b"x");
         assert!(decode(good.slice(..HEADER_LEN - 1)).is_none());
         let mut future = BytesMut::from(&good[..]);
         future[2] = VERSION + 1;
         assert!(decode(future.freeze()).is_none());
+    }
+
+    #[test]
+    fn a_forged_stamp_is_rejected() {
+        let good = encode(&envelope(), &Stamp::default(), b"x");
+        let stamp_at = HEADER_LEN + 8;
+        let forge = |count: u16, entries: &[(u16, u64)]| {
+            let mut raw = BytesMut::from(&good[..stamp_at]);
+            raw.put_u16_le(count);
+            for &(b, g) in entries {
+                raw.put_u16_le(b);
+                raw.put_u64_le(g);
+            }
+            decode(raw.freeze())
+        };
+        assert!(forge(0, &[]).is_some());
+        assert!(forge(1, &[(BUCKETS, 1)]).is_none(), "bucket out of range");
+        assert!(forge(2, &[(5, 1), (5, 2)]).is_none(), "out of order");
+        assert!(forge(3, &[(1, 1)]).is_none(), "short");
+        assert!(forge(u16::MAX, &[]).is_none(), "too many");
+        assert!(decode(good.slice(..stamp_at + 1)).is_none());
     }
 
     proptest! {
@@ -111,11 +188,11 @@ mod tests {
         fn decoded_durations_are_bounded(fields in proptest::array::uniform5(any::<u64>())) {
             let mut raw = BytesMut::new();
             raw.put_slice(MAGIC);
-            raw.put_u8(VERSION);
+            raw.put_u8(VERSION_1);
             for field in fields {
                 raw.put_u64_le(field);
             }
-            let (envelope, _) = decode(raw.freeze()).expect("well-formed");
+            let (envelope, _, _) = decode(raw.freeze()).expect("well-formed");
             for d in [envelope.lifetime.ttl, envelope.lifetime.stale_while_revalidate,
                       envelope.lifetime.stale_if_error, envelope.initial_age, envelope.rebuild_cost] {
                 prop_assert!(d <= MAX_DELTA);

@@ -83,7 +83,10 @@ impl Engine {
                     // and the join: read again, or its value is rebuilt at once.
                     let now = Instant::now();
                     match self.l1.get(&key) {
-                        Some(Slot::Value(entry)) if entry.freshness(now) == Freshness::Fresh => {
+                        Some(Slot::Value(entry))
+                            if entry.freshness(now) == Freshness::Fresh
+                                && self.tags.admits(entry.stamp()) =>
+                        {
                             if let Some(held) = Held::new(entry.clone()) {
                                 leader.finish(
                                     Outcome::Value {
@@ -323,6 +326,9 @@ impl Engine {
     ) {
         count(m::ORIGIN_CALLS);
         let started = Instant::now();
+        // Before the origin is asked: an invalidation from now on keeps
+        // what it answers out of the tiers.
+        let since = self.tags.start();
         // Its own task, so that a panic is caught as an outcome and a timeout
         // can abandon it.
         let mut task = tokio::spawn(rebuild.rebuild(stale.clone().and_then(Held::new)));
@@ -345,6 +351,7 @@ impl Engine {
                 store,
                 failure,
                 private,
+                tags,
             }) => {
                 if failure && usable_on_error(stale.as_ref()).is_some() {
                     tracing::debug!(key = %key, "rebuild answered with an error; serving stale");
@@ -354,13 +361,14 @@ impl Engine {
                     starter.send(|| answer);
                     return;
                 }
-                let entry = Arc::new(Entry::new(
+                let entry = Entry::new(
                     value,
                     lifetime,
                     initial_age,
                     started.elapsed(),
                     Instant::now(),
-                ));
+                );
+                let (entry, store) = self.stamped(entry, &tags, since, store);
                 let held = Held::new(entry.clone());
                 let stored = self.settle(
                     leader,

@@ -18,6 +18,7 @@ use bytes::Bytes;
 #[cfg(feature = "redis")]
 use super::codec::Envelope;
 
+use super::tags::Stamp;
 use crate::store::local::{Stored, SLOT_OVERHEAD as ENTRY_OVERHEAD};
 
 /// A value the cache can hold: cheap to clone (share data behind `Bytes` or
@@ -195,6 +196,8 @@ pub(crate) struct Entry {
     /// When this process last drew for an early refresh of this entry, in
     /// milliseconds after `stored_at` (plus one; 0: never).
     last_draw: AtomicU64,
+    /// The generations it was built under (see [`super::tags`]).
+    stamp: Stamp,
 }
 
 impl Entry {
@@ -221,7 +224,19 @@ impl Entry {
             if_error_until: later(fresh_until, if_error),
             rebuild_cost,
             last_draw: AtomicU64::new(0),
+            stamp: Stamp::default(),
         }
+    }
+
+    /// The entry, built under these generations.
+    pub(crate) fn with_stamp(mut self, stamp: Stamp) -> Self {
+        self.stamp = stamp;
+        self
+    }
+
+    /// The generations it was built under.
+    pub(crate) fn stamp(&self) -> &Stamp {
+        &self.stamp
     }
 
     #[cfg(feature = "redis")]
@@ -262,6 +277,7 @@ impl Entry {
             if_error_until: later(fresh_until, if_error),
             rebuild_cost: envelope.rebuild_cost,
             last_draw: AtomicU64::new(0),
+            stamp: Stamp::default(),
         }
     }
 

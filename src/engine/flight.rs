@@ -140,7 +140,6 @@ impl Flights {
     }
 
     /// Detaches every flight (see [`detach_group`](Self::detach_group)).
-    #[cfg(feature = "redis")]
     pub(crate) fn detach_all(&self) {
         for shard in self.shards.iter() {
             let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());

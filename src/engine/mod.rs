@@ -29,7 +29,9 @@ mod drive;
 pub(crate) mod early;
 pub(crate) mod entry;
 pub(crate) mod flight;
+mod purge;
 mod shared;
+pub(crate) mod tags;
 mod uncoalesced;
 
 use std::any::Any;
@@ -39,6 +41,7 @@ use std::time::{Duration, Instant};
 pub(crate) use answer::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Status, Waiters};
 pub use entry::CacheValue;
 pub(crate) use entry::{Held, Lifetime, MAX_DELTA};
+pub(crate) use tags::TagSet;
 
 use entry::Freshness;
 use flight::{Flights, Leader};
@@ -85,6 +88,8 @@ pub(crate) const EARLY_SLACK: Duration = Duration::from_millis(50);
 pub(crate) struct Engine {
     l1: LocalTier,
     flights: Arc<Flights>,
+    /// The generations of tags and of everything, checked on every read.
+    tags: Arc<tags::TagTable>,
     /// Set once, right after the tier connects: its invalidation messages
     /// call back into this engine, so the engine exists first.
     #[cfg(feature = "redis")]
@@ -120,6 +125,7 @@ impl Engine {
         Engine {
             l1,
             flights: Arc::new(Flights::new()),
+            tags: Arc::default(),
             #[cfg(feature = "redis")]
             shared: std::sync::OnceLock::new(),
         }
@@ -151,7 +157,8 @@ impl Engine {
         self.confirm_l1(now);
         let mut stale = None;
         match self.l1.get(&key) {
-            Some(Slot::Value(entry)) => {
+            // An entry whose tags were invalidated is gone.
+            Some(Slot::Value(entry)) if self.tags.admits(entry.stamp()) => {
                 if let Some(held) = Held::<V>::new(entry) {
                     let entry = held.entry();
                     match entry.freshness(now) {
@@ -229,7 +236,9 @@ impl Engine {
     pub(crate) fn peek<V: CacheValue>(&self, key: &Key, now: Instant) -> Option<Held<V>> {
         self.confirm_l1(now);
         match self.l1.get(key) {
-            Some(Slot::Value(entry)) if entry.freshness(now) == Freshness::Fresh => {
+            Some(Slot::Value(entry))
+                if entry.freshness(now) == Freshness::Fresh && self.tags.admits(entry.stamp()) =>
+            {
                 Held::new(entry)
             }
             _ => None,
@@ -291,6 +300,9 @@ impl Engine {
     pub(crate) fn invalidate_everything_here(&self) {
         self.flights.detach_all();
         self.l1.clear();
+        // Tag invalidations may have been missed too.
+        self.tags.lost();
+        self.reload_tags();
     }
 }
 

@@ -80,7 +80,7 @@ impl Engine {
     ) -> Plan {
         #[cfg(feature = "redis")]
         if let Some(shared) = self.shared().filter(|_| V::SHARED) {
-            return plan_shared::<V>(shared, key, stale, policy, start).await;
+            return plan_shared::<V>(self, shared, key, stale, policy, start).await;
         }
         // Values that cannot travel (`V::SHARED` false) never reach Redis.
         let _ = (key, policy, start, V::SHARED);
@@ -99,7 +99,7 @@ impl Engine {
             let fresh = entry.fresh_for(Instant::now());
             match held.value().encode() {
                 Some(payload) if !fresh.is_zero() => {
-                    let bytes = codec::encode(&entry.envelope(), &payload);
+                    let bytes = codec::encode(&entry.envelope(), entry.stamp(), &payload);
                     let committed = shared
                         .commit(&mut lease, bytes, fresh, entry.keep_for(fresh))
                         .await;
@@ -150,6 +150,7 @@ impl Engine {
 /// already refreshed it: that is a hit).
 #[cfg(feature = "redis")]
 async fn plan_shared<V: CacheValue>(
+    engine: &Engine,
     shared: &Arc<RedisTier>,
     key: Key,
     mut stale: Option<Arc<Entry>>,
@@ -178,6 +179,9 @@ async fn plan_shared<V: CacheValue>(
     // beside our lease are not counted twice.
     let mut corrupt = false;
     let mut waited = false;
+    // Set when Redis's fresh entry was built before an invalidation of its
+    // tags: take the lease over it, once.
+    let mut invalidated = false;
     loop {
         if !shared.is_available() {
             return Plan::Rebuild { lease: None, stale };
@@ -189,12 +193,21 @@ async fn plan_shared<V: CacheValue>(
         // sent: the reply may come late, and counting from its arrival would
         // call an entry fresh after Redis's own freshness has ended.
         let now = Instant::now();
-        let fetched = match shared.fetch_or_lease(&key, policy.lease, early).await {
+        let ask = if invalidated {
+            Some(Duration::MAX)
+        } else {
+            early
+        };
+        let fetched = match shared.fetch_or_lease(&key, policy.lease, ask).await {
             Ok(fetched) => fetched,
             Err(_) => return Plan::Rebuild { lease: None, stale },
         };
         let (lease, lease_pttl, old) = match fetched {
             Fetched::Fresh(remote) => match decode::<V>(remote, now) {
+                Some(entry) if !engine.admits_remote(shared, &entry).await => {
+                    invalidated = true;
+                    continue;
+                }
                 Some(entry) => {
                     count(m::L2_HITS);
                     return Plan::Hit {
@@ -213,10 +226,11 @@ async fn plan_shared<V: CacheValue>(
             Fetched::Leased { lease, stale } => (Some(*lease), Duration::ZERO, stale),
             Fetched::Held { lease_pttl, stale } => (None, lease_pttl, stale),
         };
-        stale = newer(
-            stale,
-            old.and_then(|r| decode_or_count::<V>(shared, &key, r, now, corrupt)),
-        );
+        // A copy from before an invalidation of its tags is none at all.
+        let old = old
+            .and_then(|r| decode_or_count::<V>(shared, &key, r, now, corrupt))
+            .filter(|e| engine.admits_remote_now(shared, e));
+        stale = newer(stale, old);
         if serve_stale {
             if let Some(entry) = stale
                 .as_ref()
@@ -246,6 +260,8 @@ async fn plan_shared<V: CacheValue>(
         let woke = registration
             .wait(left.min(lease_pttl + Duration::from_millis(2)))
             .await;
+        // The holder's entry is built after the invalidation.
+        invalidated = false;
         if let Some(Event::FailedWith(code)) = woke {
             if let Some(kind) = FailureKind::from_code(code) {
                 return Plan::Failed { kind, stale };
@@ -257,15 +273,11 @@ async fn plan_shared<V: CacheValue>(
 
 #[cfg(feature = "redis")]
 fn decode<V: CacheValue>(remote: Remote, now: Instant) -> Option<Entry> {
-    let (envelope, payload) = codec::decode(remote.bytes)?;
+    let (envelope, stamp, payload) = codec::decode(remote.bytes)?;
     let value = V::decode(payload)?;
-    Some(Entry::from_remote(
-        value,
-        &envelope,
-        remote.fresh,
-        remote.remaining,
-        now,
-    ))
+    Some(
+        Entry::from_remote(value, &envelope, remote.fresh, remote.remaining, now).with_stamp(stamp),
+    )
 }
 
 #[cfg(feature = "redis")]

@@ -37,6 +37,7 @@ impl Engine {
         count(m::ORIGIN_CALLS);
         tracing::debug!(key = %key, leads = leader.is_some(), "hit-for-miss: not coalesced");
         let started = Instant::now();
+        let since = self.tags.start();
         // A panic unwinds to this request, as without the layer, and drops
         // the leader: whoever joined it takes over.
         match rebuild.rebuild(None).await {
@@ -47,14 +48,16 @@ impl Engine {
                 store,
                 failure,
                 private,
+                tags,
             } => {
-                let entry = Arc::new(Entry::new(
+                let entry = Entry::new(
                     value,
                     lifetime,
                     initial_age,
                     started.elapsed(),
                     Instant::now(),
-                ));
+                );
+                let (entry, store) = self.stamped(entry, &tags, since, store);
                 let held = Held::new(entry.clone());
                 if let Some(leader) = leader {
                     let outcome = Outcome::Value {

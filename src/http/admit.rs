@@ -54,6 +54,8 @@ where
     B::Error: Send + 'static,
 {
     let (mut parts, body) = response.into_parts();
+    // Before anything else: no answer, shared or not, carries them on.
+    let tags = policy.tags.take(&mut parts.headers);
     let unshared = |reason: &'static str, parts: http::response::Parts, body| {
         policy.passes.response(reason);
         let failed = parts.status.is_server_error();
@@ -219,6 +221,7 @@ where
             store: false,
             failure: false,
             private: cookies,
+            tags,
         };
     }
     let Some(bytes) = spool.to_owned_bytes() else {
@@ -234,6 +237,7 @@ where
     // What the cache keeps owns its bytes: a header value read by hyper is a
     // slice of its whole read buffer, which would otherwise stay alive.
     let mut headers = owned(&parts.headers);
+    policy.tags.strip(&mut headers);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     // Slots for the headers every hit fills in: replacing a value in the
     // cloned map is cheaper than growing it.
@@ -252,6 +256,7 @@ where
         store,
         failure,
         private: cookies,
+        tags,
     }
 }
 

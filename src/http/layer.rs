@@ -62,7 +62,7 @@ use crate::key::Key;
 /// ```
 #[derive(Clone, Debug)]
 pub struct StampedeGuard {
-    backend: Backend,
+    pub(super) backend: Backend,
     policy: Arc<Policy>,
 }
 

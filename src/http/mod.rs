@@ -26,6 +26,7 @@ mod revalidate;
 mod route_config;
 mod service;
 mod spool;
+mod tags;
 mod unsafe_methods;
 mod vary;
 

@@ -18,6 +18,7 @@ use http::{HeaderMap, HeaderName, Method, StatusCode};
 use super::cache_control::{expires_lifetime, tokens, CacheControl};
 use super::key::{Keyed, DEFAULT_FORWARDED};
 use super::passes::PassLog;
+use super::tags::TagRules;
 use super::vary::{names_in_vary, vary_is_covered, LearnedEncoding};
 use crate::engine::{FlightPolicy, Lifetime};
 
@@ -81,6 +82,8 @@ pub(crate) struct Policy {
     pub early_refresh: Option<f64>,
     /// Drop the target's entries after a successful unsafe method.
     pub invalidate_on_unsafe: bool,
+    /// How the route tags its entries.
+    pub tags: TagRules,
 }
 
 impl Policy {
@@ -128,6 +131,7 @@ impl Default for Policy {
             rebuild_timeout: DEFAULT_REBUILD_TIMEOUT,
             early_refresh: None,
             invalidate_on_unsafe: true,
+            tags: TagRules::default(),
         }
     }
 }

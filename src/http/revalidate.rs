@@ -25,7 +25,7 @@ use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
 use super::response::{CachedBody, CachedResponse};
-use crate::engine::{Built, Waiters};
+use crate::engine::{Built, TagSet, Waiters};
 
 /// Header fields a 304 never changes in the stored response: the body's
 /// framing and coding (the stored body was not resent: RFC 9111 §3.2 lets a
@@ -128,6 +128,8 @@ where
         store,
         failure: false,
         private: (!cookies.is_empty()).then_some(Private::Headers(cookies)),
+        // The rebuild adds the stored entry's tags and the 304's.
+        tags: TagSet::default(),
     }
 }
 

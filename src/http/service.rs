@@ -178,9 +178,10 @@ impl<S> GuardService<S> {
         let engine = self.backend.engine.clone();
         let policy = self.policy.clone();
         ResponseFuture::miss(Box::pin(async move {
-            let response = future.await?;
+            let mut response = future.await?;
             let keys = targets.keys(&policy, response.status(), response.headers());
             invalidate(&engine, keys).await;
+            policy.tags.take(response.headers_mut());
             Ok(tag(
                 &policy,
                 response.map(Body::stream),
@@ -343,7 +344,8 @@ where
     /// This request alone, uncached, streamed.
     async fn alone(self) -> Result<Response<Body<ResBody>>, S::Error> {
         let policy = self.policy.clone();
-        let response = self.call().await?;
+        let mut response = self.call().await?;
+        policy.tags.take(response.headers_mut());
         Ok(tag(
             &policy,
             response.map(Body::stream),
@@ -385,15 +387,23 @@ where
         self.request.headers_mut().remove(header::RANGE);
         // The entry being replaced, if it has a validator: ask whether it
         // still holds (only our own conditions reach the origin).
+        // A renewed entry keeps the tags it had.
+        let kept = stale.as_ref().map(|held| held.entry().stamp().tag_set());
         let stored = stale
             .map(|held| held.value().clone())
             .filter(|stored| ask_conditionally(stored, self.request.headers_mut()));
         let (policy, keyed) = (self.policy.clone(), self.keyed);
         let early = self.early.take();
-        match self.call().await {
-            Ok(response) if response.status() == StatusCode::NOT_MODIFIED => match stored {
+        let (parts, body) = self.request.into_parts();
+        let mut tags = policy.tags.of_request(&parts);
+        self.request = Request::from_parts(parts, body);
+        let mut built = match self.call().await {
+            Ok(mut response) if response.status() == StatusCode::NOT_MODIFIED => match stored {
                 Some(stored) => {
                     count(m::REVALIDATED);
+                    tags.extend(&policy.tags.take(response.headers_mut()));
+                    policy.tags.strip(response.headers_mut());
+                    tags.extend(&kept.unwrap_or_default());
                     renew(&policy, stored, response, keyed)
                 }
                 None => admit(&policy, response, keyed, early).await,
@@ -403,6 +413,10 @@ where
                 shared: None,
                 private: Some(Private::Error(error)),
             },
+        };
+        if let crate::engine::Built::Value { tags: built, .. } = &mut built {
+            built.extend(&tags);
         }
+        built
     }
 }

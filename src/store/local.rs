@@ -151,7 +151,6 @@ impl<T: Stored> LocalTier<T> {
     }
 
     /// Drops every slot.
-    #[cfg(feature = "redis")]
     pub(crate) fn clear(&self) {
         self.cache.invalidate_all();
     }

@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+pub(crate) mod generations;
 pub(crate) mod local;
 pub(crate) mod locks;
 #[cfg(feature = "redis")]

@@ -69,6 +69,11 @@ impl Liveness {
         self.until.fetch_max(until, Ordering::AcqRel);
     }
 
+    /// Whether the subscription is confirmed live at `now`.
+    pub(crate) fn is_live(&self, now: Instant) -> bool {
+        self.ms(now) < self.until.load(Ordering::Acquire)
+    }
+
     fn ms_lease(&self) -> u64 {
         u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
     }

@@ -14,6 +14,7 @@
 //! | `…:f` | freshness marker | when the entry stops being fresh (Redis's clock) |
 //! | `…:l` | rebuild lease: the owner's token | after the lease time, unless renewed |
 //! | `…:n` | fence hash: numbers issued and committed | a day after the last lease (then reseeded from Redis's clock) |
+//! | `{prefix}:tags` | the invalidation table: a generation for everything and one per tag bucket (its own slot; see `generations`) | never (a lost one starts again from Redis's clock) |
 //!
 //! Every call has a deadline. Failures feed a circuit breaker; while it is
 //! open the engine does not call Redis at all and protects the process with
@@ -26,6 +27,7 @@ mod breaker;
 pub(crate) mod config;
 pub(crate) mod connection;
 mod entries;
+mod generations;
 pub(crate) mod lease;
 pub(crate) mod lock;
 pub(crate) mod notify;
@@ -110,6 +112,8 @@ struct Scripts {
     lock_release: Script,
     lock_renew: Script,
     lock_leave: Script,
+    bump_generation: Script,
+    load_generations: Script,
 }
 
 impl Scripts {
@@ -133,10 +137,12 @@ impl Scripts {
             lock_release: Script::new(include_str!("scripts/lock_release.lua")),
             lock_renew: Script::new(include_str!("scripts/lock_renew.lua")),
             lock_leave: Script::new(include_str!("scripts/lock_leave.lua")),
+            bump_generation: Script::new(include_str!("scripts/bump_generation.lua")),
+            load_generations: Script::new(include_str!("scripts/load_generations.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 9] {
+    fn all(&self) -> [&Script; 11] {
         [
             &self.fetch_or_lease,
             &self.commit,
@@ -147,6 +153,8 @@ impl Scripts {
             &self.lock_release,
             &self.lock_renew,
             &self.lock_leave,
+            &self.bump_generation,
+            &self.load_generations,
         ]
     }
 }

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 use super::barrier::ack_message;
 use super::barrier::{ack_channel, parse_nonce, Acks, Liveness};
 use crate::key::Key;
+use crate::store::generations::Field;
 
 /// What happened to a key, as told on the channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +97,9 @@ impl Event {
 pub(crate) enum Invalidated {
     /// Another instance invalidated this key.
     Key(Key),
+    /// Another instance moved this generation of the invalidation table (a
+    /// tag's bucket, or everything) to this value.
+    Generation(Field, u64),
     /// The subscription had a gap (a lost connection, a new primary):
     /// invalidations sent meanwhile were missed, so nothing held in the
     /// process is confirmed any more.
@@ -116,12 +120,12 @@ pub(crate) struct WakeStats {
 
 pub(crate) struct Notifier {
     slots: Mutex<HashMap<Key, watch::Sender<Event>>>,
-    on_invalidate: OnInvalidate,
+    pub(super) on_invalidate: OnInvalidate,
     /// This process's signature on the invalidations it sends. Its own come
     /// back on the channel; the sender already did the local half before it
     /// returned, and doing it again later could stop a rebuild that began
     /// after the invalidation from storing.
-    instance: String,
+    pub(super) instance: String,
     pub(crate) stats: WakeStats,
     /// The subscription lease: whether the in-process tier may be trusted.
     pub(crate) liveness: Liveness,
@@ -129,12 +133,12 @@ pub(crate) struct Notifier {
     pub(crate) acks: Acks,
     /// Acknowledgements to publish: (the invalidator, its nonce). The
     /// supervisor publishes them; the subscriber's reader only queues.
-    ack_queue: tokio::sync::mpsc::UnboundedSender<(String, u64)>,
+    pub(super) ack_queue: tokio::sync::mpsc::UnboundedSender<(String, u64)>,
     ack_out: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<(String, u64)>>>,
     /// Set while the subscription may be missing messages: from a lost
     /// connection (or a link about to be replaced) until it is confirmed
     /// again.
-    gap: std::sync::atomic::AtomicBool,
+    pub(super) gap: std::sync::atomic::AtomicBool,
     /// Signalled when the subscriber lost a connection, for the tier's
     /// supervisor (a cluster subscription must then be opened again).
     pub(crate) disconnected: tokio::sync::Notify,
@@ -239,6 +243,10 @@ impl Notifier {
                     if let Some(nonce) = parse_nonce(nonce) {
                         self.acks.acked(nonce);
                     }
+                    return;
+                }
+                if let Some(moved) = payload.strip_prefix(b"g:") {
+                    self.on_generation(moved);
                     return;
                 }
                 let Some((event, key, sender)) = Event::parse(payload) else {

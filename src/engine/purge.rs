@@ -1,0 +1,169 @@
+//! Invalidation by tag and of everything (see [`super::tags`]): moving a
+//! generation here and, with Redis, in the fleet; hearing the fleet's moves;
+//! and reloading the table when some may have gone unheard.
+
+use std::sync::Arc;
+
+use super::entry::Entry;
+use super::tags::TagSet;
+use super::Engine;
+use crate::store::generations::Field;
+#[cfg(feature = "redis")]
+use crate::store::redis::RedisTier;
+
+impl Engine {
+    /// Moves `field`'s generation: every entry that recorded an older one is
+    /// a miss from now on, here and (with Redis) on every instance. A
+    /// barrier like [`Engine::invalidate`]: a rebuild already running stores
+    /// nothing, and a request that starts after this returns does not join
+    /// it.
+    pub(crate) async fn invalidate_field(&self, field: Field) -> Result<(), crate::Error> {
+        #[cfg(feature = "redis")]
+        if let Some(shared) = self.shared() {
+            return shared
+                .bump_generation(field, |generation| self.generation_moved(field, generation))
+                .await
+                .map_err(crate::Error::from);
+        }
+        let generation = self.tags.bump_here(field);
+        self.generation_moved(field, generation);
+        Ok(())
+    }
+
+    /// A rebuilt entry with the generations it was built under, and whether
+    /// it may be stored: not if any generation moved since its rebuild
+    /// began at `since` (it may hold data from before that invalidation),
+    /// nor with tags in more buckets than an entry may record.
+    pub(super) fn stamped(
+        &self,
+        entry: Entry,
+        tags: &TagSet,
+        since: u64,
+        store: bool,
+    ) -> (Arc<Entry>, bool) {
+        let stamp = self.tags.stamp(tags, since);
+        let store = store && stamp.is_some() && !tags.overflowed();
+        (Arc::new(entry.with_stamp(stamp.unwrap_or_default())), store)
+    }
+
+    /// The in-process half of a moved generation. Which flights build
+    /// entries with which tags is known only once they end, so every flight
+    /// running is detached: it may answer its waiters, and stores nothing.
+    pub(crate) fn generation_moved(&self, field: Field, generation: u64) {
+        self.tags.raise(field, generation);
+        self.flights.detach_all();
+        if field == Field::All {
+            // Nothing in it can be served any more: free the memory now.
+            self.l1.clear();
+        }
+    }
+
+    /// Another instance's move of a generation, as heard on the channel.
+    /// A number no Redis clock could have given yet (more than an hour
+    /// ahead of this process's) is not taken: anyone who may publish on
+    /// the channel could otherwise raise a generation so high that later
+    /// invalidations never pass it. Then nothing held here is trusted and
+    /// the table is read again from Redis, which has the real number.
+    #[cfg(feature = "redis")]
+    pub(crate) fn generation_heard(&self, field: Field, generation: u64) {
+        let ceiling = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+            .saturating_add(3_600_000_000);
+        if generation > ceiling {
+            tracing::warn!(
+                field = ?field,
+                "a generation from the future on the event channel; reloading the table from redis"
+            );
+            self.invalidate_everything_here();
+            return;
+        }
+        self.generation_moved(field, generation);
+    }
+
+    /// Whether an entry read from Redis may be served: none of the
+    /// generations it recorded has moved. While the table may have missed a
+    /// move (a gap, an unconfirmed subscription, not reloaded since), the
+    /// entry's generations are read from Redis first; failing that it is
+    /// not served.
+    #[cfg(feature = "redis")]
+    pub(crate) async fn admits_remote(&self, shared: &Arc<RedisTier>, entry: &Entry) -> bool {
+        let now = std::time::Instant::now();
+        if !self.trusts_table(shared, now) {
+            let fields = entry.stamp().fields();
+            match shared.load_generations(Some(&fields)).await {
+                Ok(loaded) => {
+                    for (field, generation) in loaded {
+                        if self.tags.raise(field, generation) {
+                            self.flights.detach_all();
+                        }
+                    }
+                }
+                Err(_) => return false,
+            }
+            self.reload_tags();
+        }
+        self.tags.admits(entry.stamp())
+    }
+
+    /// Whether an entry read from Redis may be served without asking Redis
+    /// for its generations (a stale copy that is not worth the round trip).
+    #[cfg(feature = "redis")]
+    pub(crate) fn admits_remote_now(&self, shared: &Arc<RedisTier>, entry: &Entry) -> bool {
+        self.trusts_table(shared, std::time::Instant::now()) && self.tags.admits(entry.stamp())
+    }
+
+    #[cfg(feature = "redis")]
+    fn trusts_table(&self, shared: &RedisTier, now: std::time::Instant) -> bool {
+        self.tags.is_loaded() && shared.notifier.hears_everything(now)
+    }
+
+    /// Reloads the whole table from Redis in the background (one at a time),
+    /// unless the subscription is in a gap: then the end of the gap does.
+    #[cfg(feature = "redis")]
+    pub(crate) fn reload_tags(&self) {
+        let Some(shared) = self.shared().cloned() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !self.tags.begin_reload() {
+            return;
+        }
+        let (tags, flights) = (self.tags.clone(), self.flights.clone());
+        runtime.spawn(async move {
+            let epoch = tags.epoch();
+            if shared.notifier.in_gap() {
+                tags.end_reload();
+                return;
+            }
+            match shared.load_generations(None).await {
+                Ok(loaded) => {
+                    for (field, generation) in loaded {
+                        if tags.raise(field, generation) {
+                            flights.detach_all();
+                        }
+                    }
+                    tags.loaded(epoch);
+                }
+                Err(error) => {
+                    tracing::debug!(error = %error, "could not reload the tag generations");
+                }
+            }
+            tags.end_reload();
+        });
+    }
+
+    /// Loads the table once, at start-up.
+    #[cfg(feature = "redis")]
+    pub(crate) async fn load_tags(&self, shared: &Arc<RedisTier>) {
+        let epoch = self.tags.epoch();
+        if let Ok(loaded) = shared.load_generations(None).await {
+            for (field, generation) in loaded {
+                self.tags.raise(field, generation);
+            }
+            self.tags.loaded(epoch);
+        }
+    }
+}

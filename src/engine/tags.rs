@@ -1,0 +1,302 @@
+//! Invalidation by tag, and of everything, in O(1): generations checked on
+//! read, never a scan of keys.
+//!
+//! Each backend keeps a [`TagTable`]: a generation for everything and one per
+//! tag bucket (see [`crate::store::generations`]). An entry records, in its
+//! [`Stamp`], the generation of everything and of each of its tags' buckets
+//! as they were when the rebuild that produced it began; it is served only
+//! while none of those has moved since. A hit compares a few `u64`s, with no
+//! lock and no allocation.
+//!
+//! With Redis the generations are Redis's (one hash per prefix), moved by
+//! `invalidate_tag`/`invalidate_all` and heard by every instance on the event
+//! channel; an instance that may have missed a message (a gap in its
+//! subscription, its lease unconfirmed) reloads the table, and until then
+//! checks each entry it takes from Redis against Redis itself. Without
+//! Redis they are this process's own.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::store::generations::{Field, BUCKETS};
+
+/// The most tag buckets one entry may carry. An answer with tags in more
+/// buckets than this is served but not stored: dropping some of its tags
+/// would let an invalidation miss it.
+pub(crate) const MAX_TAGS: usize = 256;
+
+/// The tags of an entry, as buckets (sorted, each once).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TagSet {
+    buckets: Vec<u16>,
+    /// More than [`MAX_TAGS`] buckets were asked for.
+    overflow: bool,
+}
+
+impl TagSet {
+    /// Adds a tag (surrounding whitespace trimmed; an empty tag is none).
+    pub(crate) fn insert(&mut self, tag: &str) {
+        let tag = tag.trim();
+        if tag.is_empty() {
+            return;
+        }
+        if let Field::Bucket(b) = Field::of_tag(tag) {
+            self.insert_bucket(b);
+        }
+    }
+
+    fn insert_bucket(&mut self, bucket: u16) {
+        if let Err(at) = self.buckets.binary_search(&bucket) {
+            if self.buckets.len() >= MAX_TAGS {
+                self.overflow = true;
+            } else {
+                self.buckets.insert(at, bucket);
+            }
+        }
+    }
+
+    /// Adds every tag of `other`.
+    pub(crate) fn extend(&mut self, other: &TagSet) {
+        for &bucket in &other.buckets {
+            self.insert_bucket(bucket);
+        }
+        self.overflow |= other.overflow;
+    }
+
+    /// Whether it is too large to be stored.
+    pub(crate) fn overflowed(&self) -> bool {
+        self.overflow
+    }
+}
+
+/// The generations an entry was built under.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    pub(crate) all: u64,
+    /// (bucket, its generation), sorted by bucket.
+    pub(crate) tags: Box<[(u16, u64)]>,
+}
+
+impl Stamp {
+    /// The entry's tags.
+    pub(crate) fn tag_set(&self) -> TagSet {
+        TagSet {
+            buckets: self.tags.iter().map(|&(b, _)| b).collect(),
+            overflow: false,
+        }
+    }
+
+    /// The fields whose generations it recorded.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn fields(&self) -> Vec<Field> {
+        std::iter::once(Field::All)
+            .chain(self.tags.iter().map(|&(b, _)| Field::Bucket(b)))
+            .collect()
+    }
+}
+
+/// The current generations, in memory.
+pub(crate) struct TagTable {
+    all: AtomicU64,
+    buckets: Box<[AtomicU64]>,
+    /// Moved before any generation is: a rebuild that saw it move between
+    /// its start and its end may have read data from before the move.
+    changes: AtomicU64,
+    /// Times the process may have missed a message (each gap, each lapse of
+    /// the subscription lease), and the count a full reload last covered.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    lost: AtomicU64,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    loaded: AtomicU64,
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    reloading: AtomicBool,
+}
+
+impl Default for TagTable {
+    fn default() -> Self {
+        TagTable {
+            all: AtomicU64::new(0),
+            buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            changes: AtomicU64::new(0),
+            // Not loaded until the first load.
+            lost: AtomicU64::new(1),
+            loaded: AtomicU64::new(0),
+            reloading: AtomicBool::new(false),
+        }
+    }
+}
+
+impl TagTable {
+    fn slot(&self, field: Field) -> &AtomicU64 {
+        match field {
+            Field::All => &self.all,
+            Field::Bucket(b) => &self.buckets[usize::from(b) % self.buckets.len()],
+        }
+    }
+
+    /// Whether an entry stamped so may be served: nothing it recorded has
+    /// moved since.
+    pub(crate) fn admits(&self, stamp: &Stamp) -> bool {
+        stamp.all >= self.all.load(Ordering::Acquire)
+            && stamp
+                .tags
+                .iter()
+                .all(|&(b, g)| self.slot(Field::Bucket(b)).load(Ordering::Acquire) <= g)
+    }
+
+    /// Raises `field` to `generation` (never lowers it). Returns whether it
+    /// moved.
+    pub(crate) fn raise(&self, field: Field, generation: u64) -> bool {
+        let slot = self.slot(field);
+        if slot.load(Ordering::SeqCst) >= generation {
+            return false;
+        }
+        // Counted first: a rebuild that sees the new generation also sees
+        // that something moved since it began.
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        slot.fetch_max(generation, Ordering::SeqCst) < generation
+    }
+
+    /// Moves `field` without a shared tier: above its current generation and
+    /// at least the wall clock in microseconds. Returns the new generation.
+    pub(crate) fn bump_here(&self, field: Field) -> u64 {
+        let clock = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        let slot = self.slot(field);
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        let mut current = slot.load(Ordering::SeqCst);
+        loop {
+            let next = current.saturating_add(1).max(clock);
+            match slot.compare_exchange(current, next, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => return next,
+                Err(seen) => current = seen,
+            }
+        }
+    }
+
+    /// Marks the start of a rebuild: pass it to [`stamp`](Self::stamp).
+    pub(crate) fn start(&self) -> u64 {
+        self.changes.load(Ordering::SeqCst)
+    }
+
+    /// The stamp of an entry with `tags` whose rebuild began at `since`, or
+    /// `None` if any generation moved meanwhile (the entry may hold data
+    /// from before that invalidation: it is not to be stored).
+    pub(crate) fn stamp(&self, tags: &TagSet, since: u64) -> Option<Stamp> {
+        let stamp = Stamp {
+            all: self.all.load(Ordering::SeqCst),
+            tags: tags
+                .buckets
+                .iter()
+                .map(|&b| (b, self.slot(Field::Bucket(b)).load(Ordering::SeqCst)))
+                .collect(),
+        };
+        (self.changes.load(Ordering::SeqCst) == since).then_some(stamp)
+    }
+
+    /// The process may have missed messages from now on.
+    #[cfg(feature = "redis")]
+    pub(crate) fn lost(&self) -> u64 {
+        self.lost.fetch_add(1, Ordering::SeqCst).saturating_add(1)
+    }
+
+    /// A full reload that began when [`lost`](Self::lost) was at `epoch`
+    /// has been applied.
+    #[cfg(feature = "redis")]
+    pub(crate) fn loaded(&self, epoch: u64) {
+        self.loaded.fetch_max(epoch, Ordering::SeqCst);
+    }
+
+    /// Whether the whole table was reloaded since the last possible miss.
+    #[cfg(feature = "redis")]
+    pub(crate) fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::SeqCst) >= self.lost.load(Ordering::SeqCst)
+    }
+
+    #[cfg(feature = "redis")]
+    pub(crate) fn epoch(&self) -> u64 {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Takes the right to run the one full reload; `false` if one runs.
+    #[cfg(feature = "redis")]
+    pub(crate) fn begin_reload(&self) -> bool {
+        !self.reloading.swap(true, Ordering::AcqRel)
+    }
+
+    #[cfg(feature = "redis")]
+    pub(crate) fn end_reload(&self) {
+        self.reloading.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tags(names: &[&str]) -> TagSet {
+        let mut set = TagSet::default();
+        for name in names {
+            set.insert(name);
+        }
+        set
+    }
+
+    #[test]
+    fn an_entry_is_admitted_until_one_of_its_generations_moves() {
+        let table = TagTable::default();
+        let since = table.start();
+        let stamp = table.stamp(&tags(&["a", "b"]), since).unwrap();
+        assert!(table.admits(&stamp));
+        let Field::Bucket(other) = Field::of_tag("zzz-unrelated") else {
+            unreachable!()
+        };
+        assert!(!stamp.tags.iter().any(|&(b, _)| b == other));
+        table.raise(Field::Bucket(other), 10);
+        assert!(table.admits(&stamp), "another bucket leaves it alone");
+        table.raise(Field::of_tag("b"), 10);
+        assert!(!table.admits(&stamp));
+    }
+
+    #[test]
+    fn everything_moves_every_entry_tagged_or_not() {
+        let table = TagTable::default();
+        let stamp = table.stamp(&TagSet::default(), table.start()).unwrap();
+        table.bump_here(Field::All);
+        assert!(!table.admits(&stamp));
+        let after = table.stamp(&TagSet::default(), table.start()).unwrap();
+        assert!(table.admits(&after));
+    }
+
+    #[test]
+    fn a_rebuild_that_saw_a_move_gets_no_stamp() {
+        let table = TagTable::default();
+        let since = table.start();
+        table.raise(Field::of_tag("unrelated"), 5);
+        assert!(table.stamp(&tags(&["a"]), since).is_none());
+    }
+
+    #[test]
+    fn generations_never_go_back() {
+        let table = TagTable::default();
+        let field = Field::of_tag("a");
+        assert!(table.raise(field, 100));
+        assert!(!table.raise(field, 50));
+        assert!(!table.raise(field, 100));
+        let bumped = table.bump_here(field);
+        assert!(bumped > 100);
+        assert!(table.bump_here(field) > bumped);
+    }
+
+    #[test]
+    fn tag_sets_are_bounded_and_deduplicated() {
+        let mut set = tags(&["a", " a ", "", "  "]);
+        assert_eq!(set.buckets.len(), 1);
+        for i in 0..10_000 {
+            set.insert(&format!("t{i}"));
+        }
+        assert!(set.overflowed());
+        assert_eq!(set.buckets.len(), MAX_TAGS);
+    }
+}
