@@ -100,6 +100,7 @@ mod store;
 
 pub use crate::http::{Body, GuardService, KeyFn, ResponseFuture, StampedeGuard, WaitTimeout};
 pub use crate::http::{BoxError, SharedBodyError};
+pub use crate::metrics::describe_metrics;
 pub use backend::{Backend, BackendBuilder, BackendStats, DEFAULT_L1_MAX_BYTES};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackendBuilder, RedisConfig, RedisStats, TlsFiles};

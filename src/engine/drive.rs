@@ -30,7 +30,7 @@ use super::entry::{Entry, Freshness, Held};
 use super::flight::{wait_deadline, Joined, Leader, Outcome};
 use super::shared::{Lease, Plan, Start};
 use super::{Engine, FlightPolicy, Refresh};
-use crate::metrics::{self as m, count};
+use crate::metrics::{self as m, count, Labels};
 use crate::store::local::Slot;
 
 /// Where the flight sends the answer of the request that started it. Gone
@@ -62,13 +62,15 @@ impl Engine {
         policy: FlightPolicy,
         rebuild: R,
     ) -> Answer<R> {
+        let labels = policy.labels;
         let Some(key) = miss.key else {
-            return alone(rebuild);
+            return alone(rebuild, labels);
         };
         if miss.hit_for_miss {
             let leader = self.flights.try_lead(key);
-            return self.uncoalesced(key, leader, rebuild).await;
+            return self.uncoalesced(key, leader, rebuild, labels).await;
         }
+        let began = Instant::now();
         let stale = miss.stale;
         let deadline = wait_deadline(&policy, Instant::now());
         let mut releading = false;
@@ -92,12 +94,12 @@ impl Engine {
                                     },
                                     || {},
                                 );
-                                count(m::HITS);
+                                count(m::HITS, labels);
                                 return served(held, Status::Hit);
                             }
                         }
                         Some(Slot::HitForMiss(until)) if now < until => {
-                            return self.uncoalesced(key, Some(leader), rebuild).await;
+                            return self.uncoalesced(key, Some(leader), rebuild, labels).await;
                         }
                         _ => {}
                     }
@@ -107,7 +109,7 @@ impl Engine {
                         Failure::new(FailureKind::Error),
                         Status::Miss,
                     ));
-                    tally(&answer, Status::Miss);
+                    tally(&answer, Status::Miss, labels, began);
                     return answer;
                 }
             };
@@ -120,11 +122,11 @@ impl Engine {
                 Some(Outcome::Value { entry, stale }) => match Held::new(entry) {
                     Some(held) if stale => served(held, Status::Stale),
                     Some(held) => served(held, Status::Coalesced),
-                    None => return alone(rebuild),
+                    None => return alone(rebuild, labels),
                 },
                 Some(Outcome::Unshared) => {
                     let leader = self.flights.try_lead(key);
-                    return self.uncoalesced(key, leader, rebuild).await;
+                    return self.uncoalesced(key, leader, rebuild, labels).await;
                 }
                 Some(Outcome::Failed(failure)) => {
                     stale_or(&stale, Answer::Failed(failure, Status::Coalesced))
@@ -138,7 +140,7 @@ impl Engine {
                     continue;
                 }
                 None => {
-                    count(m::WAIT_TIMEOUTS);
+                    count(m::WAIT_TIMEOUTS, labels);
                     tracing::debug!(key = %key, budget = ?policy.wait_budget, "wait budget ran out");
                     stale_or(
                         &stale,
@@ -146,7 +148,7 @@ impl Engine {
                     )
                 }
             };
-            tally(&answer, Status::Coalesced);
+            tally(&answer, Status::Coalesced, labels, began);
             return answer;
         }
     }
@@ -180,7 +182,7 @@ impl Engine {
             return;
         };
         if !matches!(start, Start::Miss) {
-            count(m::REFRESHES);
+            count(m::REFRESHES, policy.labels);
         }
         let span = tracing::debug_span!("stampede_guard.flight", key = %leader.key());
         let engine = self.clone();
@@ -240,7 +242,7 @@ impl Engine {
                 if let Some(held) = Held::new(entry.clone()) {
                     starter.send(|| served(held, Status::Stale));
                 }
-                count(m::REFRESHES);
+                count(m::REFRESHES, policy.labels);
                 match lease {
                     Some(lease) => (Some(lease), Some(entry)),
                     // Another instance refreshes it: wait for its commit.
@@ -286,7 +288,7 @@ impl Engine {
                 return;
             }
             Plan::TimedOut { stale } => {
-                count(m::WAIT_TIMEOUTS);
+                count(m::WAIT_TIMEOUTS, policy.labels);
                 match start {
                     // Nobody else's rebuild came in time: rebuild here, for
                     // this process, without the lease.
@@ -321,7 +323,7 @@ impl Engine {
         policy: FlightPolicy,
         mut starter: Starter<R>,
     ) {
-        count(m::ORIGIN_CALLS);
+        count(m::ORIGIN_CALLS, policy.labels);
         let started = Instant::now();
         // Its own task, so that a panic is caught as an outcome and a timeout
         // can abandon it.
@@ -336,6 +338,7 @@ impl Engine {
                 Err(Ended::TimedOut)
             }
         };
+        m::record(m::REBUILD_DURATION, policy.labels, started.elapsed());
         let key = leader.key();
         match built {
             Ok(Built::Value {
@@ -374,7 +377,7 @@ impl Engine {
                 // fleet has it too, so that what its client saw is what any
                 // instance serves next.
                 match (stored, &held) {
-                    (true, Some(held)) => self.commit(lease, held).await,
+                    (true, Some(held)) => self.commit(lease, held, policy.labels).await,
                     _ => self.give_up(lease, None).await,
                 }
                 if let Some(held) = held {
@@ -480,9 +483,9 @@ fn served<R: Rebuild>(held: Held<R::Value>, status: Status) -> Answer<R> {
 }
 
 /// For a caller that may not coalesce: counted here, run by the adapter.
-fn alone<R: Rebuild>(rebuild: R) -> Answer<R> {
-    m::count_bypass("hit-for-miss");
-    count(m::ORIGIN_CALLS);
+fn alone<R: Rebuild>(rebuild: R, labels: Labels) -> Answer<R> {
+    m::count_bypass("hit-for-miss", labels);
+    count(m::ORIGIN_CALLS, labels);
     Answer::Alone(rebuild)
 }
 
@@ -499,17 +502,23 @@ fn stale_or<R: Rebuild>(stale: &Option<Arc<Entry>>, otherwise: Answer<R>) -> Ans
 
 /// Counts a caller once, by how it was answered; `unserved` is how a caller
 /// that got no entry counts (its rebuild's miss, or a coalesced failure).
-fn tally<R: Rebuild>(answer: &Answer<R>, unserved: Status) {
+/// A caller that waited on a rebuild it did not run (here or on another
+/// instance) has its wait since `began` recorded.
+fn tally<R: Rebuild>(answer: &Answer<R>, unserved: Status, labels: Labels, began: Instant) {
     let status = match answer {
         Answer::Served(served) => served.status,
         Answer::Failed(_, status) => *status,
         Answer::Private(_) | Answer::Panicked(_) => unserved,
         Answer::Alone(_) => return,
     };
-    count(match status {
+    if unserved == Status::Coalesced || status == Status::Coalesced {
+        m::record(m::WAIT_DURATION, labels, began.elapsed());
+    }
+    let name = match status {
         Status::Hit => m::HITS,
         Status::Stale => m::STALE,
         Status::Miss => m::MISSES,
         Status::Coalesced => m::COALESCED,
-    });
+    };
+    count(name, labels);
 }

@@ -11,9 +11,11 @@
 mod admit;
 mod body;
 mod cache_control;
+mod cache_status;
 mod future;
 mod headers;
 pub(crate) mod key;
+mod labels;
 mod layer;
 mod passes;
 mod policy;
