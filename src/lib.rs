@@ -51,8 +51,11 @@
 //!    A slow or dead Redis costs at most a deadline, then a circuit breaker
 //!    keeps the layer on its in-process tier until Redis is back.
 //!
-//! Responses carry `x-cache` and `Age`. Counters go through the [`metrics`]
-//! facade (see [`mod@metrics`]); slow paths open `tracing` spans.
+//! Responses carry `x-cache`, the RFC 9211 `Cache-Status` header (see
+//! [`StampedeGuard::cache_status`]) and `Age`. Counters, histograms and
+//! gauges labelled by route and namespace go through the [`metrics`] facade
+//! (see [`mod@metrics`] and [`describe_metrics`]); slow paths open `tracing`
+//! spans.
 //!
 //! ## Without HTTP
 //! [`Cache`] gives any async value the same protection, on the same backend.
