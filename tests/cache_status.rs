@@ -200,7 +200,15 @@ async fn a_304_from_the_origin_renews_the_entry_and_says_so() {
             let origin = o.clone();
             async move {
                 origin.enter();
-                let tag = [(header::ETAG, "\"e\"")];
+                // The origin sits behind another cache, which says so on the
+                // 200 and on the 304 alike.
+                let tag = [
+                    (header::ETAG, "\"e\""),
+                    (
+                        header::HeaderName::from_static("cache-status"),
+                        "up; fwd=stale",
+                    ),
+                ];
                 match request.headers().get(header::IF_NONE_MATCH) {
                     Some(_) => (StatusCode::NOT_MODIFIED, tag, String::new()),
                     None => (StatusCode::OK, tag, "body".to_owned()),
@@ -221,6 +229,9 @@ async fn a_304_from_the_origin_renews_the_entry_and_says_so() {
         ours(&renewed).0,
         "stampede-guard; fwd=stale; fwd-status=304; stored"
     );
+    // Neither the 200's nor the 304's upstream member was stored.
+    let hit = send(&app, get_req("/r")).await;
+    assert_eq!(ours(&hit).0, "stampede-guard; hit");
     assert_eq!(origin.calls(), 2);
 }
 
@@ -337,5 +348,63 @@ async fn the_headers_and_the_name_are_configurable() {
     assert!(
         cache_status(&hit).is_empty(),
         "no slot left behind in the entry"
+    );
+}
+
+/// The waiters of a rebuild that failed get the stale copy too, told as
+/// collapsed; the origin's status is the starter's to know.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_a_failed_rebuild_are_told_stale_if_error_and_collapsed() {
+    let origin = Origin::default();
+    let failing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gate = Arc::new(Semaphore::new(0));
+    let (o, f, g) = (origin.clone(), failing.clone(), gate.clone());
+    let app = Router::new().route(
+        "/r",
+        get(move || {
+            let (origin, failing, gate) = (o.clone(), f.clone(), g.clone());
+            async move {
+                origin.enter();
+                if failing.load(Ordering::SeqCst) {
+                    gate.acquire().await.expect("open").forget();
+                    return (StatusCode::SERVICE_UNAVAILABLE, "down");
+                }
+                (StatusCode::OK, "v")
+            }
+        })
+        .layer(
+            StampedeGuard::new(Backend::local())
+                .ttl(Duration::from_millis(100))
+                .stale_if_error(Duration::from_secs(60)),
+        ),
+    );
+    send(&app, get_req("/r")).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    failing.store(true, Ordering::SeqCst);
+    let releaser = {
+        let gate = gate.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            gate.add_permits(1);
+        })
+    };
+    let answers = burst(&app, 6, || get_req("/r")).await;
+    releaser.await.unwrap();
+    assert_eq!(origin.calls(), 2, "one failed rebuild for the burst");
+    assert!(answers
+        .iter()
+        .all(|a| a.status == StatusCode::OK && a.text() == "v"));
+    let members: Vec<String> = answers.iter().map(|a| ours(a).0).collect();
+    let starter = "stampede-guard; fwd=stale; fwd-status=503; detail=stale-if-error";
+    let waiter = "stampede-guard; fwd=stale; fwd-status=502; collapsed; detail=stale-if-error";
+    assert_eq!(
+        members.iter().filter(|m| *m == starter).count(),
+        1,
+        "{members:?}"
+    );
+    assert_eq!(
+        members.iter().filter(|m| *m == waiter).count(),
+        5,
+        "{members:?}"
     );
 }

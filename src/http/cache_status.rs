@@ -2,8 +2,9 @@
 //!
 //! `Cache-Status` is a list with one member per cache that handled the
 //! response, the cache nearest the origin first (RFC 9211 §2): a value an
-//! upstream cache put on the origin's response is kept, and this layer's
-//! member goes after it. An entry is stored without the upstream members:
+//! upstream cache put on the origin's response is kept on a response that
+//! comes straight from the origin, and this layer's member goes after it.
+//! An entry is stored without the upstream members:
 //! they told how one past request was handled, and replayed on a hit they
 //! would lie (a stored `fwd=miss` is not what happened to the hit).
 //!
@@ -13,7 +14,7 @@
 //! | a stale entry while it is revalidated | `hit; ttl=-<seconds stale>` |
 //! | the rebuild it started | `fwd=uri-miss; stored` (`fwd=stale` if an expired entry was there; `fwd-status=304` when the origin renewed it) |
 //! | another request's rebuild | `fwd=uri-miss; collapsed` |
-//! | a stale entry standing in for a failed rebuild | `fwd=stale; fwd-status=<the origin's status, or 502>; ttl=-<seconds>; detail=stale-if-error` |
+//! | a stale entry standing in for a failed rebuild | `fwd=stale; fwd-status=<the origin's status, or 502 when this request did not see it (a waiter) or there was none (an error, a timeout)>; ttl=-<seconds>; detail=stale-if-error`, and `collapsed` for a waiter |
 //! | passed through: a method the cache does not take | `fwd=method` |
 //! | passed through: credentials, `no-store` in the request | `fwd=request` |
 //! | passed through for another reason | `fwd=bypass; detail="<reason>"` |

@@ -331,9 +331,11 @@ impl StampedeGuard {
     /// request passed through.
     ///
     /// A `Cache-Status` the origin's response already carries (a cache
-    /// between the layer and the origin) is kept, and this layer's member is
-    /// added after it, as RFC 9211 orders them; it is not stored with the
-    /// entry, so a hit carries this layer's member alone.
+    /// between the layer and the origin) is kept on the responses that come
+    /// straight from the origin (a miss's streamed answer, a pass-through),
+    /// and this layer's member is added after it, as RFC 9211 orders them;
+    /// it is never stored with the entry, so a response made from an entry
+    /// (a hit, a waiter's answer) carries this layer's member alone.
     ///
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};

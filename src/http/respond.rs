@@ -12,8 +12,8 @@ use http_body::Body as HttpBody;
 
 use super::body::Body;
 use super::cache_control::http_date;
-pub(crate) use super::cache_status::{tag, tag_with, Tags};
 use super::cache_status::{default_forward, ttl_of, Forward, Member, CACHE_STATUS};
+pub(crate) use super::cache_status::{tag, tag_with, Tags};
 use super::policy::{Policy, WaitTimeout};
 use super::range;
 use super::response::{CachedBody, CachedResponse};
