@@ -11,6 +11,10 @@ use crate::engine::{
     SharedError, TagSet, MAX_DELTA,
 };
 use crate::key::Key;
+use crate::metrics::Labels;
+
+/// The route label of a cache that was given no name.
+const UNNAMED: &str = "unnamed";
 
 /// A stampede-safe cache of `V` values: concurrent misses for one key run the
 /// rebuild once and share its result, stale values can be served while one
@@ -42,11 +46,21 @@ pub struct Cache<V> {
 #[derive(Clone, Debug)]
 struct Settings {
     namespace: String,
+    route: Option<String>,
+    /// The metric labels of `route` in `namespace`, made once.
+    labels: Labels,
     lifetime: Lifetime,
     wait_budget: Duration,
     lease: Duration,
     rebuild_timeout: Duration,
     early_refresh: Option<f64>,
+}
+
+impl Settings {
+    fn relabel(&mut self) {
+        let route = self.route.as_deref().unwrap_or(UNNAMED);
+        self.labels = Labels::of(route, &self.namespace);
+    }
 }
 
 impl<V> Clone for Cache<V> {
@@ -77,10 +91,13 @@ impl<V: CacheValue> Cache<V> {
     /// ```
     #[must_use]
     pub fn new(backend: Backend) -> Self {
+        crate::metrics::describe_once();
         Cache {
             backend,
             settings: Arc::new(Settings {
                 namespace: String::new(),
+                route: None,
+                labels: Labels::of(UNNAMED, ""),
                 lifetime: Lifetime {
                     ttl: Duration::from_secs(10),
                     ..Lifetime::default()
@@ -193,7 +210,27 @@ impl<V: CacheValue> Cache<V> {
     #[must_use]
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace = namespace.into();
-        self.with(|s| s.namespace = namespace)
+        self.with(|s| {
+            s.namespace = namespace;
+            s.relabel();
+        })
+    }
+
+    /// The `route` label of this cache's metrics (default `unnamed`; the
+    /// `namespace` label is its [namespace](Self::namespace)). A name the
+    /// code gives, never data from a request: every distinct name is a
+    /// series of its own for the life of the process.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, Cache};
+    /// let prices: Cache<String> = Cache::new(Backend::local()).route_name("fx-rates");
+    /// ```
+    pub fn route_name(self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        self.with(|s| {
+            s.route = Some(name);
+            s.relabel();
+        })
     }
 
     fn key(&self, key: &[u8]) -> Key {
@@ -275,6 +312,7 @@ impl<V: CacheValue> Cache<V> {
             fail_open: true,
             rebuild_timeout: self.settings.rebuild_timeout,
             early_refresh: self.settings.early_refresh,
+            labels: self.settings.labels,
         }
     }
 

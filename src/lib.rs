@@ -51,8 +51,11 @@
 //!    A slow or dead Redis costs at most a deadline, then a circuit breaker
 //!    keeps the layer on its in-process tier until Redis is back.
 //!
-//! Responses carry `x-cache` and `Age`. Counters go through the [`metrics`]
-//! facade (see [`mod@metrics`]); slow paths open `tracing` spans.
+//! Responses carry `x-cache`, the RFC 9211 `Cache-Status` header (see
+//! [`StampedeGuard::cache_status`]) and `Age`. Counters, histograms and
+//! gauges labelled by route and namespace go through the [`metrics`] facade
+//! (see [`mod@metrics`] and [`describe_metrics`]); slow paths open `tracing`
+//! spans.
 //!
 //! ## Without HTTP
 //! [`Cache`] gives any async value the same protection, on the same backend.
@@ -111,6 +114,7 @@ pub use crate::http::{
 /// The old name of [`GuardBody`], kept for one release.
 #[deprecated(note = "renamed `GuardBody`, so as not to clash with `axum::body::Body`")]
 pub type Body<B> = GuardBody<B>;
+pub use crate::metrics::describe_metrics;
 pub use backend::{Backend, BackendBuilder, BackendStats, DEFAULT_L1_MAX_BYTES};
 #[cfg(feature = "redis")]
 pub use backend::{RedisBackendBuilder, RedisConfig, RedisStats, TlsFiles};

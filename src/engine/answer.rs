@@ -184,7 +184,8 @@ impl Miss {
         }
     }
 
-    #[cfg(test)]
+    /// Whether an expired entry was there (one that may stand in for a
+    /// failed rebuild).
     pub(crate) fn has_stale(&self) -> bool {
         self.stale.is_some()
     }

@@ -30,7 +30,7 @@ use super::entry::{Entry, Freshness, Held};
 use super::flight::{wait_deadline, Joined, Leader, Outcome};
 use super::shared::{Lease, Plan, Start};
 use super::{Engine, FlightPolicy, Refresh};
-use crate::metrics::{self as m, count};
+use crate::metrics::{self as m, count, Labels};
 use crate::store::local::Slot;
 
 /// Where the flight sends the answer of the request that started it. Gone
@@ -62,13 +62,15 @@ impl Engine {
         policy: FlightPolicy,
         rebuild: R,
     ) -> Answer<R> {
+        let labels = policy.labels;
         let Some(key) = miss.key else {
-            return alone(rebuild);
+            return alone(rebuild, labels);
         };
         if miss.hit_for_miss {
             let leader = self.flights.try_lead(key);
-            return self.uncoalesced(key, leader, rebuild).await;
+            return self.uncoalesced(key, leader, rebuild, labels).await;
         }
+        let began = Instant::now();
         let stale = miss.stale;
         let deadline = wait_deadline(&policy, Instant::now());
         let mut releading = false;
@@ -95,12 +97,12 @@ impl Engine {
                                     },
                                     || {},
                                 );
-                                count(m::HITS);
+                                count(m::HITS, labels);
                                 return served(held, Status::Hit);
                             }
                         }
                         Some(Slot::HitForMiss(until)) if now < until => {
-                            return self.uncoalesced(key, Some(leader), rebuild).await;
+                            return self.uncoalesced(key, Some(leader), rebuild, labels).await;
                         }
                         _ => {}
                     }
@@ -110,7 +112,7 @@ impl Engine {
                         Failure::new(FailureKind::Error),
                         Status::Miss,
                     ));
-                    tally(&answer, Status::Miss);
+                    tally(&answer, Status::Miss, labels, began);
                     return answer;
                 }
             };
@@ -123,11 +125,11 @@ impl Engine {
                 Some(Outcome::Value { entry, stale }) => match Held::new(entry) {
                     Some(held) if stale => served(held, Status::Stale),
                     Some(held) => served(held, Status::Coalesced),
-                    None => return alone(rebuild),
+                    None => return alone(rebuild, labels),
                 },
                 Some(Outcome::Unshared) => {
                     let leader = self.flights.try_lead(key);
-                    return self.uncoalesced(key, leader, rebuild).await;
+                    return self.uncoalesced(key, leader, rebuild, labels).await;
                 }
                 Some(Outcome::Failed(failure)) => {
                     stale_or(&stale, Answer::Failed(failure, Status::Coalesced))
@@ -141,7 +143,7 @@ impl Engine {
                     continue;
                 }
                 None => {
-                    count(m::WAIT_TIMEOUTS);
+                    count(m::WAIT_TIMEOUTS, labels);
                     tracing::debug!(key = %key, budget = ?policy.wait_budget, "wait budget ran out");
                     stale_or(
                         &stale,
@@ -149,7 +151,7 @@ impl Engine {
                     )
                 }
             };
-            tally(&answer, Status::Coalesced);
+            tally(&answer, Status::Coalesced, labels, began);
             return answer;
         }
     }
@@ -183,7 +185,7 @@ impl Engine {
             return;
         };
         if !matches!(start, Start::Miss) {
-            count(m::REFRESHES);
+            count(m::REFRESHES, policy.labels);
         }
         let span = tracing::debug_span!("stampede_guard.flight", key = %leader.key());
         let engine = self.clone();
@@ -243,7 +245,7 @@ impl Engine {
                 if let Some(held) = Held::new(entry.clone()) {
                     starter.send(|| served(held, Status::Stale));
                 }
-                count(m::REFRESHES);
+                count(m::REFRESHES, policy.labels);
                 match lease {
                     Some(lease) => (Some(lease), Some(entry)),
                     // Another instance refreshes it: wait for its commit.
@@ -289,7 +291,7 @@ impl Engine {
                 return;
             }
             Plan::TimedOut { stale } => {
-                count(m::WAIT_TIMEOUTS);
+                count(m::WAIT_TIMEOUTS, policy.labels);
                 match start {
                     // Nobody else's rebuild came in time: rebuild here, for
                     // this process, without the lease.
@@ -324,7 +326,7 @@ impl Engine {
         policy: FlightPolicy,
         mut starter: Starter<R>,
     ) {
-        count(m::ORIGIN_CALLS);
+        count(m::ORIGIN_CALLS, policy.labels);
         let started = Instant::now();
         // Before the origin is asked: an invalidation from now on keeps
         // what it answers out of the tiers.
@@ -342,6 +344,7 @@ impl Engine {
                 Err(Ended::TimedOut)
             }
         };
+        m::record(m::REBUILD_DURATION, policy.labels, started.elapsed());
         let key = leader.key();
         match built {
             Ok(Built::Value {
@@ -382,7 +385,7 @@ impl Engine {
                 // fleet has it too, so that what its client saw is what any
                 // instance serves next.
                 match (stored, &held) {
-                    (true, Some(held)) => self.commit(lease, held).await,
+                    (true, Some(held)) => self.commit(lease, held, policy.labels).await,
                     _ => self.give_up(lease, None).await,
                 }
                 if let Some(held) = held {
@@ -488,9 +491,9 @@ fn served<R: Rebuild>(held: Held<R::Value>, status: Status) -> Answer<R> {
 }
 
 /// For a caller that may not coalesce: counted here, run by the adapter.
-fn alone<R: Rebuild>(rebuild: R) -> Answer<R> {
-    m::count_bypass("hit-for-miss");
-    count(m::ORIGIN_CALLS);
+fn alone<R: Rebuild>(rebuild: R, labels: Labels) -> Answer<R> {
+    m::count_bypass("hit-for-miss", labels);
+    count(m::ORIGIN_CALLS, labels);
     Answer::Alone(rebuild)
 }
 
@@ -507,17 +510,23 @@ fn stale_or<R: Rebuild>(stale: &Option<Arc<Entry>>, otherwise: Answer<R>) -> Ans
 
 /// Counts a caller once, by how it was answered; `unserved` is how a caller
 /// that got no entry counts (its rebuild's miss, or a coalesced failure).
-fn tally<R: Rebuild>(answer: &Answer<R>, unserved: Status) {
+/// A caller that waited on a rebuild it did not run (here or on another
+/// instance) has its wait since `began` recorded.
+fn tally<R: Rebuild>(answer: &Answer<R>, unserved: Status, labels: Labels, began: Instant) {
     let status = match answer {
         Answer::Served(served) => served.status,
         Answer::Failed(_, status) => *status,
         Answer::Private(_) | Answer::Panicked(_) => unserved,
         Answer::Alone(_) => return,
     };
-    count(match status {
+    if unserved == Status::Coalesced || status == Status::Coalesced {
+        m::record(m::WAIT_DURATION, labels, began.elapsed());
+    }
+    let name = match status {
         Status::Hit => m::HITS,
         Status::Stale => m::STALE,
         Status::Miss => m::MISSES,
         Status::Coalesced => m::COALESCED,
-    });
+    };
+    count(name, labels);
 }

@@ -304,7 +304,6 @@ impl Entry {
         fresh.saturating_add(revalidate.max(if_error))
     }
 
-    #[cfg(feature = "redis")]
     /// Whether a stale-while-revalidate window covers `now` (fresh counts too).
     pub(crate) fn servable_while_revalidating(&self, now: Instant) -> bool {
         now < self.revalidate_until

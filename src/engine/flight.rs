@@ -433,6 +433,7 @@ mod tests {
             fail_open: false,
             rebuild_timeout: Duration::from_secs(30),
             early_refresh: None,
+            labels: crate::metrics::Labels::of("test", "test"),
         };
         let now = Instant::now();
         assert_eq!(wait_deadline(&policy, now), None, "saturates, no panic");

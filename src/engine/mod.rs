@@ -47,7 +47,7 @@ use entry::Freshness;
 use flight::{Flights, Leader};
 
 use crate::key::Key;
-use crate::metrics::{self as m, count};
+use crate::metrics::{self as m, count, Labels};
 use crate::store::local;
 
 /// The L1 as the engine uses it.
@@ -77,6 +77,8 @@ pub(crate) struct FlightPolicy {
     pub rebuild_timeout: Duration,
     /// Probabilistic early refresh (XFetch) with this beta.
     pub early_refresh: Option<f64>,
+    /// The labels of the metrics this route's requests update.
+    pub labels: Labels,
 }
 
 /// Allowance for the instants of this process and Redis's clock to differ
@@ -163,10 +165,10 @@ impl Engine {
                     let entry = held.entry();
                     match entry.freshness(now) {
                         Freshness::Fresh => {
-                            count(m::HITS);
-                            let refresh = policy
-                                .early_refresh
-                                .and_then(|beta| self.early_refresh(key, entry, beta, now));
+                            count(m::HITS, policy.labels);
+                            let refresh = policy.early_refresh.and_then(|beta| {
+                                self.early_refresh(key, entry, beta, now, policy.labels)
+                            });
                             return Looked::Hit {
                                 held,
                                 status: Status::Hit,
@@ -174,7 +176,7 @@ impl Engine {
                             };
                         }
                         Freshness::Revalidate => {
-                            count(m::STALE);
+                            count(m::STALE, policy.labels);
                             let refresh = self.flights.try_lead(key).map(|leader| Refresh {
                                 leader,
                                 stale: Some(entry.clone()),
@@ -207,6 +209,7 @@ impl Engine {
         entry: &Arc<Entry>,
         beta: f64,
         now: Instant,
+        labels: Labels,
     ) -> Option<Refresh> {
         // At most eight draws per rebuild time for this entry: enough that a
         // hot key is refreshed about two rebuild times before it expires,
@@ -224,7 +227,7 @@ impl Engine {
             return None;
         }
         let leader = self.flights.try_lead(key)?;
-        count(m::EARLY_REFRESHES);
+        count(m::EARLY_REFRESHES, labels);
         Some(Refresh {
             leader,
             stale: None,
@@ -318,6 +321,7 @@ mod tests {
             fail_open: true,
             rebuild_timeout: Duration::from_secs(30),
             early_refresh: None,
+            labels: Labels::of("test", "test"),
         }
     }
 

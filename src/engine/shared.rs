@@ -15,6 +15,7 @@ use super::codec;
 use super::entry::{CacheValue, Entry, Held};
 use super::{Engine, FailureKind, FlightPolicy};
 use crate::key::Key;
+use crate::metrics::Labels;
 #[cfg(feature = "redis")]
 use crate::metrics::{self as m, count};
 #[cfg(feature = "redis")]
@@ -89,7 +90,12 @@ impl Engine {
 
     /// Stores a rebuilt entry in Redis under the lease's fence, and wakes
     /// the fleet.
-    pub(super) async fn commit<V: CacheValue>(&self, lease: Option<Lease>, held: &Held<V>) {
+    pub(super) async fn commit<V: CacheValue>(
+        &self,
+        lease: Option<Lease>,
+        held: &Held<V>,
+        labels: Labels,
+    ) {
         let Some(lease) = lease else { return };
         #[cfg(feature = "redis")]
         {
@@ -101,7 +107,7 @@ impl Engine {
                 Some(payload) if !fresh.is_zero() => {
                     let bytes = codec::encode(&entry.envelope(), entry.stamp(), &payload);
                     let committed = shared
-                        .commit(&mut lease, bytes, fresh, entry.keep_for(fresh))
+                        .commit(&mut lease, bytes, fresh, entry.keep_for(fresh), labels)
                         .await;
                     if let Ok(false) = committed {
                         // Fenced off: a newer entry, or an invalidation, came
@@ -118,7 +124,7 @@ impl Engine {
         }
         #[cfg(not(feature = "redis"))]
         {
-            let _ = held;
+            let _ = (held, labels);
             match lease {}
         }
     }
@@ -209,7 +215,7 @@ async fn plan_shared<V: CacheValue>(
                     continue;
                 }
                 Some(entry) => {
-                    count(m::L2_HITS);
+                    count(m::L2_HITS, policy.labels);
                     return Plan::Hit {
                         entry: Arc::new(entry),
                         waited,

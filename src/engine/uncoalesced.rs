@@ -16,7 +16,7 @@ use super::entry::{Entry, Held};
 use super::flight::{Leader, Outcome};
 use super::Engine;
 use crate::key::Key;
-use crate::metrics::{self as m, count};
+use crate::metrics::{self as m, count, Labels};
 use crate::store::local::Slot;
 
 impl Engine {
@@ -32,9 +32,10 @@ impl Engine {
         key: Key,
         leader: Option<Leader>,
         rebuild: R,
+        labels: Labels,
     ) -> Answer<R> {
-        count(m::BYPASS);
-        count(m::ORIGIN_CALLS);
+        m::count_bypass("hit-for-miss", labels);
+        count(m::ORIGIN_CALLS, labels);
         tracing::debug!(key = %key, leads = leader.is_some(), "hit-for-miss: not coalesced");
         let started = Instant::now();
         let since = self.tags.start();

@@ -15,12 +15,14 @@ use tokio::sync::oneshot;
 
 use super::body::{GuardBody as Body, OriginError};
 use super::cache_control::initial_age;
+use super::cache_status::{Forward, Fwd, CACHE_STATUS};
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
-use super::respond::{tag, CacheStatus};
+use super::respond::{tag_with, CacheStatus};
 use super::response::{CachedBody, CachedResponse};
 use super::spool::{Filling, Hold, Spool};
 use crate::engine::{Built, Waiters};
+use crate::metrics::Labels;
 
 /// What the request that caused a rebuild may have, and nobody else.
 pub(crate) enum Private<B: HttpBody, E> {
@@ -47,6 +49,8 @@ pub(crate) async fn admit<B, E>(
     response: Response<B>,
     keyed: Keyed,
     early: Option<Early<B>>,
+    labels: Labels,
+    fwd: Fwd,
 ) -> Admitted<B, E>
 where
     B: HttpBody + Send + 'static,
@@ -56,10 +60,16 @@ where
     let (mut parts, body) = response.into_parts();
     // Before anything else: no answer, shared or not, carries them on.
     let tags = policy.tags.take(&mut parts.headers);
+    let missed = Forward::new(fwd);
     let unshared = |reason: &'static str, parts: http::response::Parts, body| {
-        policy.passes.response(reason);
+        policy.passes.response(reason, labels);
         let failed = parts.status.is_server_error();
-        let response = tag(policy, Response::from_parts(parts, body), CacheStatus::Miss);
+        let forward = Forward {
+            detail: Some(reason),
+            ..Forward::new(fwd)
+        };
+        let response = Response::from_parts(parts, body);
+        let response = tag_with(policy, response, CacheStatus::Miss, forward);
         if failed {
             // A server error is a failed rebuild whatever its headers say
             // (error pages are often marked no-store, or carry a session
@@ -91,13 +101,17 @@ where
         tracing::debug!(status = %parts.status, "response not stored: for its requester alone");
         let response = Response::from_parts(parts, Body::stream(body));
         return Built::Unshared {
-            private: Private::Response(tag(policy, response, CacheStatus::Miss)),
+            private: Private::Response(tag_with(policy, response, CacheStatus::Miss, missed)),
             waiters: Waiters::Relead(policy.hit_for_miss),
         };
     }
     let (lifetime, store) = match classify(policy, parts.status, &parts.headers, keyed) {
         Verdict::Pass(reason) => return unshared(reason, parts, Body::stream(body)),
         Verdict::Share { lifetime, store } => (lifetime, store),
+    };
+    let told = Forward {
+        stored: store,
+        ..missed
     };
     let failure = parts.status.is_server_error();
     let declared = parts
@@ -124,7 +138,9 @@ where
             *head.headers_mut() = parts.headers.clone();
             let age = HeaderValue::from_static("0");
             head.headers_mut().entry(header::AGE).or_insert(age);
-            early.send(tag(policy, head, CacheStatus::Miss)).is_ok()
+            early
+                .send(tag_with(policy, head, CacheStatus::Miss, told))
+                .is_ok()
         }
         _ => false,
     };
@@ -135,7 +151,7 @@ where
             let mut response = Response::new(body);
             *response.status_mut() = parts.status;
             *response.headers_mut() = parts.headers.clone();
-            Private::Response(tag(policy, response, CacheStatus::Miss))
+            Private::Response(tag_with(policy, response, CacheStatus::Miss, told))
         })
     };
 
@@ -245,6 +261,12 @@ where
     if let Some(name) = &policy.status_header {
         headers.insert(name.clone(), CacheStatus::Hit.header_value());
     }
+    // Upstream caches' members told how this one request was handled: not
+    // stored, so no hit replays them (each hit gets this layer's own).
+    headers.remove(CACHE_STATUS);
+    if policy.cache_status.is_some() {
+        headers.insert(CACHE_STATUS, HeaderValue::from_static(""));
+    }
     Built::Value {
         value: CachedResponse {
             status: parts.status,
@@ -262,8 +284,8 @@ where
 
 /// A copy of `headers` whose values own their bytes.
 fn owned(headers: &HeaderMap) -> HeaderMap {
-    // Room for the two slots added after.
-    let mut out = HeaderMap::with_capacity(headers.len().saturating_add(2));
+    // Room for the three slots added after.
+    let mut out = HeaderMap::with_capacity(headers.len().saturating_add(3));
     for (name, value) in headers {
         let mut copy = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
         copy.set_sensitive(value.is_sensitive());

@@ -8,12 +8,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use http::header::{HeaderName, HeaderValue};
 use http::Response;
 use http_body::Body as HttpBody;
 use pin_project_lite::pin_project;
 
 use super::body::GuardBody as Body;
+use super::respond::Tags;
 
 pub(crate) type MissFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<Body<B>>, E>> + Send>>;
@@ -30,7 +30,7 @@ pin_project! {
     #[project = StateProj]
     enum State<F, B, E> where B: HttpBody {
         Ready { response: Option<Response<Body<B>>> },
-        Passthrough { #[pin] future: F, status: Option<(HeaderName, HeaderValue)> },
+        Passthrough { #[pin] future: F, status: Option<Tags> },
         Miss { future: MissFuture<B, E> },
     }
 }
@@ -44,9 +44,12 @@ impl<F, B: HttpBody, E> ResponseFuture<F, B, E> {
         }
     }
 
-    pub(crate) fn passthrough(future: F, status: Option<(HeaderName, HeaderValue)>) -> Self {
+    pub(crate) fn passthrough(future: F, status: Tags) -> Self {
         ResponseFuture {
-            state: State::Passthrough { future, status },
+            state: State::Passthrough {
+                future,
+                status: Some(status),
+            },
         }
     }
 
@@ -73,8 +76,8 @@ where
             StateProj::Passthrough { future, status } => {
                 let response = std::task::ready!(future.poll(cx))?;
                 let mut response = response.map(Body::stream);
-                if let Some((name, value)) = status.take() {
-                    response.headers_mut().insert(name, value);
+                if let Some(tags) = status.take() {
+                    tags.apply(response.headers_mut());
                 }
                 Poll::Ready(Ok(response))
             }

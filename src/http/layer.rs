@@ -6,6 +6,7 @@ use std::time::Duration;
 use http::{HeaderName, Request, StatusCode};
 use tower_layer::Layer;
 
+use super::cache_status::Rfc9211;
 use super::key::{request_key, KeyRules, Keyed};
 use super::policy::{KeyFn, Policy, WaitTimeout};
 use super::service::GuardService;
@@ -77,6 +78,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn new(backend: Backend) -> Self {
+        crate::metrics::describe_once();
         StampedeGuard {
             backend,
             policy: Arc::new(Policy::default()),
@@ -273,7 +275,8 @@ impl StampedeGuard {
 
     /// Response header that tells how a response was answered (`HIT`, `STALE`,
     /// `MISS`, `COALESCED`, `BYPASS`); `None` to leave responses as they are.
-    /// Default `x-cache`.
+    /// Default `x-cache`. The standard [`Cache-Status`](Self::cache_status)
+    /// header is set beside it, or alone.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
@@ -282,6 +285,71 @@ impl StampedeGuard {
     #[must_use]
     pub fn cache_status_header(self, header: Option<HeaderName>) -> Self {
         self.with(|p| p.status_header = header)
+    }
+
+    /// Whether responses carry this layer's member of the RFC 9211
+    /// `Cache-Status` header (on by default), beside or instead of
+    /// [`x-cache`](Self::cache_status_header):
+    /// `stampede-guard; hit; ttl=27`, `stampede-guard; fwd=uri-miss; stored`,
+    /// `stampede-guard; fwd=uri-miss; collapsed` for a request that waited on
+    /// another's rebuild, `stampede-guard; hit; ttl=-3` for a stale entry
+    /// served while it is revalidated, `stampede-guard; fwd=stale;
+    /// fwd-status=503; ttl=-40; detail=stale-if-error` for one standing in
+    /// for a failure, `fwd=method`, `fwd=request` or `fwd=bypass` for a
+    /// request passed through.
+    ///
+    /// A `Cache-Status` the origin's response already carries (a cache
+    /// between the layer and the origin) is kept on the responses that come
+    /// straight from the origin (a miss's streamed answer, a pass-through),
+    /// and this layer's member is added after it, as RFC 9211 orders them;
+    /// it is never stored with the entry, so a response made from an entry
+    /// (a hit, a waiter's answer) carries this layer's member alone.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, StampedeGuard};
+    /// // Cache-Status alone, without x-cache:
+    /// let guard = StampedeGuard::new(Backend::local()).cache_status_header(None);
+    /// // x-cache alone:
+    /// let guard = StampedeGuard::new(Backend::local()).cache_status(false);
+    /// ```
+    #[must_use]
+    pub fn cache_status(self, on: bool) -> Self {
+        self.with(|p| match (on, &p.cache_status) {
+            (false, _) => p.cache_status = None,
+            (true, None) => p.cache_status = Some(Rfc9211::default_name()),
+            (true, Some(_)) => {}
+        })
+    }
+
+    /// The cache's name in its `Cache-Status` member (default
+    /// `stampede-guard`), and turns the member on. A name that is not a
+    /// structured-field token is sent as a quoted string, without the
+    /// characters a string cannot hold.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).cache_status_name("api-edge");
+    /// ```
+    #[must_use]
+    pub fn cache_status_name(self, name: impl AsRef<str>) -> Self {
+        let members = Rfc9211::new(name.as_ref());
+        self.with(|p| p.cache_status = Some(members))
+    }
+
+    /// The `route` label of this route's metrics. Without one, a route is
+    /// labelled with its matched path as axum's router records it (with
+    /// the `axum` feature: `/users/{id}`, never the path a client sent), or
+    /// `unnamed`. A name the code gives, never data from a request: every
+    /// distinct name is a series of its own for the life of the process.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).route_name("report");
+    /// ```
+    #[must_use]
+    pub fn route_name(self, name: impl Into<String>) -> Self {
+        let name: Arc<str> = Arc::from(name.into());
+        self.with(|p| p.route_name = Some(name))
     }
 
     #[cfg(test)]

@@ -11,10 +11,12 @@
 mod admit;
 mod body;
 mod cache_control;
+mod cache_status;
 mod future;
 mod headers;
 pub(crate) mod key;
 mod knobs;
+mod labels;
 mod layer;
 mod passes;
 mod policy;

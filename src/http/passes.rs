@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::metrics;
+use crate::metrics::{self, Labels};
 
 /// The reasons a request or a response passes, each with its bit in
 /// [`PassLog`]; one not listed here shares the last bit.
@@ -38,16 +38,16 @@ impl Clone for PassLog {
 impl PassLog {
     /// A request the client sent in a form the cache does not take (another
     /// method, credentials, a body, …): expected traffic, so only counted.
-    pub(crate) fn request(&self, reason: &'static str) {
-        metrics::count_bypass(reason);
+    pub(crate) fn request(&self, reason: &'static str, labels: Labels) {
+        metrics::count_bypass(reason, labels);
         tracing::debug!(reason, "request bypasses the cache");
     }
 
     /// An origin answer that could not be shared: the route is not protected
     /// while its answers look like this, so the first one of each reason is a
     /// warning.
-    pub(crate) fn response(&self, reason: &'static str) {
-        metrics::count_bypass(reason);
+    pub(crate) fn response(&self, reason: &'static str, labels: Labels) {
+        metrics::count_bypass(reason, labels);
         if self.first(reason) {
             tracing::warn!(
                 reason,

@@ -16,11 +16,13 @@ use http::header::{
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 
 use super::cache_control::{expires_lifetime, tokens, CacheControl};
+use super::cache_status::Rfc9211;
 use super::key::{Keyed, DEFAULT_FORWARDED};
 use super::passes::PassLog;
 use super::tags::TagRules;
 use super::vary::{names_in_vary, vary_is_covered, LearnedEncoding};
 use crate::engine::{FlightPolicy, Lifetime};
+use crate::metrics::Labels;
 
 /// A route's own cache key: receives the request head, returns the key (host,
 /// path and query are then left out of it) or `None` to pass the request
@@ -77,6 +79,10 @@ pub(crate) struct Policy {
     pub ignore_vary: bool,
     pub hit_for_miss: Duration,
     pub status_header: Option<HeaderName>,
+    /// The RFC 9211 `Cache-Status` member's cache, if the route adds one.
+    pub cache_status: Option<Arc<Rfc9211>>,
+    /// The `route` label of the route's metrics, if it gave one.
+    pub route_name: Option<Arc<str>>,
     pub lease: Duration,
     pub rebuild_timeout: Duration,
     pub early_refresh: Option<f64>,
@@ -88,13 +94,14 @@ pub(crate) struct Policy {
 
 impl Policy {
     /// What the engine needs to know to run this route's misses.
-    pub(crate) fn flight(&self) -> FlightPolicy {
+    pub(crate) fn flight(&self, labels: Labels) -> FlightPolicy {
         FlightPolicy {
             lease: self.lease,
             wait_budget: self.wait_budget,
             fail_open: self.on_wait_timeout == WaitTimeout::FailOpen,
             rebuild_timeout: self.rebuild_timeout,
             early_refresh: self.early_refresh,
+            labels,
         }
     }
 }
@@ -127,6 +134,8 @@ impl Default for Policy {
             ignore_vary: false,
             hit_for_miss: Duration::from_secs(5),
             status_header: Some(HeaderName::from_static("x-cache")),
+            cache_status: Some(Rfc9211::default_name()),
+            route_name: None,
             lease: Duration::from_secs(5),
             rebuild_timeout: DEFAULT_REBUILD_TIMEOUT,
             early_refresh: None,
@@ -158,6 +167,8 @@ impl fmt::Debug for Policy {
             .field("lease", &self.lease)
             .field("rebuild_timeout", &self.rebuild_timeout)
             .field("early_refresh", &self.early_refresh)
+            .field("cache_status", &self.cache_status)
+            .field("route_name", &self.route_name)
             .finish()
     }
 }

@@ -12,6 +12,8 @@ use http_body::Body as HttpBody;
 
 use super::body::GuardBody as Body;
 use super::cache_control::http_date;
+use super::cache_status::{default_forward, ttl_of, Forward, Member, CACHE_STATUS};
+pub(crate) use super::cache_status::{tag, tag_with, Tags};
 use super::policy::{Policy, WaitTimeout};
 use super::range;
 use super::response::{CachedBody, CachedResponse};
@@ -148,12 +150,14 @@ const NOT_MODIFIED_FIELDS: [HeaderName; 8] = [
     header::VARY,
 ];
 
-/// A response from a cached entry.
+/// A response from a cached entry. `forward`: how the request went forward
+/// to get it, or `None` for a hit.
 pub(crate) fn present<B: HttpBody>(
     policy: &Policy,
     conditions: &Conditions,
     held: &Held<CachedResponse>,
     status: CacheStatus,
+    forward: Option<Forward>,
     now: Instant,
 ) -> Response<Body<B>> {
     let cached = held.value();
@@ -199,7 +203,21 @@ pub(crate) fn present<B: HttpBody>(
     if let (Some((range, if_range)), false) = (&conditions.range, head_only) {
         range::answer(&mut response, cached, range, if_range.as_ref());
     }
-    tag(policy, response, status)
+    if let Some(members) = &policy.cache_status {
+        // The entry's slot (or nothing, on a 304): this layer's member
+        // alone, never one stored from upstream.
+        let member = match forward {
+            None => members.hit(ttl_of(held, now)),
+            Some(forward) => members.value(&Member::Forward(forward)),
+        };
+        response.headers_mut().insert(CACHE_STATUS, member);
+    }
+    if let Some(name) = &policy.status_header {
+        response
+            .headers_mut()
+            .insert(name.clone(), status.header_value());
+    }
+    response
 }
 
 /// The layer's own answer when a rebuild gave nothing to present: the
@@ -221,21 +239,17 @@ pub(crate) fn failure<B: HttpBody>(
     };
     let mut response = Response::new(Body::empty());
     *response.status_mut() = code;
-    tag(policy, response, status)
-}
-
-/// Sets the cache-status header, if the route has one.
-pub(crate) fn tag<B>(
-    policy: &Policy,
-    mut response: Response<B>,
-    status: CacheStatus,
-) -> Response<B> {
-    if let Some(name) = &policy.status_header {
-        response
-            .headers_mut()
-            .insert(name.clone(), status.header_value());
-    }
-    response
+    let detail = match kind {
+        FailureKind::WaitTimeout => "wait-timeout",
+        FailureKind::Error => "error",
+        FailureKind::Panic => "panic",
+        FailureKind::Timeout => "timeout",
+    };
+    let member = Forward {
+        detail: Some(detail),
+        ..default_forward(status)
+    };
+    tag_with(policy, response, status, member)
 }
 
 /// `If-None-Match` against a stored `ETag`, by weak comparison (RFC 9110

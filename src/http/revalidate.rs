@@ -21,6 +21,7 @@ use http_body::Body as HttpBody;
 use super::admit::{connection_named, Admitted, Private};
 use super::body::GuardBody as Body;
 use super::cache_control::{http_date, initial_age};
+use super::cache_status::CACHE_STATUS;
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag, CacheStatus};
@@ -143,6 +144,7 @@ fn merge(stored: &mut HeaderMap, update: &HeaderMap, status_header: Option<&Head
             || named.contains(name)
             || name.as_str() == "keep-alive"
             || Some(name) == status_header
+            || name == CACHE_STATUS
         {
             continue;
         }

@@ -20,16 +20,18 @@ use tower_service::Service;
 
 use super::admit::{admit, Admitted, Early, Private};
 use super::body::GuardBody as Body;
+use super::cache_status::{forward_of, Forward, Forwarded, Fwd};
 use super::future::ResponseFuture;
 use super::key::{align_host, request_key, KeyRules, Keyed};
+use super::labels::RouteLabels;
 use super::policy::{request_bypass, Policy};
-use super::respond::{failure, present, tag, CacheStatus, Conditions};
+use super::respond::{failure, present, tag_with, CacheStatus, Conditions, Tags};
 use super::response::CachedResponse;
 use super::revalidate::{ask_conditionally, renew};
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
 use crate::backend::Backend;
 use crate::engine::{Answer, Engine, Held, Looked, Miss, Rebuild};
-use crate::metrics::{self as m, count};
+use crate::metrics::{self as m, count, Labels};
 
 /// The service a [`StampedeGuard`](crate::StampedeGuard) wraps around an inner
 /// service.
@@ -38,6 +40,7 @@ pub struct GuardService<S> {
     inner: S,
     backend: Backend,
     policy: Arc<Policy>,
+    route: Arc<RouteLabels>,
 }
 
 impl<S> GuardService<S> {
@@ -45,6 +48,7 @@ impl<S> GuardService<S> {
         GuardService {
             inner,
             backend,
+            route: Arc::new(RouteLabels::new(&policy)),
             policy,
         }
     }
@@ -95,22 +99,26 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let policy = &self.policy;
         let (mut parts, body) = request.into_parts();
+        let labels = self.route.of(&parts);
         // Host follows the target before anything else, so the inner service
         // sees the host the key is made of on every path, pass-through too.
         if let Err(reason) = align_host(&mut parts) {
-            return self.pass_through(Request::from_parts(parts, body), reason);
+            return self.pass_through(Request::from_parts(parts, body), reason, labels);
         }
         if policy.invalidate_on_unsafe && is_unsafe(&parts.method) {
-            return self.unsafe_method(Request::from_parts(parts, body));
+            return self.unsafe_method(Request::from_parts(parts, body), labels);
         }
         let bypass = request_bypass(policy, &parts.method, &parts.headers);
         if let Some(reason) = bypass.or_else(|| body_pending(&body)) {
-            return self.pass_through(Request::from_parts(parts, body), reason);
+            return self.pass_through(Request::from_parts(parts, body), reason, labels);
         }
         let custom = match &policy.key_fn {
             Some(key_fn) => match key_fn(&parts) {
                 Some(custom) => Some(custom),
-                None => return self.pass_through(Request::from_parts(parts, body), "key_fn"),
+                None => {
+                    let request = Request::from_parts(parts, body);
+                    return self.pass_through(request, "key_fn", labels);
+                }
             },
             None => None,
         };
@@ -119,7 +127,7 @@ where
         let key = request_key(&KeyRules::of(policy, keyed), &parts, custom.as_deref());
         let request = Request::from_parts(parts, body);
         let conditions = Conditions::of(&request);
-        let flight = policy.flight();
+        let flight = policy.flight(labels);
         let now = Instant::now();
         let engine = &self.backend.engine;
         match engine.lookup::<CachedResponse>(key, &flight, now) {
@@ -128,7 +136,7 @@ where
                 status,
                 refresh,
             } => {
-                let response = present(policy, &conditions, &held, status.into(), now);
+                let response = present(policy, &conditions, &held, status.into(), None, now);
                 if let Some(refresh) = refresh {
                     let origin = Origin {
                         inner: self.inner.clone(),
@@ -136,6 +144,8 @@ where
                         policy: policy.clone(),
                         keyed,
                         early: None,
+                        labels,
+                        forwarded: Arc::default(),
                     };
                     engine.refresh(refresh, flight, origin);
                 }
@@ -150,6 +160,8 @@ where
                     policy: policy.clone(),
                     keyed,
                     early: None,
+                    labels,
+                    forwarded: Arc::default(),
                 };
                 let future = resolve(engine.clone(), miss, conditions, origin);
                 ResponseFuture::miss(Box::pin(future))
@@ -164,6 +176,7 @@ impl<S> GuardService<S> {
     fn unsafe_method<ReqBody, ResBody>(
         &mut self,
         request: Request<ReqBody>,
+        labels: Labels,
     ) -> ResponseFuture<S::Future, ResBody, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -171,7 +184,7 @@ impl<S> GuardService<S> {
         S::Error: Send + 'static,
         ResBody: HttpBody + Send + 'static,
     {
-        self.policy.passes.request("method");
+        self.policy.passes.request("method", labels);
         let (mut parts, body) = request.into_parts();
         let targets = Targets::of(&self.policy, &mut parts);
         let future = self.inner.call(Request::from_parts(parts, body));
@@ -180,12 +193,13 @@ impl<S> GuardService<S> {
         ResponseFuture::miss(Box::pin(async move {
             let mut response = future.await?;
             let keys = targets.keys(&policy, response.status(), response.headers());
-            invalidate(&engine, keys).await;
+            invalidate(&engine, keys, labels).await;
             policy.tags.take(response.headers_mut());
-            Ok(tag(
+            Ok(tag_with(
                 &policy,
                 response.map(Body::stream),
                 CacheStatus::Bypass,
+                Forward::new(Fwd::Method),
             ))
         }))
     }
@@ -194,18 +208,19 @@ impl<S> GuardService<S> {
         &mut self,
         request: Request<ReqBody>,
         reason: &'static str,
+        labels: Labels,
     ) -> ResponseFuture<S::Future, ResBody, S::Error>
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
         ResBody: HttpBody,
     {
-        self.policy.passes.request(reason);
-        let status = self
-            .policy
-            .status_header
-            .clone()
-            .map(|name| (name, CacheStatus::Bypass.header_value()));
-        ResponseFuture::passthrough(self.inner.call(request), status)
+        self.policy.passes.request(reason, labels);
+        let forward = Forward {
+            detail: (reason != "method").then_some(reason),
+            ..Forward::new(Fwd::of_bypass(reason))
+        };
+        let tags = Tags::new(&self.policy, CacheStatus::Bypass, forward);
+        ResponseFuture::passthrough(self.inner.call(request), tags)
     }
 }
 
@@ -248,7 +263,9 @@ where
     let (early, mut streamed) = oneshot::channel();
     let mut origin = origin;
     origin.early = plain.then_some(early);
-    let flight = policy.flight();
+    let flight = policy.flight(origin.labels);
+    let forwarded = origin.forwarded.clone();
+    let had_stale = miss.has_stale();
     let mut answer = Box::pin(async move { engine.resolve(miss, flight, origin).await });
     let answer = tokio::select! {
         biased;
@@ -261,12 +278,15 @@ where
     }
     match answer {
         Answer::Served(served) => {
+            let now = Instant::now();
+            let forward = forward_of(served.status, &served.held, had_stale, &forwarded, now);
             let mut response = present(
                 &policy,
                 &conditions,
                 &served.held,
                 served.status.into(),
-                Instant::now(),
+                forward,
+                now,
             );
             if let Some(Private::Headers(headers)) = served.private {
                 for (name, value) in headers {
@@ -319,6 +339,9 @@ struct Origin<S, ReqBody, ResBody: HttpBody> {
     keyed: Keyed,
     /// The starter's response, as soon as it may be shared.
     early: Option<Early<ResBody>>,
+    labels: Labels,
+    /// What this rebuild did, for the request that started it.
+    forwarded: Arc<Forwarded>,
 }
 
 /// Request headers that would let the origin answer with less than the whole
@@ -346,10 +369,15 @@ where
         let policy = self.policy.clone();
         let mut response = self.call().await?;
         policy.tags.take(response.headers_mut());
-        Ok(tag(
+        let forward = Forward {
+            detail: Some("hit-for-miss"),
+            ..Forward::new(Fwd::Bypass)
+        };
+        Ok(tag_with(
             &policy,
             response.map(Body::stream),
             CacheStatus::Bypass,
+            forward,
         ))
     }
 }
@@ -389,33 +417,45 @@ where
         // still holds (only our own conditions reach the origin).
         // A renewed entry keeps the tags it had.
         let kept = stale.as_ref().map(|held| held.entry().stamp().tag_set());
+        let had_stale = stale.is_some();
         let stored = stale
             .map(|held| held.value().clone())
             .filter(|stored| ask_conditionally(stored, self.request.headers_mut()));
-        let (policy, keyed) = (self.policy.clone(), self.keyed);
+        let (policy, keyed, labels) = (self.policy.clone(), self.keyed, self.labels);
         let early = self.early.take();
         let (parts, body) = self.request.into_parts();
         let mut tags = policy.tags.of_request(&parts);
         self.request = Request::from_parts(parts, body);
+        let forwarded = self.forwarded.clone();
+        forwarded.ran();
+        // The starter's own response says `fwd=stale` when it replaces an
+        // expired entry.
+        let fwd = match had_stale {
+            true => Fwd::Stale,
+            false => Fwd::UriMiss,
+        };
         let mut built = match self.call().await {
-            Ok(mut response) if response.status() == StatusCode::NOT_MODIFIED => match stored {
-                Some(stored) => {
-                    count(m::REVALIDATED);
-                    tags.extend(&policy.tags.take(response.headers_mut()));
-                    policy.tags.strip(response.headers_mut());
-                    tags.extend(&kept.unwrap_or_default());
-                    renew(&policy, stored, response, keyed)
+            Ok(mut response) => {
+                forwarded.answered(response.status().as_u16());
+                match (response.status() == StatusCode::NOT_MODIFIED, stored) {
+                    (true, Some(stored)) => {
+                        count(m::REVALIDATED, labels);
+                        tags.extend(&policy.tags.take(response.headers_mut()));
+                        policy.tags.strip(response.headers_mut());
+                        tags.extend(&kept.unwrap_or_default());
+                        renew(&policy, stored, response, keyed)
+                    }
+                    _ => admit(&policy, response, keyed, early, labels, fwd).await,
                 }
-                None => admit(&policy, response, keyed, early).await,
-            },
-            Ok(response) => admit(&policy, response, keyed, early).await,
+            }
             Err(error) => crate::engine::Built::Failed {
                 shared: None,
                 private: Some(Private::Error(error)),
             },
         };
-        if let crate::engine::Built::Value { tags: built, .. } = &mut built {
-            built.extend(&tags);
+        if let crate::engine::Built::Value { store, tags: built_tags, .. } = &mut built {
+            forwarded.stored(*store);
+            built_tags.extend(&tags);
         }
         built
     }

@@ -26,7 +26,7 @@ use super::policy::Policy;
 use super::reference::{resolve, Reference};
 use crate::engine::Engine;
 use crate::key::Key;
-use crate::metrics::{self as m, count};
+use crate::metrics::{self as m, count, Labels};
 
 /// Whether a request with `method` may change its target, so that a
 /// successful answer invalidates it.
@@ -183,15 +183,15 @@ fn key_of(policy: &Policy, parts: &Parts) -> Option<Key> {
 /// failing Redis delays the response by one invalidation's tries, not one
 /// per URI); a failure is logged and counted, never returned. Each runs on
 /// its own task: a client that goes away does not cut it short.
-pub(crate) async fn invalidate(engine: &Arc<Engine>, keys: Vec<Key>) {
+pub(crate) async fn invalidate(engine: &Arc<Engine>, keys: Vec<Key>, labels: Labels) {
     let tasks: Vec<_> = keys
         .into_iter()
         .map(|key| {
             let engine = engine.clone();
             tokio::spawn(async move {
-                count(m::UNSAFE_INVALIDATIONS);
+                count(m::UNSAFE_INVALIDATIONS, labels);
                 if let Err(error) = engine.invalidate(&key).await {
-                    count(m::INVALIDATION_FAILURES);
+                    count(m::INVALIDATION_FAILURES, labels);
                     tracing::warn!(key = %key, error = %error, "invalidation after an unsafe method failed");
                 }
             })

@@ -19,6 +19,7 @@ use moka::sync::Cache as Moka;
 use moka::Expiry;
 
 use crate::key::Key;
+use crate::metrics::{GaugeShare, L1_BYTES};
 
 /// Fixed bytes charged per slot on top of its value, for the key, the
 /// value's own fields and the cache's bookkeeping. It keeps a flood of tiny
@@ -88,6 +89,18 @@ pub(crate) struct LocalTier<T> {
     /// Set once a key that is not its own group (a variant of a URL) was
     /// stored: only then must dropping a group look past the group's key.
     variants: Arc<AtomicBool>,
+    gauge: Arc<L1Gauge>,
+}
+
+/// This tier's share of the process-wide L1 bytes gauge; gone with the
+/// tier's last clone.
+#[derive(Default)]
+struct L1Gauge(GaugeShare);
+
+impl Drop for L1Gauge {
+    fn drop(&mut self) {
+        self.0.set(L1_BYTES, 0);
+    }
 }
 
 impl<T> Clone for LocalTier<T> {
@@ -96,6 +109,7 @@ impl<T> Clone for LocalTier<T> {
             cache: self.cache.clone(),
             max_bytes: self.max_bytes,
             variants: self.variants.clone(),
+            gauge: self.gauge.clone(),
         }
     }
 }
@@ -115,6 +129,7 @@ impl<T: Stored> LocalTier<T> {
             cache,
             max_bytes,
             variants: Arc::default(),
+            gauge: Arc::default(),
         }
     }
 
@@ -136,6 +151,14 @@ impl<T: Stored> LocalTier<T> {
             }
         }
         self.cache.insert(key, slot);
+        self.report();
+    }
+
+    /// Tells the gauge the bytes held as moka has counted them so far (its
+    /// pending maintenance may lag a little; [`Self::weighted_size`] is
+    /// exact).
+    fn report(&self) {
+        self.gauge.0.set(L1_BYTES, self.cache.weighted_size());
     }
 
     /// Stores a stale value found in the shared tier, unless this process
@@ -153,10 +176,12 @@ impl<T: Stored> LocalTier<T> {
     /// Drops every slot.
     pub(crate) fn clear(&self) {
         self.cache.invalidate_all();
+        self.report();
     }
 
     pub(crate) fn remove(&self, key: &Key) {
         self.cache.invalidate(key);
+        self.report();
     }
 
     /// Drops every slot of `group`: the group's own key and, once variants
@@ -176,6 +201,7 @@ impl<T: Stored> LocalTier<T> {
                 self.cache.invalidate_all();
             }
         }
+        self.report();
     }
 
     /// Removes the key's value only if it is still `value`: a newer one
@@ -193,7 +219,9 @@ impl<T: Stored> LocalTier<T> {
     /// Bytes held, after applying pending evictions.
     pub(crate) fn weighted_size(&self) -> u64 {
         self.cache.run_pending_tasks();
-        self.cache.weighted_size()
+        let size = self.cache.weighted_size();
+        self.gauge.0.set(L1_BYTES, size);
+        size
     }
 
     pub(crate) fn max_bytes(&self) -> u64 {

@@ -8,6 +8,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
+use crate::metrics::CIRCUIT_OPEN;
+
 /// Consecutive failures that open the circuit.
 pub(crate) const FAILURES_TO_OPEN: u32 = 3;
 
@@ -37,15 +39,28 @@ impl Breaker {
         if failures < FAILURES_TO_OPEN {
             return false;
         }
-        self.open.store(true, Ordering::Release);
+        if !self.open.swap(true, Ordering::AcqRel) {
+            metrics::gauge!(CIRCUIT_OPEN).increment(1.0);
+        }
         !self.probing.swap(true, Ordering::AcqRel)
     }
 
     /// Called by the supervisor's probe when Redis answered again.
     pub(crate) fn close(&self) {
         self.failures.store(0, Ordering::Relaxed);
-        self.open.store(false, Ordering::Release);
+        if self.open.swap(false, Ordering::AcqRel) {
+            metrics::gauge!(CIRCUIT_OPEN).decrement(1.0);
+        }
         self.probing.store(false, Ordering::Release);
+    }
+}
+
+impl Drop for Breaker {
+    /// A tier that goes away open no longer counts as an open circuit.
+    fn drop(&mut self) {
+        if *self.open.get_mut() {
+            metrics::gauge!(CIRCUIT_OPEN).decrement(1.0);
+        }
     }
 }
 
@@ -66,5 +81,40 @@ mod tests {
         assert!(!b.failure(), "a probe already runs");
         b.close();
         assert!(b.is_closed());
+    }
+
+    #[test]
+    fn the_circuit_gauge_counts_open_circuits() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let gauge = || -> f64 {
+            snapshotter
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .filter(|(k, ..)| k.key().name() == CIRCUIT_OPEN)
+                .map(|(.., v)| match v {
+                    DebugValue::Gauge(g) => g.into_inner(),
+                    _ => 0.0,
+                })
+                .sum()
+        };
+        metrics::with_local_recorder(&recorder, || {
+            let (a, b) = (Breaker::default(), Breaker::default());
+            for _ in 0..FAILURES_TO_OPEN + 2 {
+                a.failure();
+                b.failure();
+            }
+            // (Each snapshot resets the gauge: it shows the change since.)
+            assert_eq!(gauge(), 2.0, "two circuits opened, each counted once");
+            a.close();
+            a.close();
+            assert_eq!(gauge(), -1.0, "one closed, counted once");
+            drop(b);
+            assert_eq!(gauge(), -1.0, "an open breaker dropped is no longer open");
+            drop(a);
+            assert_eq!(gauge(), 0.0, "a closed one dropped changes nothing");
+        });
     }
 }

@@ -16,7 +16,7 @@ use super::barrier::all_acked;
 use super::notify::Event;
 use super::{Lease, RedisTier, Retryable, TierError};
 use crate::key::Key;
-use crate::metrics::{self as m, count};
+use crate::metrics::{self as m, count, Labels};
 use crate::store::millis;
 
 /// How long the fence hash outlives the last lease on its key, so idle keys
@@ -142,6 +142,7 @@ impl RedisTier {
         entry: Bytes,
         fresh: Duration,
         keep: Duration,
+        labels: Labels,
     ) -> Result<bool, TierError> {
         lease.settle();
         let keys = self.keys(&lease.key);
@@ -176,7 +177,7 @@ impl RedisTier {
         };
         if stored == 0 {
             self.stats.fenced_writes.fetch_add(1, Ordering::Relaxed);
-            count(m::FENCED_WRITES);
+            count(m::FENCED_WRITES, labels);
             tracing::info!(key = %lease.key, fence = lease.fence.0, "late commit refused: a newer entry is stored");
         }
         Ok(stored == 1)
@@ -403,7 +404,7 @@ impl RedisTier {
 
     pub(crate) fn count_corrupt(&self, key: &Key) {
         self.stats.corrupt_entries.fetch_add(1, Ordering::Relaxed);
-        count(m::CORRUPT_ENTRIES);
+        m::count_backend(m::CORRUPT_ENTRIES);
         tracing::warn!(key = %key, "unreadable entry in Redis; treating it as a miss");
     }
 }

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use redis::{RedisError, RetryMethod, Script};
 
 use crate::key::Key;
-use crate::metrics::{self as m, count};
+use crate::metrics as m;
 use breaker::Breaker;
 use config::TlsPem;
 use connection::{Conn, Link, Options, Sink, Topology};
@@ -302,7 +302,7 @@ impl RedisTier {
             Err(_) => TierError::Timeout,
         };
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
-        count(m::REDIS_ERRORS);
+        m::count_backend(m::REDIS_ERRORS);
         tracing::debug!(error = %error, "redis call failed");
         if answered(&error) {
             // Redis is up and answering (a script refused foreign bytes, a
@@ -369,7 +369,7 @@ impl RedisTier {
             Err(_) => TierError::Timeout,
         };
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
-        count(m::REDIS_ERRORS);
+        m::count_backend(m::REDIS_ERRORS);
         tracing::debug!(error = %error, "redis call past the breaker failed");
         if shared.config.topology.needs_resolve() {
             shared.signals.call_failed.notify_one();
