@@ -21,6 +21,7 @@ use redis::{
 };
 
 use super::config::TlsPem;
+use super::sentinel::{resolve, Sentinels};
 
 /// Where Redis is, parsed from the URL.
 #[derive(Clone)]
@@ -32,7 +33,7 @@ pub(crate) enum Topology {
     Cluster(Vec<String>),
     /// The primary named `service`, as the sentinels report it.
     Sentinel {
-        sentinels: Vec<String>,
+        sentinels: Sentinels,
         service: String,
         master: MasterUrl,
     },
@@ -120,7 +121,9 @@ impl Topology {
                 };
                 let db = parts.next().unwrap_or("0").to_owned();
                 Ok(Topology::Sentinel {
-                    sentinels: hosts.iter().map(|h| format!("{base}://{h}/")).collect(),
+                    sentinels: Sentinels::new(
+                        hosts.iter().map(|h| format!("{base}://{h}/")).collect(),
+                    ),
                     service: service.to_owned(),
                     master: MasterUrl {
                         scheme: base,
@@ -235,12 +238,30 @@ async fn open_link(
             master,
         } => {
             let (host, port) = resolve(sentinels, service, options).await?;
-            open_single(&master.at(&host, port), options, sink, Some((host, port))).await
+            let primary = Some((host.clone(), port));
+            let link = open_single(&master.at(&host, port), options, sink, primary).await?;
+            // A failover may have happened while the connections opened (an
+            // old primary frozen through it answers again, and still says
+            // it is one): a primary the sentinels no longer name will not do.
+            if resolve(sentinels, service, options).await? != (host, port) {
+                return Err(RedisError::from((
+                    redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                    "the primary moved while connecting to it",
+                )));
+            }
+            Ok(link)
         }
     }
 }
 
-fn client(url: &str, tls: &TlsPem) -> Result<Client, RedisError> {
+/// Whether the node behind `conn` says it is a primary (`ROLE`).
+pub(crate) async fn is_primary(conn: &Conn) -> Result<bool, RedisError> {
+    let mut conn = conn.clone();
+    let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
+    Ok(matches!(role.first(), Some(Value::BulkString(r)) if r == b"master"))
+}
+
+pub(crate) fn client(url: &str, tls: &TlsPem) -> Result<Client, RedisError> {
     let info = url.into_connection_info()?;
     // RESP3 lets the subscriber receive pushes on a connection that the
     // client reconnects and resubscribes by itself.
@@ -303,7 +324,7 @@ fn ensure_crypto_provider() {
     }
 }
 
-async fn with_timeout<T>(
+pub(crate) async fn with_timeout<T>(
     limit: Duration,
     what: &'static str,
     future: impl std::future::Future<Output = Result<T, RedisError>>,
@@ -332,23 +353,26 @@ async fn open_single(
         .set_response_timeout(Some(options.deadline))
         .set_number_of_retries(1)
         .set_max_delay(Duration::from_millis(200));
+    // Every command call has the tier's own time limit (the deadline, or
+    // more for a call that waits on Redis's side, such as a synced lock's
+    // `WAIT`): the connection adds none of its own.
+    let commands = base.clone().set_response_timeout(None);
     let conn = with_timeout(
         options.connect_timeout,
         "connecting to Redis",
-        ConnectionManager::new_with_config(client.clone(), base.clone()),
+        ConnectionManager::new_with_config(client.clone(), commands),
     )
     .await?;
     if primary.is_some() {
         // The sentinels may lag behind a failover: only a node that says
         // it is the primary will do.
-        let mut check = conn.clone();
-        let role: Vec<Value> = with_timeout(
+        let node = Conn::Single(conn.clone());
+        let check = with_timeout(
             options.connect_timeout,
             "asking the primary its role",
-            redis::cmd("ROLE").query_async(&mut check),
-        )
-        .await?;
-        if !matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") {
+            is_primary(&node),
+        );
+        if !check.await? {
             return Err(RedisError::from((
                 redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
                 "the node the sentinels named is not a primary (yet)",
@@ -470,40 +494,6 @@ async fn seed_error(nodes: &[String], options: &Options<'_>, cluster: RedisError
     }
 }
 
-/// Asks the sentinels, in turn, where the primary of `service` is.
-pub(crate) async fn resolve(
-    sentinels: &[String],
-    service: &str,
-    options: &Options<'_>,
-) -> Result<(String, u16), RedisError> {
-    let mut last = None;
-    for sentinel in sentinels {
-        let ask = async {
-            let client = client(sentinel, options.tls)?;
-            let mut conn = client.get_multiplexed_async_connection().await?;
-            redis::cmd("SENTINEL")
-                .arg("GET-MASTER-ADDR-BY-NAME")
-                .arg(service)
-                .query_async::<Option<(String, u16)>>(&mut conn)
-                .await
-        };
-        match with_timeout(options.connect_timeout, "asking a sentinel", ask).await {
-            Ok(Some(address)) => return Ok(address),
-            Ok(None) => {
-                last = Some(RedisError::from((
-                    redis::ErrorKind::InvalidClientConfig,
-                    "the sentinels know no primary of this name",
-                    service.to_owned(),
-                )))
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| {
-        RedisError::from((redis::ErrorKind::InvalidClientConfig, "no sentinel given"))
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,7 +517,7 @@ mod tests {
         else {
             panic!("sentinel")
         };
-        assert_eq!(sentinels, ["redis://s1:26379/", "redis://s2:26379/"]);
+        assert_eq!(sentinels.list(), ["redis://s1:26379/", "redis://s2:26379/"]);
         assert_eq!(service, "cache");
         assert_eq!(master.at("10.0.0.5", 6380), "redis://:pw@10.0.0.5:6380/2");
         assert!(Topology::parse("redis-sentinel://s1:1").is_err());
