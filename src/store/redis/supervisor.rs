@@ -28,7 +28,11 @@
 //!   have been missed meanwhile);
 //! - publishes the acknowledgements of other instances' invalidations;
 //! - retries, every probe interval, the invalidations that did not reach
-//!   Redis, until they do.
+//!   Redis, until they do;
+//! - behind Sentinel, follows a failover a sentinel announces
+//!   (`+switch-master`), and every [`ROLE_CHECK`] asks the sentinels where
+//!   the primary is and the primary its role, so an instance whose calls
+//!   keep succeeding on a replaced primary leaves it all the same.
 //!
 //! Requests and the subscriber only *signal* (a [`Notify`] keeps one permit,
 //! so a signal sent while the supervisor is busy is seen on its next turn,
