@@ -209,7 +209,11 @@ async fn synced_acquisition_keeps_fencing_tokens_rising_across_a_failover() {
     // lock long before the 30 s lease would have run out).
     setup.replica.freeze();
     match synced.acquire("sku").await {
-        Err(LockError::Unavailable(e)) => assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}"),
+        // Too few acknowledgements, or none before the call's own limit.
+        Err(LockError::Unavailable(e)) => assert!(
+            matches!(e.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+            "{e}"
+        ),
         other => panic!("an unacknowledged acquisition must fail: {other:?}"),
     }
     setup.replica.thaw();

@@ -113,8 +113,8 @@ fn sentinel_error(e: RedisError) -> RedisError {
 
 /// Subscribes to `+switch-master` on the first sentinel that answers (each
 /// under its own short timeout); the announcements, and a notice when that
-/// connection drops, arrive on the receiver. The connection lives as long
-/// as the returned guard.
+/// connection drops, arrive on the receiver. The subscription lives as
+/// long as the returned connection.
 pub(crate) async fn watch_switch(
     sentinels: &Sentinels,
     options: &Options<'_>,

@@ -374,6 +374,16 @@ async fn watch_primary(shared: &Shared) {
         };
         match heard {
             Heard::Tick => {
+                // A hung sentinel keeps its connection open and announces
+                // nothing: watch another one.
+                if let Some((conn, _)) = watching.as_mut() {
+                    let limit = sentinel::per_sentinel(&options(shared));
+                    let cmd = redis::cmd("PING");
+                    let ping = cmd.query_async::<()>(conn);
+                    if !matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(()))) {
+                        watching = None;
+                    }
+                }
                 let conn = shared.link().conn.clone();
                 let limit = shared.config.deadline.max(KEEPALIVE / 4);
                 let role = tokio::time::timeout(limit, connection::is_primary(&conn)).await;
