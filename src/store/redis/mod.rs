@@ -44,7 +44,8 @@ use redis::{RedisError, RetryMethod, Script};
 
 use crate::key::Key;
 use crate::metrics::{self as m, count};
-use breaker::Breaker;
+pub(crate) use breaker::migrating;
+use breaker::{answered, Breaker};
 use config::TlsPem;
 use connection::{Conn, Link, Options, Sink, Topology};
 pub(crate) use entries::{Fetched, Remote};
@@ -379,24 +380,6 @@ impl RedisTier {
         }
         Err(error)
     }
-}
-
-/// Whether Redis answered the call with an error of the call's own (a
-/// script error, a wrong type) or of a slot on the move: the server is up,
-/// and the breaker, which guards against a server that is not, does not
-/// count it.
-fn answered(error: &TierError) -> bool {
-    matches!(error, TierError::Redis(e) if matches!(e.code(), Some("ERR" | "WRONGTYPE")))
-        || migrating(error)
-}
-
-/// Whether the call met a cluster slot being migrated (`TRYAGAIN`, or a
-/// redirection the client did not follow): trying again shortly, with the
-/// same arguments, will do.
-pub(crate) fn migrating(error: &TierError) -> bool {
-    matches!(error, TierError::Redis(e) if matches!(e.code(), Some("TRYAGAIN" | "MOVED" | "ASK"))
-        || matches!(e.kind(), redis::ErrorKind::Server(
-            redis::ServerErrorKind::TryAgain | redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask)))
 }
 
 /// Whether trying again may help: the call may not have run, or the server
