@@ -21,7 +21,7 @@ use redis::{
 };
 
 use super::config::TlsPem;
-use super::sentinel::{resolve, Sentinels};
+use super::sentinel::{resolve, resolve_by, Sentinels};
 
 /// Where Redis is, parsed from the URL.
 #[derive(Clone)]
@@ -237,9 +237,22 @@ async fn open_link(
             service,
             master,
         } => {
-            let (host, port) = resolve(sentinels, service, options).await?;
-            let primary = Some((host.clone(), port));
-            let link = open_single(&master.at(&host, port), options, sink, primary).await?;
+            // A sentinel with a stale view may name a node that says it is
+            // no primary, or one that refuses connections: ask the next
+            // one, and ask it first from now on.
+            let mut tries = sentinels.list().len();
+            let ((host, port), link) = loop {
+                let ((host, port), named_by) = resolve_by(sentinels, service, options).await?;
+                let primary = Some((host.clone(), port));
+                match open_single(&master.at(&host, port), options, sink.clone(), primary).await {
+                    Err(e) if tries > 1 && stale_view(&e) => {
+                        tracing::debug!(error = %e, "a sentinel named no primary; asking the next");
+                        sentinels.demote(&named_by);
+                        tries -= 1;
+                    }
+                    link => break ((host, port), link?),
+                }
+            };
             // A failover may have happened while the connections opened (an
             // old primary frozen through it answers again, and still says
             // it is one): a primary the sentinels no longer name will not do.
@@ -252,6 +265,15 @@ async fn open_link(
             Ok(link)
         }
     }
+}
+
+/// Whether opening a link to the node a sentinel named failed in a way
+/// that says the sentinel's view is stale: the node answered that it is no
+/// primary, or refused the connection (a node that hangs is not tried
+/// past: its time is spent).
+fn stale_view(e: &RedisError) -> bool {
+    e.is_connection_refusal()
+        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
 /// Whether the node behind `conn` says it is a primary (`ROLE`).

@@ -40,6 +40,17 @@ impl Sentinels {
             list.insert(0, answered);
         }
     }
+
+    /// Moves `url` to the back: it named a node that is no primary (or
+    /// refused connections), so its view is stale; the others are asked
+    /// first from now on.
+    pub(crate) fn demote(&self, url: &str) {
+        let mut list = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(at) = list.iter().position(|u| u == url) {
+            let stale = list.remove(at);
+            list.push(stale);
+        }
+    }
 }
 
 impl std::fmt::Debug for Sentinels {
@@ -62,6 +73,17 @@ pub(crate) async fn resolve(
     service: &str,
     options: &Options<'_>,
 ) -> Result<(String, u16), RedisError> {
+    resolve_by(sentinels, service, options)
+        .await
+        .map(|(address, _)| address)
+}
+
+/// [`resolve`], and which sentinel answered.
+pub(crate) async fn resolve_by(
+    sentinels: &Sentinels,
+    service: &str,
+    options: &Options<'_>,
+) -> Result<((String, u16), String), RedisError> {
     let mut last = None;
     for sentinel in sentinels.list() {
         let ask = async {
@@ -76,7 +98,7 @@ pub(crate) async fn resolve(
         match with_timeout(per_sentinel(options), "asking a sentinel", ask).await {
             Ok(Some(address)) => {
                 sentinels.promote(&sentinel);
-                return Ok(address);
+                return Ok((address, sentinel));
             }
             Ok(None) => {
                 last = Some(RedisError::from((
@@ -169,6 +191,8 @@ mod tests {
         assert_eq!(sentinels.list(), ["c", "a", "b"]);
         sentinels.promote("nobody");
         assert_eq!(sentinels.list(), ["c", "a", "b"]);
+        sentinels.demote("c");
+        assert_eq!(sentinels.list(), ["a", "b", "c"], "a stale one goes last");
         let shared = sentinels.clone();
         shared.promote("b");
         assert_eq!(sentinels.list(), ["b", "c", "a"], "clones share the order");

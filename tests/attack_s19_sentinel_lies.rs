@@ -1,0 +1,167 @@
+//! Sentinels that lie or babble: a fake sentinel (a plain TCP listener
+//! speaking just enough RESP) listed before the real one. It names a
+//! replica, answers garbage, or hangs after the handshake. The crate must
+//! connect past it to the real primary, never to the replica, and never
+//! panic on what it hears.
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::Duration;
+
+use common::lock::held_locks;
+use common::sentinel::SentinelSetup;
+use stampede_guard::{Backend, Lock};
+
+/// What the fake sentinel answers once the handshake (`HELLO`) is done.
+#[derive(Clone, Copy)]
+enum Fake {
+    /// Names `127.0.0.1:port` as the primary (a stale or lying view).
+    Names(u16),
+    /// Answers every command, the handshake too, with bytes that are no RESP.
+    Babble,
+    /// Answers the handshake, then a reply of the wrong shape.
+    WrongShape(&'static str),
+    /// Answers the handshake, then nothing at all.
+    Mute,
+}
+
+/// Reads one RESP array of bulk strings (a client command).
+fn read_command(reader: &mut BufReader<TcpStream>) -> Option<Vec<String>> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).ok()? == 0 {
+        return None;
+    }
+    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::with_capacity(n);
+    for _ in 0..n {
+        line.clear();
+        reader.read_line(&mut line).ok()?;
+        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
+        let mut buf = vec![0u8; len + 2];
+        reader.read_exact(&mut buf).ok()?;
+        buf.truncate(len);
+        args.push(String::from_utf8_lossy(&buf).to_uppercase());
+    }
+    Some(args)
+}
+
+fn serve(stream: TcpStream, fake: Fake) {
+    let mut out = stream.try_clone().expect("clone");
+    let mut reader = BufReader::new(stream);
+    while let Some(args) = read_command(&mut reader) {
+        let first = args.first().map(String::as_str).unwrap_or("");
+        let reply: String = match (fake, first) {
+            (Fake::Babble, _) => "\u{1}garbage\r\n%x\r\n".into(),
+            (_, "HELLO") => "%1\r\n$6\r\nserver\r\n$5\r\nredis\r\n".into(),
+            (Fake::Mute, _) => continue,
+            (_, "CLIENT") => "+OK\r\n".into(),
+            (_, "PING") => "+PONG\r\n".into(),
+            (_, "SUBSCRIBE") => ">3\r\n$9\r\nsubscribe\r\n$14\r\n+switch-master\r\n:1\r\n".into(),
+            (Fake::Names(port), "SENTINEL") => {
+                let port = port.to_string();
+                format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{port}\r\n", port.len())
+            }
+            (Fake::WrongShape(reply), "SENTINEL") => reply.into(),
+            _ => "-ERR unknown command\r\n".into(),
+        };
+        if out.write_all(reply.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// Starts a fake sentinel on a free loopback port; it lives as long as the
+/// test process (its threads block on the listener).
+fn fake_sentinel(fake: Fake) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || serve(stream, fake));
+        }
+    });
+    port
+}
+
+/// The setup's URL with `fakes` listed before its real sentinels.
+fn url_with(setup: &SentinelSetup, fakes: &[u16]) -> String {
+    let real = setup.url();
+    let rest = real.strip_prefix("redis-sentinel://").unwrap();
+    let fakes: Vec<String> = fakes.iter().map(|p| format!("127.0.0.1:{p},")).collect();
+    format!("redis-sentinel://{}{rest}", fakes.concat())
+}
+
+async fn connect(url: &str) -> Result<Backend, stampede_guard::Error> {
+    let connecting = Backend::redis_builder(url)
+        .probe_interval(Duration::from_millis(100))
+        .connect_timeout(Duration::from_secs(2))
+        .connect();
+    tokio::time::timeout(Duration::from_secs(20), connecting)
+        .await
+        .expect("connecting does not hang")
+}
+
+/// The lock works, and its hold sits on the real primary.
+async fn holds_on_primary(setup: &SentinelSetup, backend: Backend) {
+    let lock = Lock::new(backend);
+    let guard = lock.acquire("stock").await.expect("lock");
+    assert_eq!(
+        held_locks(&setup.primary),
+        ":1",
+        "the hold is on the primary"
+    );
+    assert!(guard.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_naming_the_replica_is_passed_over_for_the_next() {
+    let setup = SentinelSetup::start();
+    // The first sentinel has a stale view: it names the replica.
+    let liar = fake_sentinel(Fake::Names(setup.replica.port()));
+    let backend = connect(&url_with(&setup, &[liar]))
+        .await
+        .expect("the next sentinel names the real primary");
+    holds_on_primary(&setup, backend.clone()).await;
+    // A second while the role checks run: the instance stays on the
+    // primary (the liar does not pull it to the replica) and fails nothing.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    holds_on_primary(&setup, backend.clone()).await;
+    assert_eq!(backend.stats().redis.unwrap().errors, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_from_sentinels_is_an_error_never_a_panic() {
+    let setup = SentinelSetup::start();
+    let fakes = [
+        fake_sentinel(Fake::Babble),
+        fake_sentinel(Fake::Mute),
+        fake_sentinel(Fake::WrongShape(":42\r\n")),
+        fake_sentinel(Fake::WrongShape("*2\r\n$3\r\nfoo\r\n$3\r\nbar\r\n")),
+        fake_sentinel(Fake::WrongShape(
+            "*2\r\n$9\r\n127.0.0.1\r\n$6\r\n999999\r\n",
+        )),
+        fake_sentinel(Fake::WrongShape("*3\r\n$1\r\na\r\n$1\r\nb\r\n$1\r\nc\r\n")),
+        fake_sentinel(Fake::WrongShape("*2\r\n_\r\n_\r\n")),
+        fake_sentinel(Fake::WrongShape("$-1\r\n")),
+        fake_sentinel(Fake::Names(1)),
+    ];
+    // Each alone: an error at start-up, no panic, no hang.
+    for (n, fake) in fakes.iter().enumerate() {
+        let url = format!("redis-sentinel://127.0.0.1:{fake}/cache");
+        assert!(
+            connect(&url).await.is_err(),
+            "fake {n} alone connects nothing"
+        );
+    }
+    // All of them before the real sentinel: the real one is reached.
+    let backend = connect(&url_with(&setup, &fakes))
+        .await
+        .expect("the real sentinel, past the fakes");
+    holds_on_primary(&setup, backend.clone()).await;
+    // The supervisor keeps asking (every second): nothing breaks meanwhile.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    holds_on_primary(&setup, backend).await;
+}
