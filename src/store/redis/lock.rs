@@ -90,7 +90,14 @@ impl RedisTier {
             .arg(Event::Released.message(id));
         let (won, a, b): (i64, i64, i64) = self.call(invocation.invoke_async(&mut conn)).await?;
         if let (1, Some((replicas, timeout))) = (won, synced) {
-            self.wait_replicas(conn, replicas, timeout).await?;
+            if let Err(e) = self.wait_replicas(conn, replicas, timeout).await {
+                // Give the unacknowledged hold back before the caller hears
+                // of the failure, so the lock is free for the others at
+                // once; the caller's undo tries again in the background if
+                // this one try goes unanswered.
+                let _ = self.lock_leave(id, token, attempt, Instant::now()).await;
+                return Err(e);
+            }
         }
         Ok(if won == 1 {
             Attempt::Held {
