@@ -443,8 +443,12 @@ async fn open_cluster(
             .connection_timeout(options.connect_timeout)
             .response_timeout(options.deadline)
             .retries(2)
-            .min_retry_wait(10)
-            .max_retry_wait(200);
+            // The client's own waits between tries must fit in the
+            // deadline: a slot on the move (`TRYAGAIN`) is then reported to
+            // the tier, which knows what to do with it, instead of every
+            // such call timing out while the client sleeps.
+            .min_retry_wait(1)
+            .max_retry_wait(millis_of(options.deadline / 8).clamp(2, 200));
         if options.tls.ca.is_some() || options.tls.client.is_some() {
             #[cfg(feature = "redis-tls")]
             {
@@ -493,6 +497,11 @@ async fn open_cluster(
         primary: None,
         retired: Arc::default(),
     })
+}
+
+#[cfg(feature = "redis-cluster")]
+fn millis_of(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The cluster client reports that no seed could be reached as an I/O error

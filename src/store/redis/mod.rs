@@ -104,6 +104,7 @@ impl std::fmt::Display for TierError {
 
 struct Scripts {
     fetch_or_lease: Script,
+    fetch_fresh: Script,
     commit: Script,
     release: Script,
     renew: Script,
@@ -120,6 +121,10 @@ impl Scripts {
             fetch_or_lease: Script::new(concat!(
                 include_str!("scripts/fence.lua"),
                 include_str!("scripts/fetch_or_lease.lua")
+            )),
+            fetch_fresh: Script::new(concat!(
+                include_str!("scripts/fence.lua"),
+                include_str!("scripts/fetch_fresh.lua")
             )),
             commit: Script::new(concat!(
                 include_str!("scripts/fence.lua"),
@@ -138,9 +143,10 @@ impl Scripts {
         }
     }
 
-    fn all(&self) -> [&Script; 9] {
+    fn all(&self) -> [&Script; 10] {
         [
             &self.fetch_or_lease,
+            &self.fetch_fresh,
             &self.commit,
             &self.release,
             &self.renew,
