@@ -165,3 +165,59 @@ async fn garbage_from_sentinels_is_an_error_never_a_panic() {
     tokio::time::sleep(Duration::from_millis(2500)).await;
     holds_on_primary(&setup, backend).await;
 }
+
+fn evalsha_calls(server: &common::redis::RedisServer) -> u64 {
+    server.command_calls().get("evalsha").copied().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_stale_sentinel_does_not_keep_instances_on_the_old_primary() {
+    // Three honest sentinels and, listed first, one whose view never moves
+    // past the old primary (a sentinel cut off through the failover).
+    let setup = SentinelSetup::start_with(3, &[]);
+    let stale = fake_sentinel(Fake::Names(setup.primary.port()));
+    let url = url_with(&setup, &[stale]);
+    let a = Lock::new(connect(&url).await.expect("connects"));
+    let b = Lock::new(connect(&url).await.expect("connects"));
+    let mut newest = stampede_guard::FencingToken(0);
+    for lock in [&a, &b] {
+        let guard = lock.acquire("stock").await.expect("lock");
+        newest = newest.max(guard.fencing_token());
+        assert!(guard.release().await.unwrap());
+    }
+    common::cluster::wait_replicated(&setup.primary, Duration::from_secs(10));
+
+    // The honest sentinels move the primary; the old one keeps answering
+    // and says it is a primary for seconds more.
+    let service = common::sentinel::SERVICE;
+    assert_eq!(
+        setup.sentinels[0].raw(&["SENTINEL", "FAILOVER", service]),
+        "+OK\r\n"
+    );
+    setup.wait_for_promotion(Duration::from_secs(20));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        setup
+            .primary
+            .raw(&["INFO", "replication"])
+            .contains("role:master"),
+        "the old primary still says it is one"
+    );
+    let before = evalsha_calls(&setup.primary);
+    for round in 0..6 {
+        let (mine, other) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        let guard = mine.acquire("stock").await.expect("lock after the switch");
+        assert!(
+            other.try_acquire("stock").await.unwrap().is_none(),
+            "round {round}: both instances held the lock"
+        );
+        assert!(guard.fencing_token() > newest, "round {round}: tokens rise");
+        newest = guard.fencing_token();
+        assert!(guard.release().await.unwrap());
+    }
+    assert_eq!(
+        evalsha_calls(&setup.primary) - before,
+        0,
+        "scripts ran on the old primary after the switch"
+    );
+}

@@ -1,8 +1,9 @@
 //! Finding the primary through Sentinel, as the Sentinel client spec asks:
 //!
-//! - each sentinel gets a short timeout of its own ([`per_sentinel`]), and a
-//!   sentinel that does not answer in time is passed over for the next, so
-//!   one hung sentinel cannot hold back a failover;
+//! - each sentinel gets a short timeout of its own ([`per_sentinel`]); they
+//!   are asked side by side and most of them decide, so one hung sentinel
+//!   cannot hold back a failover, nor one with a stale view keep an
+//!   instance on an old primary;
 //! - the sentinel that answered moves to the front of the list, so the next
 //!   question goes to one known to answer;
 //! - the tier listens on a sentinel for `+switch-master` and asks again at
@@ -79,26 +80,59 @@ pub(crate) async fn resolve(
 }
 
 /// [`resolve`], and which sentinel answered.
+///
+/// The sentinels are asked side by side, each under its own short timeout,
+/// and the address named by most of them wins (a tie goes to the one listed
+/// first): one sentinel with a stale view (cut off through a failover)
+/// cannot keep an instance on an old primary that still says it is one. It
+/// returns as soon as a majority of the sentinels agree, so a hung one
+/// costs nothing then.
 pub(crate) async fn resolve_by(
     sentinels: &Sentinels,
     service: &str,
     options: &Options<'_>,
 ) -> Result<((String, u16), String), RedisError> {
+    let list = sentinels.list();
+    let limit = per_sentinel(options);
     let mut last = None;
-    for sentinel in sentinels.list() {
-        let ask = async {
-            let client = client(&sentinel, options.tls)?;
-            let mut conn = client.get_multiplexed_async_connection().await?;
-            redis::cmd("SENTINEL")
-                .arg("GET-MASTER-ADDR-BY-NAME")
-                .arg(service)
-                .query_async::<Option<(String, u16)>>(&mut conn)
-                .await
+    let mut asks = tokio::task::JoinSet::new();
+    for (order, sentinel) in list.iter().enumerate() {
+        let client = match client(sentinel, options.tls) {
+            Ok(client) => client,
+            Err(e) => {
+                last = Some(e);
+                continue;
+            }
         };
-        match with_timeout(per_sentinel(options), "asking a sentinel", ask).await {
+        let service = service.to_owned();
+        asks.spawn(async move {
+            let ask = async {
+                let mut conn = client.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("GET-MASTER-ADDR-BY-NAME")
+                    .arg(&service)
+                    .query_async::<Option<(String, u16)>>(&mut conn)
+                    .await
+            };
+            (order, with_timeout(limit, "asking a sentinel", ask).await)
+        });
+    }
+    let majority = list.len() / 2 + 1;
+    let mut named: Vec<(usize, (String, u16))> = Vec::new();
+    let votes = |named: &[(usize, (String, u16))], address: &(String, u16)| {
+        named.iter().filter(|(_, a)| a == address).count()
+    };
+    while let Some(joined) = asks.join_next().await {
+        let Ok((order, answer)) = joined else {
+            continue;
+        };
+        match answer {
             Ok(Some(address)) => {
-                sentinels.promote(&sentinel);
-                return Ok((address, sentinel));
+                named.push((order, address));
+                let address = &named[named.len() - 1].1;
+                if votes(&named, address) >= majority {
+                    break;
+                }
             }
             Ok(None) => {
                 last = Some(RedisError::from((
@@ -109,6 +143,24 @@ pub(crate) async fn resolve_by(
             }
             Err(e) => last = Some(sentinel_error(e)),
         }
+    }
+    // Most votes; among equals, the sentinel listed first.
+    let best = named.iter().max_by(|(order_a, a), (order_b, b)| {
+        votes(&named, a)
+            .cmp(&votes(&named, b))
+            .then(order_b.cmp(order_a))
+    });
+    if let Some((_, address)) = best {
+        // The first sentinel (in the list) that named it answered for all.
+        let order = named
+            .iter()
+            .filter(|(_, a)| a == address)
+            .map(|(order, _)| *order)
+            .min()
+            .unwrap_or(0);
+        let sentinel = list[order].clone();
+        sentinels.promote(&sentinel);
+        return Ok((address.clone(), sentinel));
     }
     Err(last.unwrap_or_else(|| {
         RedisError::from((redis::ErrorKind::InvalidClientConfig, "no sentinel given"))
@@ -191,11 +243,11 @@ mod tests {
         assert_eq!(sentinels.list(), ["c", "a", "b"]);
         sentinels.promote("nobody");
         assert_eq!(sentinels.list(), ["c", "a", "b"]);
-        sentinels.demote("c");
-        assert_eq!(sentinels.list(), ["a", "b", "c"], "a stale one goes last");
         let shared = sentinels.clone();
         shared.promote("b");
         assert_eq!(sentinels.list(), ["b", "c", "a"], "clones share the order");
+        sentinels.demote("b");
+        assert_eq!(sentinels.list(), ["c", "a", "b"], "a stale one goes last");
     }
 
     #[test]
