@@ -26,6 +26,8 @@ enum Fake {
     WrongShape(&'static str),
     /// Answers the handshake, then nothing at all.
     Mute,
+    /// Names itself as the primary, and answers `ROLE` with this reply.
+    Role(&'static str),
 }
 
 /// Reads one RESP array of bulk strings (a client command).
@@ -65,6 +67,11 @@ fn serve(stream: TcpStream, fake: Fake) {
                 format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{port}\r\n", port.len())
             }
             (Fake::WrongShape(reply), "SENTINEL") => reply.into(),
+            (Fake::Role(_), "SENTINEL") => {
+                let port = reader.get_ref().local_addr().unwrap().port().to_string();
+                format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{port}\r\n", port.len())
+            }
+            (Fake::Role(reply), "ROLE") => reply.into(),
             _ => "-ERR unknown command\r\n".into(),
         };
         if out.write_all(reply.as_bytes()).is_err() {
@@ -220,4 +227,33 @@ async fn one_stale_sentinel_does_not_keep_instances_on_the_old_primary() {
         0,
         "scripts ran on the old primary after the switch"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_answering_role_oddly_is_refused_without_a_panic() {
+    let setup = SentinelSetup::start();
+    let odd = [
+        "*0\r\n",
+        ":1\r\n",
+        "+master\r\n",
+        "$6\r\nmaster\r\n",
+        "*1\r\n:7\r\n",
+        "*1\r\n*1\r\n$6\r\nmaster\r\n",
+        "_\r\n",
+        "*3\r\n$5\r\nslave\r\n$9\r\n127.0.0.1\r\n:1\r\n",
+    ];
+    let fakes: Vec<u16> = odd.iter().map(|r| fake_sentinel(Fake::Role(r))).collect();
+    let refusing = fake_sentinel(Fake::Role("-ERR no\r\n"));
+    for (n, fake) in fakes.iter().chain([&refusing]).enumerate() {
+        let url = format!("redis-sentinel://127.0.0.1:{fake}/cache");
+        assert!(connect(&url).await.is_err(), "odd ROLE {n} is no primary");
+    }
+    // Listed before the real sentinel (as many fakes as real ones would
+    // tie; one fake each time): the real primary is found.
+    for fake in fakes {
+        let backend = connect(&url_with(&setup, &[fake]))
+            .await
+            .expect("the real sentinel, past a node with an odd ROLE");
+        holds_on_primary(&setup, backend).await;
+    }
 }

@@ -276,11 +276,15 @@ fn stale_view(e: &RedisError) -> bool {
         || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
-/// Whether the node behind `conn` says it is a primary (`ROLE`).
+/// Whether the node behind `conn` says it is a primary (`ROLE`). A reply
+/// of any other shape is no primary's; a refusal is an error.
 pub(crate) async fn is_primary(conn: &Conn) -> Result<bool, RedisError> {
     let mut conn = conn.clone();
-    let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
-    Ok(matches!(role.first(), Some(Value::BulkString(r)) if r == b"master"))
+    let role: Value = redis::cmd("ROLE").query_async(&mut conn).await?;
+    Ok(match role {
+        Value::Array(role) => matches!(role.first(), Some(Value::BulkString(r)) if r == b"master"),
+        _ => false,
+    })
 }
 
 pub(crate) fn client(url: &str, tls: &TlsPem) -> Result<Client, RedisError> {
