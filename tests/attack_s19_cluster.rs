@@ -1,6 +1,7 @@
 //! Redis Cluster under real faults: the documented least-privilege user
-//! through a synced lock and a primary's failover (nothing refused), and a
-//! fresh entry read from a slot on the move.
+//! through a synced lock and a primary's failover (nothing refused), a
+//! fresh entry read from a slot on the move, and lock calls refused by a
+//! migrating slot leaving nothing behind.
 #![cfg(feature = "redis-cluster")]
 
 mod common;
@@ -181,4 +182,76 @@ async fn a_fresh_entry_is_read_while_its_slot_is_migrating() {
     }
     assert_eq!(calls, 1, "a fresh entry cost an origin call per instance");
     assert!(texts.iter().all(|t| t == "v1"), "{texts:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_calls_refused_by_a_migrating_slot_leave_nothing_behind() {
+    let cluster = Cluster::start(3, 0);
+    let connect = || async {
+        Backend::redis_cluster_builder(cluster.urls())
+            .probe_interval(Duration::from_millis(100))
+            .connect()
+            .await
+            .expect("cluster backend")
+    };
+    let a = Lock::new(connect().await).wait_budget(Duration::from_millis(300));
+    let b = Lock::new(connect().await);
+    let guard = a.acquire("stock").await.expect("lock");
+    let before = guard.fencing_token();
+    assert!(guard.release().await.unwrap());
+
+    // The lock's slot starts migrating (its counters stay, its hold and
+    // queue keys do not exist: every acquisition meets TRYAGAIN).
+    let masters = cluster.masters();
+    let owns = |i: &usize| !keys_like(&cluster.nodes[*i], "sg:lock:*").is_empty();
+    let source = &cluster.nodes[*masters.iter().find(|i| owns(i)).expect("owner")];
+    let target = &cluster.nodes[*masters.iter().find(|i| !owns(i)).expect("other")];
+    let key = keys_like(source, "sg:lock:*").remove(0);
+    let slot = source
+        .raw(&["CLUSTER", "KEYSLOT", &key])
+        .trim_start_matches(':')
+        .to_owned();
+    let (src, dst) = (
+        source.raw(&["CLUSTER", "MYID"]),
+        target.raw(&["CLUSTER", "MYID"]),
+    );
+    assert_eq!(
+        target.raw(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &src]),
+        "+OK"
+    );
+    assert_eq!(
+        source.raw(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &dst]),
+        "+OK"
+    );
+
+    // Tries without a budget, and acquisitions whose budget runs out while
+    // the slot is on the move: none gets the lock, none hangs past its
+    // budget by more than a deadline or two.
+    for _ in 0..5 {
+        if let Ok(Some(guard)) = b.try_acquire("stock").await {
+            assert!(guard.release().await.unwrap());
+        }
+        let started = Instant::now();
+        if let Ok(guard) = a.acquire("stock").await {
+            assert!(guard.release().await.unwrap());
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "bounded by the budget"
+        );
+    }
+    for node in [source, target] {
+        assert_eq!(node.raw(&["CLUSTER", "SETSLOT", &slot, "STABLE"]), "+OK");
+    }
+
+    // The slot settles: the lock is free at once for either instance (no
+    // hold or queue place left by the refused tries), and tokens rise.
+    let guard = b
+        .try_acquire("stock")
+        .await
+        .expect("asks")
+        .expect("free at once after the migration");
+    assert!(guard.fencing_token() > before, "tokens rise");
+    assert!(a.try_acquire("stock").await.unwrap().is_none());
+    assert!(guard.release().await.unwrap());
 }
