@@ -257,3 +257,28 @@ async fn a_primary_answering_role_oddly_is_refused_without_a_panic() {
         holds_on_primary(&setup, backend).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_every_sentinel_hung_an_instance_keeps_its_primary() {
+    let setup = SentinelSetup::start();
+    let backend = connect(&setup.url()).await.expect("connects");
+    holds_on_primary(&setup, backend.clone()).await;
+
+    // Every sentinel hangs: a new instance cannot start (and says so, in
+    // bounded time); the running one keeps its primary through the role
+    // checks, failing nothing.
+    setup.sentinel().freeze();
+    assert!(
+        connect(&setup.url()).await.is_err(),
+        "nobody names a primary"
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    holds_on_primary(&setup, backend.clone()).await;
+    assert_eq!(backend.stats().redis.unwrap().errors, 0);
+
+    // The sentinel answers again: nothing to follow, nothing failed.
+    setup.sentinel().thaw();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    holds_on_primary(&setup, backend.clone()).await;
+    assert_eq!(backend.stats().redis.unwrap().errors, 0);
+}
