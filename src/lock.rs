@@ -84,11 +84,15 @@ use crate::engine::MAX_DELTA;
 use crate::key::Key;
 use crate::store::locks::LocalLocks;
 #[cfg(feature = "redis")]
-use crate::store::redis::lock::{new_attempt, Attempt, QUEUE_HEARTBEAT};
+use crate::store::redis::lock::{new_attempt, AbandonOnDrop, Attempt, QUEUE_HEARTBEAT};
 #[cfg(feature = "redis")]
 use crate::store::redis::renew::{LeaseKind, Renewer};
 #[cfg(feature = "redis")]
-use crate::store::redis::RedisTier;
+use crate::store::redis::{migrating, RedisTier};
+
+/// How long an acquisition pauses before trying again on a slot on the move.
+#[cfg(feature = "redis")]
+const MIGRATION_PAUSE: Duration = Duration::from_millis(10);
 
 use crate::fence::FencingToken;
 
@@ -102,6 +106,7 @@ pub struct Lock {
     lease: Duration,
     wait_budget: Duration,
     max_hold: Option<Duration>,
+    synced: Option<(u32, Duration)>,
 }
 
 impl fmt::Debug for Lock {
@@ -110,6 +115,7 @@ impl fmt::Debug for Lock {
             .field("lease", &self.lease)
             .field("wait_budget", &self.wait_budget)
             .field("max_hold", &self.max_hold)
+            .field("synced", &self.synced)
             .finish()
     }
 }
@@ -159,6 +165,7 @@ impl Lock {
             lease: Duration::from_secs(10),
             wait_budget: Duration::from_secs(10),
             max_hold: None,
+            synced: None,
         }
     }
 
@@ -202,6 +209,22 @@ impl Lock {
     #[must_use]
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
         self.max_hold = Some(max_hold.min(MAX_DELTA));
+        self
+    }
+
+    /// Acquisitions wait until `replicas` replicas have acknowledged the
+    /// hold and its fencing number (`WAIT`, at most `timeout`), and fail
+    /// with [`LockError::Unavailable`] (the hold given back) when fewer did.
+    /// This is the way to fencing tokens that keep rising across a
+    /// failover: a replica that acknowledged the number and is promoted
+    /// hands out greater ones. It is not consensus: Sentinel may promote a
+    /// replica that did not acknowledge (ask for every replica), and a
+    /// failover during the `WAIT` loses what was not acknowledged. Each
+    /// acquisition costs one more round trip, and holds the instance's
+    /// command connection until the replicas answer: keep `timeout` short.
+    /// On the embedded backend it has no effect.
+    pub fn synced(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.synced = (replicas > 0).then_some((replicas, timeout.min(MAX_DELTA)));
         self
     }
 
@@ -298,22 +321,31 @@ impl Lock {
         // guard: if the caller gives up on us (drops the future, even with
         // the first try on its way) or a try goes unanswered, the queue place
         // and any hold the tries took are given back in the background.
-        let mut abandon = AbandonOnDrop {
-            tier: l2.clone(),
-            id,
-            token: owner.token.clone(),
-            attempt: attempt.clone(),
-            lease: self.lease,
-            armed: true,
-        };
+        let mut abandon = AbandonOnDrop::new(l2, id, &owner.token, &attempt, self.lease);
         loop {
             // Listen before asking, so a release in between still wakes us.
             let mut registration = l2.notifier.register(id);
             let sent = Instant::now();
-            let reply = l2
-                .lock_acquire(&id, &owner.token, &attempt, self.lease, beat, reenter)
+            let reply = match l2
+                .lock_acquire(
+                    &id,
+                    &owner.token,
+                    &attempt,
+                    self.lease,
+                    beat,
+                    reenter,
+                    self.synced,
+                )
                 .await
-                .map_err(unavailable)?;
+            {
+                // A slot on the move: the same attempt again, shortly, with
+                // the same token (one queue place, one hold at most).
+                Err(e) if migrating(&e) && give_up.is_some_and(|at| Instant::now() < at) => {
+                    tokio::time::sleep(MIGRATION_PAUSE).await;
+                    continue;
+                }
+                reply => reply.map_err(unavailable)?,
+            };
             let pttl = match reply {
                 Attempt::Held { fence, holds } => {
                     abandon.armed = false;
@@ -375,33 +407,6 @@ impl Lock {
             renewer: Some(renewer),
             locks: self.backend.locks.clone(),
             released: false,
-        }
-    }
-}
-
-/// Gives back what an acquisition may hold in Redis (its queue place, a hold
-/// taken by a try whose answer never came) when it ends without handing the
-/// lock over: cancelled by its caller, or failed.
-#[cfg(feature = "redis")]
-struct AbandonOnDrop {
-    tier: Arc<RedisTier>,
-    id: Key,
-    token: String,
-    attempt: String,
-    lease: Duration,
-    armed: bool,
-}
-
-#[cfg(feature = "redis")]
-impl Drop for AbandonOnDrop {
-    fn drop(&mut self) {
-        if self.armed {
-            self.tier.lock_abandon(
-                self.id,
-                std::mem::take(&mut self.token),
-                std::mem::take(&mut self.attempt),
-                self.lease,
-            );
         }
     }
 }

@@ -101,7 +101,7 @@ async fn a_failover_keeps_the_service_going_and_fences_the_stale_holder() {
     // The primary dies. Requests keep being answered throughout.
     setup.primary.kill();
     let mut round = 0;
-    while !(setup.sentinel.primary_port() == Some(setup.replica.port())
+    while !(setup.sentinel().primary_port() == Some(setup.replica.port())
         && setup
             .replica
             .raw(&["INFO", "replication"])

@@ -1,5 +1,6 @@
-//! A primary, a replica and a sentinel watching them, all real processes on
-//! loopback. Everything is killed and its directory removed on drop.
+//! A primary, a replica and one or more sentinels watching them, all real
+//! processes on loopback. Everything is killed (a frozen process too) and
+//! its directory removed on drop, also when a test panics.
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
@@ -20,7 +21,7 @@ pub struct Sentinel {
 }
 
 impl Sentinel {
-    fn start(primary_port: u16) -> Self {
+    fn start(primary_port: u16, quorum: usize) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!(
             "stampede-guard-sentinel-{}-{port}",
@@ -33,7 +34,7 @@ impl Sentinel {
             &config,
             format!(
                 "port {port}\nbind 127.0.0.1\ndir {dir}\n\
-                 sentinel monitor {SERVICE} 127.0.0.1 {primary_port} 1\n\
+                 sentinel monitor {SERVICE} 127.0.0.1 {primary_port} {quorum}\n\
                  sentinel down-after-milliseconds {SERVICE} 500\n\
                  sentinel failover-timeout {SERVICE} 5000\n\
                  sentinel parallel-syncs {SERVICE} 1\n",
@@ -63,10 +64,34 @@ impl Sentinel {
         panic!("the sentinel did not start");
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .map(|c| c.id())
+            .expect("sentinel running")
+    }
+
+    /// SIGSTOP: the sentinel keeps its port (connections are accepted by
+    /// the kernel) but answers nothing.
+    pub fn freeze(&self) {
+        signal(self.pid(), "-STOP");
+    }
+
+    pub fn thaw(&self) {
+        signal(self.pid(), "-CONT");
+    }
+
+    /// Sends a command and returns the reply's text (see [`raw_sentinel`]).
+    pub fn raw(&self, args: &[&str]) -> String {
+        raw_sentinel(self.port, args)
+    }
+
     /// The port the sentinel names as the primary's, if it answers.
     pub fn primary_port(&self) -> Option<u16> {
         let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        stream
+            .set_read_timeout(Some(Duration::from_millis(500)))
+            .ok()?;
         let cmd = format!(
             "*3\r\n$8\r\nSENTINEL\r\n$23\r\nGET-MASTER-ADDR-BY-NAME\r\n${}\r\n{SERVICE}\r\n",
             SERVICE.len()
@@ -94,23 +119,35 @@ impl Drop for Sentinel {
     }
 }
 
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+}
+
 pub struct SentinelSetup {
     pub primary: RedisServer,
     pub replica: RedisServer,
-    pub sentinel: Sentinel,
+    /// The sentinels, in the order the URL lists them.
+    pub sentinels: Vec<Sentinel>,
 }
 
 impl SentinelSetup {
     pub fn start() -> Self {
-        let primary = RedisServer::start_with(&["--repl-diskless-sync-delay", "0"]);
+        Self::start_with(1, &[])
+    }
+
+    /// `sentinels` sentinels (quorum: a majority of them), and extra
+    /// settings for both data nodes (`--user …`).
+    pub fn start_with(sentinels: usize, extra: &[&str]) -> Self {
+        let mut args = vec!["--repl-diskless-sync-delay", "0"];
+        args.extend_from_slice(extra);
+        let primary = RedisServer::start_with(&args);
         let port = primary.port().to_string();
-        let replica = RedisServer::start_with(&[
-            "--replicaof",
-            "127.0.0.1",
-            &port,
-            "--repl-diskless-sync-delay",
-            "0",
-        ]);
+        args.extend_from_slice(&["--replicaof", "127.0.0.1", &port]);
+        let replica = RedisServer::start_with(&args);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !replica
             .raw(&["INFO", "replication"])
@@ -119,33 +156,54 @@ impl SentinelSetup {
             assert!(Instant::now() < deadline, "the replica did not sync");
             std::thread::sleep(Duration::from_millis(50));
         }
-        let sentinel = Sentinel::start(primary.port());
-        // The sentinel must know the replica before it can promote it.
+        let quorum = sentinels / 2 + 1;
+        let sentinels: Vec<Sentinel> = (0..sentinels)
+            .map(|_| Sentinel::start(primary.port(), quorum))
+            .collect();
+        // Each sentinel must know the replica before it can promote it, and
+        // the others before they can elect a leader.
         let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let replicas = raw_sentinel(sentinel.port, &["SENTINEL", "REPLICAS", SERVICE]);
-            if replicas.contains(&replica.port().to_string()) {
-                break;
+        for sentinel in &sentinels {
+            loop {
+                let replicas = sentinel.raw(&["SENTINEL", "REPLICAS", SERVICE]);
+                let peers = sentinel.raw(&["SENTINEL", "SENTINELS", SERVICE]);
+                if replicas.contains(&replica.port().to_string())
+                    && peers.matches("runid").count() + 1 >= sentinels.len()
+                {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the sentinels did not find the replica and each other"
+                );
+                std::thread::sleep(Duration::from_millis(100));
             }
-            assert!(
-                Instant::now() < deadline,
-                "the sentinel did not find the replica"
-            );
-            std::thread::sleep(Duration::from_millis(100));
         }
         SentinelSetup {
             primary,
             replica,
-            sentinel,
+            sentinels,
         }
     }
 
-    /// The crate's URL for the primary behind the sentinel.
+    /// The first sentinel.
+    pub fn sentinel(&self) -> &Sentinel {
+        &self.sentinels[0]
+    }
+
+    /// The crate's URL for the primary behind the sentinels.
     pub fn url(&self) -> String {
-        format!(
-            "redis-sentinel://127.0.0.1:{}/{SERVICE}",
-            self.sentinel.port
-        )
+        self.url_as("")
+    }
+
+    /// The URL with credentials for the data nodes (`user:password@`).
+    pub fn url_as(&self, userinfo: &str) -> String {
+        let hosts: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|s| format!("127.0.0.1:{}", s.port))
+            .collect();
+        format!("redis-sentinel://{userinfo}{}/{SERVICE}", hosts.join(","))
     }
 
     /// Waits until the sentinel names the replica as the primary and the
@@ -153,7 +211,11 @@ impl SentinelSetup {
     pub fn wait_for_promotion(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
         while Instant::now() < deadline {
-            if self.sentinel.primary_port() == Some(self.replica.port())
+            let named = self
+                .sentinels
+                .iter()
+                .any(|s| s.primary_port() == Some(self.replica.port()));
+            if named
                 && self
                     .replica
                     .raw(&["INFO", "replication"])

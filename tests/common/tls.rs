@@ -143,6 +143,8 @@ pub const ACL_RULES: &[&str] = &[
     "+zrange",
     "+zrank",
     "+zscore",
+    "+role",
+    "+wait",
 ];
 
 /// A redis-server that speaks TLS on `tls_port` (the plain port stays open,

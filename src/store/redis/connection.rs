@@ -21,6 +21,7 @@ use redis::{
 };
 
 use super::config::TlsPem;
+use super::sentinel::{resolve, resolve_by, Sentinels};
 
 /// Where Redis is, parsed from the URL.
 #[derive(Clone)]
@@ -32,7 +33,7 @@ pub(crate) enum Topology {
     Cluster(Vec<String>),
     /// The primary named `service`, as the sentinels report it.
     Sentinel {
-        sentinels: Vec<String>,
+        sentinels: Sentinels,
         service: String,
         master: MasterUrl,
     },
@@ -120,7 +121,9 @@ impl Topology {
                 };
                 let db = parts.next().unwrap_or("0").to_owned();
                 Ok(Topology::Sentinel {
-                    sentinels: hosts.iter().map(|h| format!("{base}://{h}/")).collect(),
+                    sentinels: Sentinels::new(
+                        hosts.iter().map(|h| format!("{base}://{h}/")).collect(),
+                    ),
                     service: service.to_owned(),
                     master: MasterUrl {
                         scheme: base,
@@ -234,13 +237,57 @@ async fn open_link(
             service,
             master,
         } => {
-            let (host, port) = resolve(sentinels, service, options).await?;
-            open_single(&master.at(&host, port), options, sink, Some((host, port))).await
+            // A sentinel with a stale view may name a node that says it is
+            // no primary, or one that refuses connections: ask the next
+            // one, and ask it first from now on.
+            let mut tries = sentinels.list().len();
+            let ((host, port), link) = loop {
+                let ((host, port), named_by) = resolve_by(sentinels, service, options).await?;
+                let primary = Some((host.clone(), port));
+                match open_single(&master.at(&host, port), options, sink.clone(), primary).await {
+                    Err(e) if tries > 1 && stale_view(&e) => {
+                        tracing::debug!(error = %e, "a sentinel named no primary; asking the next");
+                        sentinels.demote(&named_by);
+                        tries -= 1;
+                    }
+                    link => break ((host, port), link?),
+                }
+            };
+            // A failover may have happened while the connections opened (an
+            // old primary frozen through it answers again, and still says
+            // it is one): a primary the sentinels no longer name will not do.
+            if resolve(sentinels, service, options).await? != (host, port) {
+                return Err(RedisError::from((
+                    redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                    "the primary moved while connecting to it",
+                )));
+            }
+            Ok(link)
         }
     }
 }
 
-fn client(url: &str, tls: &TlsPem) -> Result<Client, RedisError> {
+/// Whether opening a link to the node a sentinel named failed in a way
+/// that says the sentinel's view is stale: the node answered that it is no
+/// primary, or refused the connection (a node that hangs is not tried
+/// past: its time is spent).
+fn stale_view(e: &RedisError) -> bool {
+    e.is_connection_refusal()
+        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
+}
+
+/// Whether the node behind `conn` says it is a primary (`ROLE`). A reply
+/// of any other shape is no primary's; a refusal is an error.
+pub(crate) async fn is_primary(conn: &Conn) -> Result<bool, RedisError> {
+    let mut conn = conn.clone();
+    let role: Value = redis::cmd("ROLE").query_async(&mut conn).await?;
+    Ok(match role {
+        Value::Array(role) => matches!(role.first(), Some(Value::BulkString(r)) if r == b"master"),
+        _ => false,
+    })
+}
+
+pub(crate) fn client(url: &str, tls: &TlsPem) -> Result<Client, RedisError> {
     let info = url.into_connection_info()?;
     // RESP3 lets the subscriber receive pushes on a connection that the
     // client reconnects and resubscribes by itself.
@@ -316,7 +363,7 @@ fn no_crypto_provider() -> RedisError {
     ))
 }
 
-async fn with_timeout<T>(
+pub(crate) async fn with_timeout<T>(
     limit: Duration,
     what: &'static str,
     future: impl std::future::Future<Output = Result<T, RedisError>>,
@@ -345,23 +392,26 @@ async fn open_single(
         .set_response_timeout(Some(options.deadline))
         .set_number_of_retries(1)
         .set_max_delay(Duration::from_millis(200));
+    // Every command call has the tier's own time limit (the deadline, or
+    // more for a call that waits on Redis's side, such as a synced lock's
+    // `WAIT`): the connection adds none of its own.
+    let commands = base.clone().set_response_timeout(None);
     let conn = with_timeout(
         options.connect_timeout,
         "connecting to Redis",
-        ConnectionManager::new_with_config(client.clone(), base.clone()),
+        ConnectionManager::new_with_config(client.clone(), commands),
     )
     .await?;
     if primary.is_some() {
         // The sentinels may lag behind a failover: only a node that says
         // it is the primary will do.
-        let mut check = conn.clone();
-        let role: Vec<Value> = with_timeout(
+        let node = Conn::Single(conn.clone());
+        let check = with_timeout(
             options.connect_timeout,
             "asking the primary its role",
-            redis::cmd("ROLE").query_async(&mut check),
-        )
-        .await?;
-        if !matches!(role.first(), Some(Value::BulkString(r)) if r == b"master") {
+            is_primary(&node),
+        );
+        if !check.await? {
             return Err(RedisError::from((
                 redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
                 "the node the sentinels named is not a primary (yet)",
@@ -410,8 +460,12 @@ async fn open_cluster(
             .connection_timeout(options.connect_timeout)
             .response_timeout(options.deadline)
             .retries(2)
-            .min_retry_wait(10)
-            .max_retry_wait(200);
+            // The client's own waits between tries must fit in the
+            // deadline: a slot on the move (`TRYAGAIN`) is then reported to
+            // the tier, which knows what to do with it, instead of every
+            // such call timing out while the client sleeps.
+            .min_retry_wait(1)
+            .max_retry_wait(millis_of(options.deadline / 8).clamp(2, 200));
         if options.tls.ca.is_some() || options.tls.client.is_some() {
             #[cfg(feature = "redis-tls")]
             {
@@ -462,6 +516,11 @@ async fn open_cluster(
     })
 }
 
+#[cfg(feature = "redis-cluster")]
+fn millis_of(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// The cluster client reports that no seed could be reached as an I/O error
 /// that carries the last node's error as text only: a refused password and
 /// a failed TLS handshake lose their kind. Asking one seed directly gets its
@@ -481,40 +540,6 @@ async fn seed_error(nodes: &[String], options: &Options<'_>, cluster: RedisError
         Err(seed) => seed,
         Ok(()) => cluster,
     }
-}
-
-/// Asks the sentinels, in turn, where the primary of `service` is.
-pub(crate) async fn resolve(
-    sentinels: &[String],
-    service: &str,
-    options: &Options<'_>,
-) -> Result<(String, u16), RedisError> {
-    let mut last = None;
-    for sentinel in sentinels {
-        let ask = async {
-            let client = client(sentinel, options.tls)?;
-            let mut conn = client.get_multiplexed_async_connection().await?;
-            redis::cmd("SENTINEL")
-                .arg("GET-MASTER-ADDR-BY-NAME")
-                .arg(service)
-                .query_async::<Option<(String, u16)>>(&mut conn)
-                .await
-        };
-        match with_timeout(options.connect_timeout, "asking a sentinel", ask).await {
-            Ok(Some(address)) => return Ok(address),
-            Ok(None) => {
-                last = Some(RedisError::from((
-                    redis::ErrorKind::InvalidClientConfig,
-                    "the sentinels know no primary of this name",
-                    service.to_owned(),
-                )))
-            }
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(last.unwrap_or_else(|| {
-        RedisError::from((redis::ErrorKind::InvalidClientConfig, "no sentinel given"))
-    }))
 }
 
 #[cfg(test)]
@@ -540,7 +565,7 @@ mod tests {
         else {
             panic!("sentinel")
         };
-        assert_eq!(sentinels, ["redis://s1:26379/", "redis://s2:26379/"]);
+        assert_eq!(sentinels.list(), ["redis://s1:26379/", "redis://s2:26379/"]);
         assert_eq!(service, "cache");
         assert_eq!(master.at("10.0.0.5", 6380), "redis://:pw@10.0.0.5:6380/2");
         assert!(Topology::parse("redis-sentinel://s1:1").is_err());

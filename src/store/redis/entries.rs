@@ -90,6 +90,14 @@ impl RedisTier {
         type Reply = (i64, Vec<u8>, i64, i64, String, i64);
         let (status, value, a, value_pttl, generation, foreign): Reply = match reply {
             Ok(reply) => reply,
+            Err(e) if super::migrating(&e) => {
+                // The slot is on the move and the script did not run: a
+                // fresh entry can still be read without the lease key.
+                return match self.fetch_fresh(&keys).await {
+                    Ok(Some(entry)) => Ok(Fetched::Fresh(entry)),
+                    _ => Err(e),
+                };
+            }
             Err(e) => {
                 // The script may have run, and taken the lease, after we
                 // stopped waiting: nobody else knows the token.
@@ -132,6 +140,28 @@ impl RedisTier {
             },
             _ => return Err(protocol_error()),
         })
+    }
+
+    /// The entry if it is fresh, read with its value, freshness marker and
+    /// generation only (no lease key): what a slot on the move still serves.
+    async fn fetch_fresh(
+        self: &Arc<Self>,
+        keys: &[String; 5],
+    ) -> Result<Option<Remote>, TierError> {
+        let [value, fresh, _, _, generation] = keys;
+        let mut conn = self.conn();
+        let mut invocation = self.shared.scripts.fetch_fresh.prepare_invoke();
+        invocation.key(value).key(fresh).key(generation);
+        let (status, value, fresh_pttl, value_pttl): (i64, Vec<u8>, i64, i64) =
+            self.call(invocation.invoke_async(&mut conn)).await?;
+        if status != 1 {
+            return Ok(None);
+        }
+        Ok(without_generation(&Bytes::from(value)).map(|bytes| Remote {
+            bytes,
+            fresh: positive(fresh_pttl),
+            remaining: positive(value_pttl),
+        }))
     }
 
     /// Stores a rebuilt entry under the lease's fence, releases the lease and

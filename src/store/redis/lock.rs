@@ -59,7 +59,11 @@ impl RedisTier {
 
     /// One attempt: take the lock, or (if `beat` is set) keep a place in its
     /// queue for that long. A retry with the same `attempt` id is answered
-    /// with the hold the attempt took, never a second one.
+    /// with the hold the attempt took, never a second one. With `synced`
+    /// (replicas, timeout), a hold counts only once that many replicas have
+    /// acknowledged it (`WAIT`); if fewer did, the attempt fails, and the
+    /// caller's undo gives the hold back.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn lock_acquire(
         self: &Arc<Self>,
         id: &Key,
@@ -68,6 +72,7 @@ impl RedisTier {
         lease: Duration,
         beat: Option<Duration>,
         reenter: bool,
+        synced: Option<(u32, Duration)>,
     ) -> Result<Attempt, TierError> {
         let mut conn = self.conn();
         let mut invocation = self.shared.scripts.lock_acquire.prepare_invoke();
@@ -84,6 +89,16 @@ impl RedisTier {
             .arg(&self.shared.channel)
             .arg(Event::Released.message(id));
         let (won, a, b): (i64, i64, i64) = self.call(invocation.invoke_async(&mut conn)).await?;
+        if let (1, Some((replicas, timeout))) = (won, synced) {
+            if let Err(e) = self.wait_replicas(conn, replicas, timeout).await {
+                // Give the unacknowledged hold back before the caller hears
+                // of the failure, so the lock is free for the others at
+                // once; the caller's undo tries again in the background if
+                // this one try goes unanswered.
+                let _ = self.lock_leave(id, token, attempt, Instant::now()).await;
+                return Err(e);
+            }
+        }
         Ok(if won == 1 {
             Attempt::Held {
                 fence: a.max(0) as u64,
@@ -94,6 +109,30 @@ impl RedisTier {
                 pttl: (a > 0).then(|| Duration::from_millis(a as u64)),
             }
         })
+    }
+
+    /// Waits until `replicas` replicas acknowledge every write sent on
+    /// `conn` so far (the acquisition's), at most `timeout`. `WAIT` runs on
+    /// the same connection as the write: it counts the acknowledgements of
+    /// that connection's writes. Fewer acknowledgements are an error.
+    async fn wait_replicas(
+        self: &Arc<Self>,
+        mut conn: super::Conn,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<(), TierError> {
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(replicas).arg(millis(timeout).max(1));
+        let limit = self.shared.config.deadline.saturating_add(timeout);
+        let acked: i64 = self.call_within(limit, wait.query_async(&mut conn)).await?;
+        if acked >= i64::from(replicas) {
+            return Ok(());
+        }
+        Err(TierError::Redis(redis::RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::MasterDown),
+            "the lock's replicas did not acknowledge the acquisition in time",
+            format!("{acked} of {replicas} acknowledged"),
+        ))))
     }
 
     /// Releases the hold taken by `attempt`, if the lock is still the
@@ -222,5 +261,51 @@ impl RedisTier {
                 tracing::warn!(lock = %id, "an abandoned lock attempt could not be undone; what it took lapses by itself");
             }
         });
+    }
+}
+
+/// Gives back what an acquisition may hold in Redis (its queue place, a hold
+/// taken by a try whose answer never came, a hold the replicas did not
+/// acknowledge) when it ends without handing the lock over: cancelled by its
+/// caller, or failed.
+pub(crate) struct AbandonOnDrop {
+    tier: Arc<RedisTier>,
+    id: Key,
+    token: String,
+    attempt: String,
+    lease: Duration,
+    /// Disarmed once the lock is handed over (or given back some other way).
+    pub(crate) armed: bool,
+}
+
+impl AbandonOnDrop {
+    pub(crate) fn new(
+        tier: &Arc<RedisTier>,
+        id: Key,
+        token: &str,
+        attempt: &str,
+        lease: Duration,
+    ) -> Self {
+        AbandonOnDrop {
+            tier: tier.clone(),
+            id,
+            token: token.to_owned(),
+            attempt: attempt.to_owned(),
+            lease,
+            armed: true,
+        }
+    }
+}
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            self.tier.lock_abandon(
+                self.id,
+                std::mem::take(&mut self.token),
+                std::mem::take(&mut self.attempt),
+                self.lease,
+            );
+        }
     }
 }

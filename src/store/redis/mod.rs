@@ -32,6 +32,7 @@ pub(crate) mod lease;
 pub(crate) mod lock;
 pub(crate) mod notify;
 pub(crate) mod renew;
+mod sentinel;
 mod supervisor;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -45,7 +46,8 @@ use redis::{RedisError, RetryMethod, Script};
 
 use crate::key::Key;
 use crate::metrics as m;
-use breaker::Breaker;
+pub(crate) use breaker::migrating;
+use breaker::{answered, Breaker};
 use config::TlsPem;
 use connection::{Conn, Link, Options, Sink, Topology};
 pub(crate) use entries::{Fetched, Remote};
@@ -104,6 +106,7 @@ impl std::fmt::Display for TierError {
 
 struct Scripts {
     fetch_or_lease: Script,
+    fetch_fresh: Script,
     commit: Script,
     release: Script,
     renew: Script,
@@ -122,6 +125,10 @@ impl Scripts {
             fetch_or_lease: Script::new(concat!(
                 include_str!("scripts/fence.lua"),
                 include_str!("scripts/fetch_or_lease.lua")
+            )),
+            fetch_fresh: Script::new(concat!(
+                include_str!("scripts/fence.lua"),
+                include_str!("scripts/fetch_fresh.lua")
             )),
             commit: Script::new(concat!(
                 include_str!("scripts/fence.lua"),
@@ -142,9 +149,10 @@ impl Scripts {
         }
     }
 
-    fn all(&self) -> [&Script; 11] {
+    fn all(&self) -> [&Script; 12] {
         [
             &self.fetch_or_lease,
+            &self.fetch_fresh,
             &self.commit,
             &self.release,
             &self.renew,
@@ -289,11 +297,21 @@ impl RedisTier {
         self: &Arc<Self>,
         call: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, TierError> {
+        self.call_within(self.shared.config.deadline, call).await
+    }
+
+    /// [`call`](Self::call) with a limit other than the deadline (a call
+    /// that waits on Redis's side, such as `WAIT`).
+    pub(crate) async fn call_within<T>(
+        self: &Arc<Self>,
+        limit: Duration,
+        call: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, TierError> {
         let shared = &self.shared;
         if !shared.breaker.is_closed() {
             return Err(TierError::Open);
         }
-        let error = match tokio::time::timeout(shared.config.deadline, call).await {
+        let error = match tokio::time::timeout(limit, call).await {
             Ok(Ok(value)) => {
                 shared.breaker.success();
                 return Ok(value);
@@ -378,13 +396,6 @@ impl RedisTier {
     }
 }
 
-/// Whether Redis answered the call with an error of the call's own (a
-/// script error, a wrong type): the server is up, and the breaker, which
-/// guards against a server that is not, does not count it.
-fn answered(error: &TierError) -> bool {
-    matches!(error, TierError::Redis(e) if matches!(e.code(), Some("ERR" | "WRONGTYPE")))
-}
-
 /// Whether trying again may help: the call may not have run, or the server
 /// is between states (loading, failing over, a moved slot).
 pub(crate) trait Retryable {
@@ -414,6 +425,7 @@ impl Shared {
     async fn reopen(&self) -> Result<(), RedisError> {
         // Messages published before the new subscription are not heard.
         self.notifier.mark_gap();
+        let before = self.link();
         let link = open(
             &self.config,
             &self.channel,
@@ -422,10 +434,15 @@ impl Shared {
             &self.scripts,
         )
         .await?;
-        let old = std::mem::replace(
-            &mut *self.link.write().unwrap_or_else(|p| p.into_inner()),
-            Arc::new(link),
-        );
+        let mut current = self.link.write().unwrap_or_else(|p| p.into_inner());
+        if !Arc::ptr_eq(&current, &before) {
+            // Another reopen, begun later (a failover announced while this
+            // one waited on the old primary), swapped in first: keep it.
+            link.retired.store(true, Ordering::Release);
+            return Ok(());
+        }
+        let old = std::mem::replace(&mut *current, Arc::new(link));
+        drop(current);
         old.retired.store(true, Ordering::Release);
         self.notifier.wake_all();
         Ok(())
@@ -460,9 +477,13 @@ async fn open(
     });
     let link = connection::open(&config.topology, &options, sink, retired).await?;
     let mut loader = link.conn.clone();
-    for script in scripts.all() {
-        script.load_async(&mut loader).await?;
-    }
+    let load = async {
+        for script in scripts.all() {
+            script.load_async(&mut loader).await?;
+        }
+        Ok(())
+    };
+    connection::with_timeout(config.connect_timeout, "loading the scripts", load).await?;
     Ok(link)
 }
 

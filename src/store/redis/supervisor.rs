@@ -28,7 +28,11 @@
 //!   have been missed meanwhile);
 //! - publishes the acknowledgements of other instances' invalidations;
 //! - retries, every probe interval, the invalidations that did not reach
-//!   Redis, until they do.
+//!   Redis, until they do;
+//! - behind Sentinel, follows a failover a sentinel announces
+//!   (`+switch-master`), and every [`ROLE_CHECK`] asks the sentinels where
+//!   the primary is and the primary its role, so an instance whose calls
+//!   keep succeeding on a replaced primary leaves it all the same.
 //!
 //! Requests and the subscriber only *signal* (a [`Notify`] keeps one permit,
 //! so a signal sent while the supervisor is busy is seen on its next turn,
@@ -36,14 +40,18 @@
 //! [`SupervisorGuard`], and dropping the tier stops it, whatever it was
 //! waiting on, in the manner of mini-redis's `DbDropGuard`.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+use redis::PushKind;
 
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
 use super::barrier::{ack_channel, ack_message};
 use super::connection::{self, Options, Topology};
+use super::sentinel;
 use super::{RedisTier, Shared};
 
 /// Why the supervisor should act. The third reason, a lost subscriber
@@ -54,6 +62,8 @@ pub(crate) struct Signals {
     pub circuit_opened: Notify,
     /// A call failed behind Sentinel: ask where the primary is.
     pub call_failed: Notify,
+    /// Behind Sentinel: the node said it is no primary; leave it.
+    pub demoted: AtomicBool,
 }
 
 /// Stops the supervisor when dropped. The tier holds it, so the task lives
@@ -79,6 +89,7 @@ pub(crate) fn start(shared: Arc<Shared>) -> SupervisorGuard {
             () = supervise(&shared) => {}
             () = keepalive(&shared) => {}
             () = acknowledge(&shared, acks) => {}
+            () = watch_primary(&shared) => {}
         }
     });
     SupervisorGuard { stop }
@@ -278,6 +289,10 @@ async fn resubscribe_once(shared: &Shared) -> bool {
 /// Behind Sentinel: asks where the primary is now and, if it moved, opens
 /// new connections to it and swaps them in. Waiters are woken, since
 /// messages published on the new primary before the swap were not heard.
+/// A node that said it is no primary (demoted, or a replica the client
+/// reconnected to) is left as well, even while the sentinels still name it.
+/// The sentinels are asked outside the reopen's time limit: each has its
+/// own short one, so a hung sentinel costs only its own turn.
 async fn follow_primary(shared: &Shared) {
     let Topology::Sentinel {
         sentinels, service, ..
@@ -285,24 +300,106 @@ async fn follow_primary(shared: &Shared) {
     else {
         return;
     };
-    let follow = async {
-        let options = Options {
-            connect_timeout: shared.config.connect_timeout,
-            deadline: shared.config.deadline,
-            tls: &shared.config.tls,
-            channel: &shared.channel,
-            ack_channel: &shared.ack_channel,
-        };
-        let address = connection::resolve(sentinels, service, &options).await?;
-        if shared.link().primary.as_ref() == Some(&address) {
-            return Ok(());
+    let address = match sentinel::resolve(sentinels, service, &options(shared)).await {
+        Ok(address) => address,
+        Err(e) => {
+            tracing::debug!(error = %e, "cannot ask the sentinels where the primary is");
+            return;
         }
-        shared.reopen().await?;
-        tracing::info!(host = %address.0, port = address.1, "redis primary moved; following it");
-        Ok::<_, redis::RedisError>(())
     };
-    if let Ok(Err(e)) = tokio::time::timeout(shared.config.connect_timeout, follow).await {
-        tracing::debug!(error = %e, "cannot follow the redis primary yet");
+    let demoted = shared.signals.demoted.swap(false, Ordering::AcqRel);
+    if !demoted && shared.link().primary.as_ref() == Some(&address) {
+        return;
+    }
+    match tokio::time::timeout(shared.config.connect_timeout, shared.reopen()).await {
+        Ok(Ok(())) => {
+            tracing::info!(host = %address.0, port = address.1, "redis primary moved; following it")
+        }
+        Ok(Err(e)) => tracing::debug!(error = %e, "cannot follow the redis primary yet"),
+        Err(_) => tracing::debug!("cannot follow the redis primary yet"),
+    }
+}
+
+fn options(shared: &Shared) -> Options<'_> {
+    Options {
+        connect_timeout: shared.config.connect_timeout,
+        deadline: shared.config.deadline,
+        tls: &shared.config.tls,
+        channel: &shared.channel,
+        ack_channel: &shared.ack_channel,
+    }
+}
+
+/// Behind Sentinel: how often the supervisor asks the primary its role and
+/// the sentinels where the primary is, whatever the calls say. Calls that
+/// keep succeeding on a primary the sentinels have replaced (frozen through
+/// the failover, then resumed) are no sign that it still is one.
+pub(crate) const ROLE_CHECK: Duration = Duration::from_secs(1);
+
+/// Behind Sentinel: follows a failover as soon as a sentinel announces it
+/// (`+switch-master`), and checks the role every [`ROLE_CHECK`] in case the
+/// announcement was missed (the sentinel watched is hung or gone).
+async fn watch_primary(shared: &Shared) {
+    let Topology::Sentinel { sentinels, .. } = &shared.config.topology else {
+        return std::future::pending().await;
+    };
+    let mut tick = tokio::time::interval(ROLE_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut watching = None;
+    loop {
+        if watching.is_none() {
+            watching = sentinel::watch_switch(sentinels, &options(shared)).await;
+        }
+        enum Heard {
+            Tick,
+            Switch,
+            Lost,
+            Other,
+        }
+        let heard = {
+            let announced = async {
+                match watching.as_mut() {
+                    Some((_, rx)) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = tick.tick() => Heard::Tick,
+                push = announced => match push.map(|p| p.kind) {
+                    Some(PushKind::Message) => Heard::Switch,
+                    Some(PushKind::Disconnection) | None => Heard::Lost,
+                    Some(_) => Heard::Other,
+                },
+            }
+        };
+        match heard {
+            Heard::Tick => {
+                // A hung sentinel keeps its connection open and announces
+                // nothing: watch another one.
+                if let Some((conn, _)) = watching.as_mut() {
+                    let limit = sentinel::per_sentinel(&options(shared));
+                    let cmd = redis::cmd("PING");
+                    let ping = cmd.query_async::<()>(conn);
+                    if !matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(()))) {
+                        watching = None;
+                    }
+                }
+                let conn = shared.link().conn.clone();
+                let limit = shared.config.deadline.max(KEEPALIVE / 4);
+                let role = tokio::time::timeout(limit, connection::is_primary(&conn)).await;
+                if let Ok(Ok(false)) = role {
+                    tracing::warn!("the redis node is no primary any more; leaving it");
+                    shared.signals.demoted.store(true, Ordering::Release);
+                }
+                shared.signals.call_failed.notify_one();
+            }
+            Heard::Switch => {
+                tracing::info!("a sentinel announced a failover");
+                shared.signals.call_failed.notify_one();
+            }
+            Heard::Lost => watching = None,
+            Heard::Other => {}
+        }
     }
 }
 
