@@ -256,11 +256,9 @@ where
     policy.tags.strip(&mut headers);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     // Slots for the headers every hit fills in: replacing a value in the
-    // cloned map is cheaper than growing it.
+    // cloned map is cheaper than growing it. None for the status header:
+    // its name is the serving route's, which may not be the storing one's.
     headers.insert(header::AGE, HeaderValue::from_static("0"));
-    if let Some(name) = &policy.status_header {
-        headers.insert(name.clone(), CacheStatus::Hit.header_value());
-    }
     // Upstream caches' members told how this one request was handled: not
     // stored, so no hit replays them (each hit gets this layer's own).
     headers.remove(CACHE_STATUS);
