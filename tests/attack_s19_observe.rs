@@ -351,3 +351,28 @@ async fn across_a_fleet_a_quiet_instance_adds_no_status_header() {
     assert!(members(&hit).is_empty(), "{:?}", hit.headers);
     no_tags(&hit, "a hit from Redis");
 }
+
+/// What the crate writes it reads back: a config serialised from any value
+/// the fields can hold loads again to the same policy.
+#[cfg(feature = "serde")]
+#[test]
+fn a_serialised_config_loads_back() {
+    use stampede_guard::RouteConfig;
+    for d in [
+        Duration::MAX,
+        Duration::from_nanos(1),
+        Duration::ZERO,
+        Duration::from_secs(u64::MAX / 2),
+        Duration::new(1, 999_999_999),
+    ] {
+        let mut config = RouteConfig::default();
+        config.ttl = Some(d);
+        config.lease = Some(d);
+        let text = serde_json::to_string(&config).unwrap();
+        let back: Result<RouteConfig, _> = serde_json::from_str(&text);
+        assert!(
+            back.is_ok(),
+            "{d:?} written as {text} does not load: {back:?}"
+        );
+    }
+}
