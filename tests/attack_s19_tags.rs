@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderMap;
@@ -125,4 +126,41 @@ async fn a_streamed_answer_over_the_cap_does_not_say_stored() {
         assert!(!member.contains("stored"), "{member}: not stored");
     }
     assert_eq!(origin.calls(), 2, "over the cap: never stored");
+}
+
+/// A rebuild a purge overtook stores nothing: its answer must not say
+/// `stored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known: the starter's head is tagged before the engine refuses to store an overtaken rebuild"]
+async fn a_rebuild_overtaken_by_a_purge_does_not_say_stored() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let (g, e) = (gate.clone(), entered.clone());
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60));
+    let app = Router::new().route(
+        "/slow",
+        get(move || {
+            let (g, e) = (g.clone(), e.clone());
+            async move {
+                e.notify_one();
+                g.acquire().await.unwrap().forget();
+                "slow"
+            }
+        })
+        .layer(guard.clone()),
+    );
+    let a = app.clone();
+    let first = tokio::spawn(async move { common::send(&a, request("/slow")).await });
+    entered.notified().await;
+    guard.invalidate_all().await.unwrap();
+    gate.add_permits(2);
+    let first = first.await.unwrap();
+    let member = first.headers.get("cache-status").unwrap().to_str().unwrap();
+    let second = common::send(&app, request("/slow")).await;
+    assert_eq!(
+        second.x_cache(),
+        "MISS",
+        "the overtaken rebuild stored nothing"
+    );
+    assert!(!member.contains("stored"), "{member}: nothing was stored");
 }
