@@ -18,7 +18,7 @@
 //!
 //! ```sh
 //! cargo run --example purge                       # runs a short self-check and exits
-//! cargo run --example purge -- --serve            # serves on 127.0.0.1:3000
+//! PURGE_TOKEN=secret cargo run --example purge -- --serve   # serves on 127.0.0.1:3000
 //! curl localhost:3000/products/7
 //! curl -X POST -H 'authorization: Bearer secret' localhost:3000/purge/tag/product:7
 //! ```
@@ -105,8 +105,14 @@ fn router(backend: Backend, token: &str) -> Router {
     let guard = StampedeGuard::new(backend)
         .ttl(Duration::from_secs(3600))
         .tags(|req| {
+            // The id as the handler reads it (`Path<u32>`): `/products/007`
+            // and `/products/+7` are other entries of product 7, and its
+            // purge must reach them. Tagging the raw path segment would not.
             let id = req.uri.path().rsplit('/').next().unwrap_or_default();
-            vec![format!("product:{id}")]
+            match id.parse::<u32>() {
+                Ok(id) => vec![format!("product:{id}")],
+                Err(_) => Vec::new(),
+            }
         });
     let app = App {
         guard: guard.clone(),
@@ -132,6 +138,10 @@ async fn self_check(app: Router) -> Result<(), Error> {
     let get = || Request::get("/products/7").body(Body::empty());
     let before = call(&app, get()?).await?;
     println!("GET  /products/7          -> {}", before.1.trim());
+    // The same product under another spelling of its id: another entry,
+    // which the product's purge must reach too.
+    let padded = || Request::get("/products/007").body(Body::empty());
+    call(&app, padded()?).await?;
     let write = Request::post("/products/7").body(Body::from("80"))?;
     println!(
         "POST /products/7 (80)     -> {}",
@@ -142,6 +152,12 @@ async fn self_check(app: Router) -> Result<(), Error> {
     assert_eq!(
         after.1, "product 7: 80 EUR\n",
         "the write's purge reached the cache"
+    );
+    let after = call(&app, padded()?).await?;
+    println!("GET  /products/007        -> {}", after.1.trim());
+    assert_eq!(
+        after.1, "product 7: 80 EUR\n",
+        "the write's purge reached every spelling of the product"
     );
 
     let refused = Request::post("/purge/all").body(Body::empty())?;
@@ -173,7 +189,13 @@ async fn main() -> Result<(), Error> {
         Some(_) => return Err("built without the `redis` feature".into()),
         None => Backend::local(),
     };
-    let token = std::env::var("PURGE_TOKEN").unwrap_or_else(|_| "secret".to_owned());
+    // Serving, the purge token must be the operator's own: a default one
+    // would leave the purge endpoints open to anyone who read this file.
+    let token = match (std::env::var("PURGE_TOKEN"), serve) {
+        (Ok(token), _) if !token.is_empty() => token,
+        (_, true) => return Err("set PURGE_TOKEN to the purge endpoints' token".into()),
+        (_, false) => "secret".to_owned(),
+    };
     let app = router(backend, &token);
     if !serve {
         return self_check(app).await;

@@ -21,7 +21,7 @@ use super::policy::{classify, Policy, Verdict};
 use super::respond::{tag_with, CacheStatus};
 use super::response::{CachedBody, CachedResponse};
 use super::spool::{Filling, Hold, Spool};
-use crate::engine::{Built, Waiters};
+use crate::engine::{Built, TagSet, Waiters};
 use crate::metrics::Labels;
 
 /// What the request that caused a rebuild may have, and nobody else.
@@ -43,7 +43,8 @@ pub(crate) type Early<B> = oneshot::Sender<Response<Body<B>>>;
 /// Decides what the origin's response may become, and reads its body if it
 /// may be shared. `early`, if given, gets the response as soon as it may be
 /// shared, its body streaming while it fills the entry. `keyed` says what
-/// the key the answer would be stored under was made of.
+/// the key the answer would be stored under was made of; `tags`, the
+/// request's (the response's tag headers are added).
 pub(crate) async fn admit<B, E>(
     policy: &Policy,
     response: Response<B>,
@@ -51,6 +52,7 @@ pub(crate) async fn admit<B, E>(
     early: Option<Early<B>>,
     labels: Labels,
     fwd: Fwd,
+    mut tags: TagSet,
 ) -> Admitted<B, E>
 where
     B: HttpBody + Send + 'static,
@@ -59,7 +61,7 @@ where
 {
     let (mut parts, body) = response.into_parts();
     // Before anything else: no answer, shared or not, carries them on.
-    let tags = policy.tags.take(&mut parts.headers);
+    tags.extend(&policy.tags.take(&mut parts.headers));
     let missed = Forward::new(fwd);
     let unshared = |reason: &'static str, parts: http::response::Parts, body| {
         policy.passes.response(reason, labels);
@@ -109,10 +111,9 @@ where
         Verdict::Pass(reason) => return unshared(reason, parts, Body::stream(body)),
         Verdict::Share { lifetime, store } => (lifetime, store),
     };
-    let told = Forward {
-        stored: store,
-        ..missed
-    };
+    // Tags in more buckets than an entry records: served, never stored (and
+    // its `Cache-Status` must not say `stored`).
+    let store = store && !tags.overflowed();
     let failure = parts.status.is_server_error();
     let declared = parts
         .headers
@@ -120,6 +121,16 @@ where
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let mut over_cap = declared.is_some_and(|n| n > policy.max_body_bytes as u64);
+    // The starter's answer may leave before the body is read: it says
+    // `stored` only when its length, declared or known to the body, already
+    // tells it fits (a body streamed without one may still outgrow the cap).
+    let told = Forward {
+        stored: store
+            && declared
+                .or(body.size_hint().exact())
+                .is_some_and(|n| n <= policy.max_body_bytes as u64),
+        ..missed
+    };
 
     strip_hop_by_hop(&mut parts.headers);
     // At most four times the cap held for readers that lag (see `Spool`).
@@ -226,6 +237,8 @@ where
             };
         }
         tracing::debug!("body larger than max_body_bytes: streamed to every waiter, not stored");
+        // Exposed tag headers are for the starter's answer alone.
+        policy.tags.strip(&mut parts.headers);
         return Built::Value {
             value: CachedResponse {
                 status: parts.status,
@@ -256,11 +269,9 @@ where
     policy.tags.strip(&mut headers);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
     // Slots for the headers every hit fills in: replacing a value in the
-    // cloned map is cheaper than growing it.
+    // cloned map is cheaper than growing it. None for the status header:
+    // its name is the serving route's, which may not be the storing one's.
     headers.insert(header::AGE, HeaderValue::from_static("0"));
-    if let Some(name) = &policy.status_header {
-        headers.insert(name.clone(), CacheStatus::Hit.header_value());
-    }
     // Upstream caches' members told how this one request was handled: not
     // stored, so no hit replays them (each hit gets this layer's own).
     headers.remove(CACHE_STATUS);

@@ -211,6 +211,10 @@ pub(crate) fn present<B: HttpBody>(
             Some(forward) => members.value(&Member::Forward(forward)),
         };
         response.headers_mut().insert(CACHE_STATUS, member);
+    } else {
+        // The slot the storing guard left (an entry never keeps an upstream
+        // member): a route with `Cache-Status` off sends none.
+        response.headers_mut().remove(CACHE_STATUS);
     }
     if let Some(name) = &policy.status_header {
         response

@@ -445,7 +445,10 @@ where
                         tags.extend(&kept.unwrap_or_default());
                         renew(&policy, stored, response, keyed)
                     }
-                    _ => admit(&policy, response, keyed, early, labels, fwd).await,
+                    _ => {
+                        let tags = tags.clone();
+                        admit(&policy, response, keyed, early, labels, fwd, tags).await
+                    }
                 }
             }
             Err(error) => crate::engine::Built::Failed {
