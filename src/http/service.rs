@@ -453,7 +453,12 @@ where
                 private: Some(Private::Error(error)),
             },
         };
-        if let crate::engine::Built::Value { store, tags: built_tags, .. } = &mut built {
+        if let crate::engine::Built::Value {
+            store,
+            tags: built_tags,
+            ..
+        } = &mut built
+        {
             forwarded.stored(*store);
             built_tags.extend(&tags);
         }
