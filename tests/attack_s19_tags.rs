@@ -268,3 +268,49 @@ async fn a_killed_subscriber_does_not_serve_its_l1_after_the_purge() {
         wait_until_available(&nodes).await;
     }
 }
+
+/// Entries past their freshness, inside stale-while-revalidate and
+/// stale-if-error windows, with an origin that fails after the purge: no
+/// instance serves the copy built before the purge as stale either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_stale_copy_from_before_the_purge_under_swr_or_stale_if_error() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let failing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut nodes = Vec::new();
+    for _ in 0..2 {
+        let backend = backend_at(&redis.url(), Duration::from_millis(500)).await;
+        let guard = StampedeGuard::new(backend)
+            .ttl(Duration::from_millis(200))
+            .stale_while_revalidate(Duration::from_secs(60))
+            .stale_if_error(Duration::from_secs(60));
+        let (origin, failing) = (origin.clone(), failing.clone());
+        let handler = move || {
+            let (origin, failing) = (origin.clone(), failing.clone());
+            async move {
+                let (n, _running) = origin.enter();
+                let status = if failing.load(std::sync::atomic::Ordering::SeqCst) {
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR
+                } else {
+                    axum::http::StatusCode::OK
+                };
+                (status, [("surrogate-key", "product:1")], format!("v{n}"))
+            }
+        };
+        let app = Router::new().route("/products/1", get(handler).layer(guard.clone()));
+        nodes.push(Node { guard, app });
+    }
+    for node in &nodes {
+        assert_eq!(text(node, "/products/1").await, "v1");
+    }
+    // Past freshness: both hold v1 as a stale copy (L1 and Redis).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    nodes[0].guard.invalidate_tag("product:1").await.unwrap();
+    for _ in 0..3 {
+        for (i, node) in nodes.iter().enumerate() {
+            assert_ne!(text(node, "/products/1").await, "v1", "instance {i}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
