@@ -11,6 +11,12 @@ use crate::store::generations::Field;
 #[cfg(feature = "redis")]
 use crate::store::redis::RedisTier;
 
+/// How far ahead of this process's clock, in microseconds, a generation
+/// heard on the channel may be (clock skew between hosts, and the few
+/// generations a burst of invalidations moves past Redis's clock).
+#[cfg(feature = "redis")]
+const HEARD_AHEAD_MICROS: u64 = 1_000_000;
+
 impl Engine {
     /// Moves `field`'s generation: every entry that recorded an older one is
     /// a miss from now on, here and (with Redis) on every instance. A
@@ -59,17 +65,20 @@ impl Engine {
     }
 
     /// Another instance's move of a generation, as heard on the channel.
-    /// A number no Redis clock could have given yet (more than an hour
-    /// ahead of this process's) is not taken: anyone who may publish on
-    /// the channel could otherwise raise a generation so high that later
-    /// invalidations never pass it. Then nothing held here is trusted and
-    /// the table is read again from Redis, which has the real number.
+    /// A number ahead of this process's clock by more than
+    /// [`HEARD_AHEAD_MICROS`] is not taken: anyone who may publish on the
+    /// channel could otherwise raise a generation above the ones Redis's
+    /// clock hands out, and the real invalidations that follow would not
+    /// pass it until that clock did. Then nothing held here is trusted and
+    /// the table is read again from Redis, which has the real number (a
+    /// table Redis really holds ahead of the clocks costs a reload per
+    /// message, never a stale answer).
     #[cfg(feature = "redis")]
     pub(crate) fn generation_heard(&self, field: Field, generation: u64) {
         let ceiling = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-            .saturating_add(3_600_000_000);
+            .saturating_add(HEARD_AHEAD_MICROS);
         if generation > ceiling {
             tracing::warn!(
                 field = ?field,

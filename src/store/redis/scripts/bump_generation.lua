@@ -12,7 +12,8 @@
 -- starts again above every generation issued before (entries in the
 -- instances' memory recorded those), as long as fewer than a million
 -- invalidations a second hit one field. Foreign bytes in the field count as
--- lost: the field starts again from the clock (an invalidation).
+-- lost: the field starts again from the clock (an invalidation). A field at
+-- 2^53 - 1 cannot move up: the call fails rather than go back.
 --
 -- Returns {generation, instances that received the message}.
 local function plain(s)
@@ -23,6 +24,11 @@ local t = redis.call('TIME')
 local clock = t[1] .. string.format('%06d', tonumber(t[2]))
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if plain(old) and tonumber(old) >= tonumber(clock) then
+  if tonumber(old) + 1 >= 9007199254740992 then
+    -- Nothing above it: starting again from the clock would go back below
+    -- what entries recorded, so the invalidation fails instead.
+    return redis.error_reply('stampede-guard: generation ' .. ARGV[1] .. ' exhausted')
+  end
   redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
 else
   redis.call('HSET', KEYS[1], ARGV[1], clock)
