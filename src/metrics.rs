@@ -17,6 +17,7 @@
 //! | `stampede_guard_fenced_writes_total` | late commits refused because a newer entry was stored |
 //! | `stampede_guard_corrupt_entries_total` | unreadable entries found in Redis (treated as misses) |
 //! | `stampede_guard_redis_errors_total` | Redis calls that failed or missed their deadline |
+//! | `stampede_guard_circuit_openings_total` | circuits opened (on Redis Cluster, one per primary): that node's keys are served from the in-process tier until a probe of the node itself answers |
 //! | `stampede_guard_revalidated_total` | rebuilds answered `304 Not Modified` by the origin: the entry was renewed without its body |
 //! | `stampede_guard_unsafe_invalidations_total` | URL groups dropped after a successful unsafe method (POST, PUT, …) |
 //! | `stampede_guard_invalidation_failures_total` | such invalidations that did not reach Redis (the response is sent all the same) |
@@ -42,6 +43,8 @@ pub(crate) const FENCED_WRITES: &str = "stampede_guard_fenced_writes_total";
 pub(crate) const CORRUPT_ENTRIES: &str = "stampede_guard_corrupt_entries_total";
 #[cfg(feature = "redis")]
 pub(crate) const REDIS_ERRORS: &str = "stampede_guard_redis_errors_total";
+#[cfg(feature = "redis")]
+pub(crate) const CIRCUIT_OPENINGS: &str = "stampede_guard_circuit_openings_total";
 
 pub(crate) const REVALIDATED: &str = "stampede_guard_revalidated_total";
 pub(crate) const UNSAFE_INVALIDATIONS: &str = "stampede_guard_unsafe_invalidations_total";

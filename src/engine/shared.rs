@@ -179,7 +179,7 @@ async fn plan_shared<V: CacheValue>(
     let mut corrupt = false;
     let mut waited = false;
     loop {
-        if !shared.is_available() {
+        if !shared.is_available_for(&key) {
             return Plan::Rebuild { lease: None, stale };
         }
         // Listen before asking, so a publish between the answer and the wait
