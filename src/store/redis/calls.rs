@@ -178,6 +178,36 @@ impl Shared {
         false
     }
 
+    /// One probe on a cluster: true once every circuit is closed. Each
+    /// primary whose circuit is open is pinged itself, on a connection of
+    /// its own, so that a node still frozen or dead keeps its circuit open
+    /// however many others answer. The slot map is read first: a node whose
+    /// slots a replica took over has left it, and its circuit with it (the
+    /// new owner has its own).
+    pub(super) async fn probe_nodes(&self) -> bool {
+        self.refresh_slots().await;
+        for ((host, port), breaker) in self.health.open_nodes() {
+            let address = (host, port);
+            if self.node_answers(&address).await {
+                let (host, port) = address;
+                tracing::info!(
+                    %host,
+                    port,
+                    "redis node answers again; fleet-wide protection restored for its keys"
+                );
+                breaker.close();
+            }
+        }
+        if !self.health.whole().is_closed() {
+            // Slots no map names: any node that answers will do.
+            let ping = self.on_node(None, redis::cmd("PING"));
+            if let Ok(Ok(_)) = tokio::time::timeout(self.config.deadline, ping).await {
+                self.health.whole().close();
+            }
+        }
+        self.health.all_closed()
+    }
+
     /// Pings the subscriber. On a cluster the ping goes to the node that
     /// serves the event channel's slot, where the subscription is (a plain
     /// `PING` would go to every primary, and one bad shard would make the

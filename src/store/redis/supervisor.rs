@@ -250,7 +250,7 @@ async fn ping_subscriber(shared: &Shared) -> bool {
 /// One probe: true once Redis answered and the circuit is closed.
 async fn probe_once(shared: &Shared) -> bool {
     if shared.health.is_cluster() {
-        return probe_nodes(shared).await;
+        return shared.probe_nodes().await;
     }
     if shared.config.topology.needs_resolve() {
         // The sentinels may be unreachable while the primary is fine: the
@@ -277,31 +277,6 @@ async fn probe_once(shared: &Shared) -> bool {
         tracing::debug!("redis connections opened again");
     }
     false
-}
-
-/// One probe on a cluster: true once every circuit is closed. Each node
-/// whose circuit is open is probed itself (a ping routed to it), so that a
-/// node still frozen or dead keeps its circuit open however many others
-/// answer, on a connection of its own. The slot map is read first: a node whose slots a replica took
-/// over has left it, and its circuit with it (the new owner has its own).
-async fn probe_nodes(shared: &Shared) -> bool {
-    shared.refresh_slots().await;
-    for ((host, port), breaker) in shared.health.open_nodes() {
-        let address = (host, port);
-        if shared.node_answers(&address).await {
-            let (host, port) = address;
-            tracing::info!(%host, port, "redis node answers again; fleet-wide protection restored for its keys");
-            breaker.close();
-        }
-    }
-    if !shared.health.whole().is_closed() {
-        // Slots no map names: any node that answers will do.
-        let ping = shared.on_node(None, redis::cmd("PING"));
-        if let Ok(Ok(_)) = tokio::time::timeout(shared.config.deadline, ping).await {
-            shared.health.whole().close();
-        }
-    }
-    shared.health.all_closed()
 }
 
 /// One attempt to subscribe again, on new connections: true once done.
