@@ -194,6 +194,8 @@ impl Backend {
             #[cfg(feature = "redis")]
             redis: self.engine.shared().map(|l2| RedisStats {
                 available: l2.is_available(),
+                open_circuits: l2.open_circuits(),
+                circuit_openings: l2.circuit_openings(),
                 wakeups_by_message: l2.notifier.stats.by_message.load(Ordering::Relaxed),
                 wakeups_by_timeout: l2.notifier.stats.by_timeout.load(Ordering::Relaxed),
                 fenced_writes: l2.stats.fenced_writes.load(Ordering::Relaxed),
@@ -221,9 +223,16 @@ pub struct BackendStats {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RedisStats {
-    /// False while the circuit breaker is open (Redis failing; serving from
-    /// the in-process tier alone).
+    /// False while a circuit breaker is open (Redis failing; serving from
+    /// the in-process tier alone). On Redis Cluster each primary has its
+    /// own circuit, and this is false while any of them is open.
     pub available: bool,
+    /// Circuits open now: 0 or 1 on one server or behind Sentinel; on a
+    /// cluster, the primaries whose keys are served from the in-process
+    /// tier alone.
+    pub open_circuits: u64,
+    /// Circuits opened since the backend connected.
+    pub circuit_openings: u64,
     /// Waits for another instance's rebuild ended by its publish.
     pub wakeups_by_message: u64,
     /// Waits ended by the lease or the wait budget running out.

@@ -42,9 +42,10 @@
 //! | metric | kind | what |
 //! |---|---|---|
 //! | `stampede_guard_l1_bytes` | gauge | bytes the in-process tiers of this process hold (weighted size, summed over backends), updated as entries are stored and dropped |
-//! | `stampede_guard_circuit_open` | gauge | Redis tiers of this process whose circuit breaker is open (0: every circuit closed) |
+//! | `stampede_guard_circuit_open` | gauge | circuits of this process's Redis tiers that are open (one per tier; on Redis Cluster one per primary; 0: every circuit closed) |
 //! | `stampede_guard_corrupt_entries_total` | counter | unreadable entries found in Redis (treated as misses) |
 //! | `stampede_guard_redis_errors_total` | counter | Redis calls that failed or missed their deadline |
+//! | `stampede_guard_circuit_openings_total` | counter | circuits opened (on Redis Cluster, one per primary): that node's keys are served from the in-process tier until a probe of the node itself answers |
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,6 +69,9 @@ pub(crate) const EARLY_REFRESHES: &str = "stampede_guard_early_refreshes_total";
 pub(crate) const FENCED_WRITES: &str = "stampede_guard_fenced_writes_total";
 pub(crate) const CORRUPT_ENTRIES: &str = "stampede_guard_corrupt_entries_total";
 pub(crate) const REDIS_ERRORS: &str = "stampede_guard_redis_errors_total";
+#[cfg(feature = "redis")]
+pub(crate) const CIRCUIT_OPENINGS: &str = "stampede_guard_circuit_openings_total";
+
 pub(crate) const REVALIDATED: &str = "stampede_guard_revalidated_total";
 pub(crate) const UNSAFE_INVALIDATIONS: &str = "stampede_guard_unsafe_invalidations_total";
 pub(crate) const INVALIDATION_FAILURES: &str = "stampede_guard_invalidation_failures_total";

@@ -189,7 +189,7 @@ async fn plan_shared<V: CacheValue>(
     // tags: take the lease over it, once.
     let mut invalidated = false;
     loop {
-        if !shared.is_available() {
+        if !shared.is_available_for(&key) {
             return Plan::Rebuild { lease: None, stale };
         }
         // Listen before asking, so a publish between the answer and the wait

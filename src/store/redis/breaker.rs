@@ -8,8 +8,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use crate::metrics::CIRCUIT_OPEN;
 use super::TierError;
+use crate::metrics::CIRCUIT_OPEN;
 
 /// Consecutive failures that open the circuit.
 pub(crate) const FAILURES_TO_OPEN: u32 = 3;

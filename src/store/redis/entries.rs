@@ -76,7 +76,6 @@ impl RedisTier {
         }
         let keys = self.keys(key);
         let token = Lease::new_token();
-        let mut conn = self.conn();
         let mut invocation = self.shared.scripts.fetch_or_lease.prepare_invoke();
         for k in &keys {
             invocation.key(k);
@@ -86,7 +85,12 @@ impl RedisTier {
             .arg(millis(lease_time).max(1))
             .arg(early.map_or(-1, |d| millis(d).min(1 << 52) as i64))
             .arg(millis(FENCE_KEEP));
-        let reply = self.call(invocation.invoke_async(&mut conn)).await;
+        let script = &invocation;
+        let reply = self
+            .call(&keys[2], move |mut conn| async move {
+                script.invoke_async(&mut conn).await
+            })
+            .await;
         type Reply = (i64, Vec<u8>, i64, i64, String, i64);
         let (status, value, a, value_pttl, generation, foreign): Reply = match reply {
             Ok(reply) => reply,
@@ -149,11 +153,14 @@ impl RedisTier {
         keys: &[String; 5],
     ) -> Result<Option<Remote>, TierError> {
         let [value, fresh, _, _, generation] = keys;
-        let mut conn = self.conn();
         let mut invocation = self.shared.scripts.fetch_fresh.prepare_invoke();
         invocation.key(value).key(fresh).key(generation);
-        let (status, value, fresh_pttl, value_pttl): (i64, Vec<u8>, i64, i64) =
-            self.call(invocation.invoke_async(&mut conn)).await?;
+        let script = &invocation;
+        let (status, value, fresh_pttl, value_pttl): (i64, Vec<u8>, i64, i64) = self
+            .call(value, move |mut conn| async move {
+                script.invoke_async(&mut conn).await
+            })
+            .await?;
         if status != 1 {
             return Ok(None);
         }
@@ -176,7 +183,6 @@ impl RedisTier {
     ) -> Result<bool, TierError> {
         lease.settle();
         let keys = self.keys(&lease.key);
-        let mut conn = self.conn();
         let mut invocation = self.shared.scripts.commit.prepare_invoke();
         for k in &keys {
             invocation.key(k);
@@ -196,7 +202,13 @@ impl RedisTier {
             .arg(Event::Committed.message(&lease.key))
             .arg(Event::Failed.message(&lease.key))
             .arg(&lease.generation);
-        let stored: i64 = match self.call(invocation.invoke_async(&mut conn)).await {
+        // Owed whatever the circuit says: the rebuilt value is stored if the
+        // node answers within the deadline.
+        let script = &invocation;
+        let commit = self.call_owed(&keys[2], move |mut conn| async move {
+            script.invoke_async(&mut conn).await
+        });
+        let stored: i64 = match commit.await {
             Ok(stored) => stored,
             Err(e) => {
                 // Whether or not the commit ran, the lease must not outlive
@@ -257,7 +269,9 @@ impl RedisTier {
         message: String,
         window: Duration,
     ) -> Result<bool, TierError> {
-        match self.call(self.release_script(key, token, &message)).await {
+        let [_, _, route, _, _] = self.keys(key);
+        let release = self.call_owed(&route, |_| self.release_script(key, token, &message));
+        match release.await {
             Ok(released) => Ok(released == 1),
             Err(e) => {
                 // Unanswered, or not even sent (the circuit is open): the
@@ -320,17 +334,13 @@ impl RedisTier {
         time: Duration,
     ) -> Result<bool, TierError> {
         let [_, _, lease_key, _, _] = self.keys(key);
-        let mut conn = self.conn();
+        let mut invocation = self.shared.scripts.renew.key(&lease_key);
+        invocation.arg(token).arg(millis(time).max(1));
+        let script = &invocation;
         let renewed: i64 = self
-            .call(
-                self.shared
-                    .scripts
-                    .renew
-                    .key(lease_key)
-                    .arg(token)
-                    .arg(millis(time).max(1))
-                    .invoke_async(&mut conn),
-            )
+            .call(&lease_key, move |mut conn| async move {
+                script.invoke_async(&mut conn).await
+            })
             .await?;
         Ok(renewed == 1)
     }
@@ -391,8 +401,11 @@ impl RedisTier {
     /// One try of a pending invalidation, under the deadline and the
     /// breaker, without waiting for acknowledgements. Forgets it once done.
     pub(crate) async fn invalidate_once(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
-        self.call(self.invalidate_script(self.conn(), key, rand::random()))
-            .await?;
+        let [_, _, route, _, _] = self.keys(key);
+        self.call(&route, |conn| {
+            self.invalidate_script(conn, key, rand::random())
+        })
+        .await?;
         self.shared.pending.forget(key);
         Ok(())
     }

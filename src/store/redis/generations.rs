@@ -115,18 +115,23 @@ impl RedisTier {
                 &all
             }
         };
-        let mut conn = self.conn();
-        let mut invocation = self.shared.scripts.load_generations.key(self.table_key());
+        let table = self.table_key();
+        let mut invocation = self.shared.scripts.load_generations.key(&table);
         for field in fields {
             invocation.arg(field.name());
         }
-        let call = invocation.invoke_async(&mut conn);
+        let script = &invocation;
         // A whole reload happens after a gap or at start-up, off any
         // request's path: its failure is not the breaker's business.
         let values: Vec<Option<Vec<u8>>> = if reload {
-            self.call_past_breaker(call).await?
+            let mut conn = self.conn();
+            self.call_past_breaker(invocation.invoke_async(&mut conn))
+                .await?
         } else {
-            self.call(call).await?
+            self.call(&table, move |mut conn| async move {
+                script.invoke_async(&mut conn).await
+            })
+            .await?
         };
         let raw = fields.iter().copied().zip(values);
         let mut loaded = Vec::new();
@@ -136,8 +141,9 @@ impl RedisTier {
                 Some(generation) => loaded.push((field, generation)),
                 None => {
                     tracing::warn!(field = ?field, "unreadable generation in redis; invalidating its tags");
+                    let nonce = rand::random();
                     let (generation, _) = self
-                        .call(self.bump_script(self.conn(), field, rand::random()))
+                        .call(&table, |conn| self.bump_script(conn, field, nonce))
                         .await?;
                     loaded.push((field, generation));
                 }

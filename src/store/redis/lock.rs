@@ -74,9 +74,10 @@ impl RedisTier {
         reenter: bool,
         synced: Option<(u32, Duration)>,
     ) -> Result<Attempt, TierError> {
-        let mut conn = self.conn();
+        let conn = self.conn();
         let mut invocation = self.shared.scripts.lock_acquire.prepare_invoke();
-        for key in self.lock_keys(id) {
+        let keys = self.lock_keys(id);
+        for key in &keys {
             invocation.key(key);
         }
         invocation
@@ -88,9 +89,17 @@ impl RedisTier {
             .arg(attempt)
             .arg(&self.shared.channel)
             .arg(Event::Released.message(id));
-        let (won, a, b): (i64, i64, i64) = self.call(invocation.invoke_async(&mut conn)).await?;
+        // Every try on the one connection that a synced acquisition's
+        // `WAIT` then asks about.
+        let script = &invocation;
+        let (won, a, b): (i64, i64, i64) = self
+            .call(&keys[0], |_| {
+                let mut conn = conn.clone();
+                async move { script.invoke_async(&mut conn).await }
+            })
+            .await?;
         if let (1, Some((replicas, timeout))) = (won, synced) {
-            if let Err(e) = self.wait_replicas(conn, replicas, timeout).await {
+            if let Err(e) = self.wait_replicas(&keys[0], conn, replicas, timeout).await {
                 // Give the unacknowledged hold back before the caller hears
                 // of the failure, so the lock is free for the others at
                 // once; the caller's undo tries again in the background if
@@ -117,14 +126,21 @@ impl RedisTier {
     /// that connection's writes. Fewer acknowledgements are an error.
     async fn wait_replicas(
         self: &Arc<Self>,
-        mut conn: super::Conn,
+        route: &str,
+        conn: super::Conn,
         replicas: u32,
         timeout: Duration,
     ) -> Result<(), TierError> {
         let mut wait = redis::cmd("WAIT");
         wait.arg(replicas).arg(millis(timeout).max(1));
         let limit = self.shared.config.deadline.saturating_add(timeout);
-        let acked: i64 = self.call_within(limit, wait.query_async(&mut conn)).await?;
+        let wait = &wait;
+        let acked: i64 = self
+            .call_within(route, limit, |_| {
+                let mut conn = conn.clone();
+                async move { wait.query_async(&mut conn).await }
+            })
+            .await?;
         if acked >= i64::from(replicas) {
             return Ok(());
         }

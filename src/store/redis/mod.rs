@@ -16,18 +16,21 @@
 //! | `…:n` | fence hash: numbers issued and committed | a day after the last lease (then reseeded from Redis's clock) |
 //! | `{prefix}:tags` | the invalidation table: a generation for everything and one per tag bucket (its own slot; see `generations`) | never (a lost one starts again from Redis's clock) |
 //!
-//! Every call has a deadline. Failures feed a circuit breaker; while it is
-//! open the engine does not call Redis at all and protects the process with
-//! its in-process tier alone. The tier's one background task, its
+//! Every call has a deadline. Failures feed a circuit breaker (on Redis
+//! Cluster, the one of the primary that serves the key; see [`health`]);
+//! while it is open the engine does not call Redis for those keys and
+//! protects the process with its in-process tier alone. The tier's one background task, its
 //! supervisor, closes the circuit again and repairs the connections; it
 //! lives and dies with the tier.
 
 mod barrier;
 mod breaker;
+mod calls;
 pub(crate) mod config;
 pub(crate) mod connection;
 mod entries;
 mod generations;
+mod health;
 pub(crate) mod lease;
 pub(crate) mod lock;
 pub(crate) mod notify;
@@ -47,10 +50,10 @@ use redis::{RedisError, RetryMethod, Script};
 use crate::key::Key;
 use crate::metrics as m;
 pub(crate) use breaker::migrating;
-use breaker::{answered, Breaker};
 use config::TlsPem;
 use connection::{Conn, Link, Options, Sink, Topology};
 pub(crate) use entries::{Fetched, Remote};
+use health::Health;
 pub(crate) use lease::Lease;
 pub(crate) use notify::Invalidated;
 use notify::{Notifier, OnInvalidate};
@@ -195,8 +198,9 @@ pub(crate) struct Shared {
     link: RwLock<Arc<Link>>,
     config: TierConfig,
     channel: String,
-    /// Requests read its flag; only the supervisor closes it.
-    breaker: Breaker,
+    /// The circuit breakers (one per cluster primary): requests read their
+    /// flags; only the supervisor closes them.
+    health: Health,
     notifier: Arc<Notifier>,
     scripts: Scripts,
     /// How requests ask the supervisor for help.
@@ -233,17 +237,19 @@ impl RedisTier {
                  lock; keep locks on a Redis with maxmemory-policy noeviction"
             );
         }
+        let health = Health::new(matches!(config.topology, Topology::Cluster(_)));
         let shared = Arc::new(Shared {
             link: RwLock::new(Arc::new(link)),
             config,
             channel,
-            breaker: Breaker::default(),
+            health,
             notifier: notifier.clone(),
             scripts,
             signals: Signals::default(),
             ack_channel,
             pending: barrier::Pending::default(),
         });
+        shared.refresh_slots().await;
         let tier = Arc::new(RedisTier {
             _supervisor: supervisor::start(shared.clone()),
             shared,
@@ -265,9 +271,19 @@ impl RedisTier {
         self.shared.link().conn.clone()
     }
 
-    /// Whether the circuit lets calls through.
+    /// Whether every circuit lets calls through.
     pub(crate) fn is_available(&self) -> bool {
-        self.shared.breaker.is_closed()
+        self.shared.health.all_closed()
+    }
+
+    /// Circuits open now.
+    pub(crate) fn open_circuits(&self) -> u64 {
+        self.shared.health.open_circuits()
+    }
+
+    /// Circuits opened since the tier connected.
+    pub(crate) fn circuit_openings(&self) -> u64 {
+        self.shared.health.openings.load(Ordering::Relaxed)
     }
 
     /// The Redis keys of an entry: value, freshness marker, lease, fence
@@ -291,52 +307,19 @@ impl RedisTier {
         ]
     }
 
-    /// Runs one Redis call under the deadline and the breaker. A failure
-    /// signals the supervisor; the call itself never waits for it.
-    async fn call<T>(
-        self: &Arc<Self>,
-        call: impl Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, TierError> {
-        self.call_within(self.shared.config.deadline, call).await
+    /// Whether the circuit of the node that serves `key` lets calls
+    /// through (on one server or behind Sentinel, the one circuit).
+    pub(crate) fn is_available_for(&self, key: &Key) -> bool {
+        self.shared.health.breaker(&route(key)).is_closed()
     }
+}
 
-    /// [`call`](Self::call) with a limit other than the deadline (a call
-    /// that waits on Redis's side, such as `WAIT`).
-    pub(crate) async fn call_within<T>(
-        self: &Arc<Self>,
-        limit: Duration,
-        call: impl Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, TierError> {
-        let shared = &self.shared;
-        if !shared.breaker.is_closed() {
-            return Err(TierError::Open);
-        }
-        let error = match tokio::time::timeout(limit, call).await {
-            Ok(Ok(value)) => {
-                shared.breaker.success();
-                return Ok(value);
-            }
-            Ok(Err(e)) => TierError::Redis(e),
-            Err(_) => TierError::Timeout,
-        };
-        self.stats.errors.fetch_add(1, Ordering::Relaxed);
-        m::count_backend(m::REDIS_ERRORS);
-        tracing::debug!(error = %error, "redis call failed");
-        if answered(&error) {
-            // Redis is up and answering (a script refused foreign bytes, a
-            // key of the wrong type): nothing the circuit could help with.
-            return Err(error);
-        }
-        if shared.config.topology.needs_resolve() {
-            shared.signals.call_failed.notify_one();
-        }
-        if shared.breaker.failure() {
-            tracing::warn!(
-                "redis failing; serving from the in-process tier until it answers again"
-            );
-            shared.signals.circuit_opened.notify_one();
-        }
-        Err(error)
+/// A Redis key in the slot of every key of `key`'s entry (its hash tag).
+fn route(key: &Key) -> String {
+    if key.is_group() {
+        format!("{{{key}}}")
+    } else {
+        format!("{{{}}}", key.group())
     }
 }
 

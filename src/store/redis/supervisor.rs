@@ -7,7 +7,8 @@
 //!
 //! - **The circuit opened.** Redis failed several calls in a row. Probe it
 //!   every probe interval (behind Sentinel, ask where the primary is first)
-//!   until it answers, then close the circuit.
+//!   until it answers, then close the circuit. On a cluster, each primary
+//!   whose circuit is open is pinged itself, after reading the slot map.
 //! - **A call failed behind Sentinel.** The primary may have moved: ask the
 //!   sentinels now, rather than only once the circuit has opened, so an
 //!   instance that was idle during a failover loses at most the call that
@@ -62,6 +63,8 @@ pub(crate) struct Signals {
     pub circuit_opened: Notify,
     /// A call failed behind Sentinel: ask where the primary is.
     pub call_failed: Notify,
+    /// On a cluster, a call met a slot on the move: read the slot map.
+    pub slots_moved: Notify,
     /// Behind Sentinel: the node said it is no primary; leave it.
     pub demoted: AtomicBool,
 }
@@ -171,6 +174,7 @@ struct Work {
     probe: bool,
     follow: bool,
     resubscribe: bool,
+    slots: bool,
 }
 
 async fn supervise(shared: &Shared) {
@@ -180,7 +184,7 @@ async fn supervise(shared: &Shared) {
         // follow runs at once; with nothing to do, sleep until signalled.
         let pause = if work.probe || work.resubscribe {
             Some(shared.config.probe_interval)
-        } else if work.follow {
+        } else if work.follow || work.slots {
             Some(Duration::ZERO)
         } else {
             None
@@ -191,12 +195,17 @@ async fn supervise(shared: &Shared) {
         // The probe asks the sentinels itself.
         let follow = std::mem::take(&mut work.follow) && !work.probe;
         let (probe, resubscribe) = (work.probe, work.resubscribe);
+        // The probe reads the slot map itself.
+        let slots = std::mem::take(&mut work.slots) && !probe;
         // One task, but the jobs run side by side: a cluster that is not
         // whole yet must not hold back the probe, nor the other way round.
         let ((), probed, resubscribed) = tokio::join!(
             async {
                 if follow {
                     follow_primary(shared).await;
+                }
+                if slots {
+                    shared.refresh_slots().await;
                 }
             },
             async { probe && probe_once(shared).await },
@@ -215,6 +224,7 @@ async fn gather(shared: &Shared, work: &mut Work, pause: Option<Duration>) -> bo
         tokio::select! {
             () = shared.signals.circuit_opened.notified() => work.probe = true,
             () = shared.signals.call_failed.notified() => work.follow = true,
+            () = shared.signals.slots_moved.notified() => work.slots = true,
             () = shared.notifier.disconnected.notified() => work.resubscribe = true,
             () = tokio::time::sleep_until(until) => return pause.is_some(),
         }
@@ -232,15 +242,16 @@ async fn gather(shared: &Shared, work: &mut Work, pause: Option<Duration>) -> bo
 /// one is trusted), and dropping the in-process tier for one costs the
 /// whole fleet's L1 hits here.
 async fn ping_subscriber(shared: &Shared) -> bool {
-    let mut sub = shared.link().subscriber.clone();
-    let cmd = redis::cmd("PING");
-    let ping = cmd.query_async::<()>(&mut sub);
+    let ping = shared.ping_subscription();
     let limit = shared.config.deadline.max(KEEPALIVE / 4);
     matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(())))
 }
 
 /// One probe: true once Redis answered and the circuit is closed.
 async fn probe_once(shared: &Shared) -> bool {
+    if shared.health.is_cluster() {
+        return shared.probe_nodes().await;
+    }
     if shared.config.topology.needs_resolve() {
         // The sentinels may be unreachable while the primary is fine: the
         // ping below decides either way.
@@ -256,7 +267,7 @@ async fn probe_once(shared: &Shared) -> bool {
     };
     if let Ok(Ok(())) = tokio::time::timeout(shared.config.deadline, ping).await {
         tracing::info!("redis answers again; fleet-wide protection restored");
-        shared.breaker.close();
+        shared.health.whole().close();
         return true;
     }
     // The old connections may be dead without knowing it (a timeout does not
