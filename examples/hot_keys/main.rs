@@ -399,7 +399,13 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
     });
     let mut modes = args.modes.clone();
     if modes.is_empty() {
-        modes = vec![Mode::None, Mode::Local, Mode::Fleet, Mode::Nginx];
+        modes = vec![
+            Mode::None,
+            Mode::Local,
+            Mode::Fleet,
+            Mode::Nginx,
+            Mode::Static,
+        ];
     }
     modes.sort();
     modes.dedup();
@@ -886,6 +892,18 @@ fn targets(args: &Args, results: &[RunResult]) -> String {
                 f.p99_ms - n.p99_ms
             ),
         );
+    }
+    // The ceiling: the same route answering a ready body, no cache at all.
+    if let (Some(f), Some(s)) = (fleet(Scenario::Hot), find(Scenario::Hot, Mode::Static)) {
+        out.push_str(&format!(
+            "  [info]   hot: fleet {:.0} req/s, p99 {:.2} ms vs static {:.0} req/s, p99 {:.2} ms \
+             (fleet/static req/s {:.3})\n",
+            f.rps,
+            f.p99_ms,
+            s.rps,
+            s.p99_ms,
+            f.rps / s.rps.max(1.0)
+        ));
     }
     // Context, not targets. nginx serves stale while it updates in every
     // scenario, so the like-for-like comparison is expiry, where the guard
