@@ -220,6 +220,7 @@ impl<V: CacheValue> Cache<V> {
             fail_open: true,
             rebuild_timeout: self.settings.rebuild_timeout,
             early_refresh: self.settings.early_refresh,
+            refresh_ahead: None,
         }
     }
 

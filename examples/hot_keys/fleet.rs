@@ -51,6 +51,8 @@ pub struct RoutePolicy {
     pub ttl: Duration,
     pub stale_while_revalidate: Option<Duration>,
     pub early_refresh: Option<f64>,
+    /// Refresh-ahead: the multiple of the rebuild time, and the floor.
+    pub refresh_ahead: Option<(f64, Duration)>,
 }
 
 /// Where the instances find what they need.
@@ -204,6 +206,9 @@ async fn start_app(
             }
             if let Some(beta) = policy.early_refresh {
                 guard = guard.early_refresh(beta);
+            }
+            if let Some((multiple, floor)) = policy.refresh_ahead {
+                guard = guard.refresh_ahead(multiple, floor);
             }
             handler.layer(guard)
         }

@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) use answer::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Status, Waiters};
+pub(crate) use early::RefreshAhead;
 pub use entry::CacheValue;
 pub(crate) use entry::{Held, Lifetime, MAX_DELTA};
 
@@ -74,6 +75,8 @@ pub(crate) struct FlightPolicy {
     pub rebuild_timeout: Duration,
     /// Probabilistic early refresh (XFetch) with this beta.
     pub early_refresh: Option<f64>,
+    /// Deterministic refresh-ahead; when set, it is used instead of XFetch.
+    pub refresh_ahead: Option<early::RefreshAhead>,
 }
 
 /// Allowance for the instants of this process and Redis's clock to differ
@@ -157,9 +160,12 @@ impl Engine {
                     match entry.freshness(now) {
                         Freshness::Fresh => {
                             count(m::HITS);
-                            let refresh = policy
-                                .early_refresh
-                                .and_then(|beta| self.early_refresh(key, entry, beta, now));
+                            let refresh = match policy.refresh_ahead {
+                                Some(ahead) => self.refresh_ahead(key, entry, ahead, now),
+                                None => policy
+                                    .early_refresh
+                                    .and_then(|beta| self.early_refresh(key, entry, beta, now)),
+                            };
                             return Looked::Hit {
                                 held,
                                 status: Status::Hit,
@@ -222,6 +228,36 @@ impl Engine {
             leader,
             stale: None,
             early: Some(entry.fresh_for(now) + EARLY_SLACK),
+        })
+    }
+
+    /// Starts a background refresh of a fresh entry once its freshness left
+    /// is within the refresh-ahead margin, if no flight runs for the key.
+    /// In the fleet, the early start asks Redis first: an instance whose
+    /// copy another instance already refreshed loads that one instead.
+    fn refresh_ahead(
+        &self,
+        key: Key,
+        entry: &Arc<Entry>,
+        ahead: early::RefreshAhead,
+        now: Instant,
+    ) -> Option<Refresh> {
+        let left = entry.fresh_for(now);
+        let margin = ahead.margin(entry.rebuild_cost());
+        if left > margin {
+            return None;
+        }
+        // One try per half margin per entry here: a refresh that failed is
+        // not tried again by every request that follows it.
+        if !entry.claim_draw(now, margin / 2) {
+            return None;
+        }
+        let leader = self.flights.try_lead(key)?;
+        count(m::EARLY_REFRESHES);
+        Some(Refresh {
+            leader,
+            stale: None,
+            early: Some(left.saturating_add(EARLY_SLACK)),
         })
     }
 
@@ -306,6 +342,7 @@ mod tests {
             fail_open: true,
             rebuild_timeout: Duration::from_secs(30),
             early_refresh: None,
+            refresh_ahead: None,
         }
     }
 

@@ -76,6 +76,7 @@ pub(crate) struct Policy {
     pub lease: Duration,
     pub rebuild_timeout: Duration,
     pub early_refresh: Option<f64>,
+    pub refresh_ahead: Option<crate::engine::RefreshAhead>,
     /// Drop the target's entries after a successful unsafe method.
     pub invalidate_on_unsafe: bool,
 }
@@ -89,6 +90,7 @@ impl Policy {
             fail_open: self.on_wait_timeout == WaitTimeout::FailOpen,
             rebuild_timeout: self.rebuild_timeout,
             early_refresh: self.early_refresh,
+            refresh_ahead: self.refresh_ahead,
         }
     }
 }
@@ -124,6 +126,7 @@ impl Default for Policy {
             lease: Duration::from_secs(5),
             rebuild_timeout: DEFAULT_REBUILD_TIMEOUT,
             early_refresh: None,
+            refresh_ahead: None,
             invalidate_on_unsafe: true,
         }
     }
@@ -151,6 +154,7 @@ impl fmt::Debug for Policy {
             .field("lease", &self.lease)
             .field("rebuild_timeout", &self.rebuild_timeout)
             .field("early_refresh", &self.early_refresh)
+            .field("refresh_ahead", &self.refresh_ahead)
             .finish()
     }
 }
