@@ -313,6 +313,7 @@ impl<V: CacheValue> Cache<V> {
             rebuild_timeout: self.settings.rebuild_timeout,
             early_refresh: self.settings.early_refresh,
             labels: self.settings.labels,
+            refresh_ahead: None,
         }
     }
 

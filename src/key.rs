@@ -31,7 +31,8 @@ impl Eq for Key {}
 
 impl std::hash::Hash for Key {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
+        // One write of the fixed-size digest: no length prefix to hash.
+        state.write(&self.id);
     }
 }
 
@@ -189,6 +190,11 @@ impl KeyHasher {
     /// A part written in ASCII lowercase, without allocating.
     pub(crate) fn part_lowercase(&mut self, bytes: &[u8]) {
         self.prefix(bytes.len());
+        // Hosts usually arrive in lowercase already.
+        if !bytes.iter().any(u8::is_ascii_uppercase) {
+            self.write(bytes);
+            return;
+        }
         let mut chunk = [0u8; 64];
         for piece in bytes.chunks(chunk.len()) {
             let out = &mut chunk[..piece.len()];
@@ -226,7 +232,7 @@ impl KeyHasher {
         };
         // Stable: `?s=b&s=a` and `?s=a&s=b` may be different lists to the
         // origin, so only the names are ordered.
-        if names_are_sortable(pairs) {
+        if pairs.len() > 1 && names_are_sortable(pairs) {
             pairs.sort_by(|a, b| cmp_query_names(a, b));
         }
         let len = pairs.iter().map(|p| p.len()).sum::<usize>() + pairs.len().saturating_sub(1);

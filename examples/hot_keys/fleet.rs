@@ -1,5 +1,6 @@
-//! The K instances under test, in one of four modes: no layer, the embedded
-//! backend, the Redis backend, or nginx in front of the origin.
+//! The K instances under test, in one of five modes: no layer, the embedded
+//! backend, the Redis backend, nginx in front of the origin, or the ceiling:
+//! the same route answering a ready body, with no origin and no cache.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -27,6 +28,9 @@ pub enum Mode {
     Fleet,
     /// nginx with proxy_cache_lock and use_stale updating, one per instance.
     Nginx,
+    /// No layer and no origin: the same route answers a body of the same
+    /// size, made once. What serving a hit could cost at best.
+    Static,
 }
 
 impl fmt::Display for Mode {
@@ -36,6 +40,7 @@ impl fmt::Display for Mode {
             Mode::Local => "local",
             Mode::Fleet => "fleet",
             Mode::Nginx => "nginx",
+            Mode::Static => "static",
         })
     }
 }
@@ -46,6 +51,8 @@ pub struct RoutePolicy {
     pub ttl: Duration,
     pub stale_while_revalidate: Option<Duration>,
     pub early_refresh: Option<f64>,
+    /// Refresh-ahead: the multiple of the rebuild time, and the floor.
+    pub refresh_ahead: Option<(f64, Duration)>,
 }
 
 /// Where the instances find what they need.
@@ -89,6 +96,7 @@ impl Fleet {
             addrs: Vec::new(),
             backend: match (mode, &deps.redis_url) {
                 (Mode::None, _) => "none",
+                (Mode::Static, _) => "static",
                 (Mode::Local, _) | (Mode::Fleet, None) => "local",
                 (Mode::Fleet, Some(_)) => "redis",
                 (Mode::Nginx, _) => "nginx",
@@ -163,12 +171,21 @@ async fn start_app(
     let origin = deps.origin.clone();
     // Each instance's handler calls the shared origin, as K copies of a
     // service would call the same database.
-    let handler = get(move |Path(key): Path<String>| {
-        let origin = origin.clone();
-        async move { origin.call(&key).await }
-    });
+    let handler = match mode {
+        Mode::Static => {
+            let body = origin.body("static", 1);
+            get(move || {
+                let body = body.clone();
+                async move { ([(http::header::CONTENT_TYPE, "application/json")], body) }
+            })
+        }
+        _ => get(move |Path(key): Path<String>| {
+            let origin = origin.clone();
+            async move { origin.call(&key).await }
+        }),
+    };
     let backend = match (mode, &deps.redis_url) {
-        (Mode::None, _) => None,
+        (Mode::None | Mode::Static, _) => None,
         (Mode::Local, _) | (Mode::Fleet, None) => Some(Backend::local()),
         // Every instance connects on its own: its own L1, its own connections.
         (Mode::Fleet, Some(url)) => Some(
@@ -189,6 +206,9 @@ async fn start_app(
             }
             if let Some(beta) = policy.early_refresh {
                 guard = guard.early_refresh(beta);
+            }
+            if let Some((multiple, floor)) = policy.refresh_ahead {
+                guard = guard.refresh_ahead(multiple, floor);
             }
             handler.layer(guard)
         }

@@ -106,6 +106,14 @@ struct Args {
     /// Probabilistic early refresh (XFetch beta) in the expiry scenario; off by default.
     #[arg(long)]
     early_refresh: Option<f64>,
+    /// Lease-based refresh-ahead in the expiry scenario, with this multiple
+    /// of the rebuild time as its margin (`--refresh-ahead-floor-ms` at
+    /// least); replaces `--early-refresh`. Off by default.
+    #[arg(long)]
+    refresh_ahead: Option<f64>,
+    /// The floor of the refresh-ahead margin.
+    #[arg(long, default_value_t = 50)]
+    refresh_ahead_floor_ms: u64,
     /// Redis for the fleet mode: a URL (`redis://`, or `redis-cluster://` with
     /// its nodes comma-separated), `auto` (start a temporary redis-server if
     /// one is installed) or `none` (embedded backend).
@@ -399,7 +407,13 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
     });
     let mut modes = args.modes.clone();
     if modes.is_empty() {
-        modes = vec![Mode::None, Mode::Local, Mode::Fleet, Mode::Nginx];
+        modes = vec![
+            Mode::None,
+            Mode::Local,
+            Mode::Fleet,
+            Mode::Nginx,
+            Mode::Static,
+        ];
     }
     modes.sort();
     modes.dedup();
@@ -462,13 +476,17 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
     }
     eprintln!(
         "setup: {k} instances, {clients} clients, {} s per run, ttl {} ms, origin {} ms, \
-         stale-while-revalidate (expiry) {} ms, early refresh (expiry) {}",
+         stale-while-revalidate (expiry) {} ms, early refresh (expiry) {}, refresh-ahead (expiry) {}",
         args.seconds,
         args.ttl_ms,
         args.origin_delay_ms,
         args.swr_ms,
         args.early_refresh
             .map_or("off".to_owned(), |b| format!("beta {b}")),
+        args.refresh_ahead.map_or("off".to_owned(), |m| format!(
+            "{m} x rebuild, floor {} ms",
+            args.refresh_ahead_floor_ms
+        )),
     );
 
     // Owned, so the stats connection can be borrowed mutably beside it.
@@ -586,6 +604,9 @@ fn expiry_policy(args: &Args) -> RoutePolicy {
         ttl: Duration::from_millis(args.ttl_ms),
         stale_while_revalidate: Some(Duration::from_millis(args.swr_ms)),
         early_refresh: args.early_refresh,
+        refresh_ahead: args
+            .refresh_ahead
+            .map(|m| (m, Duration::from_millis(args.refresh_ahead_floor_ms))),
     }
 }
 
@@ -604,6 +625,7 @@ async fn run_one(
             ttl: Duration::from_millis(args.ttl_ms),
             stale_while_revalidate: None,
             early_refresh: None,
+            refresh_ahead: None,
         },
     };
     let k = usize::from(args.instances);
@@ -673,6 +695,7 @@ async fn run_one(
         origin_delay_ms: args.origin_delay_ms,
         stale_while_revalidate_ms: policy.stale_while_revalidate.map(|d| d.as_millis() as u64),
         early_refresh: policy.early_refresh,
+        refresh_ahead: policy.refresh_ahead.map(|(m, _)| m),
         bursts: (scenario == Scenario::ColdBurst).then_some(args.bursts as usize),
     };
     fleet.stop().await;
@@ -886,6 +909,18 @@ fn targets(args: &Args, results: &[RunResult]) -> String {
                 f.p99_ms - n.p99_ms
             ),
         );
+    }
+    // The ceiling: the same route answering a ready body, no cache at all.
+    if let (Some(f), Some(s)) = (fleet(Scenario::Hot), find(Scenario::Hot, Mode::Static)) {
+        out.push_str(&format!(
+            "  [info]   hot: fleet {:.0} req/s, p99 {:.2} ms vs static {:.0} req/s, p99 {:.2} ms \
+             (fleet/static req/s {:.3})\n",
+            f.rps,
+            f.p99_ms,
+            s.rps,
+            s.p99_ms,
+            f.rps / s.rps.max(1.0)
+        ));
     }
     // Context, not targets. nginx serves stale while it updates in every
     // scenario, so the like-for-like comparison is expiry, where the guard

@@ -126,15 +126,20 @@ impl Origin {
         tokio::time::sleep(self.delay).await;
         drop(leave);
 
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            self.body(key, n),
+        )
+    }
+
+    /// The body of the `n`th build of `key`: about the configured size.
+    pub fn body(&self, key: &str, n: usize) -> Bytes {
         let head = format!("{{\"key\":\"{key}\",\"build\":{n},\"pad\":\"");
         let mut body = Vec::with_capacity(head.len() + self.pad.len() + 2);
         body.extend_from_slice(head.as_bytes());
         body.extend_from_slice(&self.pad[..self.pad.len().saturating_sub(head.len() + 2)]);
         body.extend_from_slice(b"\"}");
-        (
-            [(header::CONTENT_TYPE, "application/json")],
-            Bytes::from(body),
-        )
+        Bytes::from(body)
     }
 }
 

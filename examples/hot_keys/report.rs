@@ -36,6 +36,8 @@ pub struct Setup {
     pub origin_delay_ms: u64,
     pub stale_while_revalidate_ms: Option<u64>,
     pub early_refresh: Option<f64>,
+    /// Refresh-ahead margin, as a multiple of the rebuild time.
+    pub refresh_ahead: Option<f64>,
     /// Bursts fired (cold-burst only).
     pub bursts: Option<usize>,
 }
@@ -214,6 +216,9 @@ impl RunResult {
         }
         if let Some(beta) = s.early_refresh {
             extra.insert("early_refresh".into(), json!(beta));
+        }
+        if let Some(multiple) = s.refresh_ahead {
+            extra.insert("refresh_ahead".into(), json!(multiple));
         }
         if let Some(bursts) = s.bursts {
             extra.insert("bursts".into(), json!(bursts));

@@ -23,6 +23,7 @@ fn color(mode: Mode) -> RGBColor {
         Mode::Local => RGBColor(255, 127, 14),
         Mode::Fleet => RGBColor(31, 119, 180),
         Mode::Nginx => RGBColor(44, 160, 44),
+        Mode::Static => RGBColor(127, 127, 127),
     }
 }
 

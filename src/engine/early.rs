@@ -17,6 +17,28 @@
 
 use std::time::{Duration, Instant};
 
+/// Lease-based refresh-ahead, the deterministic alternative to XFetch: a
+/// fresh entry is refreshed in the background once its freshness left is
+/// within `multiple` times its last rebuild time, and never less than
+/// `floor`. The first request to see it so takes the right to refresh (the
+/// process's flight, then the fleet's lease); everyone keeps being served
+/// the entry, which is still fresh.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct RefreshAhead {
+    pub multiple: f64,
+    pub floor: Duration,
+}
+
+impl RefreshAhead {
+    /// The margin before expiry at which an entry that took `rebuild` to
+    /// build is refreshed. Saturates.
+    pub(crate) fn margin(&self, rebuild: Duration) -> Duration {
+        let scaled = Duration::try_from_secs_f64(rebuild.as_secs_f64() * self.multiple)
+            .unwrap_or(Duration::MAX);
+        scaled.max(self.floor)
+    }
+}
+
 /// Whether an entry that is fresh until `fresh_until`, and took `delta` to
 /// build, should be refreshed now. `draw` is uniform in (0, 1].
 pub(crate) fn due(
@@ -49,6 +71,26 @@ mod tests {
         let now = Instant::now();
         let expiry = now + Duration::from_secs(60);
         assert!(!due(now, expiry, Duration::from_millis(10), 1.0, 0.5));
+    }
+
+    #[test]
+    fn the_refresh_ahead_margin_scales_with_rebuild_time_above_its_floor() {
+        let ahead = RefreshAhead {
+            multiple: 2.0,
+            floor: Duration::from_millis(50),
+        };
+        assert_eq!(ahead.margin(Duration::ZERO), Duration::from_millis(50));
+        assert_eq!(
+            ahead.margin(Duration::from_millis(100)),
+            Duration::from_millis(200)
+        );
+        // Saturates rather than panics.
+        assert_eq!(ahead.margin(Duration::MAX), Duration::MAX);
+        let huge = RefreshAhead {
+            multiple: f64::MAX,
+            floor: Duration::ZERO,
+        };
+        assert_eq!(huge.margin(Duration::from_secs(1)), Duration::MAX);
     }
 
     #[test]

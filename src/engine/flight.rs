@@ -434,6 +434,7 @@ mod tests {
             rebuild_timeout: Duration::from_secs(30),
             early_refresh: None,
             labels: crate::metrics::Labels::of("test", "test"),
+            refresh_ahead: None,
         };
         let now = Instant::now();
         assert_eq!(wait_deadline(&policy, now), None, "saturates, no panic");

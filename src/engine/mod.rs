@@ -39,6 +39,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub(crate) use answer::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Status, Waiters};
+pub(crate) use early::RefreshAhead;
 pub use entry::CacheValue;
 pub(crate) use entry::{Held, Lifetime, MAX_DELTA};
 pub(crate) use tags::TagSet;
@@ -79,6 +80,8 @@ pub(crate) struct FlightPolicy {
     pub early_refresh: Option<f64>,
     /// The labels of the metrics this route's requests update.
     pub labels: Labels,
+    /// Deterministic refresh-ahead; when set, it is used instead of XFetch.
+    pub refresh_ahead: Option<early::RefreshAhead>,
 }
 
 /// Allowance for the instants of this process and Redis's clock to differ
@@ -166,9 +169,14 @@ impl Engine {
                     match entry.freshness(now) {
                         Freshness::Fresh => {
                             count(m::HITS, policy.labels);
-                            let refresh = policy.early_refresh.and_then(|beta| {
-                                self.early_refresh(key, entry, beta, now, policy.labels)
-                            });
+                            let refresh = match policy.refresh_ahead {
+                                Some(ahead) => {
+                                    self.refresh_ahead(key, entry, ahead, now, policy.labels)
+                                }
+                                None => policy.early_refresh.and_then(|beta| {
+                                    self.early_refresh(key, entry, beta, now, policy.labels)
+                                }),
+                            };
                             return Looked::Hit {
                                 held,
                                 status: Status::Hit,
@@ -232,6 +240,37 @@ impl Engine {
             leader,
             stale: None,
             early: Some(entry.fresh_for(now) + EARLY_SLACK),
+        })
+    }
+
+    /// Starts a background refresh of a fresh entry once its freshness left
+    /// is within the refresh-ahead margin, if no flight runs for the key.
+    /// In the fleet, the early start asks Redis first: an instance whose
+    /// copy another instance already refreshed loads that one instead.
+    fn refresh_ahead(
+        &self,
+        key: Key,
+        entry: &Arc<Entry>,
+        ahead: early::RefreshAhead,
+        now: Instant,
+        labels: Labels,
+    ) -> Option<Refresh> {
+        let left = entry.fresh_for(now);
+        let margin = ahead.margin(entry.rebuild_cost());
+        if left > margin {
+            return None;
+        }
+        // One try per half margin per entry here: a refresh that failed is
+        // not tried again by every request that follows it.
+        if !entry.claim_draw(now, margin / 2) {
+            return None;
+        }
+        let leader = self.flights.try_lead(key)?;
+        count(m::EARLY_REFRESHES, labels);
+        Some(Refresh {
+            leader,
+            stale: None,
+            early: Some(left.saturating_add(EARLY_SLACK)),
         })
     }
 
@@ -322,6 +361,7 @@ mod tests {
             rebuild_timeout: Duration::from_secs(30),
             early_refresh: None,
             labels: Labels::of("test", "test"),
+            refresh_ahead: None,
         }
     }
 

@@ -184,10 +184,13 @@ pub(crate) fn url_key(rules: &KeyRules<'_>, parts: &Parts, custom: Option<&str>)
 /// split: so they select a variant within the URL's group.
 pub(crate) fn variant_key(url: &Key, rules: &KeyRules<'_>, parts: &Parts) -> Key {
     let scheme = target(parts).scheme().or_else(|| parts.uri.scheme());
-    let forwarded = rules
-        .forwarded
-        .iter()
-        .any(|name| parts.headers.contains_key(name));
+    // One pass over the names present (usually a handful, none of them
+    // forwarding headers) rather than a lookup per forwarding header.
+    let forwarded = !rules.forwarded.is_empty()
+        && parts
+            .headers
+            .keys()
+            .any(|name| rules.forwarded.contains(name));
     let others = rules.vary.iter().any(|name| name != ACCEPT_ENCODING);
     if scheme.is_none() && !forwarded && !others && !rules.accept_encoding {
         return *url;

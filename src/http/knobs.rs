@@ -140,6 +140,40 @@ impl StampedeGuard {
         self.with(|p| p.early_refresh = beta)
     }
 
+    /// Lease-based refresh-ahead, deterministic where
+    /// [`early_refresh`](Self::early_refresh) draws: once a fresh entry has
+    /// no more than `multiple` times its last rebuild time left before it
+    /// expires (and never less than `floor`), the first request to see it
+    /// refreshes it in the background, with the process's flight and, on
+    /// Redis, the fleet's lease; every request meanwhile, that one included,
+    /// is served the entry, which is still fresh. Each instance tries at
+    /// most once per half margin, so a failing refresh is not retried by
+    /// every request. Set, it replaces `early_refresh`.
+    ///
+    /// `multiple` is headroom for a rebuild slower than the last: `2.0` with
+    /// a `floor` of 50 ms is a good start. A `multiple` that is not a finite
+    /// number of at least 0 counts as 0 (the floor alone).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// let guard = StampedeGuard::new(Backend::local())
+    ///     .ttl(Duration::from_secs(1))
+    ///     .refresh_ahead(2.0, Duration::from_millis(50));
+    /// # let _ = guard;
+    /// ```
+    #[must_use]
+    pub fn refresh_ahead(self, multiple: f64, floor: Duration) -> Self {
+        let multiple = if multiple.is_finite() && multiple > 0.0 {
+            multiple
+        } else {
+            0.0
+        };
+        let ahead = crate::engine::RefreshAhead { multiple, floor };
+        self.with(|p| p.refresh_ahead = Some(ahead))
+    }
+
     /// Whether a successful (2xx or 3xx) answer to an unsafe method (any
     /// but GET, HEAD, OPTIONS and TRACE) drops, on every instance and before
     /// the response is returned, every variant of the request's URI and of

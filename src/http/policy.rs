@@ -9,10 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use http::header::{
-    ACCEPT_ENCODING, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, COOKIE, PROXY_AUTHORIZATION,
-    SET_COOKIE, TRANSFER_ENCODING, UPGRADE,
-};
+use http::header::{ACCEPT_ENCODING, CACHE_CONTROL, CONTENT_LENGTH, SET_COOKIE, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 
 use super::cache_control::{expires_lifetime, tokens, CacheControl};
@@ -86,6 +83,7 @@ pub(crate) struct Policy {
     pub lease: Duration,
     pub rebuild_timeout: Duration,
     pub early_refresh: Option<f64>,
+    pub refresh_ahead: Option<crate::engine::RefreshAhead>,
     /// Drop the target's entries after a successful unsafe method.
     pub invalidate_on_unsafe: bool,
     /// How the route tags its entries.
@@ -102,6 +100,7 @@ impl Policy {
             rebuild_timeout: self.rebuild_timeout,
             early_refresh: self.early_refresh,
             labels,
+            refresh_ahead: self.refresh_ahead,
         }
     }
 }
@@ -139,6 +138,7 @@ impl Default for Policy {
             lease: Duration::from_secs(5),
             rebuild_timeout: DEFAULT_REBUILD_TIMEOUT,
             early_refresh: None,
+            refresh_ahead: None,
             invalidate_on_unsafe: true,
             tags: TagRules::default(),
         }
@@ -169,6 +169,7 @@ impl fmt::Debug for Policy {
             .field("early_refresh", &self.early_refresh)
             .field("cache_status", &self.cache_status)
             .field("route_name", &self.route_name)
+            .field("refresh_ahead", &self.refresh_ahead)
             .finish()
     }
 }
@@ -182,22 +183,32 @@ pub(crate) fn request_bypass(
     if method != Method::GET && method != Method::HEAD {
         return Some("method");
     }
-    if !policy.allow_credentials
-        && (headers.contains_key(AUTHORIZATION)
-            || headers.contains_key(COOKIE)
-            || headers.contains_key(PROXY_AUTHORIZATION))
-    {
+    // One pass over the names present (usually a handful, none of these)
+    // instead of a lookup per header asked about.
+    let (mut credentials, mut upgrade, mut body, mut cache_control) = (false, false, false, false);
+    for name in headers.keys() {
+        match name.as_str() {
+            "authorization" | "cookie" | "proxy-authorization" => credentials = true,
+            "upgrade" => upgrade = true,
+            "transfer-encoding" | "content-length" => body = true,
+            "cache-control" => cache_control = true,
+            _ => {}
+        }
+    }
+    if credentials && !policy.allow_credentials {
         return Some("credentials");
     }
     // An upgrade is a connection, not a document. (A range is answered from
     // the whole entry.)
-    if headers.contains_key(UPGRADE) {
+    if upgrade {
         return Some("upgrade");
     }
     // A GET or HEAD with a body: the handler may read it, and the answer the
     // leader's body shaped would be stored for everyone.
     let zero = |v: &http::HeaderValue| v.to_str().is_ok_and(|v| v.trim().parse() == Ok(0u64));
-    if headers.contains_key(TRANSFER_ENCODING) || !headers.get_all(CONTENT_LENGTH).iter().all(zero)
+    if body
+        && (headers.contains_key(TRANSFER_ENCODING)
+            || !headers.get_all(CONTENT_LENGTH).iter().all(zero))
     {
         return Some("request body");
     }
@@ -205,7 +216,7 @@ pub(crate) fn request_bypass(
     // It goes to the origin on its own; no flight waits on it or stores it.
     // (A request's `no-cache` or `max-age=0` is ignored: on a shared cache it
     // would let any client force an origin call for everyone.)
-    if request_forbids_store(headers) {
+    if cache_control && request_forbids_store(headers) {
         return Some("request no-store");
     }
     None

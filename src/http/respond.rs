@@ -74,6 +74,19 @@ impl Conditions {
         // RFC 9110 §13.1.2, §13.1.3: only for GET and HEAD; If-Modified-Since
         // is ignored next to If-None-Match, and when it is not one valid date.
         let safe = method == Method::GET || method == Method::HEAD;
+        // Most requests carry none of these: one pass over the names present
+        // spares a lookup for each.
+        let asks = headers.keys().any(|name| {
+            name == header::IF_NONE_MATCH
+                || name == header::IF_MODIFIED_SINCE
+                || name == header::RANGE
+        });
+        if !asks {
+            return Conditions {
+                head: method == Method::HEAD,
+                ..Conditions::default()
+            };
+        }
         let if_none_match: Vec<HeaderValue> = match safe {
             true => headers
                 .get_all(header::IF_NONE_MATCH)

@@ -82,9 +82,14 @@ impl<T: Stored> Expiry<Key, Slot<T>> for SlotExpiry {
     }
 }
 
+/// How the L1 hashes its keys. A key is already a BLAKE3 digest, so
+/// SipHash's strength buys nothing here; a randomly seeded fast hash keeps
+/// the table's layout unknowable from outside all the same.
+type KeyHash = foldhash::fast::RandomState;
+
 /// The byte-bounded L1.
 pub(crate) struct LocalTier<T> {
-    cache: Moka<Key, Slot<T>>,
+    cache: Moka<Key, Slot<T>, KeyHash>,
     max_bytes: u64,
     /// Set once a key that is not its own group (a variant of a URL) was
     /// stored: only then must dropping a group look past the group's key.
@@ -124,7 +129,7 @@ impl<T: Stored> LocalTier<T> {
             })
             .expire_after(SlotExpiry)
             .support_invalidation_closures()
-            .build();
+            .build_with_hasher(KeyHash::default());
         LocalTier {
             cache,
             max_bytes,
