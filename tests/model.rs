@@ -1,0 +1,223 @@
+//! An exhaustive model check of the fleet protocol (see docs/MODEL.md): the
+//! Redis scripts as atomic actions, the clients' steps, pub/sub with its
+//! losses, and Redis's faults, for small fleets. The same checks on the
+//! protocol as it was before the fleet-fault fixes find each old bug.
+
+#[path = "model/cache.rs"]
+mod cache;
+#[path = "model/client.rs"]
+mod client;
+#[path = "model/flight.rs"]
+mod flight;
+#[path = "model/lock.rs"]
+mod lock;
+#[path = "model/lock_redis.rs"]
+mod lock_redis;
+#[path = "model/redis.rs"]
+mod redis;
+#[path = "model/scripts.rs"]
+mod scripts;
+
+/// Which protocol the model runs.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Protocol {
+    /// The scripts and client steps as they are now.
+    Current,
+    /// As they were before the fleet-fault fixes.
+    Old,
+}
+
+use std::collections::BTreeSet;
+
+use cache::{Fault, Fleet};
+use lock::Locks;
+use stateright::{Checker, HasDiscoveries, Model};
+
+/// Checks `model` exhaustively (BFS: the shortest counterexamples), or until
+/// one of `wanted` is found.
+fn check<M>(model: M, wanted: &[&'static str]) -> impl Checker<M>
+where
+    M: Model + Send + Sync + 'static,
+    M::State: std::fmt::Debug + std::hash::Hash + Clone + Send + Sync + PartialEq,
+    M::Action: std::fmt::Debug + Clone + Send + Sync + PartialEq,
+{
+    let mut builder = model.checker().threads(2);
+    if !wanted.is_empty() {
+        builder = builder.finish_when(HasDiscoveries::AnyOf(
+            wanted.iter().copied().collect::<BTreeSet<_>>(),
+        ));
+    }
+    let checker = builder.spawn_bfs().join();
+    eprintln!(
+        "{} states ({} unique), depth {}",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth()
+    );
+    checker
+}
+
+/// Prints the counterexample for `name`, action by action.
+fn found<M>(checker: &impl Checker<M>, name: &'static str)
+where
+    M: Model,
+    M::State: std::fmt::Debug + std::hash::Hash + Clone + PartialEq,
+    M::Action: std::fmt::Debug + Clone + PartialEq,
+{
+    let path = checker.assert_any_discovery(name);
+    eprintln!("counterexample for \"{name}\":");
+    for (i, action) in path.into_actions().iter().enumerate() {
+        eprintln!("  {:>2}. {action:?}", i + 1);
+    }
+}
+
+fn fleet(protocol: Protocol) -> Fleet {
+    let mut fleet = Fleet::new(protocol);
+    fleet.max_tick = 2;
+    fleet
+}
+
+/// The barrier: two instances, an invalidation, the subscription lease with
+/// pings, pub/sub messages that may be lost.
+#[test]
+fn current_invalidation_is_a_barrier_under_lost_messages() {
+    // One instance serving two requests, and the invalidator.
+    let mut fleet = fleet(Protocol::Current);
+    fleet.instances = 1;
+    fleet.requests = 2;
+    fleet.pings = true;
+    fleet.lossy = true;
+    fleet.max_tick = 3;
+    check(fleet, &[]).assert_properties();
+}
+
+/// Fences: a restart or an eviction of any one key.
+#[test]
+fn current_fences_hold_under_restarts_and_evictions() {
+    let mut fleet = fleet(Protocol::Current);
+    fleet.invalidations = 0;
+    fleet.faults = vec![Fault::Restart, Fault::Evict];
+    fleet.max_faults = 1;
+    check(fleet, &[]).assert_properties();
+}
+
+/// Leases: calls unanswered within their deadline, the watchdog.
+#[test]
+fn current_deadlines_leave_no_orphaned_lease() {
+    let mut fleet = fleet(Protocol::Current);
+    fleet.invalidations = 0;
+    fleet.deadlines = true;
+    fleet.watchdog = true;
+    check(fleet, &[]).assert_properties();
+}
+
+/// A process dies holding the lease, or while waiting.
+#[test]
+fn current_holds_when_a_process_dies() {
+    let mut fleet = fleet(Protocol::Current);
+    fleet.deaths = true;
+    fleet.deadlines = true;
+    fleet.invalidations = 0;
+    fleet.max_tick = 3;
+    check(fleet, &[]).assert_properties();
+}
+
+#[test]
+fn old_commit_after_a_restart_overwrites_a_newer_value() {
+    let c = check(fleet_old_restart(), &["no overwrite by an older lease"]);
+    found(&c, "no overwrite by an older lease");
+}
+
+#[test]
+fn old_restart_gives_two_rebuilds_one_fence() {
+    let c = check(fleet_old_restart(), &["one rebuild per fence"]);
+    found(&c, "one rebuild per fence");
+}
+
+fn fleet_old_restart() -> Fleet {
+    let mut fleet = fleet(Protocol::Old);
+    fleet.invalidations = 0;
+    fleet.faults = vec![Fault::Restart];
+    fleet.max_faults = 1;
+    fleet
+}
+
+#[test]
+fn old_invalidation_races_an_in_process_read() {
+    let mut fleet = fleet(Protocol::Old);
+    fleet.instances = 1;
+    fleet.requests = 2;
+    let c = check(fleet, &["invalidate is a barrier"]);
+    found(&c, "invalidate is a barrier");
+}
+
+#[test]
+fn old_deadline_leaves_an_orphaned_lease() {
+    let mut fleet = fleet(Protocol::Old);
+    fleet.invalidations = 0;
+    fleet.deadlines = true;
+    let c = check(fleet, &["orphan lease released by its holder"]);
+    found(&c, "orphan lease released by its holder");
+}
+
+fn locks(protocol: Protocol) -> Locks {
+    Locks {
+        protocol,
+        tasks: vec![1, 1, 2],
+        max_tick: 3,
+        deaths: false,
+        restarts: false,
+        deadlines: true,
+    }
+}
+
+#[test]
+fn old_lapsed_guard_releases_a_newer_hold() {
+    let c = check(
+        locks(Protocol::Old),
+        &["lapsed guard touches no newer hold"],
+    );
+    found(&c, "lapsed guard touches no newer hold");
+}
+
+#[test]
+fn old_lock_queue_stalls_on_a_free_lock() {
+    let mut model = locks(Protocol::Old);
+    // One owner holds the lock; the next in the queue dies; the one
+    // behind it waits on a free lock.
+    model.tasks = vec![1, 2, 3];
+    model.deaths = true;
+    model.deadlines = false;
+    model.max_tick = 4;
+    let c = check(model, &["free lock taken within a heartbeat"]);
+    found(&c, "free lock taken within a heartbeat");
+}
+
+#[test]
+fn old_abandoned_lock_attempt_is_waited_out() {
+    let c = check(
+        locks(Protocol::Old),
+        &["abandoned hold released by its holder"],
+    );
+    found(&c, "abandoned hold released by its holder");
+}
+
+#[test]
+fn old_lock_fences_go_backwards_after_a_restart() {
+    let mut model = locks(Protocol::Old);
+    model.restarts = true;
+    let c = check(model, &["lock fences never decrease"]);
+    found(&c, "lock fences never decrease");
+}
+
+#[test]
+fn flight_map_hands_over_and_strands_nobody() {
+    check(
+        flight::Flights {
+            tasks: 3,
+            failures: 2,
+        },
+        &[],
+    )
+    .assert_properties();
+}
