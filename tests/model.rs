@@ -163,7 +163,7 @@ fn old_deadline_leaves_an_orphaned_lease() {
 fn locks(protocol: Protocol) -> Locks {
     Locks {
         protocol,
-        tasks: vec![1, 1, 2],
+        tasks: vec![1, 2],
         max_tick: 3,
         deaths: false,
         restarts: false,
@@ -171,26 +171,38 @@ fn locks(protocol: Protocol) -> Locks {
     }
 }
 
-#[test]
-fn old_lapsed_guard_releases_a_newer_hold() {
-    let c = check(
-        locks(Protocol::Old),
-        &["lapsed guard touches no newer hold"],
-    );
-    found(&c, "lapsed guard touches no newer hold");
+/// Two tasks of one owner (one token): a lapsed guard against a newer hold.
+fn locks_one_owner(protocol: Protocol) -> Locks {
+    let mut model = locks(protocol);
+    model.tasks = vec![1, 1];
+    model
 }
 
-#[test]
-fn old_lock_queue_stalls_on_a_free_lock() {
-    let mut model = locks(Protocol::Old);
-    // One owner holds the lock; the next in the queue dies; the one
-    // behind it waits on a free lock.
+/// Three owners and one death: the queue behind a dead waiter.
+fn locks_queue_death(protocol: Protocol) -> Locks {
+    let mut model = locks(protocol);
     model.tasks = vec![1, 2, 3];
     model.deaths = true;
     model.deadlines = false;
-    model.max_tick = 4;
-    let c = check(model, &["free lock taken within a heartbeat"]);
-    found(&c, "free lock taken within a heartbeat");
+    model.max_tick = 2;
+    model
+}
+
+/// Three owners (two holds before a restart, one after) and one restart of
+/// Redis with empty memory.
+fn locks_restart(protocol: Protocol) -> Locks {
+    let mut model = locks(protocol);
+    model.tasks = vec![1, 2, 3];
+    model.max_tick = 2;
+    model.restarts = true;
+    model.deadlines = false;
+    model
+}
+
+/// Two owners, deadlines (abandoned attempts, lapsed guards, the watchdog).
+#[test]
+fn current_lock_holds_under_deadlines() {
+    check(locks(Protocol::Current), &[]).assert_properties();
 }
 
 #[test]
@@ -203,10 +215,44 @@ fn old_abandoned_lock_attempt_is_waited_out() {
 }
 
 #[test]
+fn current_lock_lapsed_guard_touches_no_newer_hold() {
+    check(locks_one_owner(Protocol::Current), &[]).assert_properties();
+}
+
+#[test]
+fn old_lapsed_guard_releases_a_newer_hold() {
+    let c = check(
+        locks_one_owner(Protocol::Old),
+        &["lapsed guard touches no newer hold"],
+    );
+    found(&c, "lapsed guard touches no newer hold");
+}
+
+#[test]
+fn current_lock_queue_survives_a_death() {
+    check(locks_queue_death(Protocol::Current), &[]).assert_properties();
+}
+
+#[test]
+fn old_lock_queue_stalls_on_a_free_lock() {
+    let c = check(
+        locks_queue_death(Protocol::Old),
+        &["free lock taken within a heartbeat"],
+    );
+    found(&c, "free lock taken within a heartbeat");
+}
+
+#[test]
+fn current_lock_fences_hold_across_a_restart() {
+    check(locks_restart(Protocol::Current), &[]).assert_properties();
+}
+
+#[test]
 fn old_lock_fences_go_backwards_after_a_restart() {
-    let mut model = locks(Protocol::Old);
-    model.restarts = true;
-    let c = check(model, &["lock fences never decrease"]);
+    let c = check(
+        locks_restart(Protocol::Old),
+        &["lock fences never decrease"],
+    );
     found(&c, "lock fences never decrease");
 }
 

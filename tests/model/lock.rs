@@ -64,6 +64,8 @@ pub struct LState {
     pub restarted: bool,
     pub tenures: u8,
     pub gave_up: Vec<usize>,
+    /// Ghost: the tick each task gave up or died at.
+    pub gone_at: Vec<(usize, u8)>,
     // Ghost state for the invariants.
     pub max_fence: u64,
     pub fence_went_back: bool,
@@ -117,11 +119,13 @@ impl Locks {
         s.redis.queue.iter().any(|&(owner, _)| waiting(owner))
     }
 
-    /// The clock waits for calls on the wire and for live waiters' timers.
+    /// The clock waits for calls on the wire, for replies not yet taken (a
+    /// round trip is much shorter than a tick) and for live waiters' timers.
     fn quiet(&self, s: &LState) -> bool {
         s.calls.is_empty()
             && s.tasks.iter().enumerate().all(|(t, task)| {
-                !self.alive(s, t) || task.step != TStep::Queued || task.tried >= s.now
+                !self.alive(s, t)
+                    || (task.reply.is_none() && (task.step != TStep::Queued || task.tried >= s.now))
             })
     }
 }
@@ -148,6 +152,7 @@ impl Model for Locks {
             restarted: false,
             tenures: 0,
             gave_up: vec![],
+            gone_at: vec![],
             max_fence: 0,
             fence_went_back: false,
             stale_guard_hit: false,
@@ -191,7 +196,10 @@ impl Model for Locks {
             .iter()
             .enumerate()
             .any(|(t, k)| self.alive(s, t) && k.step != TStep::Done);
-        if s.now < self.max_tick && self.quiet(s) && busy {
+        // Past its bound the clock still runs while only time can help
+        // (live waiters sleeping out a dead holder's lease or a queue place).
+        let only_time = out.is_empty();
+        if (s.now < self.max_tick || only_time) && self.quiet(s) && busy {
             out.push(LAction::Tick);
         }
         if self.deaths && s.dead.is_empty() {
@@ -231,6 +239,7 @@ impl Model for Locks {
                 s.tasks[t].step = TStep::Done;
                 s.tasks[t].reply = None;
                 s.gave_up.push(t);
+                s.gone_at.push((t, s.now));
                 s.calls.push((t, Call::Leave));
             }
             LAction::Retry(t) => {
@@ -271,7 +280,14 @@ impl Model for Locks {
                     }
                 }
             }
-            LAction::Die(owner) => s.dead.push(owner),
+            LAction::Die(owner) => {
+                s.dead.push(owner);
+                for t in 0..self.tasks.len() {
+                    if self.tasks[t] == owner && !s.gone_at.iter().any(|(g, _)| *g == t) {
+                        s.gone_at.push((t, s.now));
+                    }
+                }
+            }
             LAction::Restart => {
                 s.redis = LockRedis::default();
                 s.restarted = true;
@@ -293,6 +309,22 @@ impl Model for Locks {
             }),
             Property::always("abandoned hold released by its holder", |_, s: &LState| {
                 !s.orphan_waited_out
+            }),
+            Property::always("orphan hold outlives no lease", |_, s: &LState| {
+                let Some(hold) = &s.redis.lock else {
+                    return true;
+                };
+                // The latest tick a task of the hold gave up or died at, if
+                // all of them did.
+                let gone = hold.attempts.iter().try_fold(0u8, |latest, a| {
+                    let t = usize::from(*a).saturating_sub(1);
+                    let at = s.gone_at.iter().find(|(g, _)| *g == t)?.1;
+                    Some(latest.max(at))
+                });
+                match gone {
+                    Some(at) => hold.expires <= at.saturating_add(LEASE),
+                    None => true,
+                }
             }),
             Property::always("free lock taken within a heartbeat", |_, s: &LState| {
                 !s.stall_too_long
