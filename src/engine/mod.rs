@@ -29,6 +29,8 @@ mod drive;
 pub(crate) mod early;
 pub(crate) mod entry;
 pub(crate) mod flight;
+#[cfg(test)]
+mod flight_stress;
 mod purge;
 mod shared;
 pub(crate) mod tags;
