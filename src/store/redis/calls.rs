@@ -42,7 +42,23 @@ impl RedisTier {
         F: FnMut(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        self.run(route, true, self.shared.config.deadline, call)
+        self.run(route, true, true, self.shared.config.deadline, call)
+            .await
+    }
+
+    /// [`call`](Self::call) that is not tried again when it meets a slot on
+    /// the move: the caller has something better to try first (a read that
+    /// does not name the lease key).
+    pub(crate) async fn call_once<T, F, Fut>(
+        self: &Arc<Self>,
+        route: &str,
+        call: F,
+    ) -> Result<T, TierError>
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        self.run(route, true, false, self.shared.config.deadline, call)
             .await
     }
 
@@ -58,7 +74,7 @@ impl RedisTier {
         F: FnMut(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        self.run(route, true, limit, call).await
+        self.run(route, true, true, limit, call).await
     }
 
     /// A call the caller is owed whatever the breaker says (the commit of a
@@ -73,7 +89,7 @@ impl RedisTier {
         F: FnMut(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        self.run(route, false, self.shared.config.deadline, call)
+        self.run(route, false, true, self.shared.config.deadline, call)
             .await
     }
 
@@ -81,6 +97,7 @@ impl RedisTier {
         self: &Arc<Self>,
         route: &str,
         gated: bool,
+        retry_moving: bool,
         limit: Duration,
         mut call: F,
     ) -> Result<T, TierError>
@@ -105,7 +122,7 @@ impl RedisTier {
                 Ok(Err(e)) => TierError::Redis(e),
                 Err(_) => TierError::Timeout,
             };
-            if !migrating(&error) {
+            if !retry_moving || !migrating(&error) {
                 break error;
             }
             // The slot moved, or is moving: the map may be out of date.

@@ -86,11 +86,17 @@ impl RedisTier {
             .arg(early.map_or(-1, |d| millis(d).min(1 << 52) as i64))
             .arg(millis(FENCE_KEEP));
         let script = &invocation;
-        let reply = self
-            .call(&keys[2], move |mut conn| async move {
-                script.invoke_async(&mut conn).await
-            })
-            .await;
+        let run = move |mut conn: super::Conn| async move { script.invoke_async(&mut conn).await };
+        // While the slot moves, the script (which names the lease key) is
+        // refused; a fresh entry is read without it first, and only a key
+        // that needs the lease waits for the move, within the deadline.
+        let reply = match self.call_once(&keys[2], run).await {
+            Err(e) if super::migrating(&e) => match self.fetch_fresh(&keys).await {
+                Ok(Some(entry)) => return Ok(Fetched::Fresh(entry)),
+                _ => self.call(&keys[2], run).await,
+            },
+            reply => reply,
+        };
         type Reply = (i64, Vec<u8>, i64, i64, String, i64);
         let (status, value, a, value_pttl, generation, foreign): Reply = match reply {
             Ok(reply) => reply,
