@@ -101,17 +101,44 @@ async fn purge_all(State(app): State<App>, headers: HeaderMap) -> StatusCode {
     }
 }
 
-fn router(backend: Backend, token: &str) -> Router {
+/// A path segment percent-decoded, as axum's `Path` decodes it (`None` if
+/// it is not UTF-8 then: `Path` refuses it too).
+fn percent_decoded(segment: &str) -> Option<String> {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The app: its product routes, cached and tagged, and the purge routes.
+pub(crate) fn router(backend: Backend, token: &str) -> Router {
     let guard = StampedeGuard::new(backend)
         .ttl(Duration::from_secs(3600))
         .tags(|req| {
-            // The id as the handler reads it (`Path<u32>`): `/products/007`
-            // and `/products/+7` are other entries of product 7, and its
-            // purge must reach them. Tagging the raw path segment would not.
+            // The id as the handler reads it (`Path<u32>`, percent-decoded):
+            // `/products/007`, `/products/+7` and `/products/%37` are other
+            // entries of product 7, and its purge must reach them. Tagging
+            // the raw path segment would not.
             let id = req.uri.path().rsplit('/').next().unwrap_or_default();
-            match id.parse::<u32>() {
-                Ok(id) => vec![format!("product:{id}")],
-                Err(_) => Vec::new(),
+            match percent_decoded(id).and_then(|id| id.parse::<u32>().ok()) {
+                Some(id) => vec![format!("product:{id}")],
+                None => Vec::new(),
             }
         });
     let app = App {

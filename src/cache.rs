@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use crate::backend::Backend;
 use crate::engine::{
-    Answer, Built, CacheValue, FailureKind, FlightPolicy, Held, Lifetime, Looked, Rebuild,
-    SharedError, TagSet, MAX_DELTA,
+    Answer, Built, CacheValue, FailureKind, FlightPolicy, Held, Lifetime, Looked, Overtaken,
+    Rebuild, SharedError, TagSet, MAX_DELTA,
 };
 use crate::key::Key;
 use crate::metrics::Labels;
@@ -428,7 +428,7 @@ where
     type Value = V;
     type Private = Arc<E>;
 
-    async fn rebuild(self, _stale: Option<Held<V>>) -> Built<V, Arc<E>> {
+    async fn rebuild(self, _stale: Option<Held<V>>, _overtaken: Overtaken) -> Built<V, Arc<E>> {
         match (self.rebuild)().await {
             Ok(value) => Built::Value {
                 value,

@@ -216,14 +216,14 @@ async fn a_shared_body_over_the_cap_never_runs_past_its_content_length() {
     gate.notify_one();
     for t in tasks {
         let (cl, body, x) = tokio::time::timeout(PATIENCE, t).await.unwrap().unwrap();
-        if x == "COALESCED" {
-            if let (Some(cl), Ok(body)) = (cl, &body) {
-                assert_eq!(
-                    cl,
-                    body.len(),
-                    "a waiter's Content-Length disagrees with its body"
-                );
-            }
+        if x == "COALESCED"
+            && let (Some(cl), Ok(body)) = (cl, &body)
+        {
+            assert_eq!(
+                cl,
+                body.len(),
+                "a waiter's Content-Length disagrees with its body"
+            );
         }
     }
     assert_eq!(origin.calls(), 1);

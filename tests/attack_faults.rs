@@ -157,11 +157,10 @@ async fn up(
         tokio::select! {
             read = from.read(&mut buf) => {
                 let n = match read { Ok(0) | Err(_) => return, Ok(n) => n };
-                if let Some(w) = to.as_mut() {
-                    if w.write_all(&buf[..n]).await.is_err() {
+                if let Some(w) = to.as_mut()
+                    && w.write_all(&buf[..n]).await.is_err() {
                         return;
                     }
-                }
             }
             changed = dead.changed(), if to.is_some() => {
                 if changed.is_err() || *dead.borrow() {

@@ -394,10 +394,10 @@ fn stall_pipe(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if gate.load(Ordering::SeqCst) {
-            if let Some(held) = held {
-                held.fetch_add(n, Ordering::SeqCst);
-            }
+        if gate.load(Ordering::SeqCst)
+            && let Some(held) = held
+        {
+            held.fetch_add(n, Ordering::SeqCst);
         }
         while gate.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(5));

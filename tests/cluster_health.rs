@@ -13,52 +13,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
-use common::fleet::{fleet, fleet_burst, keys_like, Instance};
+use common::fleet::{fleet, keys_like, Instance};
 use common::redis::RedisServer;
+use common::shards::{connect, round, stats, uri_on};
 use common::{get as get_req, Origin};
-use stampede_guard::{Backend, RedisStats};
 
+const DEADLINE: Duration = Duration::from_millis(500);
 const TTL: Duration = Duration::from_millis(400);
-
-async fn connect(cluster: &Cluster) -> Backend {
-    Backend::redis_cluster_builder(cluster.urls())
-        // Generous for a loaded machine: the test counts, it does not time.
-        .deadline(Duration::from_millis(500))
-        .probe_interval(Duration::from_millis(100))
-        .connect()
-        .await
-        .expect("cluster backend")
-}
-
-fn stats(instance: &Instance) -> RedisStats {
-    instance.backend.stats().redis.expect("a redis tier")
-}
-
-/// A `/report/N` URL whose entry lives on `node`.
-fn uri_on(instances: &[Instance], node: &RedisServer, skip: &[String]) -> String {
-    (0..512)
-        .map(|i| format!("/report/{i}"))
-        .filter(|uri| !skip.contains(uri))
-        .find(|uri| {
-            let key = instances[0].guard.key_for(&get_req(uri)).unwrap();
-            let reply = node.raw(&["EXISTS", &format!("sg:{{{key}}}:v")]);
-            !reply.starts_with("-MOVED")
-        })
-        .expect("a key on the node")
-}
-
-/// Lets every instance's entries expire, then sends `n` concurrent
-/// requests for `uri` over the fleet. Returns the origin calls it cost;
-/// every answer must be a 200.
-async fn round(instances: &[Instance], origin: &Origin, uri: &str, n: usize) -> usize {
-    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
-    let before = origin.calls();
-    let answers = fleet_burst(instances, n, || get_req(uri)).await;
-    for a in &answers {
-        assert_eq!(a.status, 200, "{uri}: {a:?}");
-    }
-    origin.calls() - before
-}
 
 /// Sends `uri` to each instance, one at a time, `n` times.
 async fn each(instances: &[Instance], uri: &str, n: usize) {
@@ -109,7 +70,7 @@ async fn one_bad_primary(fault: Fault) {
         3,
         &origin,
         Duration::from_millis(150),
-        || connect(&cluster),
+        || connect(&cluster, DEADLINE),
         // A short lease: a call left unanswered is released by its token,
         // retried (and counted) until the lease would have lapsed.
         |g| {
@@ -134,7 +95,7 @@ async fn one_bad_primary(fault: Fault) {
 
     // Healthy cluster: one origin call per expiry, fleet-wide, everywhere.
     for uri in [&good_uri, &bad_uri] {
-        assert_eq!(round(&instances, &origin, uri, 9).await, 1, "{uri}");
+        assert_eq!(round(&instances, &origin, uri, 9, TTL).await, 1, "{uri}");
     }
 
     match fault {
@@ -160,7 +121,7 @@ async fn one_bad_primary(fault: Fault) {
 
     // The healthy primary's keys keep their fleet protection.
     for _ in 0..3 {
-        assert_eq!(round(&instances, &origin, &good_uri, 9).await, 1);
+        assert_eq!(round(&instances, &origin, &good_uri, 9, TTL).await, 1);
     }
     // (Past the lease: the unanswered calls' releases are done.)
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -192,8 +153,8 @@ async fn one_bad_primary(fault: Fault) {
     })
     .await;
     assert!(closed, "the thawed node's circuit closes");
-    assert_eq!(round(&instances, &origin, &bad_uri, 9).await, 1);
-    assert_eq!(round(&instances, &origin, &good_uri, 9).await, 1);
+    assert_eq!(round(&instances, &origin, &bad_uri, 9, TTL).await, 1);
+    assert_eq!(round(&instances, &origin, &good_uri, 9, TTL).await, 1);
     for (n, i) in instances.iter().enumerate() {
         let s = stats(i);
         assert_eq!(s.circuit_openings, 1, "instance {n}: {s:?}");
@@ -209,7 +170,7 @@ async fn a_slot_migrated_under_cache_load_fails_no_request() {
             3,
             &origin,
             Duration::from_millis(50),
-            || connect(&cluster),
+            || connect(&cluster, DEADLINE),
             |g| g.ttl(TTL).wait_budget(Duration::from_secs(5)),
         )
         .await,
@@ -217,7 +178,7 @@ async fn a_slot_migrated_under_cache_load_fails_no_request() {
     let masters = cluster.masters();
     let (source, target) = (&cluster.nodes[masters[0]], &cluster.nodes[masters[1]]);
     let uri = uri_on(&instances, source, &[]);
-    assert_eq!(round(&instances, &origin, &uri, 6).await, 1);
+    assert_eq!(round(&instances, &origin, &uri, 6, TTL).await, 1);
     let key = keys_like(source, "sg:{*").remove(0);
     let slot = source
         .raw(&["CLUSTER", "KEYSLOT", &key])
@@ -234,7 +195,7 @@ async fn a_slot_migrated_under_cache_load_fails_no_request() {
             let mut rounds = 0;
             let mut calls = 0;
             while !stop.load(Ordering::Relaxed) || rounds < 3 {
-                calls += round(&instances, &origin, &uri, 6).await;
+                calls += round(&instances, &origin, &uri, 6, TTL).await;
                 rounds += 1;
             }
             (rounds, calls)
@@ -286,6 +247,6 @@ async fn a_slot_migrated_under_cache_load_fails_no_request() {
     assert!(calls >= rounds, "{calls} calls in {rounds} rounds");
     assert!(calls <= rounds + 2, "{calls} calls in {rounds} rounds");
     // Afterwards the entry lives on the target, and is shared again.
-    assert_eq!(round(&instances, &origin, &uri, 6).await, 1);
+    assert_eq!(round(&instances, &origin, &uri, 6, TTL).await, 1);
     assert!(!keys_like(target, &format!("{tag}*")).is_empty(), "moved");
 }

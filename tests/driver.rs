@@ -269,10 +269,12 @@ fn failing_service(
     Request<Body>,
     Response = Guarded,
     Error = std::io::Error,
-    Future = impl std::future::Future<Output = Result<Guarded, std::io::Error>> + Send + 'static,
-> + Clone
+    Future = impl std::future::Future<Output = Result<Guarded, std::io::Error>> + Send + 'static + use<>,
+>
+       + Clone
        + Send
-       + 'static {
+       + 'static
+       + use<> {
     let origin = origin.clone();
     let failing = failing.clone();
     ServiceBuilder::new()

@@ -114,10 +114,10 @@ async fn a_failing_rebuild_costs_a_fleet_of_three_at_most_two_origin_calls() {
             .map(|i| tokio::spawn(status_of(apps[i % apps.len()].clone())))
             .collect();
         for t in tasks {
-            if let Some((status, x_cache)) = t.await.unwrap() {
-                if x_cache == "COALESCED" {
-                    assert_eq!(status, waiter_status, "{failure:?}: the shared failure");
-                }
+            if let Some((status, x_cache)) = t.await.unwrap()
+                && x_cache == "COALESCED"
+            {
+                assert_eq!(status, waiter_status, "{failure:?}: the shared failure");
             }
         }
         report.push((failure, origin.calls()));

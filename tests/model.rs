@@ -96,7 +96,7 @@ fn current_invalidation_is_a_barrier_under_lost_messages() {
 fn current_fences_hold_under_restarts_and_evictions() {
     let mut fleet = fleet(Protocol::Current);
     fleet.invalidations = 0;
-    fleet.faults = vec![Fault::Restart, Fault::Evict];
+    fleet.faults = vec![Fault::Restart, Fault::Evict, Fault::Foreign];
     fleet.max_faults = 1;
     check(fleet, &[]).assert_properties();
 }
@@ -119,6 +119,40 @@ fn old_fences_go_backwards_after_a_restart() {
     found(&c, "fences never decrease");
 }
 
+/// Failed rebuilds leave the failure marker: the backoff doubles within an
+/// episode and blocks the lease for at most the cap.
+#[test]
+fn current_failure_marker_backs_off_at_most_the_cap() {
+    let mut fleet = fleet(Protocol::Current);
+    fleet.failures = true;
+    fleet.invalidations = 0;
+    fleet.max_tick = 3;
+    check(fleet, &[]).assert_properties();
+}
+
+/// No invalidation leaves a failure marker that still counts (one tick:
+/// with an invalidation and its acknowledgements, each further tick
+/// multiplies the space; the clock still runs past it while waiters sleep).
+#[test]
+fn current_failure_marker_never_outlives_an_invalidation() {
+    let mut fleet = fleet(Protocol::Current);
+    fleet.failures = true;
+    fleet.max_tick = 1;
+    check(fleet, &[]).assert_properties();
+}
+
+/// The failure marker under a restart or an eviction of any one key (the
+/// marker's, the generation's included).
+#[test]
+fn current_failure_marker_holds_under_restarts_and_evictions() {
+    let mut fleet = fleet(Protocol::Current);
+    fleet.failures = true;
+    fleet.invalidations = 0;
+    fleet.faults = vec![Fault::Restart, Fault::Evict];
+    fleet.max_faults = 1;
+    check(fleet, &[]).assert_properties();
+}
+
 /// Leases: calls unanswered within their deadline, the watchdog.
 #[test]
 fn current_deadlines_leave_no_orphaned_lease() {
@@ -135,6 +169,7 @@ fn current_holds_when_a_process_dies() {
     let mut fleet = fleet(Protocol::Current);
     fleet.deaths = true;
     fleet.deadlines = true;
+    fleet.watchdog = true;
     fleet.invalidations = 0;
     fleet.max_tick = 3;
     check(fleet, &[]).assert_properties();

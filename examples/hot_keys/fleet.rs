@@ -53,6 +53,8 @@ pub struct RoutePolicy {
     pub early_refresh: Option<f64>,
     /// Refresh-ahead: the multiple of the rebuild time, and the floor.
     pub refresh_ahead: Option<(f64, Duration)>,
+    /// How long an entry past its ttl may stand in for a failed rebuild.
+    pub stale_if_error: Option<Duration>,
 }
 
 /// Where the instances find what they need.
@@ -209,6 +211,9 @@ async fn start_app(
             }
             if let Some((multiple, floor)) = policy.refresh_ahead {
                 guard = guard.refresh_ahead(multiple, floor);
+            }
+            if let Some(window) = policy.stale_if_error {
+                guard = guard.stale_if_error(window);
             }
             handler.layer(guard)
         }

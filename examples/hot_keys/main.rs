@@ -16,27 +16,29 @@
 //! with the servers, so throughput is a floor, not a capacity.
 
 mod cpu;
+mod failing;
 mod fleet;
 mod load;
 mod origin;
 mod procs;
+mod redis_setup;
 mod report;
+mod round_trips;
 mod svg;
 
 use std::fmt;
 use std::io::Write as _;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use redis::aio::MultiplexedConnection;
+use redis_setup::{setup_redis, RedisSetup};
 
 use fleet::{Deps, Fleet, Mode, RoutePolicy};
-use load::{Conn, Keys, Status};
+use load::Keys;
 use origin::Origin;
-use report::{RedisRun, RoundTrips, RunResult, Setup};
+use report::{RedisRun, RunResult, Setup};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Scenario {
@@ -50,6 +52,9 @@ pub enum Scenario {
     Expiry,
     /// Redis calls per request on each path of the fleet mode (needs Redis).
     RoundTrips,
+    /// The hot key while the origin answers 503 for the middle half of the
+    /// run: origin calls per failure episode, and what clients got.
+    FailingOrigin,
 }
 
 impl fmt::Display for Scenario {
@@ -60,6 +65,7 @@ impl fmt::Display for Scenario {
             Scenario::Zipf => "zipf",
             Scenario::Expiry => "expiry",
             Scenario::RoundTrips => "round-trips",
+            Scenario::FailingOrigin => "failing-origin",
         })
     }
 }
@@ -111,6 +117,10 @@ struct Args {
     /// least); replaces `--early-refresh`. Off by default.
     #[arg(long)]
     refresh_ahead: Option<f64>,
+    /// Stale-if-error window of the failing-origin scenario (0: none, the
+    /// clients see the failure).
+    #[arg(long, default_value_t = 0)]
+    stale_if_error_ms: u64,
     /// The floor of the refresh-ahead margin.
     #[arg(long, default_value_t = 50)]
     refresh_ahead_floor_ms: u64,
@@ -207,171 +217,6 @@ fn main() -> ExitCode {
     code
 }
 
-/// Where the fleet mode's Redis is, and how to read its counters.
-struct RedisSetup {
-    url: String,
-    /// One connection per node: a cluster counts its commands node by node.
-    stats: Vec<MultiplexedConnection>,
-    /// The temporary server, when we started one; stopped when dropped.
-    _server: Option<procs::RedisServer>,
-    /// The temporary cluster, when we started one; stopped when dropped.
-    _cluster: Option<procs::RedisCluster>,
-}
-
-impl RedisSetup {
-    /// EVALSHA calls so far, from `INFO commandstats`, summed over the
-    /// nodes; every script call of the layer is one EVALSHA, so this counts
-    /// its round trips.
-    async fn evalsha(&mut self) -> Option<u64> {
-        let mut total = 0;
-        for conn in &mut self.stats {
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(conn)
-                .await
-                .ok()?;
-            let calls: Option<u64> = info
-                .lines()
-                .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
-                .and_then(|rest| rest.split(',').find_map(|f| f.strip_prefix("calls=")))
-                .and_then(|n| n.trim().parse().ok());
-            // No line yet: no EVALSHA on this node since the last reset.
-            total += calls.unwrap_or(0);
-        }
-        Some(total)
-    }
-}
-
-async fn setup_redis(choice: &str, start_cluster: bool) -> Result<Option<RedisSetup>, Error> {
-    let (url, server, cluster) = match choice {
-        _ if start_cluster => {
-            let server = procs::find_on_path("redis-server")
-                .ok_or("--redis-cluster needs redis-server on PATH")?;
-            let cli = procs::find_on_path("redis-cli")
-                .ok_or("--redis-cluster needs redis-cli on PATH")?;
-            let started = tokio::task::spawn_blocking(move || {
-                procs::RedisCluster::start(&server, &cli, CLUSTER_MASTERS)
-            });
-            let cluster = started
-                .await?
-                .map_err(|e| format!("starting a Redis Cluster: {e}"))?;
-            eprintln!(
-                "redis: started a temporary {CLUSTER_MASTERS}-master Redis Cluster at {} \
-                 (loopback, temp dirs; killed and removed at exit)",
-                cluster.url()
-            );
-            (cluster.url(), None, Some(cluster))
-        }
-        "none" => return Ok(None),
-        "auto" => {
-            let Some(binary) = procs::find_on_path("redis-server") else {
-                return Ok(None);
-            };
-            let started = tokio::task::spawn_blocking(move || procs::RedisServer::start(&binary));
-            let server = match started.await? {
-                Ok(server) => server,
-                Err(e) => {
-                    eprintln!("redis: redis-server is installed but did not start: {e}");
-                    return Ok(None);
-                }
-            };
-            eprintln!(
-                "redis: started a temporary redis-server at {} (stopped at exit)",
-                server.url()
-            );
-            (server.url(), Some(server), None)
-        }
-        url => (url.to_owned(), None, None),
-    };
-    let stats = match cluster_seeds(&url) {
-        Some(seeds) => cluster_stats(&url, &seeds).await?,
-        None => vec![connect_stats(&url).await?],
-    };
-    Ok(Some(RedisSetup {
-        url,
-        stats,
-        _server: server,
-        _cluster: cluster,
-    }))
-}
-
-/// Primaries of the cluster `--redis-cluster` starts: the fewest Redis
-/// Cluster accepts.
-const CLUSTER_MASTERS: usize = 3;
-
-async fn connect_stats(url: &str) -> Result<MultiplexedConnection, Error> {
-    let client = redis::Client::open(url)?;
-    let conn = tokio::time::timeout(
-        Duration::from_secs(5),
-        client.get_multiplexed_async_connection(),
-    )
-    .await
-    .map_err(|_| format!("no answer from Redis at {url}"))??;
-    Ok(conn)
-}
-
-/// For `redis[s]-cluster://[userinfo@]host:port,...`: one plain URL per
-/// seed node, with the same scheme and credentials.
-fn cluster_seeds(url: &str) -> Option<Vec<String>> {
-    let (scheme, rest) = url.split_once("://")?;
-    let scheme = scheme.strip_suffix("-cluster")?;
-    let rest = rest.trim_end_matches('/');
-    let (userinfo, hosts) = match rest.rsplit_once('@') {
-        Some((user, hosts)) => (format!("{user}@"), hosts),
-        None => (String::new(), rest),
-    };
-    Some(
-        hosts
-            .split(',')
-            .filter(|h| !h.is_empty())
-            .map(|h| format!("{scheme}://{userinfo}{h}/"))
-            .collect(),
-    )
-}
-
-/// A stats connection to every primary of a cluster. The seeds in a URL
-/// need not be all the nodes, so the list comes from `CLUSTER NODES` on the
-/// first seed that answers. Replicas are left out: scripts run on primaries.
-async fn cluster_stats(url: &str, seeds: &[String]) -> Result<Vec<MultiplexedConnection>, Error> {
-    let mut last_error: Error = format!("no seed nodes in {url}").into();
-    for seed in seeds {
-        let mut conn = match connect_stats(seed).await {
-            Ok(conn) => conn,
-            Err(e) => {
-                last_error = e;
-                continue;
-            }
-        };
-        let nodes: String = redis::cmd("CLUSTER")
-            .arg("NODES")
-            .query_async(&mut conn)
-            .await?;
-        // The seed's scheme and credentials, with each primary's address.
-        let prefix = match seed.rsplit_once('@') {
-            Some((prefix, _)) => format!("{prefix}@"),
-            None => format!("{}://", seed.split_once("://").map_or("redis", |(s, _)| s)),
-        };
-        let mut conns = Vec::new();
-        for line in nodes.lines() {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let (Some(addr), Some(flags)) = (fields.get(1), fields.get(2)) else {
-                continue;
-            };
-            if !flags.contains("master") || flags.contains("fail") || flags.contains("noaddr") {
-                continue;
-            }
-            // `ip:port@bus-port[,hostname]`
-            let host = addr.split(['@', ',']).next().unwrap_or(addr);
-            conns.push(connect_stats(&format!("{prefix}{host}/")).await?);
-        }
-        if conns.is_empty() {
-            return Err(format!("CLUSTER NODES at {seed} lists no primaries").into());
-        }
-        return Ok(conns);
-    }
-    Err(last_error)
-}
-
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -396,6 +241,7 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
             Scenario::Zipf,
             Scenario::Expiry,
             Scenario::RoundTrips,
+            Scenario::FailingOrigin,
         ];
     }
     // Each once, in the order given.
@@ -493,8 +339,43 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
     let redis_url = redis.as_ref().map(|r| r.url.clone());
     let mut results = Vec::new();
     let mut round_trips = Vec::new();
+    let mut episodes = Vec::new();
     let mut run_no = 0u32;
     for scenario in &scenarios {
+        if *scenario == Scenario::FailingOrigin {
+            // The ceiling has no origin to fail.
+            for mode in modes.iter().filter(|m| **m != Mode::Static) {
+                run_no += 1;
+                let deps = Deps {
+                    origin: origin.clone(),
+                    redis_url: redis_url.clone(),
+                    nginx: nginx.clone(),
+                    clients,
+                    runtime: servers.clone(),
+                };
+                let tag = format!("r{}-{run_no}", std::process::id());
+                let policy = RoutePolicy {
+                    stale_if_error: (args.stale_if_error_ms > 0)
+                        .then(|| Duration::from_millis(args.stale_if_error_ms)),
+                    ..plain_policy(&args)
+                };
+                let episode = failing::run(*mode, k, policy, &deps, &tag, seconds, delay).await?;
+                eprintln!(
+                    "{:<10} {:<6} origin calls while failing {:>6} (backoff steps {})  \
+                     answers ok {} stale {} failed {}",
+                    scenario.to_string(),
+                    mode.to_string(),
+                    episode.calls_failing,
+                    episode.backoff_steps,
+                    episode.ok,
+                    episode.stale,
+                    episode.failed
+                );
+                episodes.push(episode);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            continue;
+        }
         if *scenario == Scenario::RoundTrips {
             match redis.as_mut() {
                 Some(redis) => {
@@ -506,7 +387,7 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
                         runtime: servers.clone(),
                     };
                     let policy = expiry_policy(&args);
-                    round_trips = probe_round_trips(&deps, redis, policy, delay).await?;
+                    round_trips = round_trips::probe(&deps, redis, policy, delay).await?;
                 }
                 None => eprintln!("round-trips: skipped, it needs Redis"),
             }
@@ -569,6 +450,10 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
             human.push_str("fleet*: embedded backend (no Redis): K independent caches\n");
         }
     }
+    if !episodes.is_empty() {
+        human.push('\n');
+        human.push_str(&failing::table(&episodes));
+    }
     if !round_trips.is_empty() {
         human.push_str("\nRedis round trips (EVALSHA per request, INFO commandstats), by path:\n");
         human.push_str(&report::round_trip_table(&round_trips));
@@ -586,6 +471,9 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
         }
         for r in &round_trips {
             writeln!(out, "{}", r.json())?;
+        }
+        for e in &episodes {
+            writeln!(out, "{}", e.json())?;
         }
         eprint!("{human}");
     } else {
@@ -607,6 +495,18 @@ fn expiry_policy(args: &Args) -> RoutePolicy {
         refresh_ahead: args
             .refresh_ahead
             .map(|m| (m, Duration::from_millis(args.refresh_ahead_floor_ms))),
+        stale_if_error: None,
+    }
+}
+
+/// The route's ttl and nothing else.
+fn plain_policy(args: &Args) -> RoutePolicy {
+    RoutePolicy {
+        ttl: Duration::from_millis(args.ttl_ms),
+        stale_while_revalidate: None,
+        early_refresh: None,
+        refresh_ahead: None,
+        stale_if_error: None,
     }
 }
 
@@ -621,12 +521,7 @@ async fn run_one(
 ) -> Result<RunResult, Error> {
     let policy = match scenario {
         Scenario::Expiry => expiry_policy(args),
-        _ => RoutePolicy {
-            ttl: Duration::from_millis(args.ttl_ms),
-            stale_while_revalidate: None,
-            early_refresh: None,
-            refresh_ahead: None,
-        },
+        _ => plain_policy(args),
     };
     let k = usize::from(args.instances);
     let clients = args.clients as usize;
@@ -659,7 +554,7 @@ async fn run_one(
             )
             .await
         }
-        Scenario::RoundTrips => unreachable!("probed on its own"),
+        Scenario::RoundTrips | Scenario::FailingOrigin => unreachable!("run on their own"),
     };
     let cpu = cpu::Snapshot::take()
         .zip(cpu_before)
@@ -702,140 +597,6 @@ async fn run_one(
     let mut result = RunResult::new(setup, load, origin, redis_run);
     result.cpu = cpu;
     Ok(result)
-}
-
-/// The x-cache values of a batch, as "HIT", or "MISS 1, COALESCED 19".
-fn tally(statuses: &[Status]) -> String {
-    let mut counts: Vec<(Status, usize)> = Vec::new();
-    for s in statuses {
-        match counts.iter_mut().find(|(c, _)| c == s) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((*s, 1)),
-        }
-    }
-    counts.sort();
-    if statuses.len() == 1 {
-        return statuses[0].name().to_owned();
-    }
-    counts
-        .iter()
-        .map(|(s, n)| format!("{} {n}", s.name()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// `n` GETs of `path` at once on `addr`, each on its own connection.
-async fn concurrent(addr: SocketAddr, path: &str, n: usize) -> Result<Vec<Status>, Error> {
-    let mut conns = Vec::with_capacity(n);
-    for _ in 0..n {
-        conns.push(Conn::connect(addr).await?);
-    }
-    let tasks: Vec<_> = conns
-        .into_iter()
-        .map(|mut c| {
-            let path = path.to_owned();
-            tokio::spawn(async move { c.get(&path).await })
-        })
-        .collect();
-    let mut out = Vec::with_capacity(n);
-    for t in tasks {
-        out.push(t.await??);
-    }
-    Ok(out)
-}
-
-/// Redis calls per request, path by path, on two instances of the fleet
-/// mode: each step is run alone and the server's EVALSHA count read before
-/// and after it.
-async fn probe_round_trips(
-    deps: &Deps,
-    redis: &mut RedisSetup,
-    policy: RoutePolicy,
-    delay: Duration,
-) -> Result<Vec<RoundTrips>, Error> {
-    let tag = format!("rt{}", std::process::id());
-    let fleet = Fleet::start(Mode::Fleet, 2, policy, deps, &format!("hk:{tag}")).await?;
-    let (a, b) = (fleet.addrs[0], fleet.addrs[1]);
-    let mut conn_a = Conn::connect(a).await?;
-    let mut conn_b = Conn::connect(b).await?;
-    let mut rows = Vec::new();
-    let key = format!("/item/{tag}-key");
-    // Background work (a refresh, its commit) ends within the origin's delay
-    // plus a few Redis calls; this is comfortably more.
-    let settle = delay + Duration::from_millis(200);
-
-    macro_rules! step {
-        ($path:expr, $requests:expr, $body:expr) => {{
-            let before = redis.evalsha().await.unwrap_or(0);
-            let statuses: Vec<Status> = $body;
-            tokio::time::sleep(settle).await;
-            let after = redis.evalsha().await.unwrap_or(0);
-            rows.push(RoundTrips {
-                path: $path,
-                requests: $requests,
-                evalsha: after.saturating_sub(before),
-                x_cache: tally(&statuses),
-            });
-        }};
-    }
-
-    step!("miss: the fleet's one rebuild (leader)", 1, {
-        vec![conn_a.get(&key).await?]
-    });
-    step!("hit in this instance's L1", 1000, {
-        let mut s = Vec::new();
-        for _ in 0..1000 {
-            s.push(conn_a.get(&key).await?);
-        }
-        s
-    });
-    step!("hit in Redis (another instance built it)", 1, {
-        vec![conn_b.get(&key).await?]
-    });
-    let burst_key = format!("/item/{tag}-burst");
-    step!("miss + 19 local waiters, one instance", 20, {
-        concurrent(a, &burst_key, 20).await?
-    });
-    let waiter_key = format!("/item/{tag}-waiter");
-    step!("miss on A + 1 waiter on B (woken by publish)", 2, {
-        let leader = {
-            let key = waiter_key.clone();
-            tokio::spawn(async move {
-                let mut c = Conn::connect(a).await?;
-                c.get(&key).await
-            })
-        };
-        tokio::time::sleep(delay / 4).await;
-        let waiter = conn_b.get(&waiter_key).await?;
-        vec![leader.await??, waiter]
-    });
-    let many_key = format!("/item/{tag}-many");
-    step!("miss on A + 10 waiters on B", 11, {
-        let leader = {
-            let key = many_key.clone();
-            tokio::spawn(async move {
-                let mut c = Conn::connect(a).await?;
-                c.get(&key).await
-            })
-        };
-        tokio::time::sleep(delay / 4).await;
-        let mut s = concurrent(b, &many_key, 10).await?;
-        s.push(leader.await??);
-        s
-    });
-    // Let the first key go stale (inside its stale-while-revalidate window).
-    tokio::time::sleep(policy.ttl + Duration::from_millis(50)).await;
-    step!(
-        "stale on A: served at once, refreshed in the background",
-        1,
-        { vec![conn_a.get(&key).await?] }
-    );
-    step!("stale on B: refresh finds A's new entry in Redis", 1, {
-        vec![conn_b.get(&key).await?]
-    });
-    drop((conn_a, conn_b));
-    fleet.stop().await;
-    Ok(rows)
 }
 
 /// Checks the targets this bench exists to track, and reports them.

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::Path;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
@@ -42,6 +43,7 @@ struct Books {
     peak: u32,
     starts_us: Vec<u64>,
     first_done_us: Option<u64>,
+    failing: Option<(Duration, Duration)>,
 }
 
 pub struct Origin {
@@ -62,8 +64,16 @@ impl Origin {
                 peak: 0,
                 starts_us: Vec::new(),
                 first_done_us: None,
+                failing: None,
             }),
         })
+    }
+
+    /// Calls that start within this window of the run (counted from its
+    /// start, as `starts_us`) take their time and answer 503 (no-store);
+    /// `None`: none fails.
+    pub fn fail_between(&self, window: Option<(Duration, Duration)>) {
+        self.books().failing = window;
     }
 
     fn books(&self) -> std::sync::MutexGuard<'_, Books> {
@@ -94,18 +104,23 @@ impl Origin {
         }
     }
 
-    /// The expensive handler. Returns a JSON body of about the configured size.
-    pub async fn call(&self, key: &str) -> ([(header::HeaderName, &'static str); 1], Bytes) {
-        let n = {
+    /// The expensive handler. Returns a JSON body of about the configured
+    /// size, or, while failing, a 503 after the same delay.
+    pub async fn call(&self, key: &str) -> Response {
+        let (n, failing) = {
             let mut books = self.books();
-            let at = books.epoch.elapsed().as_micros() as u64;
+            let elapsed = books.epoch.elapsed();
+            let failing = books
+                .failing
+                .is_some_and(|(from, until)| elapsed >= from && elapsed < until);
+            let at = elapsed.as_micros() as u64;
             books.starts_us.push(at);
             books.running += 1;
             books.peak = books.peak.max(books.running);
             let book = books.keys.entry(key.to_owned()).or_default();
             book.running += 1;
             book.peak = book.peak.max(book.running);
-            books.starts_us.len()
+            (books.starts_us.len(), failing)
         };
         // The book-keeping must survive a cancelled call (a client gone away),
         // or a stuck "running" count would inflate every later peak.
@@ -126,10 +141,19 @@ impl Origin {
         tokio::time::sleep(self.delay).await;
         drop(leave);
 
+        if failing {
+            return (
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                [(header::CACHE_CONTROL, "no-store")],
+                "origin down",
+            )
+                .into_response();
+        }
         (
             [(header::CONTENT_TYPE, "application/json")],
             self.body(key, n),
         )
+            .into_response()
     }
 
     /// The body of the `n`th build of `key`: about the configured size.

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::entry::{CacheValue, Entry, Held, Lifetime};
-use super::tags::TagSet;
+use super::flight::Watch;
+use super::tags::{TagSet, TagTable};
 use super::SharedError;
 use crate::key::Key;
 
@@ -21,10 +22,13 @@ pub(crate) trait Rebuild: Send + Sized + 'static {
     /// response when it may not be shared, its own error.
     type Private: Send + 'static;
 
-    /// Runs the rebuild once. `stale` is the entry it replaces, if any.
+    /// Runs the rebuild once. `stale` is the entry it replaces, if any;
+    /// `overtaken` tells it, while it runs, whether an invalidation came
+    /// since it began (what it builds is then not stored).
     fn rebuild(
         self,
         stale: Option<Held<Self::Value>>,
+        overtaken: Overtaken,
     ) -> impl Future<Output = Built<Self::Value, Self::Private>> + Send + 'static;
 }
 
@@ -136,10 +140,40 @@ pub(crate) enum Status {
     Coalesced,
 }
 
+/// Whether an invalidation overtook a running rebuild: once it has, what the
+/// rebuild builds is not stored. An adapter that must tell its caller
+/// whether the answer is stored before the engine has decided (a response
+/// head sent while its body still streams in) asks this first.
+#[derive(Clone)]
+pub(crate) struct Overtaken {
+    tags: Arc<TagTable>,
+    since: u64,
+    flight: Option<Watch>,
+}
+
+impl Overtaken {
+    pub(super) fn new(tags: Arc<TagTable>, since: u64, flight: Option<Watch>) -> Self {
+        Overtaken {
+            tags,
+            since,
+            flight,
+        }
+    }
+
+    /// Whether a generation moved since the rebuild began, or an
+    /// invalidation detached its flight.
+    pub(crate) fn happened(&self) -> bool {
+        self.tags.start() != self.since || self.flight.as_ref().is_some_and(Watch::detached)
+    }
+}
+
 /// An entry to serve.
 pub(crate) struct Served<V, P> {
     pub held: Held<V>,
     pub status: Status,
+    /// The rebuild this caller started stored the entry (in the L1: the
+    /// shared tier's commit may still be fenced off).
+    pub stored: bool,
     /// Extras for the request that started the rebuild (its cookies).
     pub private: Option<P>,
 }

@@ -18,9 +18,11 @@ const MAGIC: &[u8; 2] = b"SG";
 /// Version 1 had no stamp (read as built under no generation); version 2
 /// adds the generations the entry was built under, after the header:
 /// `all` (u64), a count (u16), then each tag bucket (u16) and its
-/// generation (u64).
+/// generation (u64). Version 3 puts the table's epoch (u64) before them.
+/// Versions 1 and 2 read as built under epoch 0: with Redis, a miss.
 const VERSION_1: u8 = 1;
-const VERSION: u8 = 2;
+const VERSION_2: u8 = 2;
+const VERSION: u8 = 3;
 const HEADER_LEN: usize = 2 + 1 + 5 * 8;
 
 /// An entry's metadata, as written beside its value.
@@ -32,7 +34,7 @@ pub(crate) struct Envelope {
 }
 
 pub(crate) fn encode(envelope: &Envelope, stamp: &Stamp, payload: &[u8]) -> Bytes {
-    let stamp_len = 8 + 2 + stamp.tags.len() * 10;
+    let stamp_len = 8 + 8 + 2 + stamp.tags.len() * 10;
     let mut out = BytesMut::with_capacity(HEADER_LEN + stamp_len + payload.len());
     out.put_slice(MAGIC);
     out.put_u8(VERSION);
@@ -41,6 +43,7 @@ pub(crate) fn encode(envelope: &Envelope, stamp: &Stamp, payload: &[u8]) -> Byte
     out.put_u64_le(millis(envelope.lifetime.stale_if_error));
     out.put_u64_le(millis(envelope.initial_age));
     out.put_u64_le(envelope.rebuild_cost.as_micros().min(u64::MAX as u128) as u64);
+    out.put_u64_le(stamp.epoch);
     out.put_u64_le(stamp.all);
     // At most MAX_TAGS, so the count fits.
     out.put_u16_le(stamp.tags.len().min(MAX_TAGS) as u16);
@@ -57,7 +60,7 @@ pub(crate) fn decode(mut bytes: Bytes) -> Option<(Envelope, Stamp, Bytes)> {
         return None;
     }
     let version = bytes[2];
-    if version != VERSION && version != VERSION_1 {
+    if !matches!(version, VERSION_1 | VERSION_2 | VERSION) {
         return None;
     }
     bytes.advance(3);
@@ -78,10 +81,17 @@ pub(crate) fn decode(mut bytes: Bytes) -> Option<(Envelope, Stamp, Bytes)> {
         initial_age,
         rebuild_cost,
     };
-    let stamp = if version == VERSION {
-        decode_stamp(&mut bytes)?
-    } else {
-        Stamp::default()
+    let stamp = match version {
+        VERSION if bytes.len() >= 8 => {
+            let epoch = bytes.get_u64_le();
+            Stamp {
+                epoch,
+                ..decode_stamp(&mut bytes)?
+            }
+        }
+        VERSION => return None,
+        VERSION_2 => decode_stamp(&mut bytes)?,
+        _ => Stamp::default(),
     };
     Some((envelope, stamp, bytes))
 }
@@ -108,6 +118,7 @@ fn decode_stamp(bytes: &mut Bytes) -> Option<Stamp> {
         tags.push((bucket, generation));
     }
     Some(Stamp {
+        epoch: 0,
         all,
         tags: tags.into(),
     })
@@ -135,6 +146,7 @@ mod tests {
     #[test]
     fn envelope_round_trips() {
         let stamp = Stamp {
+            epoch: 1_732_270_000_000_000,
             all: 7,
             tags: vec![(1, 10), (4095, u64::MAX)].into(),
         };
@@ -159,7 +171,8 @@ mod tests {
     #[test]
     fn a_forged_stamp_is_rejected() {
         let good = encode(&envelope(), &Stamp::default(), b"x");
-        let stamp_at = HEADER_LEN + 8;
+        // After the epoch and `all`.
+        let stamp_at = HEADER_LEN + 16;
         let forge = |count: u16, entries: &[(u16, u64)]| {
             let mut raw = BytesMut::from(&good[..stamp_at]);
             raw.put_u16_le(count);
@@ -175,6 +188,27 @@ mod tests {
         assert!(forge(3, &[(1, 1)]).is_none(), "short");
         assert!(forge(u16::MAX, &[]).is_none(), "too many");
         assert!(decode(good.slice(..stamp_at + 1)).is_none());
+    }
+
+    #[test]
+    fn an_entry_written_before_epochs_reads_as_epoch_0() {
+        let stamp = Stamp {
+            epoch: 5,
+            all: 7,
+            tags: vec![(1, 10)].into(),
+        };
+        let current = encode(&envelope(), &stamp, b"x");
+        // The version 2 layout: the same without the epoch.
+        let mut raw = BytesMut::from(&current[..HEADER_LEN]);
+        raw[2] = VERSION_2;
+        raw.put_slice(&current[HEADER_LEN + 8..]);
+        let (_, read, payload) = decode(raw.freeze()).expect("decodes");
+        assert_eq!((read.epoch, read.all), (0, 7));
+        assert_eq!(&payload[..], b"x");
+        assert!(
+            decode(current.slice(..HEADER_LEN + 4)).is_none(),
+            "a cut epoch"
+        );
     }
 
     proptest! {

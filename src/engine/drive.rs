@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
-use super::answer::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Served, Status};
+use super::answer::{
+    Answer, Built, Failure, FailureKind, Miss, Overtaken, Rebuild, Served, Status,
+};
 use super::entry::{Entry, Freshness, Held};
 use super::flight::{wait_deadline, Joined, Leader, Outcome};
 use super::shared::{Lease, Plan, Start};
@@ -83,7 +85,9 @@ impl Engine {
                     }
                     // The previous flight may have ended between the L1 read
                     // and the join: read again, or its value is rebuilt at once.
+                    // (Only while the L1 is still trusted, as on the hit path.)
                     let now = Instant::now();
+                    self.confirm_l1(now);
                     match self.l1.get(&key) {
                         Some(Slot::Value(entry))
                             if entry.freshness(now) == Freshness::Fresh
@@ -333,7 +337,8 @@ impl Engine {
         let since = self.tags.start();
         // Its own task, so that a panic is caught as an outcome and a timeout
         // can abandon it.
-        let mut task = tokio::spawn(rebuild.rebuild(stale.clone().and_then(Held::new)));
+        let overtaken = Overtaken::new(self.tags.clone(), since, Some(leader.watch()));
+        let mut task = tokio::spawn(rebuild.rebuild(stale.clone().and_then(Held::new), overtaken));
         let built = match tokio::time::timeout(policy.rebuild_timeout, &mut task).await {
             Ok(Ok(built)) => Ok(built),
             Ok(Err(e)) if e.is_panic() => Err(Ended::Panicked(e.into_panic())),
@@ -371,6 +376,10 @@ impl Engine {
                     started.elapsed(),
                     Instant::now(),
                 );
+                #[cfg(feature = "redis")]
+                if store {
+                    self.learn_epoch().await;
+                }
                 let (entry, store) = self.stamped(entry, &tags, since, store);
                 let held = Held::new(entry.clone());
                 let stored = self.settle(
@@ -393,6 +402,7 @@ impl Engine {
                         Answer::Served(Served {
                             held,
                             status: Status::Miss,
+                            stored,
                             private,
                         })
                     });
@@ -486,6 +496,7 @@ fn served<R: Rebuild>(held: Held<R::Value>, status: Status) -> Answer<R> {
     Answer::Served(Served {
         held,
         status,
+        stored: false,
         private: None,
     })
 }

@@ -170,9 +170,25 @@ pub(crate) struct Leader {
     relead: bool,
 }
 
+/// A view of one flight's detachment, for the rebuild it runs.
+#[derive(Clone)]
+pub(crate) struct Watch(Arc<Flight>);
+
+impl Watch {
+    /// Whether an invalidation detached the flight.
+    pub(crate) fn detached(&self) -> bool {
+        self.0.detached.load(Ordering::Relaxed)
+    }
+}
+
 impl Leader {
     pub(crate) fn key(&self) -> Key {
         self.key
+    }
+
+    /// A view of whether the flight gets detached, for its rebuild.
+    pub(crate) fn watch(&self) -> Watch {
+        Watch(self.flight.clone())
     }
 
     /// Marks the flight as a re-lead (see [`Outcome::Relead`]).

@@ -40,7 +40,9 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub(crate) use answer::{Answer, Built, Failure, FailureKind, Miss, Rebuild, Status, Waiters};
+pub(crate) use answer::{
+    Answer, Built, Failure, FailureKind, Miss, Overtaken, Rebuild, Status, Waiters,
+};
 pub(crate) use early::RefreshAhead;
 pub use entry::CacheValue;
 pub(crate) use entry::{Held, Lifetime, MAX_DELTA};
@@ -297,13 +299,13 @@ impl Engine {
     /// the last drop.
     fn confirm_l1(&self, _now: Instant) {
         #[cfg(feature = "redis")]
-        if let Some(shared) = self.shared() {
-            if shared.notifier.liveness.must_drop(_now) {
-                tracing::info!(
-                    "the redis subscription is not confirmed live; the in-process tier is dropped"
-                );
-                self.invalidate_everything_here();
-            }
+        if let Some(shared) = self.shared()
+            && shared.notifier.liveness.must_drop(_now)
+        {
+            tracing::info!(
+                "the redis subscription is not confirmed live; the in-process tier is dropped"
+            );
+            self.invalidate_everything_here();
         }
     }
 

@@ -91,26 +91,28 @@ impl Engine {
     }
 
     /// Whether an entry read from Redis may be served: none of the
-    /// generations it recorded has moved. While the table may have missed a
-    /// move (a gap, an unconfirmed subscription, not reloaded since), the
-    /// entry's generations are read from Redis first; failing that it is
-    /// not served.
+    /// generations it recorded has moved, under the table's current epoch.
+    /// While the table may have missed a move (a gap, an unconfirmed
+    /// subscription, not reloaded since), or the entry names another epoch
+    /// than the one known here (the table was lost and started again since
+    /// one of the two was read), the entry's generations and the epoch are
+    /// read from Redis first; failing that it is not served.
     #[cfg(feature = "redis")]
     pub(crate) async fn admits_remote(&self, shared: &Arc<RedisTier>, entry: &Entry) -> bool {
         let now = std::time::Instant::now();
-        if !self.trusts_table(shared, now) {
+        let trusted = self.trusts_table(shared, now);
+        if !trusted || entry.stamp().epoch != self.tags.table_epoch() {
             let fields = entry.stamp().fields();
-            match shared.load_generations(Some(&fields)).await {
-                Ok(loaded) => {
-                    for (field, generation) in loaded {
-                        if self.tags.raise(field, generation) {
-                            self.flights.detach_all();
-                        }
-                    }
-                }
+            match shared
+                .load_generations(Some(&fields), self.tags.table_epoch())
+                .await
+            {
+                Ok((epoch, loaded)) => self.apply(epoch, loaded),
                 Err(_) => return false,
             }
-            self.reload_tags();
+            if !trusted {
+                self.reload_tags();
+            }
         }
         self.tags.admits(entry.stamp())
     }
@@ -127,6 +129,34 @@ impl Engine {
         self.tags.is_loaded() && shared.notifier.hears_everything(now)
     }
 
+    /// Before a rebuilt entry is stamped while the table is not trusted
+    /// (Redis may have lost it and started a new epoch unseen here), reads
+    /// the epoch from Redis: an entry stamped under an epoch the table no
+    /// longer has would be a miss on every instance that knows the new one.
+    /// Failing that, the entry is stamped under the epoch known here (at
+    /// worst a miss elsewhere).
+    #[cfg(feature = "redis")]
+    pub(super) async fn learn_epoch(&self) {
+        let Some(shared) = self.shared() else { return };
+        if self.trusts_table(shared, std::time::Instant::now()) {
+            return;
+        }
+        if let Ok((epoch, _)) = shared
+            .load_generations(Some(&[]), self.tags.table_epoch())
+            .await
+        {
+            self.apply(epoch, Vec::new());
+        }
+    }
+
+    /// What a read of the table found: its epoch (a new one makes every
+    /// entry of an older one a miss; the L1's are dropped at once) and
+    /// generations (a move detaches every flight).
+    #[cfg(feature = "redis")]
+    fn apply(&self, epoch: u64, loaded: Vec<(Field, u64)>) {
+        apply_to(&self.tags, &self.flights, &self.l1, epoch, loaded);
+    }
+
     /// Reloads the whole table from Redis in the background (one at a time),
     /// unless the subscription is in a gap: then the end of the gap does.
     #[cfg(feature = "redis")]
@@ -140,20 +170,16 @@ impl Engine {
         if !self.tags.begin_reload() {
             return;
         }
-        let (tags, flights) = (self.tags.clone(), self.flights.clone());
+        let (tags, flights, l1) = (self.tags.clone(), self.flights.clone(), self.l1.clone());
         runtime.spawn(async move {
             let epoch = tags.epoch();
             if shared.notifier.in_gap() {
                 tags.end_reload();
                 return;
             }
-            match shared.load_generations(None).await {
-                Ok(loaded) => {
-                    for (field, generation) in loaded {
-                        if tags.raise(field, generation) {
-                            flights.detach_all();
-                        }
-                    }
+            match shared.load_generations(None, tags.table_epoch()).await {
+                Ok((table, loaded)) => {
+                    apply_to(&tags, &flights, &l1, table, loaded);
                     tags.loaded(epoch);
                 }
                 Err(error) => {
@@ -168,11 +194,27 @@ impl Engine {
     #[cfg(feature = "redis")]
     pub(crate) async fn load_tags(&self, shared: &Arc<RedisTier>) {
         let epoch = self.tags.epoch();
-        if let Ok(loaded) = shared.load_generations(None).await {
-            for (field, generation) in loaded {
-                self.tags.raise(field, generation);
-            }
+        if let Ok((table, loaded)) = shared.load_generations(None, self.tags.table_epoch()).await {
+            self.apply(table, loaded);
             self.tags.loaded(epoch);
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+fn apply_to(
+    tags: &super::tags::TagTable,
+    flights: &super::flight::Flights,
+    l1: &super::LocalTier,
+    epoch: u64,
+    loaded: Vec<(Field, u64)>,
+) {
+    if tags.adopt(epoch) {
+        l1.clear();
+    }
+    for (field, generation) in loaded {
+        if tags.raise(field, generation) {
+            flights.detach_all();
         }
     }
 }

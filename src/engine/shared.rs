@@ -64,7 +64,8 @@ pub(crate) enum Plan {
     /// Waited the whole budget for another instance's rebuild.
     TimedOut { stale: Option<Arc<Entry>> },
     /// The instance that held the lease failed to rebuild, while this one
-    /// waited for it: share its failure rather than call the origin again.
+    /// waited for it, or the key's failure backoff runs: share its failure
+    /// rather than call the origin again.
     Failed {
         kind: FailureKind,
         stale: Option<Arc<Entry>>,
@@ -231,22 +232,46 @@ async fn plan_shared<V: CacheValue>(
             },
             Fetched::Leased { lease, stale } => (Some(*lease), Duration::ZERO, stale),
             Fetched::Held { lease_pttl, stale } => (None, lease_pttl, stale),
+            Fetched::Failing {
+                code,
+                backoff,
+                stale: old,
+            } => {
+                // As below: a copy from before a purge of its tags is none.
+                let old = old
+                    .and_then(|r| decode_or_count::<V>(shared, &key, r, now, corrupt))
+                    .filter(|e| engine.admits_remote_now(shared, e));
+                stale = newer(stale, old);
+                tracing::debug!(key = %key, ?backoff, "the last rebuild failed: backing off");
+                if serve_stale
+                    && let Some(entry) = stale
+                        .as_ref()
+                        .filter(|e| e.servable_while_revalidating(now))
+                {
+                    return Plan::StaleNow {
+                        entry: entry.clone(),
+                        lease: None,
+                    };
+                }
+                // A code this version does not know is a plain error.
+                let kind = FailureKind::from_code(code).unwrap_or(FailureKind::Error);
+                return Plan::Failed { kind, stale };
+            }
         };
         // A copy from before an invalidation of its tags is none at all.
         let old = old
             .and_then(|r| decode_or_count::<V>(shared, &key, r, now, corrupt))
             .filter(|e| engine.admits_remote_now(shared, e));
         stale = newer(stale, old);
-        if serve_stale {
-            if let Some(entry) = stale
+        if serve_stale
+            && let Some(entry) = stale
                 .as_ref()
                 .filter(|e| e.servable_while_revalidating(now))
-            {
-                return Plan::StaleNow {
-                    entry: entry.clone(),
-                    lease,
-                };
-            }
+        {
+            return Plan::StaleNow {
+                entry: entry.clone(),
+                lease,
+            };
         }
         if let Some(lease) = lease {
             return Plan::Rebuild {
@@ -268,10 +293,10 @@ async fn plan_shared<V: CacheValue>(
             .await;
         // The holder's entry is built after the invalidation.
         invalidated = false;
-        if let Some(Event::FailedWith(code)) = woke {
-            if let Some(kind) = FailureKind::from_code(code) {
-                return Plan::Failed { kind, stale };
-            }
+        if let Some(Event::FailedWith(code)) = woke
+            && let Some(kind) = FailureKind::from_code(code)
+        {
+            return Plan::Failed { kind, stale };
         }
         waited = true;
     }

@@ -72,6 +72,9 @@ impl TagSet {
 /// The generations an entry was built under.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Stamp {
+    /// The table's epoch (see [`TagTable::admits`]); 0 without Redis, and
+    /// for entries written before epochs existed.
+    pub(crate) epoch: u64,
     pub(crate) all: u64,
     /// (bucket, its generation), sorted by bucket.
     pub(crate) tags: Box<[(u16, u64)]>,
@@ -97,6 +100,9 @@ impl Stamp {
 
 /// The current generations, in memory.
 pub(crate) struct TagTable {
+    /// The epoch of Redis's table as last read: a new one each time Redis
+    /// lost the table. Every generation counts as at least the epoch.
+    epoch: AtomicU64,
     all: AtomicU64,
     buckets: Box<[AtomicU64]>,
     /// Moved before any generation is: a rebuild that saw it move between
@@ -115,6 +121,7 @@ pub(crate) struct TagTable {
 impl Default for TagTable {
     fn default() -> Self {
         TagTable {
+            epoch: AtomicU64::new(0),
             all: AtomicU64::new(0),
             buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             changes: AtomicU64::new(0),
@@ -134,14 +141,33 @@ impl TagTable {
         }
     }
 
-    /// Whether an entry stamped so may be served: nothing it recorded has
-    /// moved since.
+    /// Whether an entry stamped so may be served: it was built under the
+    /// table's current epoch, and nothing it recorded has moved since. An
+    /// entry of another epoch was built under a table Redis has lost since
+    /// (or one this process has not read yet): which invalidations it
+    /// missed is unknown, so it is a miss.
     pub(crate) fn admits(&self, stamp: &Stamp) -> bool {
-        stamp.all >= self.all.load(Ordering::Acquire)
+        stamp.epoch == self.epoch.load(Ordering::Acquire)
+            && stamp.all >= self.all.load(Ordering::Acquire)
             && stamp
                 .tags
                 .iter()
                 .all(|&(b, g)| self.slot(Field::Bucket(b)).load(Ordering::Acquire) <= g)
+    }
+
+    /// The epoch of the table as this process knows it.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn table_epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Takes `epoch`, read from Redis, if it is newer than the one known.
+    /// Not counted as a move: a rebuild running now stores under the new
+    /// epoch (every invalidation after it began was heard, or the gap that
+    /// hid it detached the rebuild). Returns whether the epoch changed.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn adopt(&self, epoch: u64) -> bool {
+        self.epoch.fetch_max(epoch, Ordering::AcqRel) < epoch
     }
 
     /// Raises `field` to `generation` (never lowers it). Returns whether it
@@ -184,12 +210,20 @@ impl TagTable {
     /// `None` if any generation moved meanwhile (the entry may hold data
     /// from before that invalidation: it is not to be stored).
     pub(crate) fn stamp(&self, tags: &TagSet, since: u64) -> Option<Stamp> {
+        // Generations from before the epoch count as the epoch: instances
+        // that lived through the table's loss and those started after it
+        // stamp alike.
+        let epoch = self.epoch.load(Ordering::SeqCst);
         let stamp = Stamp {
-            all: self.all.load(Ordering::SeqCst),
+            epoch,
+            all: self.all.load(Ordering::SeqCst).max(epoch),
             tags: tags
                 .buckets
                 .iter()
-                .map(|&b| (b, self.slot(Field::Bucket(b)).load(Ordering::SeqCst)))
+                .map(|&b| {
+                    let generation = self.slot(Field::Bucket(b)).load(Ordering::SeqCst);
+                    (b, generation.max(epoch))
+                })
                 .collect(),
         };
         (self.changes.load(Ordering::SeqCst) == since).then_some(stamp)
@@ -287,6 +321,31 @@ mod tests {
         let bumped = table.bump_here(field);
         assert!(bumped > 100);
         assert!(table.bump_here(field) > bumped);
+    }
+
+    #[test]
+    fn an_entry_of_another_epoch_is_a_miss_and_old_generations_count_as_the_epoch() {
+        let table = TagTable::default();
+        table.adopt(1_000);
+        table.raise(Field::of_tag("a"), 500);
+        let old = table.stamp(&tags(&["a"]), table.start()).unwrap();
+        assert_eq!(
+            old.tags[0].1, 1_000,
+            "a generation below the epoch counts as it"
+        );
+        assert!(table.admits(&old));
+        assert!(table.adopt(2_000));
+        assert!(!table.admits(&old), "built under a lost table");
+        assert!(!table.adopt(1_500), "an epoch never goes back");
+        let new = table.stamp(&tags(&["a"]), table.start()).unwrap();
+        assert_eq!((new.epoch, new.all), (2_000, 2_000));
+        assert!(table.admits(&new));
+        let other = TagTable::default();
+        other.adopt(2_000);
+        assert!(
+            other.admits(&new),
+            "an instance started after the loss agrees"
+        );
     }
 
     #[test]

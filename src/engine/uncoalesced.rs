@@ -11,7 +11,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::answer::{Answer, Built, Failure, FailureKind, Rebuild, Served, Status, Waiters};
+use super::answer::{
+    Answer, Built, Failure, FailureKind, Overtaken, Rebuild, Served, Status, Waiters,
+};
 use super::entry::{Entry, Held};
 use super::flight::{Leader, Outcome};
 use super::Engine;
@@ -41,7 +43,9 @@ impl Engine {
         let since = self.tags.start();
         // A panic unwinds to this request, as without the layer, and drops
         // the leader: whoever joined it takes over.
-        match rebuild.rebuild(None).await {
+        let overtaken =
+            Overtaken::new(self.tags.clone(), since, leader.as_ref().map(Leader::watch));
+        match rebuild.rebuild(None, overtaken).await {
             Built::Value {
                 value,
                 lifetime,
@@ -60,17 +64,18 @@ impl Engine {
                 );
                 let (entry, store) = self.stamped(entry, &tags, since, store);
                 let held = Held::new(entry.clone());
-                if let Some(leader) = leader {
+                let stored = leader.is_some_and(|leader| {
                     let outcome = Outcome::Value {
                         entry,
                         stale: false,
                     };
-                    self.settle(leader, outcome, store && !failure);
-                }
+                    self.settle(leader, outcome, store && !failure)
+                });
                 match held {
                     Some(held) => Answer::Served(Served {
                         held,
                         status: Status::Miss,
+                        stored,
                         private,
                     }),
                     None => Answer::Failed(Failure::new(FailureKind::Error), Status::Miss),

@@ -162,6 +162,11 @@ where
             let mut response = Response::new(body);
             *response.status_mut() = parts.status;
             *response.headers_mut() = parts.headers.clone();
+            // Only answers that are not stored take this path.
+            let told = Forward {
+                stored: false,
+                ..told
+            };
             Private::Response(tag_with(policy, response, CacheStatus::Miss, told))
         })
     };

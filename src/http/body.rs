@@ -135,12 +135,12 @@ where
                 origin_error,
                 end_after,
             } => {
-                if let Some(signal) = end_after {
-                    if reader.at_end() {
-                        // Fired or dropped: either way, the wait is over.
-                        let _ = std::task::ready!(Pin::new(signal).poll(cx));
-                        *end_after = None;
-                    }
+                if let Some(signal) = end_after
+                    && reader.at_end()
+                {
+                    // Fired or dropped: either way, the wait is over.
+                    let _ = std::task::ready!(Pin::new(signal).poll(cx));
+                    *end_after = None;
                 }
                 reader.poll_read(cx).map(|read| {
                     read.map(|read| match read {

@@ -3,7 +3,9 @@
 //! `Cache-Status` is a list with one member per cache that handled the
 //! response, the cache nearest the origin first (RFC 9211 §2): a value an
 //! upstream cache put on the origin's response is kept on a response that
-//! comes straight from the origin, and this layer's member goes after it.
+//! comes straight from the origin (each line that parses as a list; one
+//! that does not is dropped, or it would swallow what follows), and this
+//! layer's member goes after it.
 //! An entry is stored without the upstream members:
 //! they told how one past request was handled, and replayed on a hit they
 //! would lie (a stored `fwd=miss` is not what happened to the hit).
@@ -211,7 +213,6 @@ pub(crate) enum Member {
 pub(crate) struct Forwarded {
     ran: AtomicBool,
     status: AtomicU16,
-    stored: AtomicBool,
 }
 
 impl Forwarded {
@@ -225,11 +226,6 @@ impl Forwarded {
         self.status.store(status, Ordering::Release);
     }
 
-    /// Whether what the origin answered is to be stored.
-    pub(crate) fn stored(&self, stored: bool) {
-        self.stored.store(stored, Ordering::Release);
-    }
-
     fn status(&self) -> Option<u16> {
         Some(self.status.load(Ordering::Acquire)).filter(|&s| s != 0)
     }
@@ -237,10 +233,12 @@ impl Forwarded {
 
 /// How a request answered with an entry by the engine went forward (`None`:
 /// it did not, a hit). `had_stale`: an expired entry was there when it
-/// missed; `forwarded`: what its own rebuild did, if it ran one.
+/// missed; `forwarded`: what its own rebuild did, if it ran one; `stored`:
+/// the engine stored the entry that rebuild made.
 pub(crate) fn forward_of(
     status: Status,
     held: &Held<CachedResponse>,
+    stored: bool,
     had_stale: bool,
     forwarded: &Forwarded,
     now: Instant,
@@ -264,7 +262,7 @@ pub(crate) fn forward_of(
             let renewed = forwarded.status() == Some(304);
             Some(Forward {
                 status: renewed.then_some(304),
-                stored: forwarded.stored.load(Ordering::Acquire),
+                stored,
                 ..Forward::new(if renewed { Fwd::Stale } else { missed })
             })
         }
@@ -312,6 +310,9 @@ pub(crate) fn default_forward(status: CacheStatus) -> Forward {
 pub(crate) struct Tags {
     x_cache: Option<(HeaderName, HeaderValue)>,
     member: Option<HeaderValue>,
+    /// The route's tag headers, unless it exposes them: an answer that
+    /// passed the cache by never reaches a client with them either.
+    tag_headers: Option<Arc<[HeaderName]>>,
 }
 
 impl Tags {
@@ -325,17 +326,198 @@ impl Tags {
                 .cache_status
                 .as_ref()
                 .map(|members| members.value(&Member::Forward(forward))),
+            tag_headers: (!policy.tags.expose).then(|| policy.tags.headers.clone()),
         }
     }
 
     /// `x-cache` replaced; this layer's member after those already there
     /// (RFC 9211 §2: the cache nearest the origin first).
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        for name in self.tag_headers.iter().flat_map(|names| names.iter()) {
+            headers.remove(name);
+        }
         if let Some((name, value)) = self.x_cache {
             headers.insert(name, value);
         }
         if let Some(member) = self.member {
+            // An upstream line that is not a list would swallow this
+            // member when the lines are joined (an open string), or make a
+            // parser drop the whole field (RFC 8941 §4.2): only the lines
+            // that parse are passed on.
+            let upstream = headers.get_all(CACHE_STATUS);
+            if upstream.iter().any(|line| !is_sf_list(line.as_bytes())) {
+                let kept: Vec<HeaderValue> = upstream
+                    .iter()
+                    .filter(|line| is_sf_list(line.as_bytes()))
+                    .cloned()
+                    .collect();
+                headers.remove(CACHE_STATUS);
+                for line in kept {
+                    headers.append(CACHE_STATUS, line);
+                }
+            }
             headers.append(CACHE_STATUS, member);
+        }
+    }
+}
+
+/// Whether `field` is a non-empty RFC 8941 List (§3.1; the bare items of
+/// RFC 9651 too: dates and display strings).
+fn is_sf_list(field: &[u8]) -> bool {
+    let mut p = Sf { b: field, i: 0 };
+    p.sp();
+    loop {
+        if !p.member() {
+            return false;
+        }
+        p.ows();
+        match p.next() {
+            None => return true,
+            Some(b',') => p.ows(),
+            Some(_) => return false,
+        }
+        if p.peek().is_none() {
+            return false;
+        }
+    }
+}
+
+/// A structured-field reader over one field value.
+struct Sf<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl Sf<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn next(&mut self) -> Option<u8> {
+        let c = self.peek();
+        self.i += usize::from(c.is_some());
+        c
+    }
+
+    fn take_while(&mut self, f: impl Fn(u8) -> bool) -> usize {
+        let start = self.i;
+        while self.peek().is_some_and(&f) {
+            self.i += 1;
+        }
+        self.i - start
+    }
+
+    fn sp(&mut self) {
+        self.take_while(|c| c == b' ');
+    }
+
+    fn ows(&mut self) {
+        self.take_while(|c| c == b' ' || c == b'\t');
+    }
+
+    fn member(&mut self) -> bool {
+        if self.peek() == Some(b'(') {
+            self.i += 1;
+            loop {
+                self.sp();
+                if self.peek() == Some(b')') {
+                    self.i += 1;
+                    break;
+                }
+                if !self.item() || !matches!(self.peek(), Some(b' ' | b')')) {
+                    return false;
+                }
+            }
+            return self.parameters();
+        }
+        self.item()
+    }
+
+    fn item(&mut self) -> bool {
+        self.bare_item() && self.parameters()
+    }
+
+    fn parameters(&mut self) -> bool {
+        while self.peek() == Some(b';') {
+            self.i += 1;
+            self.sp();
+            if !self
+                .peek()
+                .is_some_and(|c| c.is_ascii_lowercase() || c == b'*')
+            {
+                return false;
+            }
+            self.take_while(|c| {
+                c.is_ascii_lowercase() || c.is_ascii_digit() || b"_-.*".contains(&c)
+            });
+            if self.peek() == Some(b'=') {
+                self.i += 1;
+                if !self.bare_item() {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    fn bare_item(&mut self) -> bool {
+        match self.peek() {
+            Some(b'"') => {
+                self.i += 1;
+                self.string()
+            }
+            Some(b'%') => {
+                self.i += 1;
+                self.next() == Some(b'"') && self.string()
+            }
+            Some(b'?') => {
+                self.i += 1;
+                matches!(self.next(), Some(b'0' | b'1'))
+            }
+            Some(b':') => {
+                self.i += 1;
+                self.take_while(|c| c.is_ascii_alphanumeric() || b"+/=".contains(&c));
+                self.next() == Some(b':')
+            }
+            Some(b'@') => {
+                self.i += 1;
+                self.number()
+            }
+            Some(c) if c.is_ascii_digit() || c == b'-' => self.number(),
+            Some(c) if c.is_ascii_alphabetic() || c == b'*' => {
+                self.take_while(|c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&c));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn number(&mut self) -> bool {
+        if self.peek() == Some(b'-') {
+            self.i += 1;
+        }
+        let whole = self.take_while(|c| c.is_ascii_digit());
+        if self.peek() != Some(b'.') {
+            return (1..=15).contains(&whole);
+        }
+        self.i += 1;
+        let frac = self.take_while(|c| c.is_ascii_digit());
+        (1..=12).contains(&whole) && (1..=3).contains(&frac)
+    }
+
+    /// The rest of a string whose opening quote was read.
+    fn string(&mut self) -> bool {
+        loop {
+            match self.next() {
+                Some(b'"') => return true,
+                Some(b'\\') => {
+                    if !matches!(self.next(), Some(b'"' | b'\\')) {
+                        return false;
+                    }
+                }
+                Some(0x20..=0x7e) => {}
+                _ => return false,
+            }
         }
     }
 }
@@ -396,6 +578,33 @@ mod tests {
         assert_eq!(sf_item(""), "\"\"");
         assert_eq!(sf_item("a\"b\\c"), r#""a\"b\\c""#);
         assert_eq!(sf_item("é\r\nx"), "\"x\"", "no control or non-ASCII byte");
+    }
+
+    #[test]
+    fn lists_are_told_from_other_bytes() {
+        for good in [
+            "a",
+            "a; hit; ttl=-3, \"b, c\"; detail=\"x\\\"y\"",
+            "(a b);q=?0, *c;k=:aGk=:;d=1.5;e=@12;f=%\"x\"",
+            "a ,\tb",
+        ] {
+            assert!(is_sf_list(good.as_bytes()), "{good}");
+        }
+        for bad in [
+            "",
+            "\"open, a",
+            "a,",
+            "a;;b",
+            "1a",
+            "a; k=",
+            "a; K=1",
+            "a b",
+            "a; ttl=1234567890123456",
+            "(a",
+            "a\u{7f}",
+        ] {
+            assert!(!is_sf_list(bad.as_bytes()), "{bad}");
+        }
     }
 
     #[test]

@@ -46,10 +46,10 @@ impl RouteLabels {
     /// The labels of this request.
     pub(crate) fn of(&self, _parts: &Parts) -> Labels {
         #[cfg(feature = "axum")]
-        if !self.named {
-            if let Some(path) = _parts.extensions.get::<axum::extract::MatchedPath>() {
-                return self.matched(path.as_str());
-            }
+        if !self.named
+            && let Some(path) = _parts.extensions.get::<axum::extract::MatchedPath>()
+        {
+            return self.matched(path.as_str());
         }
         self.fixed
     }

@@ -176,12 +176,12 @@ pub(crate) fn present<B: HttpBody>(
     let cached = held.value();
     let not_modified = conditions.not_modified(cached);
     let head_only = conditions.head || not_modified;
-    if let (CachedBody::Spooled(hold), false) = (&cached.body, head_only) {
-        if !hold.spool().joinable() {
-            // Its start is gone (the hold lagged too far behind the readers
-            // it had): the body cannot be read whole any more.
-            return failure(policy, FailureKind::Error, status);
-        }
+    if let (CachedBody::Spooled(hold), false) = (&cached.body, head_only)
+        && !hold.spool().joinable()
+    {
+        // Its start is gone (the hold lagged too far behind the readers
+        // it had): the body cannot be read whole any more.
+        return failure(policy, FailureKind::Error, status);
     }
     let body = if head_only {
         // Without a stored length (a chunked body over the cap), an exact
@@ -208,6 +208,10 @@ pub(crate) fn present<B: HttpBody>(
         *response.status_mut() = StatusCode::NOT_MODIFIED;
     } else {
         *response.headers_mut() = cached.headers.clone();
+        // An entry another guard stored (other tag headers: a config
+        // rolling out across a fleet) may hold what this route's tag
+        // headers are: a hit never carries them.
+        policy.tags.strip(response.headers_mut());
         *response.status_mut() = cached.status;
     }
     let headers = response.headers_mut();

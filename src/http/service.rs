@@ -30,7 +30,7 @@ use super::response::CachedResponse;
 use super::revalidate::{ask_conditionally, renew};
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
 use crate::backend::Backend;
-use crate::engine::{Answer, Engine, Held, Looked, Miss, Rebuild};
+use crate::engine::{Answer, Engine, Held, Looked, Miss, Overtaken, Rebuild};
 use crate::metrics::{self as m, count, Labels};
 
 /// The service a [`StampedeGuard`](crate::StampedeGuard) wraps around an inner
@@ -279,7 +279,14 @@ where
     match answer {
         Answer::Served(served) => {
             let now = Instant::now();
-            let forward = forward_of(served.status, &served.held, had_stale, &forwarded, now);
+            let forward = forward_of(
+                served.status,
+                &served.held,
+                served.stored,
+                had_stale,
+                &forwarded,
+                now,
+            );
             let mut response = present(
                 &policy,
                 &conditions,
@@ -395,7 +402,11 @@ where
     type Value = CachedResponse;
     type Private = Private<ResBody, S::Error>;
 
-    async fn rebuild(mut self, stale: Option<Held<CachedResponse>>) -> Admitted<ResBody, S::Error> {
+    async fn rebuild(
+        mut self,
+        stale: Option<Held<CachedResponse>>,
+        overtaken: Overtaken,
+    ) -> Admitted<ResBody, S::Error> {
         // With a copy that may stand in for a failure, the starter waits for
         // the whole answer: a body failing part way is then replaced by that
         // copy, which a response already streaming could not be.
@@ -436,6 +447,10 @@ where
         };
         let mut built = match self.call().await {
             Ok(mut response) => {
+                // An invalidation already overtook this rebuild: nothing it
+                // builds is stored, so the starter's head, which would leave
+                // before the engine decides, waits for it and says so.
+                let early = early.filter(|_| !overtaken.happened());
                 forwarded.answered(response.status().as_u16());
                 match (response.status() == StatusCode::NOT_MODIFIED, stored) {
                     (true, Some(stored)) => {
@@ -457,12 +472,9 @@ where
             },
         };
         if let crate::engine::Built::Value {
-            store,
-            tags: built_tags,
-            ..
+            tags: built_tags, ..
         } = &mut built
         {
-            forwarded.stored(*store);
             built_tags.extend(&tags);
         }
         built

@@ -55,7 +55,7 @@ impl std::fmt::Debug for TagRules {
 
 impl TagRules {
     /// The tags the route's tag headers carry, removed from `headers`
-    /// unless the route exposes them. A value that is not text carries none.
+    /// unless the route exposes them.
     pub(crate) fn take(&self, headers: &mut HeaderMap) -> TagSet {
         let tags = self.read(headers);
         if !self.expose {
@@ -75,9 +75,13 @@ impl TagRules {
         let mut tags = TagSet::default();
         for name in self.headers.iter() {
             for value in headers.get_all(name) {
-                let Ok(text) = value.to_str() else { continue };
-                for tag in text.split(|c: char| c == ',' || c.is_ascii_whitespace()) {
-                    tags.insert(tag);
+                // Tag by tag: one that is not ASCII (UTF-8, or bytes that are
+                // not text, read lossily) hides none of the others.
+                let parts = value
+                    .as_bytes()
+                    .split(|&b| b == b',' || b.is_ascii_whitespace());
+                for tag in parts {
+                    tags.insert(&String::from_utf8_lossy(tag));
                 }
             }
         }
@@ -123,7 +127,9 @@ impl StampedeGuard {
 
     /// Response headers whose values tag the entry (default `Surrogate-Key`
     /// and `Cache-Tag`; an empty list reads none). Tags are separated by
-    /// commas or whitespace; an answer with tags in more than 256 of the
+    /// commas or whitespace (a tag in UTF-8 is read as such; bytes that are
+    /// not text never hide the other tags of their line); an answer with
+    /// tags in more than 256 of the
     /// 4096 tag buckets is served but not stored.
     pub fn tag_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let headers: Arc<[HeaderName]> = headers.into_iter().collect();

@@ -90,10 +90,10 @@ impl Targets {
             let Some(uri) = value.to_str().ok().and_then(|v| self.resolve(v)) else {
                 continue;
             };
-            if let Some(key) = self.key_for(policy, uri) {
-                if !keys.contains(&key) {
-                    keys.push(key);
-                }
+            if let Some(key) = self.key_for(policy, uri)
+                && !keys.contains(&key)
+            {
+                keys.push(key);
             }
         }
         keys

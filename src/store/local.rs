@@ -149,11 +149,11 @@ impl<T: Stored> LocalTier<T> {
         if !key.is_group() && !self.variants.load(Ordering::Relaxed) {
             self.variants.store(true, Ordering::Relaxed);
         }
-        if let Slot::Value(value) = &slot {
-            if u64::from(value.weight()) > self.max_bytes {
-                self.cache.invalidate(&key);
-                return;
-            }
+        if let Slot::Value(value) = &slot
+            && u64::from(value.weight()) > self.max_bytes
+        {
+            self.cache.invalidate(&key);
+            return;
         }
         self.cache.insert(key, slot);
         self.report();

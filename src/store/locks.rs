@@ -92,11 +92,11 @@ impl LocalLocks {
     /// head may have changed).
     fn leave(&self, id: Key, token: &str) {
         let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(lock) = locks.get_mut(&id) {
-            if lock.queue.iter().any(|t| t == token) {
-                lock.queue.retain(|t| t != token);
-                lock.released.notify_waiters();
-            }
+        if let Some(lock) = locks.get_mut(&id)
+            && lock.queue.iter().any(|t| t == token)
+        {
+            lock.queue.retain(|t| t != token);
+            lock.released.notify_waiters();
         }
     }
 

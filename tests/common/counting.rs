@@ -20,34 +20,42 @@ pub fn live() -> isize {
 // updated beside it.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let ptr = System.alloc(layout);
-        if !ptr.is_null() {
-            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe {
+            let ptr = System.alloc(layout);
+            if !ptr.is_null() {
+                LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+            }
+            ptr
         }
-        ptr
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let ptr = System.alloc_zeroed(layout);
-        if !ptr.is_null() {
-            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        unsafe {
+            let ptr = System.alloc_zeroed(layout);
+            if !ptr.is_null() {
+                LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+            }
+            ptr
         }
-        ptr
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        System.dealloc(ptr, layout);
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        unsafe {
+            System.dealloc(ptr, layout);
+            LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let new = System.realloc(ptr, layout, new_size);
-        if !new.is_null() {
-            LIVE.fetch_add(
-                new_size as isize - layout.size() as isize,
-                Ordering::Relaxed,
-            );
+        unsafe {
+            let new = System.realloc(ptr, layout, new_size);
+            if !new.is_null() {
+                LIVE.fetch_add(
+                    new_size as isize - layout.size() as isize,
+                    Ordering::Relaxed,
+                );
+            }
+            new
         }
-        new
     }
 }

@@ -123,4 +123,8 @@ pub mod metrics;
 pub mod proxy;
 pub mod redis;
 pub mod sentinel;
+#[cfg(feature = "redis-cluster")]
+pub mod shards;
+#[cfg(feature = "redis")]
+pub mod tagged;
 pub mod tls;

@@ -17,6 +17,8 @@ pub struct Proxy {
     requests: Arc<AtomicBool>,
     /// Holds the bytes coming back.
     replies: Arc<AtomicBool>,
+    /// Holds a close from either side too, while frozen.
+    closes: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -27,8 +29,9 @@ impl Proxy {
         let port = listener.local_addr().expect("addr").port();
         let requests = Arc::new(AtomicBool::new(false));
         let replies = Arc::new(AtomicBool::new(false));
+        let closes = Arc::new(AtomicBool::new(false));
         let task = {
-            let (up, down) = (requests.clone(), replies.clone());
+            let (up, down, held) = (requests.clone(), replies.clone(), closes.clone());
             tokio::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
@@ -36,8 +39,8 @@ impl Proxy {
                     };
                     let (cr, cw) = client.into_split();
                     let (sr, sw) = server.into_split();
-                    tokio::spawn(pump(cr, sw, up.clone()));
-                    tokio::spawn(pump(sr, cw, down.clone()));
+                    tokio::spawn(pump(cr, sw, up.clone(), held.clone()));
+                    tokio::spawn(pump(sr, cw, down.clone(), held.clone()));
                 }
             })
         };
@@ -45,6 +48,7 @@ impl Proxy {
             port,
             requests,
             replies,
+            closes,
             task,
         }
     }
@@ -59,6 +63,14 @@ impl Proxy {
         self.replies.store(true, Ordering::SeqCst);
     }
 
+    /// Like `freeze`, and a connection Redis closes meanwhile stays open on
+    /// the client's side until `thaw` (its FIN is held like its bytes): the
+    /// client cannot tell that Redis dropped it.
+    pub fn freeze_closes_too(&self) {
+        self.closes.store(true, Ordering::SeqCst);
+        self.freeze();
+    }
+
     /// Holds only what Redis sends back: commands still run at once, their
     /// replies arrive late.
     pub fn freeze_replies(&self) {
@@ -66,6 +78,7 @@ impl Proxy {
     }
 
     pub fn thaw(&self) {
+        self.closes.store(false, Ordering::SeqCst);
         self.requests.store(false, Ordering::SeqCst);
         self.replies.store(false, Ordering::SeqCst);
     }
@@ -81,11 +94,17 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     frozen: Arc<AtomicBool>,
+    closes: Arc<AtomicBool>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => {
+                while closes.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                return;
+            }
             Ok(n) => n,
         };
         // Held, not dropped: a frozen link delivers late, as TCP would.

@@ -67,11 +67,11 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(_)) = child.try_wait() {
-                    self.child = None;
-                    return false; // port taken, most likely
-                }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(_)) = child.try_wait()
+            {
+                self.child = None;
+                return false; // port taken, most likely
             }
             if self.ping() {
                 return true;

@@ -143,6 +143,7 @@ pub const ACL_RULES: &[&str] = &[
     "+zrange",
     "+zrank",
     "+zscore",
+    "+zremrangebyscore",
     "+role",
     "+wait",
 ];

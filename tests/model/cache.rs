@@ -17,6 +17,9 @@ pub const SUB_LEASE: u8 = 2;
 pub enum Fault {
     Restart,
     Evict,
+    /// Foreign bytes in the fence hash's `next` or `committed`, or in the
+    /// generation.
+    Foreign,
     /// Failover to a replica that missed the last write (asynchronous
     /// replication): see "Known limits" in docs/MODEL.md.
     Failover,
@@ -46,6 +49,8 @@ pub struct Fleet {
     pub pings: bool,
     /// Whether the key was leased before the run: its fence hash exists.
     pub history: bool,
+    /// Whether a rebuild under the lease may fail (the failure marker).
+    pub failures: bool,
 }
 
 /// The invalidator's steps.
@@ -92,7 +97,25 @@ pub struct State {
     pub overwrote_newer: bool,
     pub stale_answer: bool,
     pub orphan_waited_out: bool,
-    pub orphan_outlived_lease: bool,
+    /// Ghost: lease tokens whose caller gave up on them or died, and when.
+    pub gone: Vec<(u8, u8)>,
+    /// Ghost: a commit, release or renew changed a lease of another token.
+    pub lapsed_lease_hit: bool,
+    /// Ghost: the commit of the lease Redis still held was refused with no
+    /// invalidation or fault since the lease was taken.
+    pub current_commit_refused: bool,
+    /// Ghost: invalidations run so far, and how many had run when each
+    /// lease (by issue order) was taken.
+    pub inv_runs: u8,
+    pub lease_inv: Vec<(u8, (u8, u8))>,
+    /// Ghost: a lease was given back without a message to a waiter.
+    pub waiter_unwoken: bool,
+    /// The lease issue order when the last invalidation ran.
+    pub inv_issued: u8,
+    /// The tick of the last failure marker written.
+    pub last_failure: Option<u8>,
+    pub blocked_past_cap: bool,
+    pub shared_failure: bool,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -127,6 +150,7 @@ impl Fleet {
             watchdog: false,
             pings: false,
             history: false,
+            failures: false,
         }
     }
 
@@ -172,7 +196,16 @@ impl Model for Fleet {
             overwrote_newer: false,
             stale_answer: false,
             orphan_waited_out: false,
-            orphan_outlived_lease: false,
+            gone: vec![],
+            lapsed_lease_hit: false,
+            current_commit_refused: false,
+            inv_runs: 0,
+            lease_inv: vec![],
+            waiter_unwoken: false,
+            inv_issued: 0,
+            last_failure: None,
+            blocked_past_cap: false,
+            shared_failure: false,
         }]
     }
 
@@ -222,7 +255,10 @@ impl Model for Fleet {
         if s.faults < self.max_faults {
             for fault in &self.faults {
                 match fault {
-                    Fault::Evict => (0..5).for_each(|k| out.push(Action::Fault(Fault::Evict, k))),
+                    Fault::Evict => (0..6).for_each(|k| out.push(Action::Fault(Fault::Evict, k))),
+                    Fault::Foreign => {
+                        (0..3).for_each(|k| out.push(Action::Fault(Fault::Foreign, k)))
+                    }
                     Fault::Failover if s.replica.is_none() => {}
                     f => out.push(Action::Fault(*f, 0)),
                 }
@@ -243,8 +279,10 @@ impl Model for Fleet {
             }
             Action::InvRun => {
                 s.inv_call = false;
+                s.inv_runs += 1;
                 self.before_write(&mut s);
                 s.redis.invalidate(self.protocol, s.us);
+                s.inv_issued = s.issued;
                 // PUBLISH: every instance whose subscription is up hears it.
                 let mut receivers = 0;
                 s.publishes += 1;
@@ -295,16 +333,17 @@ impl Model for Fleet {
             }
             Action::Tick => {
                 s.now += 1;
-                if let Some(token) = s.redis.expire(s.now) {
-                    if s.insts.iter().any(|i| i.gave_up.contains(&token)) {
-                        s.orphan_waited_out = true;
-                    }
+                if let Some(token) = s.redis.expire(s.now)
+                    && s.insts.iter().any(|i| i.gave_up.contains(&token))
+                {
+                    s.orphan_waited_out = true;
                 }
             }
             Action::Fault(fault, k) => {
                 s.faults += 1;
                 match fault {
                     Fault::Evict => s.redis.evict(k),
+                    Fault::Foreign => s.redis.corrupt(k),
                     Fault::Restart => {
                         s.redis = Redis::default();
                         super::client::gap_everywhere(&mut s);
@@ -331,10 +370,51 @@ impl Model for Fleet {
             Property::always("fences never decrease", |_, s: &State| !s.fence_went_back),
             Property::always("invalidate is a barrier", |_, s: &State| !s.stale_answer),
             Property::always("orphan lease outlives no lease", |_, s: &State| {
-                !s.orphan_outlived_lease
+                // A lease whose caller gave up on it or died at `at` runs out
+                // by `at` plus one lease (a watchdog of a lapsed holder must
+                // not keep it alive).
+                let Some((token, until)) = s.redis.lease else {
+                    return true;
+                };
+                s.gone
+                    .iter()
+                    .find(|(t, _)| *t == token)
+                    .is_none_or(|(_, at)| until <= at.saturating_add(LEASE))
+            }),
+            Property::always("lapsed lease touches no newer lease", |_, s: &State| {
+                !s.lapsed_lease_hit
+            }),
+            Property::always("the current lease's commit is stored", |_, s: &State| {
+                !s.current_commit_refused
+            }),
+            Property::always("a lease given back wakes its waiters", |_, s: &State| {
+                !s.waiter_unwoken
             }),
             Property::always("orphan lease released by its holder", |_, s: &State| {
                 !s.orphan_waited_out
+            }),
+            // A failure marker that fetch_or_lease honours was written by
+            // the release of a lease issued after the last invalidation.
+            Property::always(
+                "no failure marker outlives an invalidation",
+                |_, s: &State| {
+                    s.redis.backoff_left(s.now).is_none()
+                        || s.redis.failed.as_ref().is_some_and(|m| m.by > s.inv_issued)
+                },
+            ),
+            // A lease is refused for a failure only within the cap of the
+            // last failure: the marker never blocks the key for longer.
+            Property::always(
+                "a failure blocks the lease at most the cap",
+                |_, s: &State| !s.blocked_past_cap,
+            ),
+            // Not vacuous: with failures on, some request shares one, and a
+            // second failure of an episode backs off longer.
+            Property::sometimes("a request shares a failure", |m: &Fleet, s: &State| {
+                !m.failures || s.shared_failure
+            }),
+            Property::sometimes("an episode's backoff doubles", |m: &Fleet, s: &State| {
+                !m.failures || s.redis.failed.as_ref().is_some_and(|f| f.step >= 2)
             }),
             Property::eventually("every request answered", |_, s: &State| {
                 s.insts.iter().all(|i| !i.alive || i.done())

@@ -3,7 +3,7 @@
 //! its calls to Redis with their deadlines, its subscription and its L1.
 
 use super::cache::{Fleet, Inv, State, LEASE, SUB_LEASE};
-use super::redis::{Publish, Reply, Stored};
+use super::redis::{Publish, Reply, Stored, FAIL_CAP};
 
 use super::Protocol;
 
@@ -23,12 +23,15 @@ pub enum Call {
     Commit {
         token: u8,
         fence: u64,
-        gen: Option<u64>,
+        generation: Option<u64>,
         data: u8,
         by: u8,
     },
+    /// release.lua; `failure`: the lease's generation and (ghost) issue
+    /// order, when its rebuild failed (the marker is written).
     Release {
         token: u8,
+        failure: Option<(Option<u64>, u8)>,
     },
     Renew {
         token: u8,
@@ -65,6 +68,9 @@ pub enum Act {
     Deadline,
     Retry,
     Build,
+    /// The origin fails the rebuild under the lease: release with the
+    /// failure, answer the request with it.
+    Fail,
     Watchdog,
     Deliver,
     Lose,
@@ -162,6 +168,9 @@ impl Inst {
             Step::Wait { until } if self.woken || s.now >= *until => out.push(Act::Retry),
             Step::Rebuild { lease, .. } => {
                 out.push(Act::Build);
+                if fleet.failures && lease.is_some() {
+                    out.push(Act::Fail);
+                }
                 if fleet.watchdog && lease.is_some() && self.renewed < s.now {
                     out.push(Act::Watchdog);
                 }
@@ -279,13 +288,23 @@ pub fn step(fleet: &Fleet, s: &mut State, i: usize, act: Act) {
             let reply = inst.reply.take().expect("enabled");
             match (inst.step.clone(), reply) {
                 (Step::Fetch { .. }, Reply::Fresh(data)) => inst.answer(&mut s.stale_answer, data),
-                (Step::Fetch { token }, Reply::Leased { fence, gen, by }) => {
+                (
+                    Step::Fetch { token },
+                    Reply::Leased {
+                        fence,
+                        generation,
+                        by,
+                    },
+                ) => {
                     inst.step = Step::Rebuild {
-                        lease: Some((token, fence, gen, by)),
+                        lease: Some((token, fence, generation, by)),
                     };
                     inst.renewed = now;
                 }
                 (Step::Fetch { .. }, Reply::Held(until)) => inst.step = Step::Wait { until },
+                // The backoff runs: the request shares the failure (no data;
+                // stale-if-error is not modelled) and the origin is not called.
+                (Step::Fetch { .. }, Reply::Failing(_)) => inst.step = Step::Idle,
                 (Step::Commit { data, .. }, Reply::Done(_)) => {
                     inst.answer(&mut s.stale_answer, data)
                 }
@@ -297,15 +316,23 @@ pub fn step(fleet: &Fleet, s: &mut State, i: usize, act: Act) {
             match inst.step.clone() {
                 Step::Fetch { token } => {
                     inst.gave_up.push(token);
+                    s.gone.push((token, now));
                     if fleet.protocol == Protocol::Current {
-                        inst.calls.push(Call::Release { token });
+                        inst.calls.push(Call::Release {
+                            token,
+                            failure: None,
+                        });
                     }
                     inst.step = Step::Rebuild { lease: None };
                 }
                 Step::Commit { token, data } => {
                     inst.gave_up.push(token);
+                    s.gone.push((token, now));
                     if fleet.protocol == Protocol::Current {
-                        inst.calls.push(Call::Release { token });
+                        inst.calls.push(Call::Release {
+                            token,
+                            failure: None,
+                        });
                     }
                     inst.answer(&mut s.stale_answer, data);
                 }
@@ -317,13 +344,13 @@ pub fn step(fleet: &Fleet, s: &mut State, i: usize, act: Act) {
         // the two can as well come while the commit is on its way).
         Act::Build => match inst.step.clone() {
             Step::Rebuild {
-                lease: Some((token, fence, gen, by)),
+                lease: Some((token, fence, generation, by)),
             } => {
                 let data = s.origin;
                 inst.calls.push(Call::Commit {
                     token,
                     fence,
-                    gen,
+                    generation,
                     data,
                     by,
                 });
@@ -332,6 +359,18 @@ pub fn step(fleet: &Fleet, s: &mut State, i: usize, act: Act) {
             Step::Rebuild { lease: None } => inst.answer(&mut s.stale_answer, s.origin),
             _ => unreachable!(),
         },
+        Act::Fail => {
+            if let Step::Rebuild {
+                lease: Some((token, _, generation, by)),
+            } = inst.step
+            {
+                inst.calls.push(Call::Release {
+                    token,
+                    failure: Some((generation, by)),
+                });
+                inst.step = Step::Idle;
+            }
+        }
         Act::Watchdog => {
             if let Step::Rebuild {
                 lease: Some((token, ..)),
@@ -373,6 +412,12 @@ pub fn step(fleet: &Fleet, s: &mut State, i: usize, act: Act) {
             }
         }
         Act::Die => {
+            for n in 1..=inst.tokens {
+                let token = (i as u8) * 16 + n;
+                if !s.gone.iter().any(|(t, _)| *t == token) {
+                    s.gone.push((token, now));
+                }
+            }
             inst.alive = false;
             inst.inbox.clear();
             inst.reply = None;
@@ -386,12 +431,32 @@ pub fn run(fleet: &Fleet, s: &mut State, i: usize) {
     let call = s.insts[i].calls.remove(0);
     fleet.before_write(s);
     let (us, now, protocol) = (s.us, s.now, fleet.protocol);
+    // Ghost: a lease another token holds, which this call must not touch.
+    let caller = match &call {
+        Call::Fetch { .. } => None,
+        Call::Commit { token, .. } | Call::Release { token, .. } | Call::Renew { token } => {
+            Some(*token)
+        }
+    };
+    let other = s.redis.lease.filter(|(t, _)| Some(*t) != caller);
+    let mine = s.redis.lease.is_some_and(|(t, _)| Some(t) == caller);
+    let heard: Vec<usize> = s.insts.iter().map(|i| i.inbox.len()).collect();
     let reply = match call {
         Call::Fetch { token } => {
             let mut reply = s.redis.fetch_or_lease(protocol, us, now, token, LEASE);
+            if let Reply::Failing(_) = reply {
+                s.shared_failure = true;
+            }
+            if let Reply::Failing(_) = reply
+                && s.last_failure
+                    .is_none_or(|t| now >= t.saturating_add(FAIL_CAP))
+            {
+                s.blocked_past_cap = true;
+            }
             if let Reply::Leased { by, .. } = &mut reply {
                 s.issued += 1;
                 *by = s.issued;
+                s.lease_inv.push((s.issued, (s.inv_runs, s.faults)));
             }
             fleet.redis_reply(s, &reply);
             Some((token, reply))
@@ -399,22 +464,33 @@ pub fn run(fleet: &Fleet, s: &mut State, i: usize) {
         Call::Commit {
             token,
             fence,
-            gen,
+            generation,
             data,
             by,
         } => {
             let before: Option<Stored> = s.redis.current(protocol).cloned();
-            let (stored, published) = s.redis.commit(protocol, us, token, fence, gen, data, by);
+            let (stored, published) = s
+                .redis
+                .commit(protocol, us, token, fence, generation, data, by);
             if stored && before.is_some_and(|v| v.by > by) {
                 s.overwrote_newer = true;
+            }
+            // Ghost: the commit of the lease Redis still holds, with no
+            // invalidation since it was taken and no fault, is stored.
+            let since = s.lease_inv.iter().find(|(b, _)| *b == by).map(|(_, n)| *n);
+            if mine && !stored && since == Some((s.inv_runs, s.faults)) {
+                s.current_commit_refused = true;
             }
             if let Some(p) = published {
                 publish(s, p);
             }
             Some((token, Reply::Done(stored)))
         }
-        Call::Release { token } => {
-            if s.redis.release(token) {
+        Call::Release { token, failure } => {
+            if s.redis.release(now, token, failure) {
+                if failure.is_some() {
+                    s.last_failure = Some(now);
+                }
                 publish(s, Publish::Failed);
             }
             None
@@ -424,6 +500,16 @@ pub fn run(fleet: &Fleet, s: &mut State, i: usize) {
             None
         }
     };
+    if caller.is_some() && other.is_some() && s.redis.lease != other {
+        s.lapsed_lease_hit = true;
+    }
+    // Ghost: a lease its holder gave back tells every waiter on the key.
+    if mine && s.redis.lease.is_none() {
+        let unheard = s.insts.iter().zip(&heard).any(|(inst, before)| {
+            inst.alive && matches!(inst.step, Step::Wait { .. }) && inst.inbox.len() == *before
+        });
+        s.waiter_unwoken |= unheard;
+    }
     // The reply reaches the client only if it still awaits that call.
     let inst = &mut s.insts[i];
     if let Some((token, reply)) = reply {

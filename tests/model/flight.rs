@@ -173,7 +173,7 @@ impl Model for Flights {
                 attached.count() <= 1
             }),
             Property::always("the map's flight has its leader", |_, s: &FState| {
-                s.map.map_or(true, |f| s.tasks.contains(&Task::Leading(f)))
+                s.map.is_none_or(|f| s.tasks.contains(&Task::Leading(f)))
             }),
             Property::always("no waiter stranded", |_, s: &FState| {
                 s.tasks.iter().all(|t| match t {

@@ -80,6 +80,9 @@ pub enum LAction {
     Start(usize),
     Reply(usize),
     Deadline(usize),
+    /// The deadline fires and the connection is replaced: the attempt's
+    /// bytes, held on the old one, reach Redis after the undo.
+    Replaced(usize),
     Retry(usize),
     Watchdog(usize),
     Release(usize),
@@ -175,6 +178,12 @@ impl Model for Locks {
                     }
                     if self.deadlines {
                         out.push(LAction::Deadline(t));
+                        if s.calls
+                            .iter()
+                            .any(|(c, call)| *c == t && *call == Call::Acquire)
+                        {
+                            out.push(LAction::Replaced(t));
+                        }
                     }
                 }
                 TStep::Queued if task.woken || task.tried < s.now => out.push(LAction::Retry(t)),
@@ -241,6 +250,19 @@ impl Model for Locks {
                 s.gave_up.push(t);
                 s.gone_at.push((t, s.now));
                 s.calls.push((t, Call::Leave));
+            }
+            LAction::Replaced(t) => {
+                s.tasks[t].step = TStep::Done;
+                s.tasks[t].reply = None;
+                s.gave_up.push(t);
+                s.gone_at.push((t, s.now));
+                let at = s
+                    .calls
+                    .iter()
+                    .position(|(c, call)| *c == t && *call == Call::Acquire)?;
+                let late = s.calls.remove(at);
+                s.calls.push((t, Call::Leave));
+                s.calls.push(late);
             }
             LAction::Retry(t) => {
                 s.tasks[t].step = TStep::Acquire;

@@ -72,13 +72,13 @@ impl LockRedis {
         tenures: &mut u8,
         fx: &mut Effects,
     ) -> Acquired {
-        if p == Protocol::Current {
-            if let Some(until) = get(&self.tombs, attempt) {
-                if until >= now {
-                    return Acquired::Wait { position: 0 };
-                }
-                remove(&mut self.tombs, attempt);
+        if p == Protocol::Current
+            && let Some(until) = get(&self.tombs, attempt)
+        {
+            if until >= now {
+                return Acquired::Wait { position: 0 };
             }
+            remove(&mut self.tombs, attempt);
         }
         let owner = self.lock.as_ref().map(|h| h.owner);
         if p == Protocol::Current && owner == Some(token) {
@@ -156,11 +156,12 @@ impl LockRedis {
         lease: u8,
         fx: &mut Effects,
     ) {
-        if let Some(hold) = &mut self.lock {
-            if hold.owner == token && (p == Protocol::Old || hold.fence == fence) {
-                hold.expires = now.saturating_add(lease);
-                fx.touched = Some(hold.tenure);
-            }
+        if let Some(hold) = &mut self.lock
+            && hold.owner == token
+            && (p == Protocol::Old || hold.fence == fence)
+        {
+            hold.expires = now.saturating_add(lease);
+            fx.touched = Some(hold.tenure);
         }
     }
 
@@ -173,10 +174,10 @@ impl LockRedis {
         attempt: u8,
         fx: &mut Effects,
     ) -> u8 {
-        if p == Protocol::Current {
-            if let Some(outcome) = get(&self.receipts, attempt) {
-                return outcome;
-            }
+        if p == Protocol::Current
+            && let Some(outcome) = get(&self.receipts, attempt)
+        {
+            return outcome;
         }
         let Some(hold) = &mut self.lock else { return 0 };
         let ours = match p {
@@ -221,15 +222,15 @@ impl LockRedis {
         }
         let mut changed = remove(&mut self.queue, token);
         remove(&mut self.beats, token);
-        if p == Protocol::Current {
-            if let Some(hold) = &mut self.lock {
-                if hold.owner == token && remove_item(&mut hold.attempts, attempt) {
-                    changed = true;
-                    hold.count = hold.count.saturating_sub(1);
-                    if hold.count == 0 {
-                        self.lock = None;
-                    }
-                }
+        if p == Protocol::Current
+            && let Some(hold) = &mut self.lock
+            && hold.owner == token
+            && remove_item(&mut hold.attempts, attempt)
+        {
+            changed = true;
+            hold.count = hold.count.saturating_sub(1);
+            if hold.count == 0 {
+                self.lock = None;
             }
         }
         fx.published |= changed;

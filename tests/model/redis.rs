@@ -5,11 +5,11 @@
 
 use super::Protocol;
 
-/// The value key: `<gen>|<data>`. `by` is ghost state: the issue order of
+/// The value key: `<generation>|<data>`. `by` is ghost state: the issue order of
 /// the lease whose commit stored it (0: none).
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 pub struct Stored {
-    pub gen: Option<u64>,
+    pub generation: Option<u64>,
     pub data: u8,
     pub by: u8,
 }
@@ -21,7 +21,24 @@ pub struct FenceHash {
     pub committed: Option<u64>,
 }
 
-/// The five keys of one entry (`KEYS[1..5]`), and Redis's clock.
+/// The failure marker `<gen>:<code>:<step>` (release.lua), with the tick
+/// at which its PX runs out. The model's failures have one code. `by` is
+/// ghost state: the issue order of the lease whose release wrote it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct Marker {
+    pub generation: Option<u64>,
+    pub step: u8,
+    pub until: u8,
+    pub by: u8,
+}
+
+/// The first backoff after a failed rebuild, in ticks (`FAILURE_BACKOFF`).
+pub const FAIL_BASE: u8 = 1;
+/// The longest backoff, and how long a marker outlives its backoff, in
+/// ticks (`FAILURE_BACKOFF_CAP`).
+pub const FAIL_CAP: u8 = 2;
+
+/// The six keys of one entry (`KEYS[1..6]`), and Redis's clock.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
 pub struct Redis {
     pub value: Option<Stored>,
@@ -29,7 +46,9 @@ pub struct Redis {
     /// The lease: (token, tick at which its PX runs out).
     pub lease: Option<(u8, u8)>,
     pub fence: Option<FenceHash>,
-    pub gen: Option<u64>,
+    pub generation: Option<u64>,
+    /// The failure marker (`{base}:x`).
+    pub failed: Option<Marker>,
 }
 
 /// What a script answered.
@@ -40,11 +59,14 @@ pub enum Reply {
     /// `{2, ...}`: the lease, with its fence and generation.
     Leased {
         fence: u64,
-        gen: Option<u64>,
+        generation: Option<u64>,
         by: u8,
     },
     /// `{3, ...}`: another owner holds the lease until this tick.
     Held(u8),
+    /// `{4, ...}`: the last rebuild failed; its backoff runs this many more
+    /// ticks.
+    Failing(u8),
     /// commit's 1 or 0.
     Done(bool),
 }
@@ -63,13 +85,28 @@ fn clock(us: u64) -> u64 {
     us
 }
 
+/// Foreign bytes in a number field (`Fault::Foreign`): not plain.
+pub const FOREIGN: u64 = u64::MAX;
+
+/// fence.lua `plain`: a number the scripts wrote (below 2^53).
+fn plain(n: u64) -> bool {
+    n < 1 << 53
+}
+
 impl Redis {
-    /// fence.lua `seed_fence`. Numbers the model writes are always plain,
-    /// so "foreign bytes" reduce to "gone".
+    /// fence.lua `seed_fence`: a lost `next`, or foreign bytes in either
+    /// field, start both again from the clock (or from `next`, if plain and
+    /// above it).
     fn seed_fence(&mut self, us: u64) {
         let hash = self.fence.get_or_insert_with(FenceHash::default);
-        if hash.next.is_none() {
-            let seed = clock(us);
+        let next_plain = hash.next.filter(|n| plain(*n));
+        if next_plain.is_none() || hash.committed.is_some_and(|c| !plain(c)) {
+            let mut seed = clock(us);
+            if let Some(next) = next_plain
+                && next > seed
+            {
+                seed = next;
+            }
             hash.next = Some(seed);
             if hash.committed.is_some() {
                 hash.committed = Some(seed);
@@ -78,9 +115,16 @@ impl Redis {
     }
 
     /// fence.lua `generation` (lifetimes are longer than the bounds
-    /// checked, so its PEXPIRE is not modelled).
+    /// checked, so its PEXPIRE is not modelled): lost or foreign, it starts
+    /// again from the clock.
     fn generation(&mut self, us: u64) -> u64 {
-        *self.gen.get_or_insert(clock(us))
+        match self.generation {
+            Some(g) if plain(g) => g,
+            _ => {
+                self.generation = Some(clock(us));
+                clock(us)
+            }
+        }
     }
 
     /// fence.lua `current`: the value if it carries the current generation.
@@ -89,8 +133,8 @@ impl Redis {
         match protocol {
             Protocol::Old => Some(value),
             Protocol::Current => {
-                let gen = self.gen?;
-                (value.gen == Some(gen)).then_some(value)
+                let generation = self.generation?;
+                (value.generation == Some(generation)).then_some(value)
             }
         }
     }
@@ -101,9 +145,22 @@ impl Redis {
             self.seed_fence(us);
         }
         let hash = self.fence.get_or_insert_with(FenceHash::default);
-        let next = hash.next.unwrap_or(0) + 1;
+        let next = hash.next.unwrap_or(0).saturating_add(1);
         hash.next = Some(next);
         next
+    }
+
+    /// fetch_or_lease.lua's marker check: the backoff left of a marker of
+    /// the current generation (the stored generation, `GET KEYS[5]`, not
+    /// one seeded now), if its PTTL minus the memory is in `(0, memory]`.
+    /// A marker of another generation, or with a TTL no backoff gives, is
+    /// ignored.
+    pub fn backoff_left(&self, now: u8) -> Option<u8> {
+        let marker = self.failed.as_ref()?;
+        let pttl = i16::from(marker.until) - i16::from(now);
+        let left = pttl - i16::from(FAIL_CAP);
+        let ours = marker.generation.is_some() && marker.generation == self.generation;
+        (ours && left > 0 && left <= i16::from(FAIL_CAP)).then_some(left as u8)
     }
 
     /// fetch_or_lease.lua (no early refresh: `ARGV[3]` is -1). `issued` is
@@ -116,19 +173,31 @@ impl Redis {
         token: u8,
         lease: u8,
     ) -> Reply {
-        if let Some(value) = self.current(protocol) {
-            if self.fresh {
-                return Reply::Fresh(value.data);
-            }
+        if let Some(value) = self.current(protocol)
+            && self.fresh
+        {
+            return Reply::Fresh(value.data);
+        }
+        // The failure marker (the scripts before the fleet-fault fixes had
+        // none). The script's second fresh check (an early refresh during an
+        // episode) cannot fire with `ARGV[3]` = -1.
+        if protocol == Protocol::Current
+            && let Some(left) = self.backoff_left(now)
+        {
+            return Reply::Failing(left);
         }
         if self.lease.is_none() {
             self.lease = Some((token, now.saturating_add(lease)));
             let fence = self.issue(protocol, us);
-            let gen = match protocol {
+            let generation = match protocol {
                 Protocol::Current => Some(self.generation(us)),
                 Protocol::Old => None,
             };
-            return Reply::Leased { fence, gen, by: 0 };
+            return Reply::Leased {
+                fence,
+                generation,
+                by: 0,
+            };
         }
         Reply::Held(self.lease.map_or(now, |(_, until)| until))
     }
@@ -141,7 +210,7 @@ impl Redis {
         us: u64,
         token: u8,
         fence: u64,
-        gen: Option<u64>,
+        generation: Option<u64>,
         data: u8,
         by: u8,
     ) -> (bool, Option<Publish>) {
@@ -151,7 +220,7 @@ impl Redis {
                 let hash = self.fence.clone().unwrap_or_default();
                 let committed = hash.committed.unwrap_or(0);
                 let issued = hash.next.unwrap_or(0);
-                fence >= committed && fence >= issued && self.gen == gen
+                fence >= committed && fence >= issued && self.generation == generation
             }
             Protocol::Old => {
                 let committed = self.fence.as_ref().and_then(|h| h.committed).unwrap_or(0);
@@ -159,11 +228,16 @@ impl Redis {
             }
         };
         if allowed {
-            self.value = Some(Stored { gen, data, by });
+            self.value = Some(Stored {
+                generation,
+                data,
+                by,
+            });
             self.fresh = true;
             self.fence.get_or_insert_with(FenceHash::default).committed = Some(fence);
             if protocol == Protocol::Current {
                 self.generation(us);
+                self.failed = None;
             }
         }
         let held = self.lease.is_some_and(|(t, _)| t == token);
@@ -180,10 +254,30 @@ impl Redis {
         (allowed, published)
     }
 
-    /// release.lua.
-    pub fn release(&mut self, token: u8) -> bool {
+    /// release.lua. `failure`: the generation the lease was taken under and
+    /// (ghost) its issue order, for a rebuild that failed; `None` for a
+    /// plain release (ARGV[4] empty). Only the lease's owner token writes a
+    /// marker: the step goes on from a marker of the same generation
+    /// (`#s <= 2`, capped at 32), else starts at 1; the backoff is
+    /// `min(base * 2^(step-1), cap)` and the marker's PX that plus `cap`.
+    pub fn release(&mut self, now: u8, token: u8, failure: Option<(Option<u64>, u8)>) -> bool {
         if self.lease.is_some_and(|(t, _)| t == token) {
             self.lease = None;
+            if let Some((generation, by)) = failure {
+                let step = match &self.failed {
+                    Some(old) if old.generation.is_some() && old.generation == generation => {
+                        (old.step + 1).min(32)
+                    }
+                    _ => 1,
+                };
+                let backoff = (u32::from(FAIL_BASE) << (step - 1).min(16)).min(u32::from(FAIL_CAP));
+                self.failed = Some(Marker {
+                    generation,
+                    step,
+                    until: now.saturating_add(backoff as u8 + FAIL_CAP),
+                    by,
+                });
+            }
             return true;
         }
         false
@@ -206,10 +300,11 @@ impl Redis {
         self.fresh = false;
         match protocol {
             Protocol::Current => {
+                self.failed = None;
                 let next = self.issue(protocol, us);
                 self.fence.get_or_insert_with(FenceHash::default).committed = Some(next);
                 let g = self.generation(us);
-                self.gen = Some(g + 1);
+                self.generation = Some(g + 1);
             }
             Protocol::Old => {
                 let hash = self.fence.get_or_insert_with(FenceHash::default);
@@ -221,6 +316,9 @@ impl Redis {
     /// The clock reached `now`: keys whose PX ran out are gone. Returns the
     /// token of a lease that expired.
     pub fn expire(&mut self, now: u8) -> Option<u8> {
+        if self.failed.as_ref().is_some_and(|m| m.until <= now) {
+            self.failed = None;
+        }
         match self.lease {
             Some((token, until)) if until <= now => {
                 self.lease = None;
@@ -230,14 +328,25 @@ impl Redis {
         }
     }
 
-    /// Eviction of one key (`which` in 0..5).
+    /// Foreign bytes written into a number (`which`: the fence hash's
+    /// `next`, its `committed`, the generation).
+    pub fn corrupt(&mut self, which: u8) {
+        match which {
+            0 => self.fence.get_or_insert_with(FenceHash::default).next = Some(FOREIGN),
+            1 => self.fence.get_or_insert_with(FenceHash::default).committed = Some(FOREIGN),
+            _ => self.generation = Some(FOREIGN),
+        }
+    }
+
+    /// Eviction of one key (`which` in 0..6).
     pub fn evict(&mut self, which: u8) {
         match which {
             0 => self.value = None,
             1 => self.fresh = false,
             2 => self.lease = None,
             3 => self.fence = None,
-            _ => self.gen = None,
+            4 => self.generation = None,
+            _ => self.failed = None,
         }
     }
 }

@@ -7,7 +7,9 @@
 //! the group's flights, removes the group from its L1), then publishes an
 //! acknowledgement on the sender's own channel, `{channel}:ack:<instance>`.
 //! The sender acknowledges its own echo locally. `PUBLISH` says how many
-//! subscribers received the message; the sender waits for that many.
+//! subscribers received the message; the sender waits for that many, and
+//! for one from every member of the fleet (see [`super::members`]): an
+//! acknowledgement names its sender, `a:<nonce>:<instance>`.
 //!
 //! **The subscription lease.** Every [`KEEPALIVE`](super::supervisor) the
 //! supervisor pings the subscriber connection. A PONG arrives after every
@@ -23,7 +25,7 @@
 //! **Pending invalidations.** One that did not reach Redis at all is
 //! remembered here, per group, and retried until Redis has it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -111,16 +113,36 @@ impl Liveness {
     }
 }
 
+/// The acknowledgements of one invalidation so far: how many, and from
+/// which instances (those that named themselves).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Acked {
+    pub count: u64,
+    pub by: HashSet<String>,
+}
+
+/// The most acknowledging instances remembered per invalidation: past it,
+/// acknowledgements are only counted.
+const ACKERS_MAX: usize = 10_000;
+
+impl Acked {
+    /// Whether `want` acknowledgements came, among them one from every
+    /// instance of `members`.
+    pub(crate) fn covers(&self, want: u64, members: &[String]) -> bool {
+        self.count >= want && members.iter().all(|m| self.by.contains(m))
+    }
+}
+
 /// Invalidations of this process waiting for their acknowledgements.
 #[derive(Default)]
 pub(crate) struct Acks {
-    waiting: Mutex<HashMap<u64, watch::Sender<u64>>>,
+    waiting: Mutex<HashMap<u64, watch::Sender<Acked>>>,
 }
 
 impl Acks {
     /// Starts counting acknowledgements of `nonce`.
-    pub(crate) fn expect(&self, nonce: u64) -> watch::Receiver<u64> {
-        let (tx, rx) = watch::channel(0);
+    pub(crate) fn expect(&self, nonce: u64) -> watch::Receiver<Acked> {
+        let (tx, rx) = watch::channel(Acked::default());
         self.waiting
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -136,13 +158,26 @@ impl Acks {
             .remove(&nonce);
     }
 
-    /// One acknowledgement of `nonce` arrived.
-    pub(crate) fn acked(&self, nonce: u64) {
+    /// One acknowledgement of `nonce` arrived, from `by` if it said.
+    pub(crate) fn acked(&self, nonce: u64, by: Option<&str>) {
         let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = waiting.get(&nonce) {
-            tx.send_modify(|n| *n += 1);
+            tx.send_modify(|acked| {
+                acked.count = acked.count.saturating_add(1);
+                if let Some(by) = by
+                    && is_instance(by)
+                    && acked.by.len() < ACKERS_MAX
+                {
+                    acked.by.insert(by.to_owned());
+                }
+            });
         }
     }
+}
+
+/// Whether `name` looks like an instance's signature (16 hex digits).
+pub(crate) fn is_instance(name: &str) -> bool {
+    name.len() == 16 && name.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// The most invalidations an instance remembers as not yet in Redis (one per
@@ -188,11 +223,17 @@ impl Pending {
     }
 }
 
-/// Waits until `want` acknowledgements were counted on `rx`, at most
-/// `limit`. Returns whether they all came.
-pub(crate) async fn all_acked(rx: &mut watch::Receiver<u64>, want: u64, limit: Duration) -> bool {
+/// Waits until `want` acknowledgements were counted on `rx`, one of them
+/// from every instance of `members`, at most until `until`. Returns whether
+/// they all came.
+pub(crate) async fn all_acked(
+    rx: &mut watch::Receiver<Acked>,
+    want: u64,
+    members: &[String],
+    until: tokio::time::Instant,
+) -> bool {
     matches!(
-        tokio::time::timeout(limit, rx.wait_for(|n| *n >= want)).await,
+        tokio::time::timeout_at(until, rx.wait_for(|a| a.covers(want, members))).await,
         Ok(Ok(_))
     )
 }
@@ -202,13 +243,24 @@ pub(crate) fn ack_channel(channel: &str, instance: &str) -> String {
     format!("{channel}:ack:{instance}")
 }
 
-/// The acknowledgement of the invalidation `nonce`.
-pub(crate) fn ack_message(nonce: u64) -> String {
-    format!("a:{nonce}")
+/// The acknowledgement of the invalidation `nonce`, signed by `instance`.
+pub(crate) fn ack_message(nonce: u64, instance: &str) -> String {
+    format!("a:{nonce}:{instance}")
 }
 
 pub(crate) fn parse_nonce(bytes: &[u8]) -> Option<u64> {
     std::str::from_utf8(bytes).ok()?.parse().ok()
+}
+
+/// An acknowledgement (after its `a:`): its nonce and, if signed, the
+/// instance that sent it.
+pub(crate) fn parse_ack(bytes: &[u8]) -> Option<(u64, Option<&str>)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let (nonce, by) = match text.split_once(':') {
+        Some((nonce, by)) => (nonce, Some(by)),
+        None => (text, None),
+    };
+    Some((nonce.parse().ok()?, by))
 }
 
 #[cfg(test)]
@@ -249,15 +301,48 @@ mod tests {
         assert!(!live.must_drop(lapsed + Duration::from_millis(200)));
     }
 
+    fn soon() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_millis(10)
+    }
+
     #[tokio::test]
     async fn acks_are_counted_per_nonce() {
         let acks = Acks::default();
         let mut rx = acks.expect(7);
-        acks.acked(7);
-        acks.acked(8);
-        assert!(!all_acked(&mut rx, 2, Duration::from_millis(10)).await);
-        acks.acked(7);
-        assert!(all_acked(&mut rx, 2, Duration::from_millis(10)).await);
+        acks.acked(7, None);
+        acks.acked(8, None);
+        assert!(!all_acked(&mut rx, 2, &[], soon()).await);
+        acks.acked(7, None);
+        assert!(all_acked(&mut rx, 2, &[], soon()).await);
         acks.forget(7);
+    }
+
+    #[tokio::test]
+    async fn every_member_must_acknowledge_whatever_the_count() {
+        let acks = Acks::default();
+        let mut rx = acks.expect(7);
+        let (a, b) = ("0123456789abcdef".to_owned(), "fedcba9876543210".to_owned());
+        let members = [a.clone(), b.clone()];
+        // Enough acknowledgements, but anonymous or from strangers.
+        acks.acked(7, None);
+        acks.acked(7, Some("not an instance"));
+        acks.acked(7, Some(&a));
+        acks.acked(7, Some(&a));
+        assert!(!all_acked(&mut rx, 1, &members, soon()).await);
+        acks.acked(7, Some(&b));
+        assert!(all_acked(&mut rx, 1, &members, soon()).await);
+        assert!(!rx.borrow().covers(6, &members), "and the count too");
+    }
+
+    #[test]
+    fn acknowledgements_parse_signed_or_not() {
+        assert_eq!(parse_ack(b"9"), Some((9, None)));
+        assert_eq!(
+            parse_ack(&ack_message(9, "0123456789abcdef").as_bytes()[2..]),
+            Some((9, Some("0123456789abcdef")))
+        );
+        for foreign in [&b""[..], b"x", b"-1", b"\xff:1", b"99999999999999999999999"] {
+            assert_eq!(parse_ack(foreign), None, "{foreign:?}");
+        }
     }
 }

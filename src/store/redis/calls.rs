@@ -15,7 +15,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::collections::HashMap;
+
+use redis::aio::MultiplexedConnection;
 use redis::{RedisError, Value};
+use tokio::sync::OnceCell;
 
 use super::breaker::answered;
 use super::breaker::migrating;
@@ -112,9 +116,23 @@ impl RedisTier {
         }
         let until = Instant::now() + limit;
         let mut pause = MIGRATION_PAUSE;
+        // On a cluster, the call goes to the key's primary on a connection
+        // of its own, not through the cluster client: that client rebuilds
+        // its slot map and connections when a node fails, holding back
+        // every call to every node meanwhile (for a whole connect timeout
+        // while another node is frozen). A slot on the move is left to the
+        // cluster client, which follows `ASK` and `MOVED`.
+        let mut node = shared.health.node(route);
         let error = loop {
             let left = until.saturating_duration_since(Instant::now());
-            let error = match tokio::time::timeout(left, call(self.conn())).await {
+            let attempt = async {
+                let conn = match &node {
+                    Some(address) => Conn::Node(shared.node_conns.get(shared, address).await?),
+                    None => self.conn(),
+                };
+                call(conn).await
+            };
+            let error = match tokio::time::timeout(left, attempt).await {
                 Ok(Ok(value)) => {
                     breaker.success();
                     return Ok(value);
@@ -122,9 +140,19 @@ impl RedisTier {
                 Ok(Err(e)) => TierError::Redis(e),
                 Err(_) => TierError::Timeout,
             };
+            if let Some(address) = &node
+                && !answered(&error)
+            {
+                // Dead, frozen or gone: the next call connects again, to
+                // whichever node the slot map names by then (a replica may
+                // have taken the slots over).
+                shared.node_conns.forget(address);
+                shared.signals.slots_moved.notify_one();
+            }
             if !retry_moving || !migrating(&error) {
                 break error;
             }
+            node = None;
             // The slot moved, or is moving: the map may be out of date.
             shared.signals.slots_moved.notify_one();
             let left = until.saturating_duration_since(Instant::now());
@@ -159,6 +187,43 @@ impl RedisTier {
     }
 }
 
+/// A connection of its own to each cluster primary, opened once (by the
+/// first call that needs it, or when the slot map is read) and dropped
+/// when a call on it fails; only the primaries of the current slot map
+/// keep theirs.
+#[derive(Default)]
+pub(crate) struct NodeConns {
+    conns: std::sync::Mutex<HashMap<Address, Arc<OnceCell<MultiplexedConnection>>>>,
+}
+
+impl NodeConns {
+    async fn get(
+        &self,
+        shared: &Shared,
+        address: &Address,
+    ) -> Result<MultiplexedConnection, RedisError> {
+        let cell = self.lock().entry(address.clone()).or_default().clone();
+        cell.get_or_try_init(|| shared.own_connection(address))
+            .await
+            .cloned()
+    }
+
+    fn forget(&self, address: &Address) {
+        self.lock().remove(address);
+    }
+
+    /// Keeps the connections of `nodes` only.
+    fn retain(&self, nodes: &[Address]) {
+        self.lock().retain(|a, _| nodes.contains(a));
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<Address, Arc<OnceCell<MultiplexedConnection>>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 impl Shared {
     /// On a cluster, reads the slot map (`CLUSTER SLOTS`) from the first
     /// primary that answers, healthy ones first. True if it was read.
@@ -186,14 +251,85 @@ impl Shared {
         for node in nodes {
             let mut cmd = redis::cmd("CLUSTER");
             cmd.arg("SLOTS");
-            let ask = self.on_node(node.as_ref(), cmd);
-            if let Ok(Ok(reply)) = tokio::time::timeout(self.config.deadline, ask).await {
-                if self.health.update(&reply) {
-                    return true;
+            // A known node is asked on the tier's own connection to it (the
+            // one its keys' calls use, not a new one per read: a slot on the
+            // move has every redirected call ask for a new map): through the
+            // cluster client, asking a node it has no connection to (a dead
+            // one) makes it rebuild its slot map, and every call to every
+            // node waits meanwhile (longer still with another node frozen).
+            let ask = async {
+                match &node {
+                    Some(address) => {
+                        let mut conn = self.node_conns.get(self, address).await?;
+                        cmd.query_async::<Value>(&mut conn).await
+                    }
+                    None => self.on_node(None, cmd.clone()).await,
                 }
+            };
+            // An unknown endpoint in the reply is the node asked.
+            let asked = match &node {
+                Some((host, _)) => host.clone(),
+                None => self.seed_host(),
+            };
+            let reply = match tokio::time::timeout(self.config.deadline, ask).await {
+                Ok(Ok(reply)) => Some(reply),
+                Ok(Err(e)) if e.code().is_some() => None,
+                _ => {
+                    // Silent or gone: the next use connects again.
+                    if let Some(address) = &node {
+                        self.node_conns.forget(address);
+                    }
+                    None
+                }
+            };
+            if let Some(reply) = reply
+                && self.health.update(&reply, &asked)
+            {
+                self.node_conns.retain(&self.health.nodes());
+                // Open the healthy primaries' connections now, not in the
+                // first requests' deadline.
+                let open: Vec<Address> = self
+                    .health
+                    .open_nodes()
+                    .into_iter()
+                    .map(|(a, _)| a)
+                    .collect();
+                for node in self
+                    .health
+                    .nodes()
+                    .into_iter()
+                    .filter(|a| !open.contains(a))
+                {
+                    let _ = tokio::time::timeout(
+                        self.config.connect_timeout,
+                        self.node_conns.get(self, &node),
+                    )
+                    .await;
+                }
+                return true;
             }
         }
         false
+    }
+
+    /// The first seed's host: the node the cluster client asks first.
+    fn seed_host(&self) -> String {
+        let Topology::Cluster(seeds) = &self.config.topology else {
+            return String::new();
+        };
+        let Some(seed) = seeds.first() else {
+            return String::new();
+        };
+        let rest = seed.split_once("://").map_or(seed.as_str(), |(_, r)| r);
+        let authority = rest.split('/').next().unwrap_or(rest);
+        let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        let host = match hostport.rsplit_once(':') {
+            Some((host, port)) if !port.contains(']') => host,
+            _ => hostport,
+        };
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned()
     }
 
     /// One probe on a cluster: true once every circuit is closed. Each
@@ -249,22 +385,47 @@ impl Shared {
     /// down makes the client rebuild its connections and holds up the
     /// calls to every other node meanwhile.
     pub(super) async fn node_answers(&self, address: &Address) -> bool {
-        let Topology::Cluster(seeds) = &self.config.topology else {
-            return false;
-        };
-        let Some(url) = seeds.first().map(|seed| node_url(seed, address)) else {
-            return false;
-        };
-        let ping = async {
-            let mut conn = client(&url, &self.config.tls)?
-                .get_multiplexed_async_connection()
-                .await?;
-            redis::cmd("PING").query_async::<()>(&mut conn).await
-        };
+        let cmd = redis::cmd("PING");
+        let ping = self.on_own_connection::<()>(address, &cmd);
         matches!(
             tokio::time::timeout(self.config.deadline, ping).await,
             Ok(Ok(()))
         )
+    }
+
+    /// Sends `cmd` to the cluster node at `address` on a new connection of
+    /// its own, not through the cluster client.
+    async fn on_own_connection<T: redis::FromRedisValue>(
+        &self,
+        address: &Address,
+        cmd: &redis::Cmd,
+    ) -> Result<T, RedisError> {
+        let mut conn = self.own_connection(address).await?;
+        cmd.query_async::<T>(&mut conn).await
+    }
+
+    /// A new connection to the cluster node at `address`, reached like the
+    /// first seed (scheme, credentials, TLS), with the backend's connect
+    /// timeout. Every call on it has the tier's own time limit (the
+    /// deadline, or more for a call that waits on Redis's side): the
+    /// connection adds none of its own (the client's default would fail a
+    /// call after half a second whatever the deadline).
+    async fn own_connection(&self, address: &Address) -> Result<MultiplexedConnection, RedisError> {
+        let Topology::Cluster(seeds) = &self.config.topology else {
+            return Err(RedisError::from((
+                redis::ErrorKind::Client,
+                "not a cluster",
+            )));
+        };
+        let Some(url) = seeds.first().map(|seed| node_url(seed, address)) else {
+            return Err(RedisError::from((redis::ErrorKind::Client, "no seed")));
+        };
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.config.connect_timeout))
+            .set_response_timeout(None);
+        client(&url, &self.config.tls)?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
     }
 
     /// Sends `cmd` to the node at `address` (any node if `None`).

@@ -148,6 +148,8 @@ pub(crate) enum Conn {
     Single(ConnectionManager),
     #[cfg(feature = "redis-cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
+    /// A connection of its own to one cluster node (see `calls`).
+    Node(redis::aio::MultiplexedConnection),
 }
 
 impl ConnectionLike for Conn {
@@ -156,6 +158,7 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.req_packed_command(cmd),
             #[cfg(feature = "redis-cluster")]
             Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Node(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -169,6 +172,7 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
             #[cfg(feature = "redis-cluster")]
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Node(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -177,6 +181,7 @@ impl ConnectionLike for Conn {
             Conn::Single(c) => c.get_db(),
             #[cfg(feature = "redis-cluster")]
             Conn::Cluster(c) => c.get_db(),
+            Conn::Node(c) => c.get_db(),
         }
     }
 }

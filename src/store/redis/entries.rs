@@ -12,7 +12,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::RedisError;
 
-use super::barrier::all_acked;
 use super::notify::Event;
 use super::{Lease, RedisTier, Retryable, TierError};
 use crate::key::Key;
@@ -32,6 +31,15 @@ const INVALIDATE_TRIES: u32 = 4;
 /// How long a lease may be held by a token whose release went unanswered,
 /// when the caller does not know the lease's own time.
 const DEFAULT_ORPHAN_WINDOW: Duration = Duration::from_secs(30);
+
+/// The first backoff after a failed rebuild: for this long, every instance
+/// that misses the key shares the failure instead of calling the origin.
+pub(crate) const FAILURE_BACKOFF: Duration = Duration::from_millis(250);
+
+/// The longest backoff: each further failure of an episode doubles it, up to
+/// this. Also how long a failure is remembered after its backoff ends, so
+/// that a failure within that time continues the episode.
+pub(crate) const FAILURE_BACKOFF_CAP: Duration = Duration::from_secs(10);
 
 /// An entry as Redis holds it, with its remaining lifetimes.
 pub(crate) struct Remote {
@@ -54,6 +62,13 @@ pub(crate) enum Fetched {
     /// Someone else holds the lease for `lease_pttl`. The old entry, if any.
     Held {
         lease_pttl: Duration,
+        stale: Option<Remote>,
+    },
+    /// The last rebuild failed with this code, and its backoff runs for
+    /// `backoff` more: share the failure, do not call the origin.
+    Failing {
+        code: u8,
+        backoff: Duration,
         stale: Option<Remote>,
     },
 }
@@ -84,7 +99,8 @@ impl RedisTier {
             .arg(&token)
             .arg(millis(lease_time).max(1))
             .arg(early.map_or(-1, |d| millis(d).min(1 << 52) as i64))
-            .arg(millis(FENCE_KEEP));
+            .arg(millis(FENCE_KEEP))
+            .arg(millis(FAILURE_BACKOFF_CAP));
         let script = &invocation;
         let run = move |mut conn: super::Conn| async move { script.invoke_async(&mut conn).await };
         // While the slot moves, the script (which names the lease key) is
@@ -148,6 +164,12 @@ impl RedisTier {
                 lease_pttl: positive(a).unwrap_or(Duration::ZERO),
                 stale: remote(None),
             },
+            4 => Fetched::Failing {
+                // A code this version does not know is a failure still.
+                code: generation.parse().unwrap_or(0),
+                backoff: positive(a).unwrap_or(Duration::ZERO),
+                stale: remote(None),
+            },
             _ => return Err(protocol_error()),
         })
     }
@@ -156,9 +178,9 @@ impl RedisTier {
     /// generation only (no lease key): what a slot on the move still serves.
     async fn fetch_fresh(
         self: &Arc<Self>,
-        keys: &[String; 5],
+        keys: &[String; 6],
     ) -> Result<Option<Remote>, TierError> {
-        let [value, fresh, _, _, generation] = keys;
+        let [value, fresh, _, _, generation, _] = keys;
         let mut invocation = self.shared.scripts.fetch_fresh.prepare_invoke();
         invocation.key(value).key(fresh).key(generation);
         let script = &invocation;
@@ -250,7 +272,8 @@ impl RedisTier {
             Some(code) => Event::failure(&lease.key, code),
             None => Event::Failed.message(&lease.key),
         };
-        self.release_with(&lease.key, lease.token(), message, lease.time)
+        let marker = failure.map(|code| (code, lease.generation.as_str()));
+        self.release_with(&lease.key, lease.token(), message, lease.time, marker)
             .await
     }
 
@@ -264,6 +287,7 @@ impl RedisTier {
             token,
             Event::Failed.message(key),
             DEFAULT_ORPHAN_WINDOW,
+            None,
         )
         .await
     }
@@ -274,9 +298,12 @@ impl RedisTier {
         token: &str,
         message: String,
         window: Duration,
+        failure: Option<(u8, &str)>,
     ) -> Result<bool, TierError> {
-        let [_, _, route, _, _] = self.keys(key);
-        let release = self.call_owed(&route, |_| self.release_script(key, token, &message));
+        let [_, _, route, ..] = self.keys(key);
+        let release = self.call_owed(&route, |_| {
+            self.release_script(key, token, &message, failure)
+        });
         match release.await {
             Ok(released) => Ok(released == 1),
             Err(e) => {
@@ -289,21 +316,33 @@ impl RedisTier {
     }
 
     /// The release script itself, without the deadline or the breaker.
+    /// With `failure` (its code, and the lease's generation), it leaves the
+    /// failure marker that starts or continues the key's backoff.
     async fn release_script(
         &self,
         key: &Key,
         token: &str,
         message: &str,
+        failure: Option<(u8, &str)>,
     ) -> Result<i64, RedisError> {
-        let [_, _, lease_key, _, _] = self.keys(key);
+        let [_, _, lease_key, _, _, failed] = self.keys(key);
+        let (code, generation) = match failure {
+            Some((code, generation)) => (code.to_string(), generation),
+            None => (String::new(), ""),
+        };
         let mut conn = self.conn();
         self.shared
             .scripts
             .release
             .key(lease_key)
+            .key(failed)
             .arg(token)
             .arg(&self.shared.channel)
             .arg(message)
+            .arg(code)
+            .arg(generation)
+            .arg(millis(FAILURE_BACKOFF).max(1))
+            .arg(millis(FAILURE_BACKOFF_CAP).max(1))
             .invoke_async(&mut conn)
             .await
     }
@@ -325,7 +364,7 @@ impl RedisTier {
             let message = Event::Failed.message(&key);
             let (tier, key, token, message) = (&tier, &key, &token, &message);
             let released = tier
-                .call_until(until, |_| tier.release_script(key, token, message))
+                .call_until(until, |_| tier.release_script(key, token, message, None))
                 .await;
             if let Ok(1) = released {
                 tracing::debug!(key = %key, "released a lease whose call had no answer");
@@ -339,12 +378,14 @@ impl RedisTier {
         token: &str,
         time: Duration,
     ) -> Result<bool, TierError> {
-        let [_, _, lease_key, _, _] = self.keys(key);
+        let [_, _, lease_key, ..] = self.keys(key);
         let mut invocation = self.shared.scripts.renew.key(&lease_key);
         invocation.arg(token).arg(millis(time).max(1));
         let script = &invocation;
+        // Owed like the commit it keeps possible: a circuit that opened
+        // while the node answers again must not cost the lease.
         let renewed: i64 = self
-            .call(&lease_key, move |mut conn| async move {
+            .call_owed(&lease_key, move |mut conn| async move {
                 script.invoke_async(&mut conn).await
             })
             .await?;
@@ -363,9 +404,10 @@ impl RedisTier {
     /// the supervisor retries it until Redis has it.
     ///
     /// Once Redis has it, this waits for the acknowledgements of every
-    /// instance that received the message (see [`super::barrier`]), at most
-    /// one subscription lease: an instance that has not acknowledged by
-    /// then has stopped trusting anything it read before the message.
+    /// instance that received the message and of every member of the fleet
+    /// (see [`super::members`]), at most one subscription lease: an
+    /// instance that has not acknowledged by then has stopped trusting
+    /// anything it read before the message.
     pub(crate) async fn invalidate(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
         let nonce = rand::random::<u64>();
         let mut acks = self.notifier.acks.expect(nonce);
@@ -391,8 +433,8 @@ impl RedisTier {
         };
         // A newer invalidation of the group supersedes a pending one.
         self.shared.pending.forget(key);
-        let lease = self.notifier.liveness.lease();
-        let acked = all_acked(&mut acks, receivers.max(0) as u64, lease).await;
+        let receivers = u64::try_from(receivers).unwrap_or(0);
+        let acked = self.await_fleet(&mut acks, receivers).await;
         self.notifier.acks.forget(nonce);
         if !acked {
             tracing::info!(
@@ -407,7 +449,7 @@ impl RedisTier {
     /// One try of a pending invalidation, under the deadline and the
     /// breaker, without waiting for acknowledgements. Forgets it once done.
     pub(crate) async fn invalidate_once(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
-        let [_, _, route, _, _] = self.keys(key);
+        let [_, _, route, ..] = self.keys(key);
         self.call(&route, |conn| {
             self.invalidate_script(conn, key, rand::random())
         })
@@ -437,7 +479,7 @@ impl RedisTier {
         key: &Key,
         nonce: u64,
     ) -> Result<(i64, i64), RedisError> {
-        let [value, fresh, _, fence, generation] = self.keys(key);
+        let [value, fresh, _, fence, generation, failed] = self.keys(key);
         // The message names the group: each instance drops all its variants.
         let message = self.notifier.invalidation(&key.group(), nonce);
         let mut invocation = self.shared.scripts.invalidate.key(value);
@@ -445,6 +487,7 @@ impl RedisTier {
             .key(fresh)
             .key(fence)
             .key(generation)
+            .key(failed)
             .arg(&self.shared.channel)
             .arg(message)
             .arg(millis(FENCE_KEEP));

@@ -12,7 +12,6 @@ use std::time::Instant;
 
 use redis::RedisError;
 
-use super::barrier::all_acked;
 use super::notify::{Invalidated, Notifier};
 use super::{RedisTier, TierError};
 use crate::store::generations::{parse_generation, Field, BUCKETS};
@@ -27,8 +26,8 @@ impl RedisTier {
     }
 
     /// Moves `field`'s generation in Redis and tells every instance, then
-    /// waits for their acknowledgements exactly as an invalidation does (at
-    /// most one subscription lease). `here` gets the new generation as soon
+    /// waits for their acknowledgements (and every fleet member's) exactly
+    /// as an invalidation does (at most one subscription lease). `here` gets the new generation as soon
     /// as Redis has it, before the wait.
     pub(crate) async fn bump_generation(
         self: &Arc<Self>,
@@ -51,8 +50,7 @@ impl RedisTier {
             }
         };
         here(generation);
-        let lease = self.notifier.liveness.lease();
-        let acked = all_acked(&mut acks, receivers, lease).await;
+        let acked = self.await_fleet(&mut acks, receivers).await;
         self.notifier.acks.forget(nonce);
         if !acked {
             tracing::info!(
@@ -92,21 +90,23 @@ impl RedisTier {
         Ok((generation, u64::try_from(receivers).unwrap_or(0)))
     }
 
-    /// The table's generations as Redis holds them now: `fields`, or the
-    /// whole table (every field by name: one script, no command beyond the
-    /// other scripts' own). A field holding anything but a number this crate wrote
-    /// is treated as invalidated: it is moved (from Redis's clock, which the
-    /// fleet hears) and its new generation returned. Fields Redis does not
-    /// have are left out (never invalidated, or lost with Redis's memory;
-    /// the instances' own numbers stand).
+    /// The table's epoch and generations as Redis holds them now: `fields`,
+    /// or the whole table (every field by name: one script, no command
+    /// beyond the other scripts' own). `floor` is the epoch the caller
+    /// knows: a table without an epoch, or one behind it, starts a new one
+    /// (see the script). A field holding anything but a number this crate
+    /// wrote, or one below the epoch (no script writes one), is treated as
+    /// invalidated: it is moved (from Redis's clock, which the fleet hears)
+    /// and its new generation returned. Fields Redis does not have are left
+    /// out (never invalidated in this epoch).
     pub(crate) async fn load_generations(
         self: &Arc<Self>,
         fields: Option<&[Field]>,
-    ) -> Result<Vec<(Field, u64)>, TierError> {
+        floor: u64,
+    ) -> Result<(u64, Vec<(Field, u64)>), TierError> {
         let all: Vec<Field>;
         let reload = fields.is_none();
         let fields = match fields {
-            Some([]) => return Ok(Vec::new()),
             Some(fields) => fields,
             None => {
                 all = std::iter::once(Field::All)
@@ -117,6 +117,7 @@ impl RedisTier {
         };
         let table = self.table_key();
         let mut invocation = self.shared.scripts.load_generations.key(&table);
+        invocation.arg(floor);
         for field in fields {
             invocation.arg(field.name());
         }
@@ -133,13 +134,25 @@ impl RedisTier {
             })
             .await?
         };
+        let mut values = values.into_iter();
+        let epoch = values
+            .next()
+            .flatten()
+            .as_deref()
+            .and_then(parse_generation)
+            .ok_or_else(|| {
+                TierError::Redis(RedisError::from((
+                    redis::ErrorKind::Client,
+                    "unexpected epoch from a stampede-guard script",
+                )))
+            })?;
         let raw = fields.iter().copied().zip(values);
         let mut loaded = Vec::new();
         for (field, value) in raw {
             let Some(value) = value else { continue };
             match parse_generation(&value) {
-                Some(generation) => loaded.push((field, generation)),
-                None => {
+                Some(generation) if generation >= epoch => loaded.push((field, generation)),
+                _ => {
                     tracing::warn!(field = ?field, "unreadable generation in redis; invalidating its tags");
                     let nonce = rand::random();
                     let (generation, _) = self
@@ -149,7 +162,7 @@ impl RedisTier {
                 }
             }
         }
-        Ok(loaded)
+        Ok((epoch, loaded))
     }
 }
 
@@ -181,11 +194,11 @@ impl Notifier {
             return;
         };
         if sender == self.instance {
-            self.acks.acked(nonce);
+            self.acks.acked(nonce, Some(&self.instance));
             return;
         }
         (self.on_invalidate)(Invalidated::Generation(field, generation));
-        if sender.len() == 16 && sender.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if super::barrier::is_instance(sender) {
             let _ = self.ack_queue.send((sender.to_owned(), nonce));
         }
     }

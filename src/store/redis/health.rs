@@ -6,7 +6,7 @@
 //! hash tag) names its node in the slot map read with `CLUSTER SLOTS`, and
 //! that node's breaker counts its failures. The map is read when the tier
 //! connects and again by the supervisor when a circuit opens, at each probe,
-//! and when a call meets a slot on the move. A node that leaves the map (its
+//! when a call meets a slot on the move, and when a call's node fails. A node that leaves the map (its
 //! replica took over its slots) takes its breaker with it: the slots' new
 //! owner has a breaker of its own. A key whose slot the map does not name
 //! (no map could be read yet) uses the tier's whole breaker.
@@ -41,6 +41,17 @@ struct SlotMap {
     breakers: HashMap<Address, Arc<Breaker>>,
 }
 
+impl SlotMap {
+    /// The primary that serves `slot`.
+    fn owner(&self, slot: u16) -> Option<&Address> {
+        let at = self.ranges.partition_point(|(first, _, _)| *first <= slot);
+        at.checked_sub(1)
+            .and_then(|i| self.ranges.get(i))
+            .filter(|(_, last, _)| slot <= *last)
+            .map(|(_, _, node)| node)
+    }
+}
+
 impl Health {
     pub(crate) fn new(cluster: bool) -> Self {
         Health {
@@ -60,15 +71,20 @@ impl Health {
         if !self.cluster {
             return self.whole.clone();
         }
-        let slot = slot(route.as_bytes());
         let map = self.map.read().unwrap_or_else(|p| p.into_inner());
-        let at = map.ranges.partition_point(|(first, _, _)| *first <= slot);
-        let node = at
-            .checked_sub(1)
-            .and_then(|i| map.ranges.get(i))
-            .filter(|(_, last, _)| slot <= *last)
-            .and_then(|(_, _, node)| map.breakers.get(node));
+        let node = map
+            .owner(slot(route.as_bytes()))
+            .and_then(|node| map.breakers.get(node));
         node.unwrap_or(&self.whole).clone()
+    }
+
+    /// The primary the slot map names for `route` (a Redis key), if any.
+    pub(crate) fn node(&self, route: &str) -> Option<Address> {
+        if !self.cluster {
+            return None;
+        }
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        map.owner(slot(route.as_bytes())).cloned()
     }
 
     /// Whether every circuit is closed.
@@ -104,10 +120,11 @@ impl Health {
         &self.whole
     }
 
-    /// Takes a new slot map (`CLUSTER SLOTS`'s reply). Nodes still in it
-    /// keep their breakers; a reply that does not parse changes nothing.
-    pub(crate) fn update(&self, reply: &Value) -> bool {
-        let Some(mut ranges) = parse_slots(reply) else {
+    /// Takes a new slot map (`CLUSTER SLOTS`'s reply, from a node whose
+    /// host is `asked`). Nodes still in it keep their breakers; a reply
+    /// that does not parse changes nothing.
+    pub(crate) fn update(&self, reply: &Value, asked: &str) -> bool {
+        let Some(mut ranges) = parse_slots(reply, asked) else {
             return false;
         };
         ranges.sort_by_key(|(first, _, _)| *first);
@@ -122,8 +139,11 @@ impl Health {
     }
 }
 
-/// `CLUSTER SLOTS`: `[[first, last, [host, port, …], replicas…], …]`.
-fn parse_slots(reply: &Value) -> Option<Vec<(u16, u16, Address)>> {
+/// `CLUSTER SLOTS`: `[[first, last, [host, port, …], replicas…], …]`. A
+/// host that is unknown (`NULL` with `cluster-preferred-endpoint-type
+/// unknown-endpoint`, or `?`) or empty is the host of the node asked, as
+/// the Cluster specification says.
+fn parse_slots(reply: &Value, asked: &str) -> Option<Vec<(u16, u16, Address)>> {
     let Value::Array(entries) = reply else {
         return None;
     };
@@ -145,7 +165,15 @@ fn parse_slots(reply: &Value) -> Option<Vec<(u16, u16, Address)>> {
         let Value::Array(primary) = fields.get(2)? else {
             return None;
         };
-        let host = text(primary.first()?)?;
+        let host = match primary.first()? {
+            Value::Nil => asked.to_owned(),
+            v => text(v)?,
+        };
+        let host = if host.is_empty() || host == "?" {
+            asked.to_owned()
+        } else {
+            host
+        };
         let port = match primary.get(1)? {
             Value::Int(p) => u16::try_from(*p).ok()?,
             _ => return None,
@@ -215,10 +243,10 @@ mod tests {
         let on_a = "{foo}"; // slot 12182
         let on_b = "{a}"; // slot 15495
         assert!(Arc::ptr_eq(&health.breaker(on_a), &health.breaker(on_b)));
-        assert!(health.update(&Value::Array(vec![
-            node(0, 13000, 7000),
-            node(13001, 16383, 7001)
-        ])));
+        assert!(health.update(
+            &Value::Array(vec![node(0, 13000, 7000), node(13001, 16383, 7001)]),
+            "127.0.0.1"
+        ));
         let a = health.breaker(on_a);
         assert!(!Arc::ptr_eq(&a, &health.breaker(on_b)));
         for _ in 0..3 {
@@ -230,15 +258,15 @@ mod tests {
         assert_eq!(health.open_nodes()[0].0 .1, 7000);
         // The same map again keeps the open breaker; a failover that moves
         // the slots to another node leaves them with that node's.
-        assert!(health.update(&Value::Array(vec![
-            node(0, 13000, 7000),
-            node(13001, 16383, 7001)
-        ])));
+        assert!(health.update(
+            &Value::Array(vec![node(0, 13000, 7000), node(13001, 16383, 7001)]),
+            "127.0.0.1"
+        ));
         assert!(!health.breaker(on_a).is_closed());
-        assert!(health.update(&Value::Array(vec![
-            node(0, 13000, 7002),
-            node(13001, 16383, 7001)
-        ])));
+        assert!(health.update(
+            &Value::Array(vec![node(0, 13000, 7002), node(13001, 16383, 7001)]),
+            "127.0.0.1"
+        ));
         assert!(health.breaker(on_a).is_closed());
         assert!(health.all_closed());
         // Nonsense from the network changes nothing and panics nowhere.
@@ -249,9 +277,49 @@ mod tests {
             Value::Array(vec![node(0, 99999, 7000)]),
             Value::Array(vec![node(0, 1, -1)]),
         ] {
-            assert!(!health.update(&bad));
+            assert!(!health.update(&bad, "10.0.0.1"));
         }
         assert!(!Arc::ptr_eq(&health.breaker(on_a), &health.breaker(on_b)));
+    }
+
+    #[test]
+    fn an_unknown_endpoint_is_the_node_asked_and_churn_keeps_no_breaker() {
+        let health = Health::new(true);
+        let unknown = |first: i64, last: i64, host: Value, port: i64| {
+            Value::Array(vec![
+                Value::Int(first),
+                Value::Int(last),
+                Value::Array(vec![host, Value::Int(port)]),
+            ])
+        };
+        // `cluster-preferred-endpoint-type unknown-endpoint` answers NULL;
+        // a node without a hostname `?`. Slots 100-199 are nobody's.
+        let reply = Value::Array(vec![
+            unknown(0, 99, Value::Nil, 7000),
+            unknown(200, 16383, Value::BulkString(b"?".to_vec()), 7001),
+        ]);
+        assert!(health.update(&reply, "10.0.0.9"));
+        let mut nodes = health.nodes();
+        nodes.sort();
+        assert_eq!(
+            nodes,
+            [("10.0.0.9".to_owned(), 7000), ("10.0.0.9".to_owned(), 7001)]
+        );
+        let nobodys = (0..u32::MAX)
+            .map(|n| format!("{{k{n}}}"))
+            .find(|k| (100..200).contains(&slot(k.as_bytes())))
+            .unwrap();
+        assert_eq!(health.node(&nobodys), None);
+        assert!(Arc::ptr_eq(
+            &health.breaker(&nobodys),
+            &health.breaker(&nobodys)
+        ));
+        // Failover after failover, each to a new address: only the current
+        // primaries keep a breaker.
+        for port in 8000..9000 {
+            assert!(health.update(&Value::Array(vec![node(0, 16383, port)]), "x"));
+        }
+        assert_eq!(health.nodes().len(), 1);
     }
 
     #[test]

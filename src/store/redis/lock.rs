@@ -98,15 +98,15 @@ impl RedisTier {
                 async move { script.invoke_async(&mut conn).await }
             })
             .await?;
-        if let (1, Some((replicas, timeout))) = (won, synced) {
-            if let Err(e) = self.wait_replicas(&keys[0], conn, replicas, timeout).await {
-                // Give the unacknowledged hold back before the caller hears
-                // of the failure, so the lock is free for the others at
-                // once; the caller's undo tries again in the background if
-                // this one try goes unanswered.
-                let _ = self.lock_leave(id, token, attempt, Instant::now()).await;
-                return Err(e);
-            }
+        if let (1, Some((replicas, timeout))) = (won, synced)
+            && let Err(e) = self.wait_replicas(&keys[0], conn, replicas, timeout).await
+        {
+            // Give the unacknowledged hold back before the caller hears
+            // of the failure, so the lock is free for the others at
+            // once; the caller's undo tries again in the background if
+            // this one try goes unanswered.
+            let _ = self.lock_leave(id, token, attempt, Instant::now()).await;
+            return Err(e);
         }
         Ok(if won == 1 {
             Attempt::Held {

@@ -14,6 +14,7 @@
 //! | `…:f` | freshness marker | when the entry stops being fresh (Redis's clock) |
 //! | `…:l` | rebuild lease: the owner's token | after the lease time, unless renewed |
 //! | `…:n` | fence hash: numbers issued and committed | a day after the last lease (then reseeded from Redis's clock) |
+//! | `{prefix}:members` | the fleet's membership: each instance with the end of its subscription lease, and `born`, when this life of the set began (its own slot; see `members`) | two leases after the last renewal |
 //! | `{prefix}:tags` | the invalidation table: a generation for everything and one per tag bucket (its own slot; see `generations`) | never (a lost one starts again from Redis's clock) |
 //!
 //! Every call has a deadline. Failures feed a circuit breaker (on Redis
@@ -33,6 +34,7 @@ mod generations;
 mod health;
 pub(crate) mod lease;
 pub(crate) mod lock;
+mod members;
 pub(crate) mod notify;
 pub(crate) mod renew;
 mod sentinel;
@@ -120,6 +122,8 @@ struct Scripts {
     lock_leave: Script,
     bump_generation: Script,
     load_generations: Script,
+    member_renew: Script,
+    members: Script,
 }
 
 impl Scripts {
@@ -149,10 +153,12 @@ impl Scripts {
             lock_leave: Script::new(include_str!("scripts/lock_leave.lua")),
             bump_generation: Script::new(include_str!("scripts/bump_generation.lua")),
             load_generations: Script::new(include_str!("scripts/load_generations.lua")),
+            member_renew: Script::new(include_str!("scripts/member_renew.lua")),
+            members: Script::new(include_str!("scripts/members.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 12] {
+    fn all(&self) -> [&Script; 14] {
         [
             &self.fetch_or_lease,
             &self.fetch_fresh,
@@ -166,6 +172,8 @@ impl Scripts {
             &self.lock_leave,
             &self.bump_generation,
             &self.load_generations,
+            &self.member_renew,
+            &self.members,
         ]
     }
 }
@@ -209,6 +217,9 @@ pub(crate) struct Shared {
     ack_channel: String,
     /// Invalidations that did not reach Redis, retried until they do.
     pending: barrier::Pending,
+    /// On a cluster, a connection of its own to each primary that serves
+    /// keys (see [`calls`]).
+    node_conns: calls::NodeConns,
 }
 
 impl RedisTier {
@@ -248,6 +259,7 @@ impl RedisTier {
             signals: Signals::default(),
             ack_channel,
             pending: barrier::Pending::default(),
+            node_conns: calls::NodeConns::default(),
         });
         shared.refresh_slots().await;
         let tier = Arc::new(RedisTier {
@@ -257,6 +269,8 @@ impl RedisTier {
             stats: TierStats::default(),
             eviction,
         });
+        // A member from the start: a subscription confirmed just now.
+        tier.shared.renew_membership().await;
         supervisor::retry_pending(&tier);
         Ok(tier)
     }
@@ -289,7 +303,7 @@ impl RedisTier {
     /// The Redis keys of an entry: value, freshness marker, lease, fence
     /// hash, and its group's generation. All carry the group's hash tag, so
     /// every variant of a URL shares one cluster slot with the generation.
-    fn keys(&self, key: &Key) -> [String; 5] {
+    fn keys(&self, key: &Key) -> [String; 6] {
         let prefix = &self.shared.config.prefix;
         let group = key.group();
         let generation = format!("{prefix}:{{{group}}}:g");
@@ -304,6 +318,7 @@ impl RedisTier {
             format!("{base}:l"),
             format!("{base}:n"),
             generation,
+            format!("{base}:x"),
         ]
     }
 

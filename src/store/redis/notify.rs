@@ -20,7 +20,7 @@ use tokio::sync::watch;
 
 #[cfg(test)]
 use super::barrier::ack_message;
-use super::barrier::{ack_channel, parse_nonce, Acks, Liveness};
+use super::barrier::{ack_channel, is_instance, parse_ack, parse_nonce, Acks, Liveness};
 use crate::key::Key;
 use crate::store::generations::Field;
 
@@ -239,9 +239,9 @@ impl Notifier {
                 let Some(Value::BulkString(payload)) = push.data.get(1) else {
                     return;
                 };
-                if let Some(nonce) = payload.strip_prefix(b"a:") {
-                    if let Some(nonce) = parse_nonce(nonce) {
-                        self.acks.acked(nonce);
+                if let Some(ack) = payload.strip_prefix(b"a:") {
+                    if let Some((nonce, by)) = parse_ack(ack) {
+                        self.acks.acked(nonce, by);
                     }
                     return;
                 }
@@ -300,14 +300,14 @@ impl Notifier {
         };
         if sender == Some(self.instance.as_str()) {
             if let Some(nonce) = nonce {
-                self.acks.acked(nonce);
+                self.acks.acked(nonce, Some(&self.instance));
             }
             return;
         }
         (self.on_invalidate)(Invalidated::Key(key));
         if let (Some(sender), Some(nonce)) = (sender, nonce) {
             // Only a sender that looks like one of ours is answered.
-            if sender.len() == 16 && sender.bytes().all(|b| b.is_ascii_hexdigit()) {
+            if is_instance(sender) {
                 let _ = self.ack_queue.send((sender.to_owned(), nonce));
             }
         }
@@ -459,7 +459,8 @@ mod tests {
         let mut acked = notifier.acks.expect(9);
         notifier.on_push(push(&notifier.invalidation(&key, 9)));
         assert_eq!(seen.lock().unwrap().len(), 2, "its own echo is ignored");
-        assert_eq!(*acked.borrow_and_update(), 1, "but acknowledged");
+        assert_eq!(acked.borrow_and_update().count, 1, "but acknowledged");
+        assert!(acked.borrow().by.contains(&notifier.instance), "by itself");
         // Another's, with a nonce: handled, then acknowledged to it.
         notifier.on_push(push(&format!("i:{key}:0123456789abcdef:5")));
         assert_eq!(seen.lock().unwrap().len(), 3);
@@ -468,8 +469,9 @@ mod tests {
             queue.try_recv().unwrap(),
             ("0123456789abcdef".to_owned(), 5)
         );
-        notifier.on_push(push(&ack_message(9)));
-        assert_eq!(*acked.borrow(), 2);
+        notifier.on_push(push(&ack_message(9, "0123456789abcdef")));
+        assert_eq!(acked.borrow().count, 2);
+        assert!(acked.borrow().by.contains("0123456789abcdef"));
     }
 
     #[test]

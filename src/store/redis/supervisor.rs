@@ -27,6 +27,8 @@
 //!   unheard from now on: the in-process tier is dropped at once, and the
 //!   subscription opened again (then dropped again, since messages may
 //!   have been missed meanwhile);
+//!   An answer also renews this instance's fleet membership (see
+//!   [`super::members`]), which it leaves when the tier is dropped;
 //! - publishes the acknowledgements of other instances' invalidations;
 //! - retries, every probe interval, the invalidations that did not reach
 //!   Redis, until they do;
@@ -86,13 +88,19 @@ pub(crate) fn start(shared: Arc<Shared>) -> SupervisorGuard {
     let (stop, mut stopped) = watch::channel(false);
     let acks = shared.notifier.take_ack_queue();
     tokio::spawn(async move {
-        tokio::select! {
+        let stop = async { stopped.wait_for(|stop| *stop).await.is_ok() };
+        let stopped_cleanly = tokio::select! {
             // A closed channel (the guard gone without a word) means the same.
-            _ = stopped.wait_for(|stop| *stop) => {}
-            () = supervise(&shared) => {}
-            () = keepalive(&shared) => {}
-            () = acknowledge(&shared, acks) => {}
-            () = watch_primary(&shared) => {}
+            _ = stop => true,
+            () = supervise(&shared) => false,
+            () = keepalive(&shared) => false,
+            () = acknowledge(&shared, acks) => false,
+            () = watch_primary(&shared) => false,
+        };
+        // A clean stop leaves the fleet's membership, so invalidations stop
+        // waiting for this instance at once.
+        if stopped_cleanly {
+            shared.leave().await;
         }
     });
     SupervisorGuard { stop }
@@ -139,6 +147,8 @@ async fn keepalive(shared: &Shared) {
         let sent = std::time::Instant::now();
         if ping_subscriber(shared).await {
             shared.notifier.liveness.confirm(sent);
+            // Only a subscription just confirmed live keeps the membership.
+            shared.renew_membership().await;
         } else {
             tracing::info!(
                 "redis subscriber does not answer; the in-process tier is dropped and \
@@ -159,7 +169,7 @@ async fn acknowledge(shared: &Shared, queue: Option<mpsc::UnboundedReceiver<(Str
         let mut conn = shared.link().conn.clone();
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(ack_channel(&shared.channel, &sender))
-            .arg(ack_message(nonce));
+            .arg(ack_message(nonce, &shared.notifier.instance));
         let publish = cmd.query_async::<i64>(&mut conn);
         if let Ok(Err(e)) = tokio::time::timeout(shared.config.deadline, publish).await {
             tracing::debug!(error = %e, "cannot acknowledge an invalidation");

@@ -16,6 +16,7 @@
 -- ARGV[8] message the wake-up message for this key
 -- ARGV[9] refused the failure notice, sent when a newer entry won
 -- ARGV[10] gen    the group's generation when the lease was taken
+-- KEYS[6] failed  the failure marker (release.lua): a stored entry ends the episode
 --
 -- Returns 1 when stored, 0 when fenced off: a newer entry was stored, an
 -- invalidation came, or a newer lease was issued after ours (ours lapsed and
@@ -41,6 +42,7 @@ if fence >= committed and fence >= issued and gen == ARGV[10] then
   redis.call('PEXPIRE', KEYS[4], ARGV[6])
   -- The generation outlives every value of its group.
   generation(KEYS[5], math.max(tonumber(ARGV[5]), tonumber(ARGV[6]))) -- fence.lua
+  redis.call('DEL', KEYS[6])
   stored = 1
 end
 local held = redis.call('GET', KEYS[3]) == ARGV[1]

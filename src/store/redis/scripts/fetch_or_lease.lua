@@ -12,11 +12,15 @@
 --                 this many milliseconds of freshness are left (early refresh;
 --                 a newer entry than the caller's has more left and is returned)
 -- ARGV[4] keep    fence hash lifetime in milliseconds
+-- KEYS[6] failed  the failure marker (see release.lua): `<gen>:<code>:<step>`
+-- ARGV[5] memory  how long a marker outlives its backoff, in milliseconds
 --
 -- Returns {status, value, a, b, gen, foreign}:
 --   {1, value, fresh_pttl, value_pttl, ""}   fresh hit
 --   {2, value or "", fence, value_pttl, gen}  lease taken: rebuild, then commit with this fence and generation
 --   {3, value or "", lease_pttl, value_pttl, ""}  another owner holds the lease
+--   {4, value or "", backoff_pttl, value_pttl, code}  the last rebuild failed and
+--       its backoff runs: share that failure, do not call the origin
 -- foreign is 1 when the value key held bytes with no generation prefix at
 -- all (not ours, or written before values carried one): they are none too,
 -- and the caller counts them as unreadable.
@@ -32,6 +36,24 @@ local fresh_pttl = redis.call('PTTL', KEYS[2])
 local early = tonumber(ARGV[3])
 if value ~= '' and fresh_pttl > 0 and (early < 0 or fresh_pttl > early) then
   return {1, value, fresh_pttl, value_pttl, '', foreign}
+end
+-- A failure marker of this generation whose backoff still runs: it lives
+-- `memory` past its backoff, so the backoff runs while more than that is
+-- left. A marker of an older generation (the group was invalidated since),
+-- one with no TTL or a TTL no backoff gives, or bytes that do not parse, is
+-- not ours: ignored, and replaced by the next failure.
+local marker = redis.call('GET', KEYS[6])
+if marker then
+  local mgen, code = string.match(marker, '^(%d+):(%d+):%d+$')
+  local left = redis.call('PTTL', KEYS[6]) - tonumber(ARGV[5])
+  if mgen and #code <= 3 and mgen == redis.call('GET', KEYS[5])
+    and left > 0 and left <= tonumber(ARGV[5]) then
+    if value ~= '' and fresh_pttl > 0 then
+      -- An early refresh during a failure episode: keep the fresh entry.
+      return {1, value, fresh_pttl, value_pttl, '', foreign}
+    end
+    return {4, value, left, value_pttl, code, foreign}
+  end
 end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
   seed_fence(KEYS[4]) -- fence.lua, prepended

@@ -9,6 +9,8 @@
 -- KEYS[2] fresh   freshness marker
 -- KEYS[3] fence   hash {next, committed}
 -- KEYS[4] gen     the group's generation
+-- KEYS[5] failed  the key's failure marker (a variant's markers carry the
+--                 old generation, and are void once it moves)
 -- ARGV[1] channel the namespace's event channel
 -- ARGV[2] message the invalidation notice for this key
 -- ARGV[3] fkeep   fence hash lifetime in milliseconds
@@ -16,6 +18,7 @@
 -- Returns {entry keys removed, instances that received the message}: the
 -- invalidator waits for that many acknowledgements.
 local removed = redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('DEL', KEYS[5])
 -- Every fence issued so far is below this: a rebuild that began before the
 -- invalidation cannot commit, even if Redis lost the hash in between.
 seed_fence(KEYS[3]) -- fence.lua, prepended

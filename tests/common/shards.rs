@@ -1,0 +1,60 @@
+//! For the Redis Cluster health tests: a cluster backend with a short
+//! probe, the URLs whose entries live on a given node, and rounds of
+//! concurrent requests counted in origin calls.
+
+use std::time::Duration;
+
+use stampede_guard::{Backend, RedisStats};
+
+use super::cluster::Cluster;
+use super::fleet::{fleet_burst, Instance};
+use super::redis::RedisServer;
+use super::{get, Origin};
+
+/// A cluster backend with `deadline` and a probe every 100 ms.
+pub async fn connect(cluster: &Cluster, deadline: Duration) -> Backend {
+    Backend::redis_cluster_builder(cluster.urls())
+        .deadline(deadline)
+        .probe_interval(Duration::from_millis(100))
+        .connect()
+        .await
+        .expect("cluster backend")
+}
+
+/// The instance's Redis tier counters.
+pub fn stats(instance: &Instance) -> RedisStats {
+    instance.backend.stats().redis.expect("a redis tier")
+}
+
+/// A `/report/N` URL, not in `skip`, whose entry lives on `node` (the
+/// node answers for its key rather than redirecting).
+pub fn uri_on(instances: &[Instance], node: &RedisServer, skip: &[String]) -> String {
+    (0..2048)
+        .map(|i| format!("/report/{i}"))
+        .filter(|uri| !skip.contains(uri))
+        .find(|uri| {
+            let key = instances[0].guard.key_for(&get(uri)).unwrap();
+            let reply = node.raw(&["EXISTS", &format!("sg:{{{key}}}:v")]);
+            !reply.starts_with("-MOVED")
+        })
+        .expect("a key on the node")
+}
+
+/// Lets every instance's entries (of `ttl`) expire, then sends `n`
+/// concurrent requests for `uri` over the fleet. Returns the origin calls
+/// it cost; every answer must be a 200.
+pub async fn round(
+    instances: &[Instance],
+    origin: &Origin,
+    uri: &str,
+    n: usize,
+    ttl: Duration,
+) -> usize {
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let before = origin.calls();
+    let answers = fleet_burst(instances, n, || get(uri)).await;
+    for a in &answers {
+        assert_eq!(a.status, 200, "{uri}: {a:?}");
+    }
+    origin.calls() - before
+}

@@ -1,0 +1,59 @@
+//! A fleet of tagged product routes on one Redis, for the tag-purge
+//! attack tests.
+
+use std::time::Duration;
+
+use axum::extract::Path;
+use axum::routing::get;
+use axum::Router;
+use stampede_guard::StampedeGuard;
+
+use super::fleet::backend_at;
+use super::redis::RedisServer;
+use super::{get as request, send, Origin};
+
+/// `/products/{id}` answers `p<id>-v<call>`, tagged `product:<id>`.
+pub fn app(origin: &Origin, guard: &StampedeGuard) -> Router {
+    let origin = origin.clone();
+    let handler = move |Path(id): Path<u32>| {
+        let origin = origin.clone();
+        async move {
+            let (n, _running) = origin.enter();
+            (
+                [("surrogate-key", format!("product:{id}"))],
+                format!("p{id}-v{n}"),
+            )
+        }
+    };
+    Router::new().route("/products/{id}", get(handler).layer(guard.clone()))
+}
+
+pub struct Node {
+    pub guard: StampedeGuard,
+    pub app: Router,
+}
+
+pub async fn fleet(redis: &RedisServer, k: usize, origin: &Origin) -> Vec<Node> {
+    let mut nodes = Vec::new();
+    for _ in 0..k {
+        let backend = backend_at(&redis.url(), Duration::from_millis(500)).await;
+        let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
+        let app = app(origin, &guard);
+        nodes.push(Node { guard, app });
+    }
+    nodes
+}
+
+pub async fn text(node: &Node, uri: &str) -> String {
+    send(&node.app, request(uri)).await.text()
+}
+
+/// The generation-table field of `tag`'s bucket.
+pub fn bucket_field(tag: &str) -> String {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in tag.bytes() {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("b{}", hash % 4096)
+}
