@@ -21,6 +21,7 @@ use tokio::sync::watch;
 #[cfg(test)]
 use super::barrier::ack_message;
 use super::barrier::{ack_channel, is_instance, parse_ack, parse_nonce, Acks, Liveness};
+use super::carried::{self, Carried};
 use crate::key::Key;
 use crate::store::generations::Field;
 
@@ -116,10 +117,32 @@ pub(crate) type OnInvalidate = Arc<dyn Fn(Invalidated) + Send + Sync>;
 pub(crate) struct WakeStats {
     pub by_message: AtomicU64,
     pub by_timeout: AtomicU64,
+    /// Waits answered by the entry the commit's message carried.
+    pub carried: AtomicU64,
+}
+
+/// A key's last event, and the entry its commit carried, if any.
+#[derive(Clone)]
+struct Wake {
+    event: Event,
+    carried: Option<Arc<Carried>>,
+}
+
+impl Wake {
+    fn plain(event: Event) -> Self {
+        Wake {
+            event,
+            carried: None,
+        }
+    }
 }
 
 pub(crate) struct Notifier {
-    slots: Mutex<HashMap<Key, watch::Sender<Event>>>,
+    slots: Mutex<HashMap<Key, watch::Sender<Wake>>>,
+    /// Counts what the channel told this process to stop trusting (an
+    /// invalidation, a moved generation, a gap): a carried entry is taken
+    /// only by a waiter that registered after the last of them.
+    heard: AtomicU64,
     pub(super) on_invalidate: OnInvalidate,
     /// This process's signature on the invalidations it sends. Its own come
     /// back on the channel; the sender already did the local half before it
@@ -151,6 +174,7 @@ impl Notifier {
         let (ack_queue, ack_out) = tokio::sync::mpsc::unbounded_channel();
         Notifier {
             slots: Mutex::new(HashMap::new()),
+            heard: AtomicU64::new(0),
             on_invalidate,
             instance: format!("{:016x}", rand::random::<u64>()),
             stats: WakeStats::default(),
@@ -204,6 +228,7 @@ impl Notifier {
     /// process's misses. (The subscription lease drops it again once per
     /// lease for as long as the gap lasts.)
     pub(crate) fn subscription_lost(&self) {
+        self.heard.fetch_add(1, Ordering::AcqRel);
         if !self.gap.swap(true, Ordering::AcqRel) {
             self.liveness.dropped(std::time::Instant::now());
             (self.on_invalidate)(Invalidated::Everything);
@@ -218,7 +243,7 @@ impl Notifier {
         let rx = match slots.get(&key) {
             Some(tx) => tx.subscribe(),
             None => {
-                let (tx, rx) = watch::channel(Event::None);
+                let (tx, rx) = watch::channel(Wake::plain(Event::None));
                 slots.insert(key, tx);
                 rx
             }
@@ -227,6 +252,8 @@ impl Notifier {
             notifier: self.clone(),
             key,
             rx,
+            heard: self.heard.load(Ordering::Acquire),
+            carried: None,
         }
     }
 
@@ -246,6 +273,7 @@ impl Notifier {
                     return;
                 }
                 if let Some(moved) = payload.strip_prefix(b"g:") {
+                    self.heard.fetch_add(1, Ordering::AcqRel);
                     self.on_generation(moved);
                     return;
                 }
@@ -254,9 +282,10 @@ impl Notifier {
                     return;
                 };
                 if event == Event::Invalidated {
+                    self.heard.fetch_add(1, Ordering::AcqRel);
                     self.on_invalidation(key, sender);
                 }
-                self.signal(&key, event);
+                self.signal(&key, event, payload);
             }
             PushKind::Disconnection => {
                 // Messages sent while we reconnect are lost: drop what the
@@ -277,6 +306,7 @@ impl Notifier {
                 tracing::info!(
                     "event channel subscribed again after a gap; the in-process tier is dropped"
                 );
+                self.heard.fetch_add(1, Ordering::AcqRel);
                 (self.on_invalidate)(Invalidated::Everything);
                 self.wake_all();
             }
@@ -318,14 +348,21 @@ impl Notifier {
     pub(crate) fn wake_all(&self) {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         for tx in slots.values() {
-            tx.send_replace(Event::Reconnected);
+            tx.send_replace(Wake::plain(Event::Reconnected));
         }
     }
 
-    fn signal(&self, key: &Key, event: Event) {
+    /// Wakes the key's waiters, if any. A commit's entry is decoded only
+    /// for a key that is waited for, and only if the message is the key's.
+    fn signal(&self, key: &Key, event: Event, payload: &[u8]) {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = slots.get(key) {
-            tx.send_replace(event);
+            let carried = (event == Event::Committed)
+                .then(|| carried::parse(payload))
+                .flatten()
+                .filter(|(named, _)| named == key)
+                .map(|(_, carried)| Arc::new(carried));
+            tx.send_replace(Wake { event, carried });
         }
     }
 }
@@ -334,7 +371,11 @@ impl Notifier {
 pub(crate) struct Registration {
     notifier: Arc<Notifier>,
     key: Key,
-    rx: watch::Receiver<Event>,
+    rx: watch::Receiver<Wake>,
+    /// The notifier's count of what it heard, when this registered.
+    heard: u64,
+    /// The entry the last event's commit carried.
+    carried: Option<Arc<Carried>>,
 }
 
 impl Registration {
@@ -347,7 +388,9 @@ impl Registration {
                     .stats
                     .by_message
                     .fetch_add(1, Ordering::Relaxed);
-                Some(*self.rx.borrow_and_update())
+                let wake = self.rx.borrow_and_update().clone();
+                self.carried = wake.carried;
+                Some(wake.event)
             }
             Ok(Err(_)) | Err(_) => {
                 self.notifier
@@ -357,6 +400,18 @@ impl Registration {
                 None
             }
         }
+    }
+}
+
+impl Registration {
+    /// The entry the commit that woke this wait carried, if nothing was
+    /// invalidated (nor a gap seen) on the channel since this registered,
+    /// before the question to Redis that found the lease held: then no
+    /// invalidation this process applied can be newer than the entry.
+    pub(crate) fn carried(&self) -> Option<&Carried> {
+        let quiet = self.notifier.heard.load(Ordering::Acquire) == self.heard
+            && !self.notifier.gap.load(Ordering::Acquire);
+        self.carried.as_deref().filter(|_| quiet)
     }
 }
 
@@ -449,7 +504,7 @@ mod tests {
         );
         notifier.on_push(push(&Event::Invalidated.message(&key)));
         assert_eq!(*seen.lock().unwrap(), [Invalidated::Key(key)]);
-        assert_eq!(*registration.rx.borrow(), Event::Invalidated);
+        assert_eq!(registration.rx.borrow().event, Event::Invalidated);
         // Another instance's signed notice counts; this process's own echo
         // wakes the waiter but does not invalidate a second time.
         notifier.on_push(push(
