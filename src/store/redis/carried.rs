@@ -260,6 +260,59 @@ mod tests {
         }
     }
 
+    fn push(payload: &str) -> redis::PushInfo {
+        redis::PushInfo {
+            kind: redis::PushKind::Message,
+            data: vec![
+                redis::Value::BulkString(b"sg:events".to_vec()),
+                redis::Value::BulkString(payload.as_bytes().to_vec()),
+            ],
+        }
+    }
+
+    /// A waiter takes a carried entry only if the channel told of nothing
+    /// to distrust since it registered (before it asked Redis).
+    #[tokio::test]
+    async fn nothing_heard_since_the_waiter_asked() {
+        use super::super::notify::{Event, Notifier};
+        let notifier = std::sync::Arc::new(Notifier::new(
+            std::sync::Arc::new(|_| {}),
+            Duration::from_secs(3),
+        ));
+        let key = Key::for_value("t", b"k");
+        let second = Duration::from_secs(1);
+        let committed = message(&key, TOKEN, 7, second, second, b"entry");
+        let limit = Duration::from_secs(5);
+        // The commit, then the key's invalidation, both before the waiter
+        // looks: the invalidation is what it sees.
+        let mut waiter = notifier.register(key);
+        notifier.on_push(push(&committed));
+        notifier.on_push(push(&Event::Invalidated.message(&key)));
+        assert_eq!(waiter.wait(limit).await, Some(Event::Invalidated));
+        assert!(waiter.carried().is_none());
+        drop(waiter);
+        // A tag's generation moved after it asked: not taken.
+        let mut waiter = notifier.register(key);
+        notifier.on_push(push("g:b12:5"));
+        notifier.on_push(push(&committed));
+        assert_eq!(waiter.wait(limit).await, Some(Event::Committed));
+        assert!(waiter.carried().is_none());
+        drop(waiter);
+        // Another key's commit is not this key's entry.
+        let other = Key::for_value("t", b"other");
+        let mut waiter = notifier.register(key);
+        let theirs = message(&other, TOKEN, 7, second, second, b"entry");
+        notifier.on_push(push(&theirs));
+        notifier.on_push(push(&committed));
+        assert_eq!(waiter.wait(limit).await, Some(Event::Committed));
+        let carried = waiter.carried().expect("nothing heard meanwhile");
+        assert_eq!(&carried.entry[..], b"entry");
+        assert!(holder(7, TOKEN).proves(carried));
+        // A gap after it was taken in: not taken any more.
+        notifier.subscription_lost();
+        assert!(waiter.carried().is_none());
+    }
+
     proptest! {
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
