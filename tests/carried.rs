@@ -386,3 +386,91 @@ async fn a_carried_entry_is_not_served_after_a_tag_purge_returned() {
     })
     .await;
 }
+
+/// The test holds `uri`'s lease itself, as an instance would, after node 0
+/// built the entry once: returns (the key's hex, the lease's token and
+/// fence, the channel, the entry node 0's commit carried).
+async fn hold_lease(
+    redis: &RedisServer,
+    monitor: &Monitor,
+    nodes: &[Node],
+    uri: &str,
+) -> (String, String, String, String, String) {
+    let mark = monitor.len();
+    let built = nodes[0].text(uri).await;
+    monitor.settle(redis).await;
+    let fetch = monitor.fetches(mark).remove(0);
+    let (hex, fence_key) = names(&fetch);
+    let (channel, message) = monitor
+        .published(mark)
+        .into_iter()
+        .find(|(_, m)| m.starts_with(&format!("c:{hex}:1:")))
+        .expect("the commit carried its entry");
+    let entry = message.rsplit(':').next().unwrap().to_owned();
+    // Gone from Redis (node 1 never held it), and the lease is ours.
+    assert_eq!(redis.raw(&["DEL", &fetch[3], &fetch[4]]), ":2");
+    let token = format!("{:032x}", rand_token());
+    assert_eq!(
+        redis.raw(&["SET", &fetch[5], &token, "NX", "PX", "60000"]),
+        "+OK"
+    );
+    let fence = redis.raw(&["HINCRBY", &fence_key, "next", "1"]);
+    let fence = fence.trim_start_matches(':').to_owned();
+    assert!(built.starts_with('i'));
+    (hex, token, fence, channel, entry)
+}
+
+/// Node 1 waits on a lease the test holds; the test publishes what that
+/// lease's commit would (its token and fence, a genuine entry). Taken only
+/// when nothing was heard on the channel since node 1 asked Redis; after a
+/// tag purge, not taken, and after a purge of the entry's own tag never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_carried_entry_is_taken_only_when_proven_current() {
+    let redis = RedisServer::start();
+    let (origin, gate) = (Origin::default(), Gate::default());
+    let nodes = fleet(&redis, 3, &origin, &gate).await;
+    warm_up(&nodes).await;
+    let monitor = Monitor::start(&redis);
+
+    // An unrelated tag is purged between node 1's question and the commit:
+    // the entry cannot be proven current, so node 1 asks Redis again.
+    let (hex, token, fence, channel, entry) =
+        hold_lease(&redis, &monitor, &nodes, "/items/7").await;
+    let carried = format!("c:{hex}:1:{token}:{fence}:60000:60000:{entry}");
+    let mark = monitor.len();
+    let app = nodes[1].app.clone();
+    let waiter = tokio::spawn(async move { Node::text_of(&app, "/items/7").await });
+    monitor.await_fetches(mark, 1).await;
+    nodes[2].guard.invalidate_tag("unrelated").await.unwrap();
+    redis.raw(&["PUBLISH", &channel, &carried]);
+    monitor.await_fetches(mark, 2).await;
+    assert_eq!(nodes[1].with_entry(), 0);
+    // Nothing heard since that second question: taken, without a third.
+    redis.raw(&["PUBLISH", &channel, &carried]);
+    assert_eq!(waiter.await.unwrap(), "i7-v2");
+    monitor.settle(&redis).await;
+    assert_eq!(monitor.fetches(mark).len(), 2);
+    assert_eq!(nodes[1].with_entry(), 1);
+
+    // The entry's own tag is purged: neither before nor after node 1 asks
+    // again is the carried entry taken; once the lease is given up, node 1
+    // rebuilds.
+    let (hex, token, fence, channel, entry) =
+        hold_lease(&redis, &monitor, &nodes, "/items/8").await;
+    let carried = format!("c:{hex}:1:{token}:{fence}:60000:60000:{entry}");
+    let mark = monitor.len();
+    let app = nodes[1].app.clone();
+    let waiter = tokio::spawn(async move { Node::text_of(&app, "/items/8").await });
+    monitor.await_fetches(mark, 1).await;
+    nodes[2].guard.invalidate_tag("item:8").await.unwrap();
+    redis.raw(&["PUBLISH", &channel, &carried]);
+    monitor.await_fetches(mark, 2).await;
+    redis.raw(&["PUBLISH", &channel, &carried]);
+    monitor.await_fetches(mark, 3).await;
+    assert_eq!(nodes[1].with_entry(), 1, "neither was taken");
+    let calls = origin.calls();
+    let lease = monitor.fetches(mark)[0][5].clone();
+    assert_eq!(redis.raw(&["DEL", &lease]), ":1");
+    redis.raw(&["PUBLISH", &channel, &format!("f:{hex}")]);
+    assert_eq!(waiter.await.unwrap(), format!("i8-v{}", calls + 1));
+}
