@@ -1,6 +1,7 @@
 //! The flight's step in the shared tier: the entry another instance built,
-//! the key's rebuild lease, or a wait for the holder's publish; and, after the
-//! rebuild, the commit under the lease's fence.
+//! the key's rebuild lease, or a wait for the holder's publish (which may
+//! carry the entry: then no second read); and, after the rebuild, the commit
+//! under the lease's fence.
 //!
 //! Without Redis (or with its circuit open) the plan is always "rebuild", and
 //! the in-process flight is the only protection.

@@ -2,8 +2,9 @@
 //!
 //! Each process keeps one subscriber connection (RESP3, resubscribed
 //! automatically after a reconnect) on the namespace's channel. Messages name
-//! a key and what happened to it: a value was committed, a rebuild failed, or
-//! the key was invalidated. A task about to wait registers its key *before* it
+//! a key and what happened to it: a value was committed (carrying it when it
+//! is small: see [`super::carried`]), a rebuild failed, or the key was
+//! invalidated. A task about to wait registers its key *before* it
 //! asks Redis whether the key is ready, so a message that lands between the
 //! question and the wait is never lost.
 //!
