@@ -356,13 +356,18 @@ impl Notifier {
     /// Wakes the key's waiters, if any. A commit's entry is decoded only
     /// for a key that is waited for, and only if the message is the key's.
     fn signal(&self, key: &Key, event: Event, payload: &[u8]) {
+        let waited = || {
+            let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            slots.contains_key(key)
+        };
+        // Decoded outside the lock: the waiters' registrations need it.
+        let carried = (event == Event::Committed && waited())
+            .then(|| carried::parse(payload))
+            .flatten()
+            .filter(|(named, _)| named == key)
+            .map(|(_, carried)| Arc::new(carried));
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = slots.get(key) {
-            let carried = (event == Event::Committed)
-                .then(|| carried::parse(payload))
-                .flatten()
-                .filter(|(named, _)| named == key)
-                .map(|(_, carried)| Arc::new(carried));
             tx.send_replace(Wake { event, carried });
         }
     }
