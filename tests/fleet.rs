@@ -287,7 +287,8 @@ async fn redis_round_trips_per_request_by_path(redis: Deployment) {
     send(&b.app, get_req("/report?miss")).await;
     assert_eq!(scripts(&redis), 0, "an L1 hit costs no I/O");
 
-    // Waiter: fetch (lease held), woken by the publish, fetch again.
+    // Waiter: fetch (lease held), woken by the publish, which carries the
+    // (small) entry: no second fetch. (Larger entries: tests/carried.rs.)
     let leader = {
         let app = a.app.clone();
         tokio::spawn(async move { send(&app, get_req("/report?wait")).await })
@@ -299,7 +300,8 @@ async fn redis_round_trips_per_request_by_path(redis: Deployment) {
     assert_eq!(waited.text(), "v2");
     let total = scripts(&redis);
     // The leader's commit is one of them.
-    assert_eq!(total - 1, 2, "waiter = 2 round trips");
+    assert_eq!(total - 1, 1, "waiter = 1 round trip");
+    assert_eq!(b.backend.stats().redis.unwrap().wakeups_with_entry, 1);
     assert_eq!(origin.calls(), 2);
 }
 

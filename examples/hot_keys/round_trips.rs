@@ -103,7 +103,7 @@ pub async fn probe(
         concurrent(a, &burst_key, 20).await?
     });
     let waiter_key = format!("/item/{tag}-waiter");
-    step!("miss on A + 1 waiter on B (woken by publish)", 2, {
+    step!("miss on A + 1 waiter on B (woken, entry in publish)", 2, {
         let leader = {
             let key = waiter_key.clone();
             tokio::spawn(async move {

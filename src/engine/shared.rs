@@ -1,6 +1,7 @@
 //! The flight's step in the shared tier: the entry another instance built,
-//! the key's rebuild lease, or a wait for the holder's publish; and, after the
-//! rebuild, the commit under the lease's fence.
+//! the key's rebuild lease, or a wait for the holder's publish (which may
+//! carry the entry: then no second read); and, after the rebuild, the commit
+//! under the lease's fence.
 //!
 //! Without Redis (or with its circuit open) the plan is always "rebuild", and
 //! the in-process flight is the only protection.
@@ -19,7 +20,14 @@ use crate::metrics::Labels;
 #[cfg(feature = "redis")]
 use crate::metrics::{self as m, count};
 #[cfg(feature = "redis")]
-use crate::store::redis::notify::Event;
+use std::sync::atomic::Ordering;
+
+#[cfg(feature = "redis")]
+use super::entry::Freshness;
+#[cfg(feature = "redis")]
+use crate::store::redis::carried::Holder;
+#[cfg(feature = "redis")]
+use crate::store::redis::notify::{Event, Registration};
 #[cfg(feature = "redis")]
 pub(crate) use crate::store::redis::Lease;
 #[cfg(feature = "redis")]
@@ -209,7 +217,7 @@ async fn plan_shared<V: CacheValue>(
             Ok(fetched) => fetched,
             Err(_) => return Plan::Rebuild { lease: None, stale },
         };
-        let (lease, lease_pttl, old) = match fetched {
+        let (lease, lease_pttl, old, holder) = match fetched {
             Fetched::Fresh(remote) => match decode::<V>(remote, now) {
                 Some(entry) if !engine.admits_remote(shared, &entry).await => {
                     invalidated = true;
@@ -230,8 +238,12 @@ async fn plan_shared<V: CacheValue>(
                     continue;
                 }
             },
-            Fetched::Leased { lease, stale } => (Some(*lease), Duration::ZERO, stale),
-            Fetched::Held { lease_pttl, stale } => (None, lease_pttl, stale),
+            Fetched::Leased { lease, stale } => (Some(*lease), Duration::ZERO, stale, None),
+            Fetched::Held {
+                lease_pttl,
+                stale,
+                holder,
+            } => (None, lease_pttl, stale, holder),
             Fetched::Failing {
                 code,
                 backoff,
@@ -299,7 +311,54 @@ async fn plan_shared<V: CacheValue>(
             return Plan::Failed { kind, stale };
         }
         waited = true;
+        if woke == Some(Event::Committed)
+            && let Some(entry) = carried::<V>(engine, shared, &registration, holder, now).await
+        {
+            shared
+                .notifier
+                .stats
+                .carried
+                .fetch_add(1, Ordering::Relaxed);
+            count(m::L2_HITS, policy.labels);
+            return Plan::Hit {
+                entry: Arc::new(entry),
+                waited,
+            };
+        }
     }
+}
+
+/// The entry the holder's commit carried, if it passes every check a
+/// fetched entry passes: the commit is of the lease this waiter saw held
+/// (its fence and token), nothing was invalidated on the channel since the
+/// waiter asked Redis, the codec reads it, and its tags admit it. Its
+/// freshness counts from `asked`, before the commit ran. Anything else is
+/// a plain wake-up: the caller fetches.
+#[cfg(feature = "redis")]
+async fn carried<V: CacheValue>(
+    engine: &Engine,
+    shared: &Arc<RedisTier>,
+    registration: &Registration,
+    holder: Option<Holder>,
+    asked: Instant,
+) -> Option<Entry> {
+    let carried = registration.carried()?;
+    if !holder?.proves(carried) {
+        tracing::debug!("a commit's wake-up that is not of the lease waited for");
+        return None;
+    }
+    let remote = Remote {
+        bytes: carried.entry.clone(),
+        fresh: Some(carried.fresh).filter(|d| !d.is_zero()),
+        remaining: Some(carried.keep).filter(|d| !d.is_zero()),
+    };
+    let entry = decode::<V>(remote, asked)?;
+    // Checked again after the tags' possible read: an invalidation heard
+    // meanwhile wins.
+    (entry.freshness(Instant::now()) == Freshness::Fresh
+        && engine.admits_remote(shared, &entry).await
+        && registration.carried().is_some())
+    .then_some(entry)
 }
 
 #[cfg(feature = "redis")]

@@ -199,6 +199,10 @@ impl Redis {
                 by: 0,
             };
         }
+        // The script also names the holder (its fence, its token's SHA-1),
+        // which lets a waiter take the entry its commit's wake-up carries.
+        // The model's clients do not take it: a wake-up is followed by a
+        // fetch (docs/MODEL.md, "Carried entries").
         Reply::Held(self.lease.map_or(now, |(_, until)| until))
     }
 

@@ -12,7 +12,7 @@ pub const MODELLED: [(&str, &str, &str); 10] = [
     ),
     (
         "fetch_or_lease.lua",
-        "6c513e7cc28df3fa4ce77fd9b22f2b2c67251e705e943b7bfbd6aed596b28bf3",
+        "8621fa680d7fc80b23877511fc6d0cdb4e2d270d9e3f9cedc95ef14c454623aa",
         "redis.rs: Redis::fetch_or_lease",
     ),
     (

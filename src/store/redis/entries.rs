@@ -12,6 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::RedisError;
 
+use super::carried::{self, Holder};
 use super::notify::Event;
 use super::{Lease, RedisTier, Retryable, TierError};
 use crate::key::Key;
@@ -59,10 +60,12 @@ pub(crate) enum Fetched {
         lease: Box<Lease>,
         stale: Option<Remote>,
     },
-    /// Someone else holds the lease for `lease_pttl`. The old entry, if any.
+    /// Someone else holds the lease for `lease_pttl`. The old entry, if
+    /// any, and what proves that lease's commit (see [`carried`]).
     Held {
         lease_pttl: Duration,
         stale: Option<Remote>,
+        holder: Option<Holder>,
     },
     /// The last rebuild failed with this code, and its backoff runs for
     /// `backoff` more: share the failure, do not call the origin.
@@ -163,6 +166,7 @@ impl RedisTier {
             3 => Fetched::Held {
                 lease_pttl: positive(a).unwrap_or(Duration::ZERO),
                 stale: remote(None),
+                holder: Holder::parse(&generation),
             },
             4 => Fetched::Failing {
                 // A code this version does not know is a failure still.
@@ -219,6 +223,9 @@ impl RedisTier {
         tagged.extend_from_slice(lease.generation.as_bytes());
         tagged.push(b'|');
         tagged.extend_from_slice(&entry);
+        // The wake-up carries a small entry (see `carried`).
+        let (token, fence) = (lease.token(), lease.fence.0);
+        let woken = carried::message(&lease.key, token, fence, fresh, keep, &entry);
         invocation
             .arg(lease.token())
             .arg(lease.fence.0)
@@ -227,7 +234,7 @@ impl RedisTier {
             .arg(millis(keep).max(1))
             .arg(millis(FENCE_KEEP))
             .arg(&self.shared.channel)
-            .arg(Event::Committed.message(&lease.key))
+            .arg(woken)
             .arg(Event::Failed.message(&lease.key))
             .arg(&lease.generation);
         // Owed whatever the circuit says: the rebuilt value is stored if the

@@ -27,6 +27,7 @@
 mod barrier;
 mod breaker;
 mod calls;
+pub(crate) mod carried;
 pub(crate) mod config;
 pub(crate) mod connection;
 mod entries;

@@ -2,8 +2,9 @@
 //!
 //! Each process keeps one subscriber connection (RESP3, resubscribed
 //! automatically after a reconnect) on the namespace's channel. Messages name
-//! a key and what happened to it: a value was committed, a rebuild failed, or
-//! the key was invalidated. A task about to wait registers its key *before* it
+//! a key and what happened to it: a value was committed (carrying it when it
+//! is small: see [`super::carried`]), a rebuild failed, or the key was
+//! invalidated. A task about to wait registers its key *before* it
 //! asks Redis whether the key is ready, so a message that lands between the
 //! question and the wait is never lost.
 //!
@@ -21,6 +22,7 @@ use tokio::sync::watch;
 #[cfg(test)]
 use super::barrier::ack_message;
 use super::barrier::{ack_channel, is_instance, parse_ack, parse_nonce, Acks, Liveness};
+use super::carried::{self, Carried};
 use crate::key::Key;
 use crate::store::generations::Field;
 
@@ -116,10 +118,32 @@ pub(crate) type OnInvalidate = Arc<dyn Fn(Invalidated) + Send + Sync>;
 pub(crate) struct WakeStats {
     pub by_message: AtomicU64,
     pub by_timeout: AtomicU64,
+    /// Waits answered by the entry the commit's message carried.
+    pub carried: AtomicU64,
+}
+
+/// A key's last event, and the entry its commit carried, if any.
+#[derive(Clone)]
+struct Wake {
+    event: Event,
+    carried: Option<Arc<Carried>>,
+}
+
+impl Wake {
+    fn plain(event: Event) -> Self {
+        Wake {
+            event,
+            carried: None,
+        }
+    }
 }
 
 pub(crate) struct Notifier {
-    slots: Mutex<HashMap<Key, watch::Sender<Event>>>,
+    slots: Mutex<HashMap<Key, watch::Sender<Wake>>>,
+    /// Counts what the channel told this process to stop trusting (an
+    /// invalidation, a moved generation, a gap): a carried entry is taken
+    /// only by a waiter that registered after the last of them.
+    heard: AtomicU64,
     pub(super) on_invalidate: OnInvalidate,
     /// This process's signature on the invalidations it sends. Its own come
     /// back on the channel; the sender already did the local half before it
@@ -151,6 +175,7 @@ impl Notifier {
         let (ack_queue, ack_out) = tokio::sync::mpsc::unbounded_channel();
         Notifier {
             slots: Mutex::new(HashMap::new()),
+            heard: AtomicU64::new(0),
             on_invalidate,
             instance: format!("{:016x}", rand::random::<u64>()),
             stats: WakeStats::default(),
@@ -204,6 +229,7 @@ impl Notifier {
     /// process's misses. (The subscription lease drops it again once per
     /// lease for as long as the gap lasts.)
     pub(crate) fn subscription_lost(&self) {
+        self.heard.fetch_add(1, Ordering::AcqRel);
         if !self.gap.swap(true, Ordering::AcqRel) {
             self.liveness.dropped(std::time::Instant::now());
             (self.on_invalidate)(Invalidated::Everything);
@@ -218,7 +244,7 @@ impl Notifier {
         let rx = match slots.get(&key) {
             Some(tx) => tx.subscribe(),
             None => {
-                let (tx, rx) = watch::channel(Event::None);
+                let (tx, rx) = watch::channel(Wake::plain(Event::None));
                 slots.insert(key, tx);
                 rx
             }
@@ -227,6 +253,8 @@ impl Notifier {
             notifier: self.clone(),
             key,
             rx,
+            heard: self.heard.load(Ordering::Acquire),
+            carried: None,
         }
     }
 
@@ -246,6 +274,7 @@ impl Notifier {
                     return;
                 }
                 if let Some(moved) = payload.strip_prefix(b"g:") {
+                    self.heard.fetch_add(1, Ordering::AcqRel);
                     self.on_generation(moved);
                     return;
                 }
@@ -254,9 +283,10 @@ impl Notifier {
                     return;
                 };
                 if event == Event::Invalidated {
+                    self.heard.fetch_add(1, Ordering::AcqRel);
                     self.on_invalidation(key, sender);
                 }
-                self.signal(&key, event);
+                self.signal(&key, event, payload);
             }
             PushKind::Disconnection => {
                 // Messages sent while we reconnect are lost: drop what the
@@ -277,6 +307,7 @@ impl Notifier {
                 tracing::info!(
                     "event channel subscribed again after a gap; the in-process tier is dropped"
                 );
+                self.heard.fetch_add(1, Ordering::AcqRel);
                 (self.on_invalidate)(Invalidated::Everything);
                 self.wake_all();
             }
@@ -318,14 +349,26 @@ impl Notifier {
     pub(crate) fn wake_all(&self) {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         for tx in slots.values() {
-            tx.send_replace(Event::Reconnected);
+            tx.send_replace(Wake::plain(Event::Reconnected));
         }
     }
 
-    fn signal(&self, key: &Key, event: Event) {
+    /// Wakes the key's waiters, if any. A commit's entry is decoded only
+    /// for a key that is waited for, and only if the message is the key's.
+    fn signal(&self, key: &Key, event: Event, payload: &[u8]) {
+        let waited = || {
+            let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+            slots.contains_key(key)
+        };
+        // Decoded outside the lock: the waiters' registrations need it.
+        let carried = (event == Event::Committed && waited())
+            .then(|| carried::parse(payload))
+            .flatten()
+            .filter(|(named, _)| named == key)
+            .map(|(_, carried)| Arc::new(carried));
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = slots.get(key) {
-            tx.send_replace(event);
+            tx.send_replace(Wake { event, carried });
         }
     }
 }
@@ -334,7 +377,11 @@ impl Notifier {
 pub(crate) struct Registration {
     notifier: Arc<Notifier>,
     key: Key,
-    rx: watch::Receiver<Event>,
+    rx: watch::Receiver<Wake>,
+    /// The notifier's count of what it heard, when this registered.
+    heard: u64,
+    /// The entry the last event's commit carried.
+    carried: Option<Arc<Carried>>,
 }
 
 impl Registration {
@@ -347,7 +394,9 @@ impl Registration {
                     .stats
                     .by_message
                     .fetch_add(1, Ordering::Relaxed);
-                Some(*self.rx.borrow_and_update())
+                let wake = self.rx.borrow_and_update().clone();
+                self.carried = wake.carried;
+                Some(wake.event)
             }
             Ok(Err(_)) | Err(_) => {
                 self.notifier
@@ -357,6 +406,18 @@ impl Registration {
                 None
             }
         }
+    }
+}
+
+impl Registration {
+    /// The entry the commit that woke this wait carried, if nothing was
+    /// invalidated (nor a gap seen) on the channel since this registered,
+    /// before the question to Redis that found the lease held: then no
+    /// invalidation this process applied can be newer than the entry.
+    pub(crate) fn carried(&self) -> Option<&Carried> {
+        let quiet = self.notifier.heard.load(Ordering::Acquire) == self.heard
+            && !self.notifier.gap.load(Ordering::Acquire);
+        self.carried.as_deref().filter(|_| quiet)
     }
 }
 
@@ -378,134 +439,5 @@ impl Drop for Registration {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn notifier() -> Arc<Notifier> {
-        Arc::new(Notifier::new(Arc::new(|_| {}), Duration::from_secs(3)))
-    }
-
-    fn push(payload: &str) -> PushInfo {
-        PushInfo {
-            kind: PushKind::Message,
-            data: vec![
-                Value::BulkString(b"sg:events".to_vec()),
-                Value::BulkString(payload.as_bytes().to_vec()),
-            ],
-        }
-    }
-
-    #[tokio::test]
-    async fn a_message_before_the_wait_is_not_lost() {
-        let notifier = notifier();
-        let key = Key::for_value("t", b"k");
-        let mut registration = notifier.register(key);
-        notifier.on_push(push(&Event::Committed.message(&key)));
-        let event = registration.wait(Duration::from_secs(5)).await;
-        assert_eq!(event, Some(Event::Committed));
-        assert_eq!(notifier.stats.by_message.load(Ordering::Relaxed), 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn other_keys_and_garbage_do_not_wake() {
-        let notifier = notifier();
-        let key = Key::for_value("t", b"k");
-        let other = Key::for_value("t", b"other");
-        let mut registration = notifier.register(key);
-        notifier.on_push(push(&Event::Committed.message(&other)));
-        notifier.on_push(push("not a message of ours"));
-        notifier.on_push(push("c:0123"));
-        assert_eq!(registration.wait(Duration::from_millis(10)).await, None);
-    }
-
-    #[test]
-    fn slots_are_dropped_with_their_last_registration() {
-        let notifier = notifier();
-        let key = Key::for_value("t", b"k");
-        let a = notifier.register(key);
-        let b = notifier.register(key);
-        drop(a);
-        assert_eq!(notifier.slots.lock().unwrap().len(), 1);
-        drop(b);
-        assert_eq!(notifier.slots.lock().unwrap().len(), 0);
-    }
-
-    #[test]
-    fn an_invalidation_reaches_the_callback_and_wakes_the_waiter() {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let notifier = Arc::new(Notifier::new(
-            {
-                let seen = seen.clone();
-                Arc::new(move |key| seen.lock().unwrap().push(key))
-            },
-            Duration::from_secs(3),
-        ));
-        let key = Key::for_value("t", b"k");
-        let registration = notifier.register(key);
-        notifier.on_push(push(&Event::Committed.message(&key)));
-        assert!(
-            seen.lock().unwrap().is_empty(),
-            "a commit is not an invalidation"
-        );
-        notifier.on_push(push(&Event::Invalidated.message(&key)));
-        assert_eq!(*seen.lock().unwrap(), [Invalidated::Key(key)]);
-        assert_eq!(*registration.rx.borrow(), Event::Invalidated);
-        // Another instance's signed notice counts; this process's own echo
-        // wakes the waiter but does not invalidate a second time.
-        notifier.on_push(push(
-            &Event::Invalidated.message_from(&key, "0123456789abcdef"),
-        ));
-        assert_eq!(seen.lock().unwrap().len(), 2);
-        let mut acked = notifier.acks.expect(9);
-        notifier.on_push(push(&notifier.invalidation(&key, 9)));
-        assert_eq!(seen.lock().unwrap().len(), 2, "its own echo is ignored");
-        assert_eq!(acked.borrow_and_update().count, 1, "but acknowledged");
-        assert!(acked.borrow().by.contains(&notifier.instance), "by itself");
-        // Another's, with a nonce: handled, then acknowledged to it.
-        notifier.on_push(push(&format!("i:{key}:0123456789abcdef:5")));
-        assert_eq!(seen.lock().unwrap().len(), 3);
-        let mut queue = notifier.take_ack_queue().unwrap();
-        assert_eq!(
-            queue.try_recv().unwrap(),
-            ("0123456789abcdef".to_owned(), 5)
-        );
-        notifier.on_push(push(&ack_message(9, "0123456789abcdef")));
-        assert_eq!(acked.borrow().count, 2);
-        assert!(acked.borrow().by.contains("0123456789abcdef"));
-    }
-
-    #[test]
-    fn a_gap_invalidates_everything_at_once_and_after_it() {
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let notifier = Arc::new(Notifier::new(
-            {
-                let seen = seen.clone();
-                Arc::new(move |what| seen.lock().unwrap().push(what))
-            },
-            Duration::from_secs(3),
-        ));
-        let subscribed = || PushInfo {
-            kind: PushKind::Subscribe,
-            data: vec![Value::BulkString(b"sg:events".to_vec()), Value::Int(1)],
-        };
-        // The first subscription is no gap.
-        notifier.on_push(subscribed());
-        assert!(seen.lock().unwrap().is_empty());
-        notifier.on_push(PushInfo {
-            kind: PushKind::Disconnection,
-            data: vec![],
-        });
-        notifier.subscription_lost();
-        assert_eq!(
-            *seen.lock().unwrap(),
-            [Invalidated::Everything],
-            "at once, not only once it is back, and once per gap"
-        );
-        notifier.on_push(subscribed());
-        notifier.on_push(subscribed());
-        assert_eq!(
-            *seen.lock().unwrap(),
-            [Invalidated::Everything, Invalidated::Everything]
-        );
-    }
-}
+#[path = "notify_tests.rs"]
+mod tests;

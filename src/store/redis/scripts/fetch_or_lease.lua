@@ -18,7 +18,9 @@
 -- Returns {status, value, a, b, gen, foreign}:
 --   {1, value, fresh_pttl, value_pttl, ""}   fresh hit
 --   {2, value or "", fence, value_pttl, gen}  lease taken: rebuild, then commit with this fence and generation
---   {3, value or "", lease_pttl, value_pttl, ""}  another owner holds the lease
+--   {3, value or "", lease_pttl, value_pttl, holder}  another owner holds the
+--       lease; holder is `<fence>:<sha1 of its token>`: the commit's wake-up
+--       that reveals the token (and names the fence) is that lease's
 --   {4, value or "", backoff_pttl, value_pttl, code}  the last rebuild failed and
 --       its backoff runs: share that failure, do not call the origin
 -- foreign is 1 when the value key held bytes with no generation prefix at
@@ -62,4 +64,9 @@ if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local gen = generation(KEYS[5], ARGV[4]) -- fence.lua, prepended
   return {2, value, fence, value_pttl, gen, foreign}
 end
-return {3, value, redis.call('PTTL', KEYS[3]), value_pttl, '', foreign}
+local token = redis.pcall('GET', KEYS[3])
+local holder = ''
+if type(token) == 'string' then
+  holder = (redis.call('HGET', KEYS[4], 'next') or '0') .. ':' .. redis.sha1hex(token)
+end
+return {3, value, redis.call('PTTL', KEYS[3]), value_pttl, holder, foreign}
