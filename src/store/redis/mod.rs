@@ -36,6 +36,7 @@ mod health;
 pub(crate) mod lease;
 pub(crate) mod lock;
 mod members;
+mod nodes;
 pub(crate) mod notify;
 pub(crate) mod renew;
 mod sentinel;
@@ -220,7 +221,7 @@ pub(crate) struct Shared {
     pending: barrier::Pending,
     /// On a cluster, a connection of its own to each primary that serves
     /// keys (see [`calls`]).
-    node_conns: calls::NodeConns,
+    node_conns: nodes::NodeConns,
 }
 
 impl RedisTier {
@@ -260,7 +261,7 @@ impl RedisTier {
             signals: Signals::default(),
             ack_channel,
             pending: barrier::Pending::default(),
-            node_conns: calls::NodeConns::default(),
+            node_conns: nodes::NodeConns::default(),
         });
         shared.refresh_slots().await;
         let tier = Arc::new(RedisTier {
