@@ -13,10 +13,14 @@ mod flight;
 mod lock;
 #[path = "model/lock_redis.rs"]
 mod lock_redis;
+#[path = "model/members.rs"]
+mod members;
 #[path = "model/redis.rs"]
 mod redis;
 #[path = "model/scripts.rs"]
 mod scripts;
+#[path = "model/tags.rs"]
+mod tags;
 
 /// Which protocol the model runs.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -337,4 +341,140 @@ fn flight_map_hands_over_and_strands_nobody() {
         &[],
     )
     .assert_properties();
+}
+
+fn tags(mutation: Option<tags::Mutation>) -> tags::Tags {
+    tags::Tags {
+        instances: 2,
+        requests: 1,
+        keys: 1,
+        invalidations: 1,
+        lossy: true,
+        faults: vec![tags::TagFault::Restart, tags::TagFault::Evict],
+        max_faults: 1,
+        mutation,
+    }
+}
+
+/// Tag invalidation: two instances, one request each, one key, lost
+/// messages, one restart or eviction of any one key (the table included).
+#[test]
+fn current_tag_invalidation_is_a_barrier_under_faults() {
+    check(tags(None), &[]).assert_properties();
+}
+
+/// One instance serving two requests on two keys (its L1 across the
+/// invalidation), the same faults.
+#[test]
+fn current_tag_invalidation_is_a_barrier_for_the_l1() {
+    let mut model = tags(None);
+    model.instances = 1;
+    model.requests = 2;
+    model.keys = 2;
+    check(model, &[]).assert_properties();
+}
+
+/// Before the fix: a new epoch was not counted as a move, and a rebuild
+/// that read its data before a purge landed on a lost table was stored
+/// under the epoch begun after the purge (tests/tags_epoch_race.rs).
+#[test]
+fn old_tag_epoch_revives_a_rebuild_read_before_a_purge() {
+    let c = check(
+        tags(Some(tags::Mutation::EpochNotAMove)),
+        &["tag invalidation is a barrier"],
+    );
+    found(&c, "tag invalidation is a barrier");
+}
+
+/// Each mutation of the mirrored scripts or of the engine's checks
+/// (docs/MODEL.md, "What the checks catch") is caught.
+#[test]
+fn tag_mutations_are_caught() {
+    use tags::Mutation::*;
+    for mutation in [
+        AdmitsIgnoresEpoch,
+        BumpWithoutClock,
+        StampIgnoresMoves,
+        LostEpochKept,
+    ] {
+        eprintln!("{mutation:?}:");
+        let c = check(tags(Some(mutation)), &["tag invalidation is a barrier"]);
+        found(&c, "tag invalidation is a barrier");
+    }
+}
+
+/// Failover to a replica that missed the purge's bump loses it: as for
+/// `invalidate`, asynchronous replication is outside what the protocol
+/// guarantees (docs/MODEL.md, "Known limits").
+#[test]
+fn current_failover_to_a_stale_replica_loses_a_tag_purge() {
+    let mut model = tags(None);
+    model.faults = vec![tags::TagFault::Failover];
+    let c = check(model, &["tag invalidation is a barrier"]);
+    found(&c, "tag invalidation is a barrier");
+}
+
+fn membership(mutation: Option<members::Mutation>) -> members::Members {
+    members::Members {
+        instances: 2,
+        max_tick: 3,
+        drops: 1,
+        losses: 1,
+        renew_failures: true,
+        young_waits_a_lease: false,
+        mutation,
+    }
+}
+
+/// The barrier with the membership on: two instances, keepalives and
+/// renewals (which may fail), one subscription Redis drops unannounced, 3
+/// ticks (one and a half leases).
+#[test]
+fn current_invalidation_is_a_barrier_with_membership() {
+    let mut model = membership(None);
+    model.losses = 0;
+    check(model, &[]).assert_properties();
+}
+
+/// With the set lost too, a renewal still on its way when the barrier reads
+/// a young set is not covered by the wait until the set is a lease old
+/// (docs/MODEL.md, "Known limits"). Waiting a whole lease on a young set
+/// (a proposed fix, not in the library) closes it.
+#[test]
+fn current_a_renewal_in_flight_after_a_set_loss_escapes_the_barrier() {
+    let c = check(
+        membership(None),
+        &["invalidate is a barrier with membership"],
+    );
+    found(&c, "invalidate is a barrier with membership");
+    let mut fixed = membership(None);
+    fixed.young_waits_a_lease = true;
+    check(fixed, &[]).assert_properties();
+}
+
+/// Each mutation of the barrier's wait or of members.lua is caught.
+#[test]
+fn membership_mutations_are_caught() {
+    use members::Mutation::*;
+    for mutation in [NoMembers, NoYoungWait, NoBornIsOld] {
+        eprintln!("{mutation:?}:");
+        let c = check(
+            membership(Some(mutation)),
+            &["invalidate is a barrier with membership"],
+        );
+        found(&c, "invalidate is a barrier with membership");
+    }
+}
+
+/// Before the fix, a keepalive extended the subscription lease before its
+/// membership renewal succeeded: with a renewal that fails (or lands after
+/// the barrier read the members), the instance trusted its L1 past its
+/// membership, and an invalidation in that window, with its subscription
+/// dropped unannounced, did not wait for it (tests/membership_renewal.rs).
+#[test]
+fn old_keepalive_trusts_the_l1_past_the_membership() {
+    let mut model = membership(Some(members::Mutation::ConfirmBeforeRenew));
+    model.renew_failures = true;
+    let c = check(model, &["invalidate is a barrier with membership"]);
+    found(&c, "invalidate is a barrier with membership");
 }

@@ -162,12 +162,21 @@ impl TagTable {
     }
 
     /// Takes `epoch`, read from Redis, if it is newer than the one known.
-    /// Not counted as a move: a rebuild running now stores under the new
-    /// epoch (every invalidation after it began was heard, or the gap that
-    /// hid it detached the rebuild). Returns whether the epoch changed.
+    /// Counted as a move: a rebuild running now stores nothing. A new epoch
+    /// drops the fields Redis held without one, among them the generation
+    /// of a purge that landed on a lost table after the rebuild read its
+    /// data and that this process has not heard yet; stamped under the new
+    /// epoch (every generation counts as at least the epoch), that data
+    /// would pass for newer than the purge. Returns whether the epoch
+    /// changed.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn adopt(&self, epoch: u64) -> bool {
-        self.epoch.fetch_max(epoch, Ordering::AcqRel) < epoch
+        if self.epoch.load(Ordering::SeqCst) >= epoch {
+            return false;
+        }
+        // Counted first, as in `raise`.
+        self.changes.fetch_add(1, Ordering::SeqCst);
+        self.epoch.fetch_max(epoch, Ordering::SeqCst) < epoch
     }
 
     /// Raises `field` to `generation` (never lowers it). Returns whether it
@@ -346,6 +355,18 @@ mod tests {
             other.admits(&new),
             "an instance started after the loss agrees"
         );
+    }
+
+    #[test]
+    fn a_rebuild_that_saw_a_new_epoch_gets_no_stamp() {
+        let table = TagTable::default();
+        table.adopt(1_000);
+        let since = table.start();
+        assert!(table.adopt(2_000));
+        assert!(table.stamp(&tags(&["a"]), since).is_none());
+        let since = table.start();
+        assert!(!table.adopt(2_000), "the same epoch is no move");
+        assert!(table.stamp(&tags(&["a"]), since).is_some());
     }
 
     #[test]

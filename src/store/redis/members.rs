@@ -43,9 +43,12 @@ impl Shared {
     }
 
     /// Keeps this instance a member for one more lease. Call only right
-    /// after the subscription was confirmed live. Best effort: a renewal
-    /// that fails leaves the member to lapse, as a dead one would.
-    pub(super) async fn renew_membership(&self) {
+    /// after the subscription was confirmed live, and extend the
+    /// subscription lease only if it returns true: an instance that is not
+    /// a member is not waited for, so it must not trust its in-process tier
+    /// past its membership. Best effort: a renewal that fails leaves the
+    /// member to lapse, as a dead one would.
+    pub(super) async fn renew_membership(&self) -> bool {
         let mut conn = self.link().conn.clone();
         let mut invocation = self.scripts.member_renew.key(self.members_key());
         invocation
@@ -53,9 +56,15 @@ impl Shared {
             .arg(self.lease_millis());
         let renew = invocation.invoke_async::<i64>(&mut conn);
         match tokio::time::timeout(self.config.deadline, renew).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::debug!(error = %e, "cannot renew the fleet membership"),
-            Err(_) => tracing::debug!("cannot renew the fleet membership in time"),
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot renew the fleet membership");
+                false
+            }
+            Err(_) => {
+                tracing::debug!("cannot renew the fleet membership in time");
+                false
+            }
         }
     }
 

@@ -239,8 +239,6 @@ impl RedisTier {
         let scripts = Scripts::new();
         let started = Instant::now();
         let link = open(&config, &channel, &ack_channel, &notifier, &scripts).await?;
-        // Subscribed: every message published from now on is heard.
-        notifier.liveness.confirm(started);
         let eviction = eviction_policy(&link.conn, config.connect_timeout).await;
         if let Some(policy) = &eviction {
             tracing::warn!(
@@ -272,7 +270,11 @@ impl RedisTier {
             eviction,
         });
         // A member from the start: a subscription confirmed just now.
-        tier.shared.renew_membership().await;
+        // Subscribed, every message published from `started` on is heard;
+        // the in-process tier is trusted once the membership holds.
+        if tier.shared.renew_membership().await {
+            tier.notifier.liveness.confirm(started);
+        }
         supervisor::retry_pending(&tier);
         Ok(tier)
     }

@@ -146,9 +146,13 @@ async fn keepalive(shared: &Shared) {
         tick.tick().await;
         let sent = std::time::Instant::now();
         if ping_subscriber(shared).await {
-            shared.notifier.liveness.confirm(sent);
-            // Only a subscription just confirmed live keeps the membership.
-            shared.renew_membership().await;
+            // Only a subscription just confirmed live keeps the membership,
+            // and the in-process tier is trusted only as long as the
+            // membership the invalidations wait for: a keepalive whose
+            // renewal failed extends nothing.
+            if shared.renew_membership().await {
+                shared.notifier.liveness.confirm(sent);
+            }
         } else {
             tracing::info!(
                 "redis subscriber does not answer; the in-process tier is dropped and \
