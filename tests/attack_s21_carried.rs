@@ -1,0 +1,383 @@
+//! Attacks on the entry a commit's wake-up carries: messages a client that
+//! may `PUBLISH` (and perhaps read keys) crafts, and an invalidation by the
+//! waiting instance itself racing the commit. Real redis-server; the
+//! round trips and the messages are read with `MONITOR`.
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::Path;
+use axum::routing::get;
+use axum::Router;
+use common::fleet::backend_at;
+use common::redis::RedisServer;
+use common::{get as request, send, Origin};
+use stampede_guard::StampedeGuard;
+use tokio::sync::Notify;
+
+/// Every command the server runs, as `MONITOR` prints it.
+struct Monitor {
+    lines: Arc<Mutex<Vec<String>>>,
+    stream: TcpStream,
+}
+
+impl Monitor {
+    fn start(redis: &RedisServer) -> Self {
+        let mut stream = TcpStream::connect(("127.0.0.1", redis.port())).expect("connect");
+        stream.write_all(b"MONITOR\r\n").expect("monitor");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+        let mut ok = String::new();
+        reader.read_line(&mut ok).expect("monitor reply");
+        assert_eq!(ok.trim_end(), "+OK");
+        std::thread::spawn({
+            let lines = lines.clone();
+            move || {
+                for line in reader.lines() {
+                    let Ok(line) = line else { return };
+                    lines.lock().unwrap().push(line);
+                }
+            }
+        });
+        Monitor { lines, stream }
+    }
+
+    fn len(&self) -> usize {
+        self.lines.lock().unwrap().len()
+    }
+
+    /// The `fetch_or_lease` calls since `mark` (six keys, five arguments).
+    fn fetches(&self, mark: usize) -> Vec<Vec<String>> {
+        self.commands(mark)
+            .into_iter()
+            .filter(|t| t.len() == 14 && t[0].eq_ignore_ascii_case("evalsha") && t[2] == "6")
+            .collect()
+    }
+
+    /// The messages published since `mark`: (channel, message).
+    fn published(&self, mark: usize) -> Vec<(String, String)> {
+        self.commands(mark)
+            .into_iter()
+            .filter(|t| t.len() == 3 && t[0].eq_ignore_ascii_case("publish"))
+            .map(|t| (t[1].clone(), t[2].clone()))
+            .collect()
+    }
+
+    fn commands(&self, mark: usize) -> Vec<Vec<String>> {
+        let lines = self.lines.lock().unwrap();
+        lines
+            .iter()
+            .skip(mark)
+            .filter_map(|line| {
+                let (_, command) = line.split_once("] ")?;
+                Some(
+                    command
+                        .split(' ')
+                        .map(|t| t.trim_matches('"').to_owned())
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    /// Waits (bounded) until everything the server ran so far was read.
+    async fn settle(&self, redis: &RedisServer) {
+        let token = format!("settle-{:x}", rand::random::<u64>());
+        redis.raw(&["ECHO", &token]);
+        until("the monitor caught up", || {
+            self.lines
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|l| l.contains(&token))
+        })
+        .await;
+    }
+
+    async fn await_fetches(&self, mark: usize, count: usize) {
+        until("the fetches came", || self.fetches(mark).len() >= count).await;
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+/// Polls `done` every 10 ms, giving up after 20 s.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Parks the origin's next call until released.
+#[derive(Clone, Default)]
+struct Gate {
+    armed: Arc<AtomicBool>,
+    entered: Arc<Notify>,
+    release: Arc<Notify>,
+}
+
+/// `/items/{id}` answers `i<id>-v<call>.` padded to 1 KiB, tagged `item:<id>`.
+fn app(origin: &Origin, gate: &Gate, guard: &StampedeGuard) -> Router {
+    let (origin, gate) = (origin.clone(), gate.clone());
+    let handler = move |Path(id): Path<u32>| {
+        let (origin, gate) = (origin.clone(), gate.clone());
+        async move {
+            let (n, _running) = origin.enter();
+            if gate.armed.swap(false, Ordering::SeqCst) {
+                gate.entered.notify_one();
+                gate.release.notified().await;
+            }
+            let mut body = format!("i{id}-v{n}.");
+            body.extend(std::iter::repeat_n('x', 1024 - body.len()));
+            ([("surrogate-key", format!("item:{id}"))], body)
+        }
+    };
+    Router::new().route("/items/{id}", get(handler).layer(guard.clone()))
+}
+
+struct Node {
+    guard: StampedeGuard,
+    app: Router,
+}
+
+impl Node {
+    async fn text(&self, uri: &str) -> String {
+        text_of(&self.app, uri).await
+    }
+
+    fn with_entry(&self) -> u64 {
+        let stats = self.guard.backend().stats().redis.expect("redis stats");
+        stats.wakeups_with_entry
+    }
+}
+
+async fn text_of(app: &Router, uri: &str) -> String {
+    let text = send(app, request(uri)).await.text();
+    text.split('.').next().unwrap_or_default().to_owned()
+}
+
+async fn fleet(redis: &RedisServer, k: usize, origin: &Origin, gate: &Gate) -> Vec<Node> {
+    let mut nodes = Vec::new();
+    for _ in 0..k {
+        let backend = backend_at(&redis.url(), Duration::from_millis(500)).await;
+        let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
+        let app = app(origin, gate, &guard);
+        nodes.push(Node { guard, app });
+    }
+    for node in &nodes {
+        assert!(node.text("/items/0").await.starts_with("i0-v"));
+    }
+    nodes
+}
+
+/// Node 0 rebuilds `uri`, parked in the origin; node 1 sends one request,
+/// which finds the lease held. Returns both requests and node 1's fetch.
+async fn park(
+    monitor: &Monitor,
+    nodes: &[Node],
+    gate: &Gate,
+    uri: &'static str,
+) -> (
+    tokio::task::JoinHandle<String>,
+    tokio::task::JoinHandle<String>,
+    Vec<String>,
+) {
+    let mark = monitor.len();
+    gate.armed.store(true, Ordering::SeqCst);
+    let app = nodes[0].app.clone();
+    let leader = tokio::spawn(async move { text_of(&app, uri).await });
+    gate.entered.notified().await;
+    monitor.await_fetches(mark, 1).await;
+    let app = nodes[1].app.clone();
+    let waiter = tokio::spawn(async move { text_of(&app, uri).await });
+    monitor.await_fetches(mark, 2).await;
+    let fetch = monitor.fetches(mark).remove(1);
+    (leader, waiter, fetch)
+}
+
+/// The key's hex as the channel names it, from a fetch's value key.
+fn hex_of(fetch: &[String]) -> String {
+    let inner = fetch[3].strip_suffix(":v").expect("value key");
+    match inner.split_once("}:") {
+        Some((_, key)) => key.to_owned(),
+        None => inner
+            .split_once('{')
+            .and_then(|(_, k)| k.strip_suffix('}'))
+            .expect("key in braces")
+            .to_owned(),
+    }
+}
+
+/// A genuine carried message published since `mark`: (channel, fields).
+async fn genuine(redis: &RedisServer, monitor: &Monitor, mark: usize) -> (String, Vec<String>) {
+    monitor.settle(redis).await;
+    let (channel, message) = monitor
+        .published(mark)
+        .into_iter()
+        .find(|(_, m)| m.starts_with("c:") && m.split(':').count() == 8)
+        .expect("a commit carried its entry");
+    (channel, message.split(':').map(str::to_owned).collect())
+}
+
+/// One command as a user that authenticates with `user`/`pass`.
+fn as_user(redis: &RedisServer, user: &str, pass: &str, args: &[&str]) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", redis.port())).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut out = String::new();
+    for command in [&["AUTH", user, pass][..], args] {
+        out.push_str(&format!("*{}\r\n", command.len()));
+        for a in command {
+            out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+    }
+    stream.write_all(out.as_bytes()).expect("write");
+    let mut reader = BufReader::new(stream);
+    let mut auth = String::new();
+    reader.read_line(&mut auth).expect("auth reply");
+    assert_eq!(auth.trim_end(), "+OK", "authenticated");
+    let mut first = String::new();
+    reader.read_line(&mut first).expect("reply");
+    if let Some(len) = first.trim_end().strip_prefix('$') {
+        let Ok(len) = len.parse::<usize>() else {
+            return String::new();
+        };
+        let mut body = vec![0u8; len + 2];
+        reader.read_exact(&mut body).expect("bulk");
+        body.truncate(len);
+        return String::from_utf8_lossy(&body).into_owned();
+    }
+    first.trim_end().to_owned()
+}
+
+/// A client that may read every key and publish, but write none, reads the
+/// held lease and publishes what looks like its commit, carrying another
+/// key's genuine entry. It cannot write the entry into Redis; it must not
+/// get it served (nor into the waiting instance's L1) either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_of_the_lease_cannot_forge_its_commit() {
+    let redis = RedisServer::start();
+    let acl = [
+        "ACL", "SETUSER", "reader", "on", ">secret", "~*", "&*", "-@all", "+@read", "+publish",
+    ];
+    assert_eq!(redis.raw(&acl), "+OK");
+    let (origin, gate) = (Origin::default(), Gate::default());
+    let monitor = Monitor::start(&redis);
+    let nodes = fleet(&redis, 2, &origin, &gate).await;
+    let (channel, entry_of_0) = genuine(&redis, &monitor, 0).await;
+
+    let (leader, waiter, fetch) = park(&monitor, &nodes, &gate, "/items/1").await;
+    let mark = monitor.len();
+    let hex = hex_of(&fetch);
+    let (lease_key, fence_key) = (&fetch[5], &fetch[6]);
+    let reader = |args: &[&str]| as_user(&redis, "reader", "secret", args);
+    assert!(reader(&["SET", &fetch[3], "x"]).starts_with("-NOPERM"));
+    let token = reader(&["GET", lease_key]);
+    let fence = reader(&["HGET", fence_key, "next"]);
+    assert!(
+        !token.is_empty() && !fence.is_empty(),
+        "the lease is readable"
+    );
+    let forged = format!("c:{hex}:1:{token}:{fence}:60000:60000:{}", entry_of_0[7]);
+    assert!(reader(&["PUBLISH", &channel, &forged]).starts_with(':'));
+    // Node 1 either takes the forgery or asks Redis again.
+    until("node 1 handled the forgery", || {
+        nodes[1].with_entry() > 0 || monitor.fetches(mark).len() >= 1
+    })
+    .await;
+    assert_eq!(nodes[1].with_entry(), 0, "a forged carried entry was taken");
+    gate.release.notify_one();
+    assert_eq!(leader.await.unwrap(), "i1-v2");
+    assert_eq!(waiter.await.unwrap(), "i1-v2", "served the forged body");
+    assert_eq!(nodes[1].text("/items/1").await, "i1-v2", "in the L1");
+}
+
+/// A client that may only `PUBLISH` replays the key's previous commit
+/// (its own token and fence, then with the held lease's fence) and sends
+/// another key's genuine commit addressed to this key: each is a plain
+/// wake-up (node 1 asks Redis again), and the waiter gets the new commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replayed_and_readdressed_commits_are_plain_wake_ups() {
+    let redis = RedisServer::start();
+    let (origin, gate) = (Origin::default(), Gate::default());
+    let monitor = Monitor::start(&redis);
+    let nodes = fleet(&redis, 2, &origin, &gate).await;
+    let (channel, entry_of_0) = genuine(&redis, &monitor, 0).await;
+    // A first commit of /items/1, seen on the channel.
+    let mark = monitor.len();
+    assert_eq!(nodes[0].text("/items/1").await, "i1-v2");
+    let (_, old) = genuine(&redis, &monitor, mark).await;
+    let target = http::Request::get("/items/1").body(()).unwrap();
+    nodes[0].guard.invalidate(&target).await.unwrap();
+
+    let (leader, waiter, fetch) = park(&monitor, &nodes, &gate, "/items/1").await;
+    let hex = hex_of(&fetch);
+    assert_eq!(old[1], hex);
+    let fence = redis.raw(&["HGET", &fetch[6], "next"]);
+    assert_ne!(fence, old[4], "a new lease");
+    let mut with_fence = old.clone();
+    with_fence[4] = fence.clone();
+    let mut readdressed = entry_of_0.clone();
+    readdressed[1] = hex.clone();
+    let mut both = readdressed.clone();
+    both[4] = fence;
+    for (i, message) in [old, with_fence, readdressed, both].iter().enumerate() {
+        let mark = monitor.len();
+        redis.raw(&["PUBLISH", &channel, &message.join(":")]);
+        until("node 1 handled the message", || {
+            nodes[1].with_entry() > 0 || !monitor.fetches(mark).is_empty()
+        })
+        .await;
+        assert_eq!(nodes[1].with_entry(), 0, "message {i} was taken");
+    }
+    gate.release.notify_one();
+    assert_eq!(leader.await.unwrap(), "i1-v3");
+    assert_eq!(waiter.await.unwrap(), "i1-v3");
+    assert_eq!(nodes[1].with_entry(), 1, "the genuine commit's entry");
+    assert_eq!(nodes[1].text("/items/1").await, "i1-v3");
+}
+
+/// The waiting instance invalidates the key itself while the commit it
+/// waits for is on its way: once `invalidate` returned, neither a request
+/// nor its L1 gives what was built before it. (The channel has not yet told
+/// that instance of its own invalidation when the carried entry arrives.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiters_own_invalidation_wins_over_the_carried_entry() {
+    let redis = RedisServer::start();
+    let (origin, gate) = (Origin::default(), Gate::default());
+    let monitor = Monitor::start(&redis);
+    let nodes = fleet(&redis, 2, &origin, &gate).await;
+    const URIS: [&str; 6] = [
+        "/items/1", "/items/2", "/items/3", "/items/4", "/items/5", "/items/6",
+    ];
+    for (round, uri) in URIS.into_iter().enumerate() {
+        let (leader, waiter, _) = park(&monitor, &nodes, &gate, uri).await;
+        let guard = nodes[1].guard.clone();
+        let purged = tokio::spawn(async move {
+            let target = http::Request::get(uri).body(()).unwrap();
+            guard.invalidate(&target).await.unwrap();
+        });
+        for _ in 0..round {
+            tokio::task::yield_now().await;
+        }
+        gate.release.notify_one();
+        purged.await.unwrap();
+        let built = leader.await.unwrap();
+        assert_ne!(nodes[1].text(uri).await, built, "round {round}: served");
+        waiter.await.unwrap();
+        assert_ne!(nodes[1].text(uri).await, built, "round {round}: in the L1");
+    }
+}
