@@ -302,15 +302,15 @@ async fn a_forged_wake_up_is_not_served() {
         .find(|(_, m)| m.starts_with("c:") && m.split(':').count() == 8)
         .expect("the warm-up's commit carried its entry");
     let fields: Vec<&str> = genuine.split(':').collect();
-    let (old_token, entry) = (fields[3], fields[7]);
+    let (old_secret, entry) = (fields[3], fields[7]);
 
     let mark = monitor.len();
     let (leader, waiting) = park(&monitor, &nodes, &gate, "/items/1", 2).await;
     let (hex, fence_key) = names(&monitor.fetches(mark)[1]);
     // The right key and the lease's own fencing number, a well-formed entry
-    // (the warm-up's body), but not the lease's token; and garbage.
+    // (the warm-up's body), but not the lease's secret; and garbage.
     let fence = redis.raw(&["HGET", &fence_key, "next"]);
-    let forged = format!("c:{hex}:1:{old_token}:{fence}:60000:60000:{entry}");
+    let forged = format!("c:{hex}:1:{old_secret}:{fence}:60000:60000:{entry}");
     let woken = nodes[1].by_message();
     for message in [forged.as_str(), &format!("c:{hex}:1:{fence}:AAAA")] {
         assert!(redis.raw(&["PUBLISH", &channel, message]).starts_with(':'));
@@ -388,7 +388,7 @@ async fn a_carried_entry_is_not_served_after_a_tag_purge_returned() {
 }
 
 /// The test holds `uri`'s lease itself, as an instance would, after node 0
-/// built the entry once: returns (the key's hex, the lease's token and
+/// built the entry once: returns (the key's hex, the lease's secret and
 /// fence, the channel, the entry node 0's commit carried).
 async fn hold_lease(
     redis: &RedisServer,
@@ -409,7 +409,10 @@ async fn hold_lease(
     let entry = message.rsplit(':').next().unwrap().to_owned();
     // Gone from Redis (node 1 never held it), and the lease is ours.
     assert_eq!(redis.raw(&["DEL", &fetch[3], &fetch[4]]), ":2");
-    let token = format!("{:032x}", rand_token());
+    // As an instance does: the lease stores the SHA-1 of a secret, which
+    // the commit's wake-up reveals.
+    let secret = format!("{:032x}", rand_token());
+    let token = sha1_smol::Sha1::from(&secret).digest().to_string();
     assert_eq!(
         redis.raw(&["SET", &fetch[5], &token, "NX", "PX", "60000"]),
         "+OK"
@@ -417,11 +420,11 @@ async fn hold_lease(
     let fence = redis.raw(&["HINCRBY", &fence_key, "next", "1"]);
     let fence = fence.trim_start_matches(':').to_owned();
     assert!(built.starts_with('i'));
-    (hex, token, fence, channel, entry)
+    (hex, secret, fence, channel, entry)
 }
 
 /// Node 1 waits on a lease the test holds; the test publishes what that
-/// lease's commit would (its token and fence, a genuine entry). Taken only
+/// lease's commit would (its secret and fence, a genuine entry). Taken only
 /// when nothing was heard on the channel since node 1 asked Redis; after a
 /// tag purge, not taken, and after a purge of the entry's own tag never.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -434,9 +437,9 @@ async fn a_carried_entry_is_taken_only_when_proven_current() {
 
     // An unrelated tag is purged between node 1's question and the commit:
     // the entry cannot be proven current, so node 1 asks Redis again.
-    let (hex, token, fence, channel, entry) =
+    let (hex, secret, fence, channel, entry) =
         hold_lease(&redis, &monitor, &nodes, "/items/7").await;
-    let carried = format!("c:{hex}:1:{token}:{fence}:60000:60000:{entry}");
+    let carried = format!("c:{hex}:1:{secret}:{fence}:60000:60000:{entry}");
     let mark = monitor.len();
     let app = nodes[1].app.clone();
     let waiter = tokio::spawn(async move { Node::text_of(&app, "/items/7").await });
@@ -455,9 +458,9 @@ async fn a_carried_entry_is_taken_only_when_proven_current() {
     // The entry's own tag is purged: neither before nor after node 1 asks
     // again is the carried entry taken; once the lease is given up, node 1
     // rebuilds.
-    let (hex, token, fence, channel, entry) =
+    let (hex, secret, fence, channel, entry) =
         hold_lease(&redis, &monitor, &nodes, "/items/8").await;
-    let carried = format!("c:{hex}:1:{token}:{fence}:60000:60000:{entry}");
+    let carried = format!("c:{hex}:1:{secret}:{fence}:60000:60000:{entry}");
     let mark = monitor.len();
     let app = nodes[1].app.clone();
     let waiter = tokio::spawn(async move { Node::text_of(&app, "/items/8").await });
