@@ -350,12 +350,21 @@ async fn replayed_and_readdressed_commits_are_plain_wake_ups() {
     assert_eq!(nodes[1].text("/items/1").await, "i1-v3");
 }
 
-/// The waiting instance invalidates the key itself while the commit it
-/// waits for is on its way: once `invalidate` returned, neither a request
-/// nor its L1 gives what was built before it. (The channel has not yet told
-/// that instance of its own invalidation when the carried entry arrives.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_waiters_own_invalidation_wins_over_the_carried_entry() {
+/// What the waiting instance purges.
+#[derive(Clone, Copy)]
+enum Purge {
+    Url,
+    Tag,
+    All,
+}
+
+/// The waiting instance purges the key itself (`purge`) while the commit it
+/// waits for is on its way, or just after it was published: once the purge
+/// returned, neither a request nor its L1 gives what was built before it.
+/// (When the carried entry arrives, the channel may not yet have told that
+/// instance of its own purge: its flight's detachment is what keeps the
+/// entry out of the L1.)
+async fn own_purge(purge: Purge) {
     let redis = RedisServer::start();
     let (origin, gate) = (Origin::default(), Gate::default());
     let monitor = Monitor::start(&redis);
@@ -365,19 +374,56 @@ async fn the_waiters_own_invalidation_wins_over_the_carried_entry() {
     ];
     for (round, uri) in URIS.into_iter().enumerate() {
         let (leader, waiter, _) = park(&monitor, &nodes, &gate, uri).await;
+        // Odd rounds: the commit (and its carried entry) first, then the
+        // purge; even rounds: the purge starts first.
+        let mark = monitor.len();
+        if round % 2 == 1 {
+            gate.release.notify_one();
+            until("the commit published", || {
+                monitor.published(mark).iter().any(|(_, m)| m.starts_with("c:"))
+            })
+            .await;
+        }
         let guard = nodes[1].guard.clone();
         let purged = tokio::spawn(async move {
-            let target = http::Request::get(uri).body(()).unwrap();
-            guard.invalidate(&target).await.unwrap();
+            match purge {
+                Purge::Url => {
+                    let target = http::Request::get(uri).body(()).unwrap();
+                    guard.invalidate(&target).await
+                }
+                Purge::Tag => {
+                    let id = uri.trim_start_matches("/items/");
+                    guard.invalidate_tag(&format!("item:{id}")).await
+                }
+                Purge::All => guard.invalidate_all().await,
+            }
+            .unwrap();
         });
-        for _ in 0..round {
-            tokio::task::yield_now().await;
+        if round % 2 == 0 {
+            for _ in 0..round {
+                tokio::task::yield_now().await;
+            }
+            gate.release.notify_one();
         }
-        gate.release.notify_one();
         purged.await.unwrap();
         let built = leader.await.unwrap();
         assert_ne!(nodes[1].text(uri).await, built, "round {round}: served");
         waiter.await.unwrap();
         assert_ne!(nodes[1].text(uri).await, built, "round {round}: in the L1");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiters_own_invalidation_wins_over_the_carried_entry() {
+    own_purge(Purge::Url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiters_own_tag_purge_wins_over_the_carried_entry() {
+    own_purge(Purge::Tag).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waiters_own_purge_of_everything_wins_over_the_carried_entry() {
+    own_purge(Purge::All).await;
 }
