@@ -169,9 +169,21 @@ async fn text_of(app: &Router, uri: &str) -> String {
 }
 
 async fn fleet(redis: &RedisServer, k: usize, origin: &Origin, gate: &Gate) -> Vec<Node> {
-    let mut nodes = Vec::new();
+    let mut backends = Vec::new();
     for _ in 0..k {
-        let backend = backend_at(&redis.url(), Duration::from_millis(500)).await;
+        backends.push(backend_at(&redis.url(), Duration::from_millis(500)).await);
+    }
+    fleet_of(backends, origin, gate).await
+}
+
+/// One node per backend, each having answered `/items/0` once.
+async fn fleet_of(
+    backends: Vec<stampede_guard::Backend>,
+    origin: &Origin,
+    gate: &Gate,
+) -> Vec<Node> {
+    let mut nodes = Vec::new();
+    for backend in backends {
         let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
         let app = app(origin, gate, &guard);
         nodes.push(Node { guard, app });
@@ -491,4 +503,44 @@ async fn a_subscription_gap_before_the_commit_still_answers_the_waiter() {
         taken == 0 || answered == "i1-v2",
         "carried {taken}: {answered}"
     );
+}
+
+/// On Redis Cluster the commit's message is published on the key's primary
+/// and crosses the cluster bus to the waiter's subscriber: the waiter still
+/// answers from it, with one round trip, and gets the commit.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_carried_entry_crosses_the_cluster_bus() {
+    let cluster = common::cluster::Cluster::start(3, 0);
+    let monitors: Vec<Monitor> = cluster.nodes.iter().map(Monitor::start).collect();
+    let (origin, gate) = (Origin::default(), Gate::default());
+    let mut backends = Vec::new();
+    for _ in 0..2 {
+        backends.push(common::shards::connect(&cluster, Duration::from_millis(500)).await);
+    }
+    let nodes = fleet_of(backends, &origin, &gate).await;
+    let marks: Vec<usize> = monitors.iter().map(Monitor::len).collect();
+    let fetches = || -> usize {
+        monitors
+            .iter()
+            .zip(&marks)
+            .map(|(m, &mark)| m.fetches(mark).len())
+            .sum()
+    };
+    gate.armed.store(true, Ordering::SeqCst);
+    let app = nodes[0].app.clone();
+    let leader = tokio::spawn(async move { text_of(&app, "/items/1").await });
+    gate.entered.notified().await;
+    until("the leader's fetch", || fetches() >= 1).await;
+    let app = nodes[1].app.clone();
+    let waiter = tokio::spawn(async move { text_of(&app, "/items/1").await });
+    until("the waiter's fetch", || fetches() >= 2).await;
+    gate.release.notify_one();
+    assert_eq!(leader.await.unwrap(), "i1-v2");
+    assert_eq!(waiter.await.unwrap(), "i1-v2");
+    assert_eq!(nodes[1].with_entry(), 1, "taken from the message");
+    for (monitor, node) in monitors.iter().zip(&cluster.nodes) {
+        monitor.settle(node).await;
+    }
+    assert_eq!(fetches(), 2, "the woken waiter did not read Redis again");
 }
