@@ -544,3 +544,31 @@ async fn a_carried_entry_crosses_the_cluster_bus() {
     }
     assert_eq!(fetches(), 2, "the woken waiter did not read Redis again");
 }
+
+/// Eviction while the lease is held. The fence hash gone: the commit is
+/// refused (the hash is reseeded above it), nothing is carried, and the
+/// waiter rebuilds. The lease key gone (and not taken again): the commit is
+/// stored, and the waiter takes exactly what was stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_fence_or_lease_keys_carry_only_what_was_stored() {
+    let redis = RedisServer::start();
+    let (origin, gate) = (Origin::default(), Gate::default());
+    let monitor = Monitor::start(&redis);
+    let nodes = fleet(&redis, 2, &origin, &gate).await;
+
+    let (leader, waiter, fetch) = park(&monitor, &nodes, &gate, "/items/1").await;
+    assert_eq!(redis.raw(&["DEL", &fetch[6]]), ":1", "the fence hash");
+    gate.release.notify_one();
+    assert_eq!(leader.await.unwrap(), "i1-v2", "its own request");
+    assert_eq!(waiter.await.unwrap(), "i1-v3", "a refused commit's entry");
+    assert_eq!(nodes[1].with_entry(), 0);
+
+    let (leader, waiter, fetch) = park(&monitor, &nodes, &gate, "/items/2").await;
+    assert_eq!(redis.raw(&["DEL", &fetch[5]]), ":1", "the lease");
+    gate.release.notify_one();
+    assert_eq!(leader.await.unwrap(), "i2-v4");
+    assert_eq!(waiter.await.unwrap(), "i2-v4");
+    assert_eq!(nodes[1].with_entry(), 1, "the stored commit's entry");
+    let stored = redis.raw(&["GET", &fetch[3]]);
+    assert!(stored.contains("|") && stored.contains("i2-v4."), "stored");
+}
