@@ -6,127 +6,24 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::Path;
 use axum::routing::get;
 use axum::Router;
 use common::fleet::backend_at;
+use common::monitor::Monitor;
 use common::redis::RedisServer;
 use common::{get as request, send, Origin};
 use stampede_guard::StampedeGuard;
 use tokio::sync::Notify;
 
-/// Every command the server runs, as `MONITOR` prints it.
-struct Monitor {
-    lines: Arc<Mutex<Vec<String>>>,
-    stream: TcpStream,
-}
-
-impl Monitor {
-    fn start(redis: &RedisServer) -> Self {
-        let mut stream = TcpStream::connect(("127.0.0.1", redis.port())).expect("connect");
-        stream.write_all(b"MONITOR\r\n").expect("monitor");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-        // Monitoring from its +OK on: nothing the test does after is missed.
-        let mut ok = String::new();
-        reader.read_line(&mut ok).expect("monitor reply");
-        assert_eq!(ok.trim_end(), "+OK");
-        std::thread::spawn({
-            let lines = lines.clone();
-            move || {
-                for line in reader.lines() {
-                    let Ok(line) = line else { return };
-                    lines.lock().unwrap().push(line);
-                }
-            }
-        });
-        Monitor { lines, stream }
-    }
-
-    fn len(&self) -> usize {
-        self.lines.lock().unwrap().len()
-    }
-
-    /// The `fetch_or_lease` calls since `mark`: EVALSHA with six keys and
-    /// five plain arguments (the commit has six keys and ten).
-    fn fetches(&self, mark: usize) -> Vec<Vec<String>> {
-        self.commands(mark)
-            .into_iter()
-            .filter(|t| t.len() == 14 && t[0].eq_ignore_ascii_case("evalsha") && t[2] == "6")
-            .collect()
-    }
-
-    /// The messages the scripts published since `mark`: (channel, message).
-    fn published(&self, mark: usize) -> Vec<(String, String)> {
-        self.commands(mark)
-            .into_iter()
-            .filter(|t| t.len() == 3 && t[0].eq_ignore_ascii_case("publish"))
-            .map(|t| (t[1].clone(), t[2].clone()))
-            .collect()
-    }
-
-    /// Each command's arguments, unquoted (ours have no spaces or quotes).
-    fn commands(&self, mark: usize) -> Vec<Vec<String>> {
-        let lines = self.lines.lock().unwrap();
-        lines
-            .iter()
-            .skip(mark)
-            .filter_map(|line| {
-                let (_, command) = line.split_once("] ")?;
-                Some(
-                    command
-                        .split(' ')
-                        .map(|t| t.trim_matches('"').to_owned())
-                        .collect(),
-                )
-            })
-            .collect()
-    }
-
-    /// Waits (bounded) until every command the server ran so far is read:
-    /// an ECHO sent now comes after them.
-    async fn settle(&self, redis: &RedisServer) {
-        let token = format!("settle-{}", rand_token());
-        redis.raw(&["ECHO", &token]);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self
-            .lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains(&token))
-        {
-            assert!(Instant::now() < deadline, "the monitor fell behind");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Waits (bounded) until `count` fetches were seen since `mark`.
-    async fn await_fetches(&self, mark: usize, count: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.fetches(mark).len() < count {
-            assert!(Instant::now() < deadline, "{count} fetches never came");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
 fn rand_token() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
-}
-
-impl Drop for Monitor {
-    fn drop(&mut self) {
-        let _ = self.stream.shutdown(Shutdown::Both);
-    }
 }
 
 /// Parks the origin's next call until released.
