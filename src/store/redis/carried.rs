@@ -29,9 +29,10 @@
 //! only the token, so the secret is known to the holder alone until the
 //! commit: a client that can read the lease key (and publish) cannot forge
 //! the commit's message. The commit runs only while that lease's fence and
-//! generation still hold, so the message is that commit's. Everything else (the codec, the tags,
-//! the invalidations heard meanwhile) is checked by the waiter as for a
-//! fetched entry; a message that fails any check is a plain wake-up.
+//! generation still hold, so the message is that commit's. Everything else
+//! (the codec, the tags, the invalidations heard meanwhile) is checked by
+//! the waiter as for a fetched entry; a message that fails any check is a
+//! plain wake-up.
 
 use std::time::Duration;
 
