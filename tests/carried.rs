@@ -6,127 +6,24 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::Path;
 use axum::routing::get;
 use axum::Router;
 use common::fleet::backend_at;
+use common::monitor::Monitor;
 use common::redis::RedisServer;
 use common::{get as request, send, Origin};
 use stampede_guard::StampedeGuard;
 use tokio::sync::Notify;
 
-/// Every command the server runs, as `MONITOR` prints it.
-struct Monitor {
-    lines: Arc<Mutex<Vec<String>>>,
-    stream: TcpStream,
-}
-
-impl Monitor {
-    fn start(redis: &RedisServer) -> Self {
-        let mut stream = TcpStream::connect(("127.0.0.1", redis.port())).expect("connect");
-        stream.write_all(b"MONITOR\r\n").expect("monitor");
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-        // Monitoring from its +OK on: nothing the test does after is missed.
-        let mut ok = String::new();
-        reader.read_line(&mut ok).expect("monitor reply");
-        assert_eq!(ok.trim_end(), "+OK");
-        std::thread::spawn({
-            let lines = lines.clone();
-            move || {
-                for line in reader.lines() {
-                    let Ok(line) = line else { return };
-                    lines.lock().unwrap().push(line);
-                }
-            }
-        });
-        Monitor { lines, stream }
-    }
-
-    fn len(&self) -> usize {
-        self.lines.lock().unwrap().len()
-    }
-
-    /// The `fetch_or_lease` calls since `mark`: EVALSHA with six keys and
-    /// five plain arguments (the commit has six keys and ten).
-    fn fetches(&self, mark: usize) -> Vec<Vec<String>> {
-        self.commands(mark)
-            .into_iter()
-            .filter(|t| t.len() == 14 && t[0].eq_ignore_ascii_case("evalsha") && t[2] == "6")
-            .collect()
-    }
-
-    /// The messages the scripts published since `mark`: (channel, message).
-    fn published(&self, mark: usize) -> Vec<(String, String)> {
-        self.commands(mark)
-            .into_iter()
-            .filter(|t| t.len() == 3 && t[0].eq_ignore_ascii_case("publish"))
-            .map(|t| (t[1].clone(), t[2].clone()))
-            .collect()
-    }
-
-    /// Each command's arguments, unquoted (ours have no spaces or quotes).
-    fn commands(&self, mark: usize) -> Vec<Vec<String>> {
-        let lines = self.lines.lock().unwrap();
-        lines
-            .iter()
-            .skip(mark)
-            .filter_map(|line| {
-                let (_, command) = line.split_once("] ")?;
-                Some(
-                    command
-                        .split(' ')
-                        .map(|t| t.trim_matches('"').to_owned())
-                        .collect(),
-                )
-            })
-            .collect()
-    }
-
-    /// Waits (bounded) until every command the server ran so far is read:
-    /// an ECHO sent now comes after them.
-    async fn settle(&self, redis: &RedisServer) {
-        let token = format!("settle-{}", rand_token());
-        redis.raw(&["ECHO", &token]);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self
-            .lines
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|l| l.contains(&token))
-        {
-            assert!(Instant::now() < deadline, "the monitor fell behind");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    /// Waits (bounded) until `count` fetches were seen since `mark`.
-    async fn await_fetches(&self, mark: usize, count: usize) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.fetches(mark).len() < count {
-            assert!(Instant::now() < deadline, "{count} fetches never came");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
 fn rand_token() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
-}
-
-impl Drop for Monitor {
-    fn drop(&mut self) {
-        let _ = self.stream.shutdown(Shutdown::Both);
-    }
 }
 
 /// Parks the origin's next call until released.
@@ -302,15 +199,15 @@ async fn a_forged_wake_up_is_not_served() {
         .find(|(_, m)| m.starts_with("c:") && m.split(':').count() == 8)
         .expect("the warm-up's commit carried its entry");
     let fields: Vec<&str> = genuine.split(':').collect();
-    let (old_token, entry) = (fields[3], fields[7]);
+    let (old_secret, entry) = (fields[3], fields[7]);
 
     let mark = monitor.len();
     let (leader, waiting) = park(&monitor, &nodes, &gate, "/items/1", 2).await;
     let (hex, fence_key) = names(&monitor.fetches(mark)[1]);
     // The right key and the lease's own fencing number, a well-formed entry
-    // (the warm-up's body), but not the lease's token; and garbage.
+    // (the warm-up's body), but not the lease's secret; and garbage.
     let fence = redis.raw(&["HGET", &fence_key, "next"]);
-    let forged = format!("c:{hex}:1:{old_token}:{fence}:60000:60000:{entry}");
+    let forged = format!("c:{hex}:1:{old_secret}:{fence}:60000:60000:{entry}");
     // The forged wake-ups are plain ones: node 1 asks Redis again, finds
     // the lease still held, and waits on. One at a time, each followed by
     // its fetch, so that no fetch of node 1's is still on its way when the
@@ -390,7 +287,7 @@ async fn a_carried_entry_is_not_served_after_a_tag_purge_returned() {
 }
 
 /// The test holds `uri`'s lease itself, as an instance would, after node 0
-/// built the entry once: returns (the key's hex, the lease's token and
+/// built the entry once: returns (the key's hex, the lease's secret and
 /// fence, the channel, the entry node 0's commit carried).
 async fn hold_lease(
     redis: &RedisServer,
@@ -411,7 +308,10 @@ async fn hold_lease(
     let entry = message.rsplit(':').next().unwrap().to_owned();
     // Gone from Redis (node 1 never held it), and the lease is ours.
     assert_eq!(redis.raw(&["DEL", &fetch[3], &fetch[4]]), ":2");
-    let token = format!("{:032x}", rand_token());
+    // As an instance does: the lease stores the SHA-1 of a secret, which
+    // the commit's wake-up reveals.
+    let secret = format!("{:032x}", rand_token());
+    let token = sha1_smol::Sha1::from(&secret).digest().to_string();
     assert_eq!(
         redis.raw(&["SET", &fetch[5], &token, "NX", "PX", "60000"]),
         "+OK"
@@ -419,11 +319,11 @@ async fn hold_lease(
     let fence = redis.raw(&["HINCRBY", &fence_key, "next", "1"]);
     let fence = fence.trim_start_matches(':').to_owned();
     assert!(built.starts_with('i'));
-    (hex, token, fence, channel, entry)
+    (hex, secret, fence, channel, entry)
 }
 
 /// Node 1 waits on a lease the test holds; the test publishes what that
-/// lease's commit would (its token and fence, a genuine entry). Taken only
+/// lease's commit would (its secret and fence, a genuine entry). Taken only
 /// when nothing was heard on the channel since node 1 asked Redis; after a
 /// tag purge, not taken, and after a purge of the entry's own tag never.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -436,9 +336,9 @@ async fn a_carried_entry_is_taken_only_when_proven_current() {
 
     // An unrelated tag is purged between node 1's question and the commit:
     // the entry cannot be proven current, so node 1 asks Redis again.
-    let (hex, token, fence, channel, entry) =
+    let (hex, secret, fence, channel, entry) =
         hold_lease(&redis, &monitor, &nodes, "/items/7").await;
-    let carried = format!("c:{hex}:1:{token}:{fence}:60000:60000:{entry}");
+    let carried = format!("c:{hex}:1:{secret}:{fence}:60000:60000:{entry}");
     let mark = monitor.len();
     let app = nodes[1].app.clone();
     let waiter = tokio::spawn(async move { Node::text_of(&app, "/items/7").await });
@@ -457,9 +357,9 @@ async fn a_carried_entry_is_taken_only_when_proven_current() {
     // The entry's own tag is purged: neither before nor after node 1 asks
     // again is the carried entry taken; once the lease is given up, node 1
     // rebuilds.
-    let (hex, token, fence, channel, entry) =
+    let (hex, secret, fence, channel, entry) =
         hold_lease(&redis, &monitor, &nodes, "/items/8").await;
-    let carried = format!("c:{hex}:1:{token}:{fence}:60000:60000:{entry}");
+    let carried = format!("c:{hex}:1:{secret}:{fence}:60000:60000:{entry}");
     let mark = monitor.len();
     let app = nodes[1].app.clone();
     let waiter = tokio::spawn(async move { Node::text_of(&app, "/items/8").await });

@@ -120,6 +120,7 @@ pub mod fleet;
 #[cfg(feature = "redis")]
 pub mod lock;
 pub mod metrics;
+pub mod monitor;
 pub mod proxy;
 pub mod redis;
 pub mod sentinel;

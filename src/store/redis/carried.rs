@@ -6,7 +6,7 @@
 //! instance answers its waiters without that second round trip:
 //!
 //! ```text
-//! c:<key hex>:1:<token>:<fence>:<fresh ms>:<keep ms>:<entry, base64>
+//! c:<key hex>:1:<secret>:<fence>:<fresh ms>:<keep ms>:<entry, base64>
 //! ```
 //!
 //! `1` is the format's version. The message starts as a plain wake-up does:
@@ -24,12 +24,15 @@
 //! A carried entry is untrusted input, as a fetched one is. It is taken
 //! only for the lease the waiter saw held: the waiter's `fetch_or_lease`
 //! answered with that lease's fencing number and the SHA-1 of its token
-//! ([`Holder`]), and the message must name the same fencing number and the
-//! token itself, which only the holder (and Redis) knew before the commit.
-//! The commit runs only while that lease's fence and generation still hold,
-//! so the message is that commit's. Everything else (the codec, the tags,
-//! the invalidations heard meanwhile) is checked by the waiter as for a
-//! fetched entry; a message that fails any check is a plain wake-up.
+//! ([`Holder`]), and the message must name the same fencing number and
+//! reveal the lease's secret, whose SHA-1 (hex) is the token. Redis stores
+//! only the token, so the secret is known to the holder alone until the
+//! commit: a client that can read the lease key (and publish) cannot forge
+//! the commit's message. The commit runs only while that lease's fence and
+//! generation still hold, so the message is that commit's. Everything else
+//! (the codec, the tags, the invalidations heard meanwhile) is checked by
+//! the waiter as for a fetched entry; a message that fails any check is a
+//! plain wake-up.
 
 use std::time::Duration;
 
@@ -46,8 +49,8 @@ pub(crate) const CARRY_LIMIT: usize = 16 * 1024;
 /// The format's version, the message's third field.
 const VERSION: &str = "1";
 
-/// Longest a lease token may be (ours are 32 hex digits).
-const TOKEN_MAX: usize = 64;
+/// Longest a lease secret may be (ours are 32 hex digits).
+const SECRET_MAX: usize = 64;
 
 /// The longest message parsed for an entry: the fields, and the entry's
 /// base64. A longer one is a plain wake-up.
@@ -80,21 +83,29 @@ impl Holder {
         })
     }
 
-    /// Whether `carried` is the commit of this lease.
+    /// Whether `carried` is the commit of this lease: its secret's token
+    /// is the lease's.
     pub(crate) fn proves(&self, carried: &Carried) -> bool {
         carried.fence == self.fence
-            && sha1_smol::Sha1::from(carried.token.as_bytes())
+            && sha1_smol::Sha1::from(token_of(&carried.secret).as_bytes())
                 .digest()
                 .bytes()
                 == self.proof
     }
 }
 
+/// The owner token a lease stores in Redis for `secret`: its SHA-1, hex.
+pub(crate) fn token_of(secret: &str) -> String {
+    sha1_smol::Sha1::from(secret.as_bytes())
+        .digest()
+        .to_string()
+}
+
 /// An entry carried by a commit's message, not yet checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Carried {
-    /// The committing lease's token, revealed by its commit.
-    pub token: String,
+    /// The committing lease's secret, revealed by its commit.
+    pub secret: String,
     /// The committing lease's fencing number.
     pub fence: u64,
     /// Freshness given at the commit.
@@ -109,17 +120,17 @@ pub(crate) struct Carried {
 /// [`CARRY_LIMIT`], else the plain wake-up.
 pub(crate) fn message(
     key: &Key,
-    token: &str,
+    secret: &str,
     fence: u64,
     fresh: Duration,
     keep: Duration,
     entry: &[u8],
 ) -> String {
-    if entry.len() > CARRY_LIMIT || token.len() > TOKEN_MAX || token.contains(':') {
+    if entry.len() > CARRY_LIMIT || secret.len() > SECRET_MAX || secret.contains(':') {
         return format!("c:{key}");
     }
     format!(
-        "c:{key}:{VERSION}:{token}:{fence}:{}:{}:{}",
+        "c:{key}:{VERSION}:{secret}:{fence}:{}:{}:{}",
         millis(fresh),
         millis(keep),
         STANDARD.encode(entry)
@@ -141,8 +152,8 @@ pub(crate) fn parse(message: &[u8]) -> Option<(Key, Carried)> {
     if fields.next()? != VERSION {
         return None;
     }
-    let token = fields.next()?;
-    if token.is_empty() || token.len() > TOKEN_MAX {
+    let secret = fields.next()?;
+    if secret.is_empty() || secret.len() > SECRET_MAX {
         return None;
     }
     let fence = parse_u64(fields.next()?)?;
@@ -159,7 +170,7 @@ pub(crate) fn parse(message: &[u8]) -> Option<(Key, Carried)> {
     Some((
         key,
         Carried {
-            token: token.to_owned(),
+            secret: secret.to_owned(),
             fence,
             fresh,
             keep,
@@ -186,10 +197,13 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    const TOKEN: &str = "0123456789abcdef0123456789abcdef";
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
 
-    fn holder(fence: u64, token: &str) -> Holder {
-        let hex = sha1_smol::Sha1::from(token.as_bytes()).digest().to_string();
+    /// The holder `fetch_or_lease` names for the lease of `secret`.
+    fn holder(fence: u64, secret: &str) -> Holder {
+        let hex = sha1_smol::Sha1::from(token_of(secret).as_bytes())
+            .digest()
+            .to_string();
         Holder::parse(&format!("{fence}:{hex}")).expect("well-formed")
     }
 
@@ -199,7 +213,7 @@ mod tests {
         let entry = b"\x00\x01 any bytes: even colons".to_vec();
         let text = message(
             &key,
-            TOKEN,
+            SECRET,
             42,
             Duration::from_millis(1500),
             Duration::from_secs(31),
@@ -212,11 +226,23 @@ mod tests {
         assert_eq!(carried.fence, 42);
         assert_eq!(carried.fresh, Duration::from_millis(1500));
         assert_eq!(carried.keep, Duration::from_secs(31));
-        assert!(holder(42, TOKEN).proves(&carried));
-        assert!(!holder(41, TOKEN).proves(&carried), "another lease's fence");
+        assert!(holder(42, SECRET).proves(&carried));
+        assert!(
+            !holder(41, SECRET).proves(&carried),
+            "another lease's fence"
+        );
+        // What Redis stores (and a reader of the lease key learns) is the
+        // token, not the secret: a message revealing it proves nothing.
+        let token = token_of(SECRET);
+        let forged = message(&key, &token, 42, Duration::ZERO, Duration::ZERO, &entry);
+        let (_, forged) = parse(forged.as_bytes()).expect("parses");
+        assert!(
+            !holder(42, SECRET).proves(&forged),
+            "the token is no secret"
+        );
         assert!(
             !holder(42, "ffffffffffffffffffffffffffffffff").proves(&carried),
-            "another lease's token"
+            "another lease's secret"
         );
     }
 
@@ -224,12 +250,12 @@ mod tests {
     fn a_large_entry_is_a_plain_wake_up() {
         let key = Key::for_value("t", b"k");
         let entry = vec![7u8; CARRY_LIMIT + 1];
-        let text = message(&key, TOKEN, 1, Duration::ZERO, Duration::ZERO, &entry);
+        let text = message(&key, SECRET, 1, Duration::ZERO, Duration::ZERO, &entry);
         assert_eq!(text, format!("c:{key}"));
         assert!(parse(text.as_bytes()).is_none());
         let at_limit = message(
             &key,
-            TOKEN,
+            SECRET,
             1,
             Duration::ZERO,
             Duration::ZERO,
@@ -243,15 +269,15 @@ mod tests {
         let key = Key::for_value("t", b"k");
         for bad in [
             format!("c:{key}"),
-            format!("c:{key}:2:{TOKEN}:1:1:1:AAAA"),
-            format!("c:{key}:1:{TOKEN}:-1:1:1:AAAA"),
-            format!("c:{key}:1:{TOKEN}:1:99999999999999999999:1:AAAA"),
-            format!("c:{key}:1:{TOKEN}:1:1:999999999999999999999:AAAA"),
+            format!("c:{key}:2:{SECRET}:1:1:1:AAAA"),
+            format!("c:{key}:1:{SECRET}:-1:1:1:AAAA"),
+            format!("c:{key}:1:{SECRET}:1:99999999999999999999:1:AAAA"),
+            format!("c:{key}:1:{SECRET}:1:1:999999999999999999999:AAAA"),
             format!("c:{key}:1::1:1:1:AAAA"),
-            format!("c:{key}:1:{TOKEN}:1:1:1:not base64!"),
-            format!("c:{key}:1:{TOKEN}:1:1:1"),
-            format!("i:{key}:1:{TOKEN}:1:1:1:AAAA"),
-            format!("c:zz:1:{TOKEN}:1:1:1:AAAA"),
+            format!("c:{key}:1:{SECRET}:1:1:1:not base64!"),
+            format!("c:{key}:1:{SECRET}:1:1:1"),
+            format!("i:{key}:1:{SECRET}:1:1:1:AAAA"),
+            format!("c:zz:1:{SECRET}:1:1:1:AAAA"),
         ] {
             assert!(parse(bad.as_bytes()).is_none(), "{bad}");
         }
@@ -281,7 +307,7 @@ mod tests {
         ));
         let key = Key::for_value("t", b"k");
         let second = Duration::from_secs(1);
-        let committed = message(&key, TOKEN, 7, second, second, b"entry");
+        let committed = message(&key, SECRET, 7, second, second, b"entry");
         let limit = Duration::from_secs(5);
         // The commit, then the key's invalidation, both before the waiter
         // looks: the invalidation is what it sees.
@@ -301,13 +327,13 @@ mod tests {
         // Another key's commit is not this key's entry.
         let other = Key::for_value("t", b"other");
         let mut waiter = notifier.register(key);
-        let theirs = message(&other, TOKEN, 7, second, second, b"entry");
+        let theirs = message(&other, SECRET, 7, second, second, b"entry");
         notifier.on_push(push(&theirs));
         notifier.on_push(push(&committed));
         assert_eq!(waiter.wait(limit).await, Some(Event::Committed));
         let carried = waiter.carried().expect("nothing heard meanwhile");
         assert_eq!(&carried.entry[..], b"entry");
-        assert!(holder(7, TOKEN).proves(carried));
+        assert!(holder(7, SECRET).proves(carried));
         // A gap after it was taken in: not taken any more.
         notifier.subscription_lost();
         assert!(waiter.carried().is_none());
@@ -342,7 +368,7 @@ mod tests {
         ) {
             let key = Key::for_value("t", b"k");
             let fresh = Duration::from_millis(fresh);
-            let text = message(&key, TOKEN, fence, fresh, fresh, &entry);
+            let text = message(&key, SECRET, fence, fresh, fresh, &entry);
             let (_, carried) = parse(text.as_bytes()).expect("parses");
             prop_assert_eq!(&carried.entry[..], &entry[..]);
             prop_assert_eq!(carried.fence, fence);

@@ -93,7 +93,7 @@ impl RedisTier {
             self.invalidate_once(&invalidated).await?;
         }
         let keys = self.keys(key);
-        let token = Lease::new_token();
+        let (secret, token) = Lease::new_secret();
         let mut invocation = self.shared.scripts.fetch_or_lease.prepare_invoke();
         for k in &keys {
             invocation.key(k);
@@ -157,7 +157,7 @@ impl RedisTier {
                 lease: Box::new(Lease::new(
                     self.clone(),
                     *key,
-                    token,
+                    (secret, token),
                     a.max(0) as u64,
                     lease_time,
                     generation,
@@ -224,8 +224,8 @@ impl RedisTier {
         tagged.push(b'|');
         tagged.extend_from_slice(&entry);
         // The wake-up carries a small entry (see `carried`).
-        let (token, fence) = (lease.token(), lease.fence.0);
-        let woken = carried::message(&lease.key, token, fence, fresh, keep, &entry);
+        let (secret, fence) = (lease.secret(), lease.fence.0);
+        let woken = carried::message(&lease.key, secret, fence, fresh, keep, &entry);
         invocation
             .arg(lease.token())
             .arg(lease.fence.0)

@@ -1,6 +1,7 @@
 //! The rebuild lease: who in the fleet may rebuild a key, and for how long.
 //!
-//! A lease is a Redis key set with `NX PX` to a random owner token, so it
+//! A lease is a Redis key set with `NX PX` to an owner token (the SHA-1
+//! of a random secret the holder keeps; see `carried`), so it
 //! expires by itself if its holder dies, and only its holder can release or
 //! renew it (both are compare-token scripts). While the rebuild runs, a
 //! [`Renewer`] keeps it; it stops the moment the lease is settled (committed
@@ -29,6 +30,10 @@ pub(crate) struct Lease {
     /// The key's group generation when the lease was taken: the commit is
     /// refused if the group was invalidated since.
     pub(crate) generation: String,
+    /// What the commit's wake-up reveals to prove it is this lease's: the
+    /// token is its SHA-1, so Redis (and whoever reads the lease key) never
+    /// learns it before the commit.
+    secret: String,
     renewer: Renewer,
 }
 
@@ -36,7 +41,7 @@ impl Lease {
     pub(crate) fn new(
         tier: Arc<RedisTier>,
         key: Key,
-        token: String,
+        (secret, token): (String, String),
         fence: u64,
         time: Duration,
         generation: String,
@@ -50,13 +55,23 @@ impl Lease {
             fence: FencingToken(fence),
             time,
             generation,
+            secret,
             renewer: Renewer::start(tier, LeaseKind::Rebuild, key, token, time, granted, None),
         }
     }
 
-    /// A random owner token: 128 bits, so no other owner can guess it.
-    pub(crate) fn new_token() -> String {
-        format!("{:032x}", rand::random::<u128>())
+    /// A random secret (128 bits, so no other owner can guess it) and the
+    /// owner token stored in Redis, its SHA-1: a client that reads the
+    /// lease key cannot tell the secret the commit's wake-up reveals.
+    pub(crate) fn new_secret() -> (String, String) {
+        let secret = format!("{:032x}", rand::random::<u128>());
+        let token = super::carried::token_of(&secret);
+        (secret, token)
+    }
+
+    /// The secret the commit's wake-up reveals (see [`super::carried`]).
+    pub(crate) fn secret(&self) -> &str {
+        &self.secret
     }
 
     pub(crate) fn token(&self) -> &str {
