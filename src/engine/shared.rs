@@ -348,7 +348,7 @@ async fn carried<V: CacheValue>(
         return None;
     }
     let remote = Remote {
-        bytes: carried.entry.clone(),
+        bytes: carried.entry()?,
         fresh: Some(carried.fresh).filter(|d| !d.is_zero()),
         remaining: Some(carried.keep).filter(|d| !d.is_zero()),
     };

@@ -112,8 +112,19 @@ pub(crate) struct Carried {
     pub fresh: Duration,
     /// Lifetime of the value in Redis given at the commit.
     pub keep: Duration,
-    /// The encoded entry (the engine's codec).
-    pub entry: Bytes,
+    /// The entry as the message carries it (base64 of the engine's
+    /// codec), decoded by [`Carried::entry`] only once the secret proved
+    /// the commit: a forged message costs a waiter no decoding.
+    encoded: Bytes,
+}
+
+impl Carried {
+    /// The encoded entry (the engine's codec); `None` if the carried text
+    /// is not base64 or decodes to more than [`CARRY_LIMIT`].
+    pub(crate) fn entry(&self) -> Option<Bytes> {
+        let entry = STANDARD.decode(&self.encoded).ok()?;
+        (entry.len() <= CARRY_LIMIT).then(|| Bytes::from(entry))
+    }
 }
 
 /// The commit's message for `key`: carrying `entry` when it is at most
@@ -160,11 +171,12 @@ pub(crate) fn parse(message: &[u8]) -> Option<(Key, Carried)> {
     let fresh = Duration::from_millis(parse_u64(fields.next()?)?);
     let keep = Duration::from_millis(parse_u64(fields.next()?)?);
     let encoded = fields.next()?;
-    if encoded.len() > CARRY_LIMIT.div_ceil(3) * 4 {
-        return None;
-    }
-    let entry = STANDARD.decode(encoded).ok()?;
-    if entry.len() > CARRY_LIMIT {
+    // Only the alphabet is checked here; the decoding waits for the proof.
+    let alphabet = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/' | b'=');
+    if encoded.len() > CARRY_LIMIT.div_ceil(3) * 4
+        || encoded.len() % 4 != 0
+        || !encoded.bytes().all(alphabet)
+    {
         return None;
     }
     Some((
@@ -174,7 +186,7 @@ pub(crate) fn parse(message: &[u8]) -> Option<(Key, Carried)> {
             fence,
             fresh,
             keep,
-            entry: Bytes::from(entry),
+            encoded: Bytes::copy_from_slice(encoded.as_bytes()),
         },
     ))
 }
@@ -222,7 +234,7 @@ mod tests {
         assert!(text.starts_with(&format!("c:{key}:1:")));
         let (parsed, carried) = parse(text.as_bytes()).expect("parses");
         assert_eq!(parsed, key);
-        assert_eq!(carried.entry, entry);
+        assert_eq!(carried.entry().unwrap(), entry);
         assert_eq!(carried.fence, 42);
         assert_eq!(carried.fresh, Duration::from_millis(1500));
         assert_eq!(carried.keep, Duration::from_secs(31));
@@ -281,6 +293,9 @@ mod tests {
         ] {
             assert!(parse(bad.as_bytes()).is_none(), "{bad}");
         }
+        // Base64's alphabet but not base64: parsed, never decoded to an entry.
+        let (_, odd) = parse(format!("c:{key}:1:{SECRET}:1:1:1:A=AA").as_bytes()).unwrap();
+        assert!(odd.entry().is_none());
         for bad in ["", "1", "x:00", "1:zz", &format!("1:{}", "0".repeat(41))] {
             assert!(Holder::parse(bad).is_none(), "{bad}");
         }
@@ -332,7 +347,7 @@ mod tests {
         notifier.on_push(push(&committed));
         assert_eq!(waiter.wait(limit).await, Some(Event::Committed));
         let carried = waiter.carried().expect("nothing heard meanwhile");
-        assert_eq!(&carried.entry[..], b"entry");
+        assert_eq!(&carried.entry().unwrap()[..], b"entry");
         assert!(holder(7, SECRET).proves(carried));
         // A gap after it was taken in: not taken any more.
         notifier.subscription_lost();
@@ -356,7 +371,7 @@ mod tests {
             let text = format!("c:{key}:1:{}", fields.join(":"));
             if let Some((parsed, carried)) = parse(text.as_bytes()) {
                 prop_assert_eq!(parsed, key);
-                prop_assert!(carried.entry.len() <= CARRY_LIMIT);
+                prop_assert!(carried.entry().is_none_or(|e| e.len() <= CARRY_LIMIT));
             }
         }
 
@@ -370,7 +385,7 @@ mod tests {
             let fresh = Duration::from_millis(fresh);
             let text = message(&key, SECRET, fence, fresh, fresh, &entry);
             let (_, carried) = parse(text.as_bytes()).expect("parses");
-            prop_assert_eq!(&carried.entry[..], &entry[..]);
+            prop_assert_eq!(&carried.entry().unwrap()[..], &entry[..]);
             prop_assert_eq!(carried.fence, fence);
             prop_assert_eq!(carried.fresh, fresh);
         }
