@@ -64,8 +64,15 @@ async fn a_lease_taken_after_its_callers_deadline_is_not_left_held() {
     assert_eq!(redis.raw(&["CLIENT", "PAUSE", "300", "WRITE"]), "+OK");
     let first = send(&a, get_req("/report")).await;
     assert_eq!(first.text(), "v1");
-    // The pause ends; the queued fetch-or-lease script runs now.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // This write waits out the pause behind the queued fetch-or-lease
+    // script, which has run when it returns; the clean-up sent after it
+    // frees the lease. Waited for, not slept out (a loaded machine is
+    // slower), and given up long before the lease's own 5 s would free it.
+    assert_eq!(redis.raw(&["SET", "after-the-pause", "1"]), "+OK");
+    let give_up = std::time::Instant::now() + Duration::from_secs(3);
+    while keys(&redis, "l") > 0 && std::time::Instant::now() < give_up {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let leases = keys(&redis, "l");
     assert_eq!(
         leases, 0,

@@ -197,6 +197,8 @@ async fn stalled_holder_resumes() -> Resumed {
         .await
         .expect("newest holder");
 
+    // The child tells a slow step from this stop by this mark.
+    redis.raw(&["SET", "stopped", "1"]);
     signal(&child, "-CONT");
     let report = next_line(&mut lines, "RESUMED ").await;
     // This process held the lock all the while the child looked.
@@ -212,8 +214,10 @@ async fn stalled_holder_resumes() -> Resumed {
 }
 
 /// Entry point of the child process of the stalled-holder attacks: one
-/// runtime thread, a lock with a 400 ms lease, work done in 20 ms blocking
-/// steps between which the runtime runs (the watchdog renews then).
+/// runtime thread, a lock with a 1 s lease, work done in 20 ms blocking
+/// steps between which the runtime runs (the watchdog renews then). The
+/// lease leaves a loaded machine's runtime, blocked in those steps, the
+/// time to renew (a 400 ms lease was lost before the stop under load).
 #[test]
 #[ignore = "started by the stalled-holder attacks"]
 fn child_stalled_holder() {
@@ -225,8 +229,8 @@ fn child_stalled_holder() {
         .build()
         .unwrap();
     runtime.block_on(async move {
-        let lock = Lock::new(backend(&url, Duration::from_millis(100)).await)
-            .lease(Duration::from_millis(400));
+        let lock = Lock::new(backend(&url, Duration::from_millis(300)).await)
+            .lease(Duration::from_secs(1));
         let guard = lock.acquire("stock").await.unwrap();
         let mut stock = conn(&url).await;
         let fence = guard.fencing_token().0;
@@ -236,10 +240,15 @@ fn child_stalled_holder() {
         loop {
             // A step of work.
             std::thread::sleep(Duration::from_millis(20));
-            // A step that took far longer than 20 ms: the process was
-            // stopped in it. Look, then act (as the rustdoc's recipe does).
+            // A step that took far longer than 20 ms, or a loss: was the
+            // process stopped (in the step, or in the runtime's turn before
+            // it)? The parent marks the stop before resuming it, so a step
+            // slowed by a loaded machine is not taken for it.
             let lost = guard.is_lost();
-            if last.elapsed() > Duration::from_millis(300) {
+            let slow = last.elapsed() > Duration::from_millis(300);
+            if (lost || slow) && was_stopped(&mut stock).await {
+                // Resumed: look, then act (as the rustdoc's recipe does).
+                let lost = guard.is_lost();
                 let accepted = !lost && fenced_write(&mut stock, fence, seen, seen - 1).await;
                 // Even a holder that ignores the flag is fenced off:
                 let forced = fenced_write(&mut stock, fence, seen, seen - 1).await;
@@ -257,6 +266,16 @@ fn child_stalled_holder() {
             last = Instant::now();
         }
     });
+}
+
+/// Whether the parent of the stalled-holder attacks stopped this process.
+async fn was_stopped(conn: &mut redis::aio::MultiplexedConnection) -> bool {
+    let marks: u32 = redis::cmd("EXISTS")
+        .arg("stopped")
+        .query_async(conn)
+        .await
+        .unwrap();
+    marks == 1
 }
 
 /// Promise 1: the fenced stock refuses a holder resumed past its lease.
@@ -302,8 +321,11 @@ async fn a_reentrant_hold_with_a_shorter_lease_does_not_cut_the_first_guards_lea
     assert!(inner.release().await.unwrap());
     assert!(!outer.is_lost());
 
+    // A hold cut to the short lease would lapse 150 ms after the inner
+    // acquisition, well before the first guard's renewal at 1 s: a wait of
+    // 1 s sees it.
     let other = Lock::new(backend(&redis.url(), Duration::from_millis(200)).await)
-        .wait_budget(Duration::from_secs(2));
+        .wait_budget(Duration::from_secs(1));
     match other.acquire("job").await {
         Ok(next) => {
             let outer_lost = outer.is_lost();

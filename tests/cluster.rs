@@ -10,11 +10,16 @@ use std::time::Duration;
 
 use common::cluster::{wait_replicated, Cluster};
 use common::fleet::{fleet, fleet_burst, wait_until_available, wakeups};
-use common::{get as get_req, send, tally, Origin};
+use common::{get as get_req, send, tally, Origin, ROOMY_DEADLINE};
 use stampede_guard::{Backend, ErrorKind, Lock};
 
+/// A backend whose deadline a loaded machine meets: these tests count
+/// origin calls and round trips exactly, and a call missing the default
+/// 50 ms falls back to local protection. (A killed node refuses
+/// connections at once.)
 async fn connect(cluster: &Cluster) -> Backend {
     Backend::redis_cluster_builder(cluster.urls())
+        .deadline(ROOMY_DEADLINE)
         .probe_interval(Duration::from_millis(100))
         .connect()
         .await
@@ -61,6 +66,7 @@ async fn a_three_master_cluster_calls_the_origin_once_per_cold_key() {
                     .iter()
                     .map(|n| format!("redis://app:app-secret@127.0.0.1:{}/", n.port()));
                 Backend::redis_cluster_builder(nodes)
+                    .deadline(ROOMY_DEADLINE)
                     .connect()
                     .await
                     .expect("cluster backend")

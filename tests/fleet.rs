@@ -11,7 +11,7 @@ use axum::routing::get;
 use axum::Router;
 use common::fleet::{fleet_burst, wakeups, Instance};
 use common::redis::RedisServer;
-use common::{get as get_req, send, tally, Origin};
+use common::{get as get_req, send, tally, Origin, ROOMY_DEADLINE};
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Notify;
 
@@ -37,17 +37,27 @@ impl Deployment {
         Deployment::Tls(certs, server)
     }
 
+    /// A backend whose deadline a loaded machine meets: no scenario here is
+    /// about the deadline, and they count origin calls or Redis round trips
+    /// exactly.
     async fn connect(&self) -> Backend {
+        self.connect_with(ROOMY_DEADLINE).await
+    }
+
+    async fn connect_with(&self, deadline: Duration) -> Backend {
         match self {
-            Deployment::Plain(server) => {
-                Backend::redis(&server.url()).await.expect("redis backend")
-            }
+            Deployment::Plain(server) => Backend::redis_builder(&server.url())
+                .deadline(deadline)
+                .connect()
+                .await
+                .expect("redis backend"),
             #[cfg(all(feature = "redis-tls", feature = "serde"))]
             Deployment::Tls(certs, server) => {
                 let mut config = stampede_guard::RedisConfig::new(server.url("app-secret"));
                 let mut tls = stampede_guard::TlsFiles::default();
                 tls.ca_file = Some(certs.path("ca.crt"));
                 config.tls = Some(tls);
+                config.deadline = deadline;
                 Backend::from_config(config).await.expect("TLS backend")
             }
         }
@@ -196,7 +206,10 @@ async fn waiters_in_other_instances_are_woken_by_the_publish(redis: Deployment) 
 async fn a_rebuild_longer_than_its_lease_keeps_the_lease(redis: Deployment) {
     let origin = Origin::default();
     // The rebuild outlives five lease periods; the watchdog must renew it.
-    let instances = fleet(&redis, &origin, 3, Duration::from_millis(1000), |g| {
+    // A lease's validity is counted from a deadline before it was granted,
+    // so the deadline stays well under the 200 ms lease (the default 50 ms).
+    let connect = || redis.connect_with(Duration::from_millis(50));
+    let instances = common::fleet::fleet(3, &origin, Duration::from_millis(1000), connect, |g| {
         g.lease(Duration::from_millis(200))
     })
     .await;

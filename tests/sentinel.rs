@@ -15,12 +15,17 @@ use axum::Router;
 use common::cluster::wait_replicated;
 use common::fleet::{fleet, fleet_burst, wait_until_available};
 use common::sentinel::SentinelSetup;
-use common::{get as get_req, send, Origin};
+use common::{get as get_req, send, Origin, ROOMY_DEADLINE};
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Notify;
 
 async fn connect(setup: &SentinelSetup) -> Backend {
+    connect_with(setup, Duration::from_millis(50)).await
+}
+
+async fn connect_with(setup: &SentinelSetup, deadline: Duration) -> Backend {
     Backend::redis_builder(&setup.url())
+        .deadline(deadline)
         .probe_interval(Duration::from_millis(100))
         .connect()
         .await
@@ -32,13 +37,17 @@ async fn a_failover_keeps_the_service_going_and_fences_the_stale_holder() {
     let mut setup = SentinelSetup::start();
     let setup_ref = &setup;
 
-    // The load: three instances on ordinary keys.
+    // The load: three instances on ordinary keys. Their origin calls are
+    // counted exactly, so their deadline is one a loaded machine meets (the
+    // dead primary refuses connections at once). The stalled holder below
+    // keeps 50 ms: its lease (600 ms) is counted from a deadline before it
+    // was granted.
     let load = Origin::default();
     let instances = fleet(
         3,
         &load,
         Duration::from_millis(20),
-        || connect(setup_ref),
+        || connect_with(setup_ref, ROOMY_DEADLINE),
         |g| g.ttl(Duration::from_secs(60)),
     )
     .await;
