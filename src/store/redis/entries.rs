@@ -109,6 +109,7 @@ impl RedisTier {
         // While the slot moves, the script (which names the lease key) is
         // refused; a fresh entry is read without it first, and only a key
         // that needs the lease waits for the move, within the deadline.
+        let sent = std::time::Instant::now();
         let reply = match self.call_once(&keys[2], run).await {
             Err(e) if super::migrating(&e) => match self.fetch_fresh(&keys).await {
                 Ok(Some(entry)) => return Ok(Fetched::Fresh(entry)),
@@ -161,6 +162,7 @@ impl RedisTier {
                     a.max(0) as u64,
                     lease_time,
                     generation,
+                    sent,
                 )),
             },
             3 => Fetched::Held {

@@ -45,11 +45,13 @@ impl Lease {
         fence: u64,
         time: Duration,
         generation: String,
+        sent: Instant,
     ) -> Self {
-        // The request that took the lease was sent at most a deadline ago:
-        // count the lease's validity from then, never from the reply.
-        let now = Instant::now();
-        let granted = now.checked_sub(tier.shared.config.deadline).unwrap_or(now);
+        // The lease's validity counts from when the request that took it was
+        // first sent, never from the reply. (It counted from one deadline
+        // before the reply: with a deadline at or above the lease, every
+        // lease was over when taken, and every instance rebuilt.)
+        let granted = sent;
         Lease {
             key,
             fence: FencingToken(fence),
