@@ -28,6 +28,7 @@ mod revalidate;
 mod route_config;
 mod service;
 mod spool;
+mod structured;
 mod tags;
 mod unsafe_methods;
 mod vary;
