@@ -3,6 +3,7 @@
 //! deadline at or above the lease (a generous deadline and a short lease,
 //! both legitimate), every lease counted as over as soon as it was taken,
 //! no renewal was attempted, and every instance rebuilt the key.
+#![cfg(feature = "redis")]
 
 mod common;
 

@@ -43,6 +43,7 @@ mod sentinel;
 mod supervisor;
 #[cfg(test)]
 pub(crate) mod testing;
+mod topology;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

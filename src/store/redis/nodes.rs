@@ -12,7 +12,9 @@ use tokio::sync::OnceCell;
 
 use super::connection::{client, Topology};
 use super::health::Address;
-use super::{Conn, Shared};
+#[cfg(feature = "redis-cluster")]
+use super::Conn;
+use super::Shared;
 
 /// A connection of its own to each cluster primary, opened once (by the
 /// first call that needs it, or when the slot map is read) and dropped
