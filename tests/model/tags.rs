@@ -84,16 +84,21 @@ fn plain(n: u64) -> bool {
 }
 
 impl TagRedis {
-    /// bump_generation.lua: above the old generation and at least the clock.
+    /// bump_generation.lua: above the old generation, at least the clock,
+    /// and above the table's epoch.
     fn bump(&mut self, us: u64, mutation: Option<Mutation>) -> u64 {
+        let least = match self.table.epoch {
+            Some(e) if plain(e) && e >= us => e + 1,
+            _ => us,
+        };
         let generation = match self.table.generation {
             _ if mutation == Some(Mutation::BumpWithoutClock) => {
                 self.table.generation.unwrap_or(0).saturating_add(1)
             }
             // `old + 1 >= 2^53` (exhausted) is unreachable: generations
             // come from the clock.
-            Some(old) if plain(old) && old >= us => old + 1,
-            _ => us,
+            Some(old) if plain(old) && old >= least => old + 1,
+            _ => least,
         };
         self.table.generation = Some(generation);
         generation
