@@ -30,6 +30,10 @@ pub enum Mutation {
     /// `TagTable::adopt` as it was: a new epoch is not counted as a move,
     /// so a rebuild running across it stores under the new epoch.
     EpochNotAMove,
+    /// bump_generation.lua as it was: at least the clock, not above the
+    /// table's epoch (an epoch ahead of the clock keeps the purge below
+    /// what entries recorded).
+    BumpBelowEpoch,
 }
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -41,6 +45,11 @@ pub enum TagFault {
     /// Failover to a replica that missed the last write (every
     /// subscription drops).
     Failover,
+    /// Redis restarts with empty memory on a host whose clock is behind
+    /// every epoch and generation the instances know (every subscription
+    /// drops): the next table read starts an epoch at `floor + 1`, ahead of
+    /// the clock.
+    RestartBehind,
 }
 
 /// The bounds of one check.
@@ -54,6 +63,9 @@ pub struct Tags {
     pub faults: Vec<TagFault>,
     pub max_faults: u8,
     pub mutation: Option<Mutation>,
+    /// The tag's generation before the run (in Redis and in every
+    /// instance's memory); `None`: never purged in this epoch.
+    pub initial: Option<u64>,
 }
 
 /// An entry (in Redis or an L1): its data version and its stamp.
@@ -78,6 +90,10 @@ pub struct TagRedis {
     pub entries: Vec<Option<Entry>>,
 }
 
+/// Redis's clock after `RestartBehind`: below the initial epoch (50) and
+/// generation (60), and every later one (the clock starts at 100).
+const CLOCK_BEHIND: u64 = 40;
+
 /// fence.lua's and the tag scripts' `plain`: below 2^53.
 fn plain(n: u64) -> bool {
     n < 1 << 53
@@ -88,7 +104,7 @@ impl TagRedis {
     /// and above the table's epoch.
     fn bump(&mut self, us: u64, mutation: Option<Mutation>) -> u64 {
         let least = match self.table.epoch {
-            Some(e) if plain(e) && e >= us => e + 1,
+            Some(e) if plain(e) && e >= us && mutation != Some(Mutation::BumpBelowEpoch) => e + 1,
             _ => us,
         };
         let generation = match self.table.generation {
@@ -347,7 +363,7 @@ impl Model for Tags {
         let keys = usize::from(self.keys);
         let inst = TagInst {
             epoch: 50,
-            generation: 60,
+            generation: self.initial.unwrap_or(0),
             changes: 0,
             lost: 0,
             loaded: 0,
@@ -363,7 +379,7 @@ impl Model for Tags {
             redis: TagRedis {
                 table: Table {
                     epoch: Some(50),
-                    generation: Some(60),
+                    generation: self.initial,
                 },
                 entries: vec![None; keys],
             },
@@ -566,9 +582,12 @@ impl Model for Tags {
                 match f {
                     TagFault::Evict if w == 0 => s.redis.table = Table::default(),
                     TagFault::Evict => s.redis.entries[usize::from(w - 1)] = None,
-                    TagFault::Restart | TagFault::Failover => {
+                    TagFault::Restart | TagFault::Failover | TagFault::RestartBehind => {
+                        if f == TagFault::RestartBehind {
+                            s.us = CLOCK_BEHIND;
+                        }
                         s.redis = match f {
-                            TagFault::Restart => TagRedis {
+                            TagFault::Restart | TagFault::RestartBehind => TagRedis {
                                 table: Table::default(),
                                 entries: vec![None; usize::from(self.keys)],
                             },
