@@ -397,6 +397,8 @@ fn tag_mutations_are_caught() {
         BumpWithoutClock,
         StampIgnoresMoves,
         LostEpochKept,
+        RemoteTrustsALapsedTable,
+        NoReloadAfterAGap,
     ] {
         eprintln!("{mutation:?}:");
         let c = check(tags(Some(mutation)), &["tag invalidation is a barrier"]);
@@ -487,7 +489,13 @@ fn current_a_renewal_in_flight_after_a_set_loss_escapes_the_barrier() {
 #[test]
 fn membership_mutations_are_caught() {
     use members::Mutation::*;
-    for mutation in [NoMembers, NoYoungWait, NoBornIsOld] {
+    for mutation in [
+        NoMembers,
+        NoYoungWait,
+        NoBornIsOld,
+        ScoreShort,
+        LeaseFromRenewal,
+    ] {
         eprintln!("{mutation:?}:");
         let c = check(
             membership(Some(mutation)),

@@ -28,6 +28,12 @@ pub enum Mutation {
     /// The keepalive extends the subscription lease before its renewal
     /// succeeded (the supervisor before the fix).
     ConfirmBeforeRenew,
+    /// member_renew.lua scores the member one tick short of the lease the
+    /// keepalive trusts (a lease rounded down in the script).
+    ScoreShort,
+    /// The keepalive's lease counts from the renewal, not from when the
+    /// PING was sent (`confirm(Instant::now())`).
+    LeaseFromRenewal,
 }
 
 /// The bounds of one check.
@@ -105,13 +111,16 @@ impl Set {
     }
 
     /// member_renew.lua.
-    fn renew(&mut self, i: usize, now: u8) {
+    fn renew(&mut self, i: usize, now: u8, m: Option<Mutation>) {
         let born = match self.born {
             Some(b) if b <= now => b,
             _ => now,
         };
         self.remove_expired(now);
-        self.scores[i] = Some(now + LEASE);
+        self.scores[i] = Some(match m {
+            Some(Mutation::ScoreShort) => now + LEASE - 1,
+            _ => now + LEASE,
+        });
         self.born = Some(born);
         self.expires = Some(now + 2 * LEASE);
     }
@@ -216,7 +225,7 @@ impl Model for Members {
             ..Set::default()
         };
         for i in 0..self.instances {
-            set.renew(i, 0);
+            set.renew(i, 0, None);
         }
         vec![MState {
             now: 0,
@@ -314,9 +323,13 @@ impl Model for Members {
             MAction::Renew(i) => {
                 let inst = &mut s.insts[i];
                 if let Some(sent) = inst.renew_due.take() {
-                    inst.until = inst.until.max(sent + LEASE);
+                    let from = match self.mutation {
+                        Some(Mutation::LeaseFromRenewal) => s.now,
+                        _ => sent,
+                    };
+                    inst.until = inst.until.max(from + LEASE);
                 }
-                s.set.renew(i, s.now);
+                s.set.renew(i, s.now, self.mutation);
             }
             MAction::RenewFails(i) => s.insts[i].renew_due = None,
             MAction::Deliver(i) => {

@@ -34,6 +34,12 @@ pub enum Mutation {
     /// table's epoch (an epoch ahead of the clock keeps the purge below
     /// what entries recorded).
     BumpBelowEpoch,
+    /// `admits_remote` reads the table from Redis only when the entry's
+    /// epoch differs, not when the table is distrusted (a gap, a lapse).
+    RemoteTrustsALapsedTable,
+    /// The table is trusted again once the subscription is back, without
+    /// the full reload (`is_loaded` not checked).
+    NoReloadAfterAGap,
 }
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -216,8 +222,8 @@ pub struct TagInst {
 }
 
 impl TagInst {
-    fn trusted(&self) -> bool {
-        self.loaded >= self.lost && !self.gap
+    fn trusted(&self, m: Option<Mutation>) -> bool {
+        (self.loaded >= self.lost || m == Some(Mutation::NoReloadAfterAGap)) && !self.gap
     }
 
     fn admits(&self, e: &Entry, m: Option<Mutation>) -> bool {
@@ -468,7 +474,9 @@ impl Model for Tags {
                 },
                 Req::Check { key, floor, entry } => {
                     let inst = &s.insts[i];
-                    if !inst.trusted() || entry.epoch != inst.epoch {
+                    let distrusted =
+                        !inst.trusted(m) && m != Some(Mutation::RemoteTrustsALapsedTable);
+                    if distrusted || entry.epoch != inst.epoch {
                         self.load(&mut s, i, true);
                     }
                     if s.insts[i].admits(&entry, m) {
@@ -483,7 +491,7 @@ impl Model for Tags {
                     since,
                     detached,
                 } => {
-                    if !s.insts[i].trusted() {
+                    if !s.insts[i].trusted(m) {
                         self.load(&mut s, i, false);
                     }
                     // The load may have detached this flight.
