@@ -455,6 +455,7 @@ fn membership(mutation: Option<members::Mutation>) -> members::Members {
         losses: 1,
         renew_failures: true,
         young_waits_a_lease: false,
+        clock_jumps: false,
         mutation,
     }
 }
@@ -483,6 +484,19 @@ fn current_a_renewal_in_flight_after_a_set_loss_escapes_the_barrier() {
     let mut fixed = membership(None);
     fixed.young_waits_a_lease = true;
     check(fixed, &[]).assert_properties();
+}
+
+/// A jump of Redis's clock by more than a lease removes every member as
+/// expired while the set, read before the removal, counts as a lease old:
+/// an instance whose subscription dropped unannounced is not waited for
+/// (docs/MODEL.md, "Known limits").
+#[test]
+fn current_a_forward_jump_of_redis_clock_escapes_the_barrier() {
+    let mut model = membership(None);
+    model.losses = 0;
+    model.clock_jumps = true;
+    let c = check(model, &["invalidate is a barrier with membership"]);
+    found(&c, "invalidate is a barrier with membership");
 }
 
 /// Each mutation of the barrier's wait or of members.lua is caught.

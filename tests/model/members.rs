@@ -52,6 +52,9 @@ pub struct Members {
     /// makes the barrier wait a whole lease from the read (not only until
     /// the set is a lease old), covering a renewal still on its way.
     pub young_waits_a_lease: bool,
+    /// Whether Redis's clock may jump ahead of the processes' by more than
+    /// a lease, once (a replica promoted on a host whose clock is ahead).
+    pub clock_jumps: bool,
     pub mutation: Option<Mutation>,
 }
 
@@ -185,6 +188,9 @@ pub struct MState {
     pub losses: u8,
     /// Ghost: the invalidation returned without every instance's ack.
     pub returned_unacked: bool,
+    /// How far Redis's clock is ahead of the processes' (the scores, the
+    /// born marker and the set's PEXPIRE are on Redis's).
+    pub ahead: u8,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -198,6 +204,7 @@ pub enum MAction {
     Notice(usize),
     Resubscribe(usize),
     LoseSet,
+    ClockJump,
     InvWrite,
     InvPublish,
     InvMembers,
@@ -247,6 +254,7 @@ impl Model for Members {
             drops: 0,
             losses: 0,
             returned_unacked: false,
+            ahead: 0,
         }]
     }
 
@@ -276,6 +284,9 @@ impl Model for Members {
         }
         if s.losses < self.losses && s.set.exists() {
             out.push(MAction::LoseSet);
+        }
+        if self.clock_jumps && s.ahead == 0 {
+            out.push(MAction::ClockJump);
         }
         match &s.inv {
             Inv::Idle => out.push(MAction::InvWrite),
@@ -329,7 +340,7 @@ impl Model for Members {
                     };
                     inst.until = inst.until.max(from + LEASE);
                 }
-                s.set.renew(i, s.now, self.mutation);
+                s.set.renew(i, s.now + s.ahead, self.mutation);
             }
             MAction::RenewFails(i) => s.insts[i].renew_due = None,
             MAction::Deliver(i) => {
@@ -360,6 +371,12 @@ impl Model for Members {
                 s.losses += 1;
                 s.set.gone();
             }
+            MAction::ClockJump => {
+                s.ahead = LEASE + 1;
+                if s.set.expires.is_some_and(|e| e <= s.now + s.ahead) {
+                    s.set.gone();
+                }
+            }
             MAction::InvWrite => {
                 s.origin += 1;
                 s.inv = Inv::Written;
@@ -381,7 +398,7 @@ impl Model for Members {
                 let Inv::Published { want, until } = s.inv else {
                     return None;
                 };
-                let (young, members) = s.set.read(s.now, self.mutation);
+                let (young, members) = s.set.read(s.now + s.ahead, self.mutation);
                 s.inv = Inv::Waiting {
                     want,
                     until,
@@ -400,7 +417,7 @@ impl Model for Members {
             }
             MAction::Tick => {
                 s.now += 1;
-                if s.set.expires.is_some_and(|e| e <= s.now) {
+                if s.set.expires.is_some_and(|e| e <= s.now + s.ahead) {
                     s.set.gone();
                 }
                 for inst in &mut s.insts {
