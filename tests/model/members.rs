@@ -28,6 +28,12 @@ pub enum Mutation {
     /// The keepalive extends the subscription lease before its renewal
     /// succeeded (the supervisor before the fix).
     ConfirmBeforeRenew,
+    /// member_renew.lua scores the member one tick short of the lease the
+    /// keepalive trusts (a lease rounded down in the script).
+    ScoreShort,
+    /// The keepalive's lease counts from the renewal, not from when the
+    /// PING was sent (`confirm(Instant::now())`).
+    LeaseFromRenewal,
 }
 
 /// The bounds of one check.
@@ -46,6 +52,9 @@ pub struct Members {
     /// makes the barrier wait a whole lease from the read (not only until
     /// the set is a lease old), covering a renewal still on its way.
     pub young_waits_a_lease: bool,
+    /// Whether Redis's clock may jump ahead of the processes' by more than
+    /// a lease, once (a replica promoted on a host whose clock is ahead).
+    pub clock_jumps: bool,
     pub mutation: Option<Mutation>,
 }
 
@@ -105,13 +114,16 @@ impl Set {
     }
 
     /// member_renew.lua.
-    fn renew(&mut self, i: usize, now: u8) {
+    fn renew(&mut self, i: usize, now: u8, m: Option<Mutation>) {
         let born = match self.born {
             Some(b) if b <= now => b,
             _ => now,
         };
         self.remove_expired(now);
-        self.scores[i] = Some(now + LEASE);
+        self.scores[i] = Some(match m {
+            Some(Mutation::ScoreShort) => now + LEASE - 1,
+            _ => now + LEASE,
+        });
         self.born = Some(born);
         self.expires = Some(now + 2 * LEASE);
     }
@@ -176,6 +188,9 @@ pub struct MState {
     pub losses: u8,
     /// Ghost: the invalidation returned without every instance's ack.
     pub returned_unacked: bool,
+    /// How far Redis's clock is ahead of the processes' (the scores, the
+    /// born marker and the set's PEXPIRE are on Redis's).
+    pub ahead: u8,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -189,6 +204,7 @@ pub enum MAction {
     Notice(usize),
     Resubscribe(usize),
     LoseSet,
+    ClockJump,
     InvWrite,
     InvPublish,
     InvMembers,
@@ -216,7 +232,7 @@ impl Model for Members {
             ..Set::default()
         };
         for i in 0..self.instances {
-            set.renew(i, 0);
+            set.renew(i, 0, None);
         }
         vec![MState {
             now: 0,
@@ -238,6 +254,7 @@ impl Model for Members {
             drops: 0,
             losses: 0,
             returned_unacked: false,
+            ahead: 0,
         }]
     }
 
@@ -267,6 +284,9 @@ impl Model for Members {
         }
         if s.losses < self.losses && s.set.exists() {
             out.push(MAction::LoseSet);
+        }
+        if self.clock_jumps && s.ahead == 0 {
+            out.push(MAction::ClockJump);
         }
         match &s.inv {
             Inv::Idle => out.push(MAction::InvWrite),
@@ -314,9 +334,13 @@ impl Model for Members {
             MAction::Renew(i) => {
                 let inst = &mut s.insts[i];
                 if let Some(sent) = inst.renew_due.take() {
-                    inst.until = inst.until.max(sent + LEASE);
+                    let from = match self.mutation {
+                        Some(Mutation::LeaseFromRenewal) => s.now,
+                        _ => sent,
+                    };
+                    inst.until = inst.until.max(from + LEASE);
                 }
-                s.set.renew(i, s.now);
+                s.set.renew(i, s.now + s.ahead, self.mutation);
             }
             MAction::RenewFails(i) => s.insts[i].renew_due = None,
             MAction::Deliver(i) => {
@@ -347,6 +371,12 @@ impl Model for Members {
                 s.losses += 1;
                 s.set.gone();
             }
+            MAction::ClockJump => {
+                s.ahead = LEASE + 1;
+                if s.set.expires.is_some_and(|e| e <= s.now + s.ahead) {
+                    s.set.gone();
+                }
+            }
             MAction::InvWrite => {
                 s.origin += 1;
                 s.inv = Inv::Written;
@@ -368,7 +398,7 @@ impl Model for Members {
                 let Inv::Published { want, until } = s.inv else {
                     return None;
                 };
-                let (young, members) = s.set.read(s.now, self.mutation);
+                let (young, members) = s.set.read(s.now + s.ahead, self.mutation);
                 s.inv = Inv::Waiting {
                     want,
                     until,
@@ -387,7 +417,7 @@ impl Model for Members {
             }
             MAction::Tick => {
                 s.now += 1;
-                if s.set.expires.is_some_and(|e| e <= s.now) {
+                if s.set.expires.is_some_and(|e| e <= s.now + s.ahead) {
                     s.set.gone();
                 }
                 for inst in &mut s.insts {

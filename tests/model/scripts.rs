@@ -58,7 +58,7 @@ pub const MODELLED: [(&str, &str, &str); 14] = [
     ),
     (
         "bump_generation.lua",
-        "7d02de2da9e714cd1c8a362cb20d96fe090314a6ffb7ffd400705b3f913595c8",
+        "0bf9a7e5273b65fe4bdbd6d9edacb7a1a98b4660f09cc418c82c41279c29b035",
         "tags.rs: TagRedis::bump",
     ),
     (

@@ -30,6 +30,16 @@ pub enum Mutation {
     /// `TagTable::adopt` as it was: a new epoch is not counted as a move,
     /// so a rebuild running across it stores under the new epoch.
     EpochNotAMove,
+    /// bump_generation.lua as it was: at least the clock, not above the
+    /// table's epoch (an epoch ahead of the clock keeps the purge below
+    /// what entries recorded).
+    BumpBelowEpoch,
+    /// `admits_remote` reads the table from Redis only when the entry's
+    /// epoch differs, not when the table is distrusted (a gap, a lapse).
+    RemoteTrustsALapsedTable,
+    /// The table is trusted again once the subscription is back, without
+    /// the full reload (`is_loaded` not checked).
+    NoReloadAfterAGap,
 }
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -41,6 +51,11 @@ pub enum TagFault {
     /// Failover to a replica that missed the last write (every
     /// subscription drops).
     Failover,
+    /// Redis restarts with empty memory on a host whose clock is behind
+    /// every epoch and generation the instances know (every subscription
+    /// drops): the next table read starts an epoch at `floor + 1`, ahead of
+    /// the clock.
+    RestartBehind,
 }
 
 /// The bounds of one check.
@@ -54,6 +69,9 @@ pub struct Tags {
     pub faults: Vec<TagFault>,
     pub max_faults: u8,
     pub mutation: Option<Mutation>,
+    /// The tag's generation before the run (in Redis and in every
+    /// instance's memory); `None`: never purged in this epoch.
+    pub initial: Option<u64>,
 }
 
 /// An entry (in Redis or an L1): its data version and its stamp.
@@ -78,22 +96,31 @@ pub struct TagRedis {
     pub entries: Vec<Option<Entry>>,
 }
 
+/// Redis's clock after `RestartBehind`: below the initial epoch (50) and
+/// generation (60), and every later one (the clock starts at 100).
+const CLOCK_BEHIND: u64 = 40;
+
 /// fence.lua's and the tag scripts' `plain`: below 2^53.
 fn plain(n: u64) -> bool {
     n < 1 << 53
 }
 
 impl TagRedis {
-    /// bump_generation.lua: above the old generation and at least the clock.
+    /// bump_generation.lua: above the old generation, at least the clock,
+    /// and above the table's epoch.
     fn bump(&mut self, us: u64, mutation: Option<Mutation>) -> u64 {
+        let least = match self.table.epoch {
+            Some(e) if plain(e) && e >= us && mutation != Some(Mutation::BumpBelowEpoch) => e + 1,
+            _ => us,
+        };
         let generation = match self.table.generation {
             _ if mutation == Some(Mutation::BumpWithoutClock) => {
                 self.table.generation.unwrap_or(0).saturating_add(1)
             }
             // `old + 1 >= 2^53` (exhausted) is unreachable: generations
             // come from the clock.
-            Some(old) if plain(old) && old >= us => old + 1,
-            _ => us,
+            Some(old) if plain(old) && old >= least => old + 1,
+            _ => least,
         };
         self.table.generation = Some(generation);
         generation
@@ -195,8 +222,8 @@ pub struct TagInst {
 }
 
 impl TagInst {
-    fn trusted(&self) -> bool {
-        self.loaded >= self.lost && !self.gap
+    fn trusted(&self, m: Option<Mutation>) -> bool {
+        (self.loaded >= self.lost || m == Some(Mutation::NoReloadAfterAGap)) && !self.gap
     }
 
     fn admits(&self, e: &Entry, m: Option<Mutation>) -> bool {
@@ -342,7 +369,7 @@ impl Model for Tags {
         let keys = usize::from(self.keys);
         let inst = TagInst {
             epoch: 50,
-            generation: 60,
+            generation: self.initial.unwrap_or(0),
             changes: 0,
             lost: 0,
             loaded: 0,
@@ -358,7 +385,7 @@ impl Model for Tags {
             redis: TagRedis {
                 table: Table {
                     epoch: Some(50),
-                    generation: Some(60),
+                    generation: self.initial,
                 },
                 entries: vec![None; keys],
             },
@@ -447,7 +474,9 @@ impl Model for Tags {
                 },
                 Req::Check { key, floor, entry } => {
                     let inst = &s.insts[i];
-                    if !inst.trusted() || entry.epoch != inst.epoch {
+                    let distrusted =
+                        !inst.trusted(m) && m != Some(Mutation::RemoteTrustsALapsedTable);
+                    if distrusted || entry.epoch != inst.epoch {
                         self.load(&mut s, i, true);
                     }
                     if s.insts[i].admits(&entry, m) {
@@ -462,7 +491,7 @@ impl Model for Tags {
                     since,
                     detached,
                 } => {
-                    if !s.insts[i].trusted() {
+                    if !s.insts[i].trusted(m) {
                         self.load(&mut s, i, false);
                     }
                     // The load may have detached this flight.
@@ -561,9 +590,12 @@ impl Model for Tags {
                 match f {
                     TagFault::Evict if w == 0 => s.redis.table = Table::default(),
                     TagFault::Evict => s.redis.entries[usize::from(w - 1)] = None,
-                    TagFault::Restart | TagFault::Failover => {
+                    TagFault::Restart | TagFault::Failover | TagFault::RestartBehind => {
+                        if f == TagFault::RestartBehind {
+                            s.us = CLOCK_BEHIND;
+                        }
                         s.redis = match f {
-                            TagFault::Restart => TagRedis {
+                            TagFault::Restart | TagFault::RestartBehind => TagRedis {
                                 table: Table::default(),
                                 entries: vec![None; usize::from(self.keys)],
                             },

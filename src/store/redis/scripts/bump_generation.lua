@@ -15,24 +15,34 @@
 -- lost: the field starts again from the clock (an invalidation). A field at
 -- 2^53 - 1 cannot move up: the call fails rather than go back.
 --
+-- It is also above the table's epoch: entries record every generation as at
+-- least the epoch, and an epoch may be ahead of Redis's clock (started above
+-- the one an instance knew, after Redis lost the table on a host whose
+-- clock is behind; see load_generations.lua). A move to the clock alone
+-- would stay below what those entries recorded and purge none of them.
+--
 -- Returns {generation, instances that received the message}.
 local function plain(s)
   return type(s) == 'string' and #s >= 1 and #s <= 16 and string.find(s, '^%d+$') ~= nil
     and tonumber(s) < 9007199254740992
 end
 local t = redis.call('TIME')
-local clock = t[1] .. string.format('%06d', tonumber(t[2]))
-local old = redis.call('HGET', KEYS[1], ARGV[1])
-if plain(old) and tonumber(old) >= tonumber(clock) then
-  if tonumber(old) + 1 >= 9007199254740992 then
-    -- Nothing above it: starting again from the clock would go back below
-    -- what entries recorded, so the invalidation fails instead.
-    return redis.error_reply('stampede-guard: generation ' .. ARGV[1] .. ' exhausted')
-  end
-  redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-else
-  redis.call('HSET', KEYS[1], ARGV[1], clock)
+local least = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
+local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if plain(epoch) and tonumber(epoch) >= least then
+  least = tonumber(epoch) + 1
 end
-local gen = redis.call('HGET', KEYS[1], ARGV[1])
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+local gen = least
+if plain(old) and tonumber(old) >= least then
+  gen = tonumber(old) + 1
+end
+if gen >= 9007199254740992 then
+  -- Nothing above it: starting again from the clock would go back below
+  -- what entries recorded, so the invalidation fails instead.
+  return redis.error_reply('stampede-guard: generation ' .. ARGV[1] .. ' exhausted')
+end
+gen = string.format('%.0f', gen)
+redis.call('HSET', KEYS[1], ARGV[1], gen)
 local receivers = redis.call('PUBLISH', ARGV[2], 'g:' .. ARGV[1] .. ':' .. gen .. ':' .. ARGV[3])
 return {gen, receivers}
