@@ -130,16 +130,7 @@ async fn a_half_migrated_slot_under_load_is_no_slot_map_storm() {
     // The migration is finished: the keys the source still holds (a key
     // that was not on the target yet is served, and may be written, by
     // the source) move first, or the source refuses to give the slot up.
-    for key in keys_like(source, &format!("{tag}*")) {
-        let reply = source.raw(&["MIGRATE", "127.0.0.1", &port, &key, "0", "5000"]);
-        assert!(reply == "+OK" || reply == "+NOKEY", "{reply}");
-    }
-    for node in [target, source] {
-        assert_eq!(
-            node.raw(&["CLUSTER", "SETSLOT", &slot, "NODE", &dst]),
-            "+OK"
-        );
-    }
+    common::cluster::finish_migration(source, target, &slot);
     assert_eq!(failed, 0, "no request fails while the slot moves");
     assert!(redirected > 0, "the calls met the half-moved slot");
     // The map is re-read when a call meets a slot on the move, but not once
@@ -222,9 +213,9 @@ async fn a_primary_frozen_and_resumed_again_and_again_keeps_no_extra_connections
     );
 }
 
-/// Moves `slot` from `source` to `target` completely: every key of `tag`
-/// migrated, then the slot given to the target on both nodes.
-fn move_slot(source: &RedisServer, target: &RedisServer, slot: &str, tag: &str) {
+/// Moves `slot` from `source` to `target` completely: every key of the
+/// slot migrated, then the slot given to the target on both nodes.
+fn move_slot(source: &RedisServer, target: &RedisServer, slot: &str) {
     let id = |n: &RedisServer| n.raw(&["CLUSTER", "MYID"]);
     let (src, dst) = (id(source), id(target));
     assert_eq!(
@@ -235,14 +226,7 @@ fn move_slot(source: &RedisServer, target: &RedisServer, slot: &str, tag: &str) 
         source.raw(&["CLUSTER", "SETSLOT", slot, "MIGRATING", &dst]),
         "+OK"
     );
-    let port = target.port().to_string();
-    for key in keys_like(source, &format!("{tag}*")) {
-        let reply = source.raw(&["MIGRATE", "127.0.0.1", &port, &key, "0", "5000"]);
-        assert!(reply == "+OK" || reply == "+NOKEY", "{reply}");
-    }
-    for node in [target, source] {
-        assert_eq!(node.raw(&["CLUSTER", "SETSLOT", slot, "NODE", &dst]), "+OK");
-    }
+    common::cluster::finish_migration(source, target, slot);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,7 +279,7 @@ async fn a_slot_moved_away_during_a_rebuild_keeps_the_rebuild_exactly_once() {
         assert!(Instant::now() < give_up, "no lease taken");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    move_slot(source, target, &slot, &tag);
+    move_slot(source, target, &slot);
     let answers = burst.await.expect("the burst ran");
     for a in &answers {
         assert_eq!(a.status, 200, "{a:?}");
@@ -363,8 +347,7 @@ async fn a_held_lock_whose_slot_moves_away_is_released_and_its_tokens_keep_risin
             .raw(&["CLUSTER", "KEYSLOT", &key])
             .trim_start_matches(':')
             .to_owned();
-        let tag = key[..key.find('}').unwrap() + 1].to_owned();
-        move_slot(source, target, &slot, &tag);
+        move_slot(source, target, &slot);
         assert!(
             lb.try_acquire("stock").await.expect("no error").is_none(),
             "round {round}: the moved hold still excludes"

@@ -186,3 +186,50 @@ pub fn wait_replicated(primary: &RedisServer, limit: Duration) {
     }
     panic!("the replicas did not catch up within {limit:?}");
 }
+
+/// Ends the migration of `slot` from `source` to `target`: moves every key
+/// the source still counts in the slot (`CLUSTER GETKEYSINSLOT`, which
+/// names keys past their TTL that `KEYS` skips but `SETSLOT` still counts,
+/// and keys written while the slot was on the move), gives the slot to the
+/// target, then to the target on the source too, retried while the
+/// source still holds keys of it.
+pub fn finish_migration(source: &RedisServer, target: &RedisServer, slot: &str) {
+    let dst = target.raw(&["CLUSTER", "MYID"]);
+    let port = target.port().to_string();
+    let migrate_all = || {
+        let out = Command::new("redis-cli")
+            .args([
+                "-p",
+                &source.port().to_string(),
+                "CLUSTER",
+                "GETKEYSINSLOT",
+                slot,
+                "1000",
+            ])
+            .output()
+            .expect("redis-cli is installed");
+        for key in String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|k| !k.is_empty())
+        {
+            let reply = source.raw(&["MIGRATE", "127.0.0.1", &port, key, "0", "5000"]);
+            assert!(reply == "+OK" || reply == "+NOKEY", "{reply}");
+        }
+    };
+    migrate_all();
+    assert_eq!(
+        target.raw(&["CLUSTER", "SETSLOT", slot, "NODE", &dst]),
+        "+OK"
+    );
+    let give_up = Instant::now() + Duration::from_secs(20);
+    loop {
+        let given = source.raw(&["CLUSTER", "SETSLOT", slot, "NODE", &dst]);
+        if given == "+OK" {
+            return;
+        }
+        assert!(given.contains("still hold keys"), "{given}");
+        assert!(Instant::now() < give_up, "the slot kept keys on the source");
+        migrate_all();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
