@@ -137,14 +137,23 @@ impl RedisTier {
         match self.members().await {
             Ok((members, young)) => {
                 // A membership younger than a lease may not name an instance
-                // that still trusts its in-process tier: wait until it has
-                // lapsed, as for a membership that cannot be read.
-                let grown = Instant::now() + young;
+                // that still trusts its in-process tier: wait a whole lease
+                // from the read, as for a membership that cannot be read.
+                // (Waiting only until the set is a lease old misses an
+                // instance whose renewal lands just after the read, its
+                // subscription dropped unannounced: the model's trace in
+                // docs/MODEL.md.)
+                let grown = Instant::now()
+                    + if young.is_zero() {
+                        Duration::ZERO
+                    } else {
+                        self.notifier.liveness.lease()
+                    };
                 let acked = all_acked(acks, receivers, &members, until).await;
                 if !young.is_zero() {
                     tracing::debug!(
                         "the fleet membership is younger than a subscription lease; the \
-                         invalidation waits until it is a lease old"
+                         invalidation waits a whole lease"
                     );
                     tokio::time::sleep_until(grown).await;
                 }
