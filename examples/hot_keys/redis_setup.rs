@@ -23,6 +23,22 @@ impl RedisSetup {
     /// nodes; every script call of the layer is one EVALSHA, so this counts
     /// its round trips.
     pub async fn evalsha(&mut self) -> Option<u64> {
+        self.calls("evalsha").await
+    }
+
+    /// EVALSHA calls so far made for requests: less the fleet membership's
+    /// renewals, which each instance makes every second in the background
+    /// (`member_renew.lua`, one `ZSCORE` each: of the scripts requests run
+    /// without invalidations or locks, no other reads a sorted set).
+    pub async fn request_scripts(&mut self) -> Option<u64> {
+        let evalsha = self.calls("evalsha").await?;
+        Some(evalsha.saturating_sub(self.calls("zscore").await?))
+    }
+
+    /// Calls of `command` so far, from `INFO commandstats` (commands run
+    /// by scripts included), summed over the nodes.
+    async fn calls(&mut self, command: &str) -> Option<u64> {
+        let prefix = format!("cmdstat_{command}:");
         let mut total = 0;
         for conn in &mut self.stats {
             let info: String = redis::cmd("INFO")
@@ -32,10 +48,10 @@ impl RedisSetup {
                 .ok()?;
             let calls: Option<u64> = info
                 .lines()
-                .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
                 .and_then(|rest| rest.split(',').find_map(|f| f.strip_prefix("calls=")))
                 .and_then(|n| n.trim().parse().ok());
-            // No line yet: no EVALSHA on this node since the last reset.
+            // No line yet: no such call on this node since the last reset.
             total += calls.unwrap_or(0);
         }
         Some(total)

@@ -52,7 +52,8 @@ async fn concurrent(addr: SocketAddr, path: &str, n: usize) -> Result<Vec<Status
 
 /// Redis calls per request, path by path, on two instances of the fleet
 /// mode: each step is run alone and the server's EVALSHA count read before
-/// and after it.
+/// and after it, less the membership renewals the instances make in the
+/// background meanwhile ([`RedisSetup::request_scripts`]).
 pub async fn probe(
     deps: &Deps,
     redis: &mut RedisSetup,
@@ -72,10 +73,10 @@ pub async fn probe(
 
     macro_rules! step {
         ($path:expr, $requests:expr, $body:expr) => {{
-            let before = redis.evalsha().await.unwrap_or(0);
+            let before = redis.request_scripts().await.unwrap_or(0);
             let statuses: Vec<Status> = $body;
             tokio::time::sleep(settle).await;
-            let after = redis.evalsha().await.unwrap_or(0);
+            let after = redis.request_scripts().await.unwrap_or(0);
             rows.push(RoundTrips {
                 path: $path,
                 requests: $requests,
