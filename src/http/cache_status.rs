@@ -43,8 +43,10 @@ pub(crate) const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-statu
 /// The cache name the member starts with unless the route sets another.
 pub(crate) const DEFAULT_NAME: &str = "stampede-guard";
 
-/// Freshness left, in seconds, whose hit values are made once and kept.
-const KEPT_FRESH: usize = 1800;
+/// Freshness left, in seconds, whose hit values are made once and kept: an
+/// hour, the range of the kept `Age` values (an entry's values are made on
+/// their first use only).
+const KEPT_FRESH: usize = 3600;
 /// Staleness, in seconds, whose hit values are made once and kept.
 const KEPT_STALE: usize = 300;
 

@@ -71,6 +71,13 @@ impl TagRules {
         }
     }
 
+    /// Whether `headers` hold any of the tag headers. A walk over the few
+    /// names a stored response has, comparing them, costs less than hashing
+    /// each tag header's name for a lookup.
+    pub(crate) fn any_in(&self, headers: &HeaderMap) -> bool {
+        headers.keys().any(|name| self.headers.contains(name))
+    }
+
     fn read(&self, headers: &HeaderMap) -> TagSet {
         let mut tags = TagSet::default();
         for name in self.headers.iter() {
