@@ -433,6 +433,11 @@ mod tests {
         assert_eq!(c.hit(1_000_000), "edge; hit; ttl=1000000");
         assert_eq!(c.hit(i64::MIN), "edge; hit; ttl=-999999999999999");
         assert_eq!(c.hit(30), c.value(&Member::Hit { ttl: 30 }));
+        // The kept values, at their edges, read as the ones made each time.
+        for ttl in [0, 1799, 1800, 3599, 3600, -1, -300, -301] {
+            assert_eq!(c.hit(ttl), c.value(&Member::Hit { ttl }), "ttl={ttl}");
+            assert_eq!(c.hit(ttl), c.value(&Member::Hit { ttl }), "kept ttl={ttl}");
+        }
         let f = Forward {
             status: Some(503),
             stored: true,

@@ -185,3 +185,23 @@ impl StampedeGuard {
         self.backend.engine.invalidate_field(Field::All).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::{HeaderValue, CONTENT_TYPE};
+
+    #[test]
+    fn any_in_finds_a_tag_header_among_the_names() {
+        let rules = TagRules::default();
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        assert!(!rules.any_in(&headers));
+        headers.append("cache-tag", HeaderValue::from_static("a"));
+        headers.append("cache-tag", HeaderValue::from_static("b"));
+        assert!(rules.any_in(&headers));
+        rules.strip(&mut headers);
+        assert!(!rules.any_in(&headers));
+        assert_eq!(headers.len(), 1);
+    }
+}
