@@ -149,7 +149,15 @@ pub(crate) fn describe_once() {
 /// and kept for the process, so an update on the hit path copies a pointer
 /// and allocates nothing. Opaque to the engine, which only passes them on.
 #[derive(Clone, Copy)]
-pub(crate) struct Labels(&'static [Label; 2]);
+pub(crate) struct Labels(&'static LabelSet);
+
+/// A (route, namespace) pair's labels, and the key of its hit counter made
+/// once: a key hashes its name and labels when it is made, which every hit
+/// would otherwise pay.
+pub(crate) struct LabelSet {
+    labels: &'static [Label; 2],
+    hits: Key,
+}
 
 impl std::fmt::Debug for Labels {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -161,10 +169,15 @@ impl std::fmt::Debug for Labels {
 /// others share [`Labels::OVERFLOW`].
 pub(crate) const MAX_LABEL_SETS: usize = 1000;
 
-static OVERFLOW: [Label; 2] = [
+static OVERFLOW_LABELS: [Label; 2] = [
     Label::from_static_parts("route", "other"),
     Label::from_static_parts("namespace", "other"),
 ];
+
+static OVERFLOW: LabelSet = LabelSet {
+    labels: &OVERFLOW_LABELS,
+    hits: Key::from_static_parts(HITS, &OVERFLOW_LABELS),
+};
 
 type Table = HashMap<Box<str>, HashMap<Box<str>, Labels>>;
 
@@ -187,7 +200,10 @@ impl Labels {
             Label::new("route", leak(route)),
             Label::new("namespace", leak(namespace)),
         ]));
-        let labels = Labels(set);
+        let labels = Labels(Box::leak(Box::new(LabelSet {
+            labels: set,
+            hits: Key::from_static_parts(HITS, set),
+        })));
         table
             .entry(Box::from(namespace))
             .or_default()
@@ -196,15 +212,15 @@ impl Labels {
     }
 
     pub(crate) fn route(&self) -> &'static str {
-        label_value(&self.0[0])
+        label_value(&self.0.labels[0])
     }
 
     pub(crate) fn namespace(&self) -> &'static str {
-        label_value(&self.0[1])
+        label_value(&self.0.labels[1])
     }
 
     fn key(self, name: &'static str) -> Key {
-        Key::from_static_parts(name, self.0)
+        Key::from_static_parts(name, self.0.labels)
     }
 }
 
@@ -219,6 +235,11 @@ static METADATA: Metadata<'static> =
 pub(crate) fn count(name: &'static str, labels: Labels) {
     let key = labels.key(name);
     metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
+}
+
+/// One more on a route's hit counter (`HITS`), with its key made once.
+pub(crate) fn count_hit(labels: Labels) {
+    metrics::with_recorder(|r| r.register_counter(&labels.0.hits, &METADATA).increment(1));
 }
 
 /// One more on a backend-wide counter.
@@ -276,6 +297,10 @@ mod tests {
         let a = Labels::of("report", "shop");
         let b = Labels::of("report", "shop");
         assert!(std::ptr::eq(a.0, b.0), "one label set per pair");
+        assert!(
+            a.0.hits == a.key(HITS),
+            "the kept hit key is the one a count makes"
+        );
         assert_eq!((a.route(), a.namespace()), ("report", "shop"));
         // Fill the table: past the bound, every new pair shares one set.
         for i in 0..MAX_LABEL_SETS + 10 {

@@ -32,7 +32,7 @@ use super::entry::{Entry, Freshness, Held};
 use super::flight::{wait_deadline, Joined, Leader, Outcome};
 use super::shared::{Lease, Plan, Start};
 use super::{Engine, FlightPolicy, Refresh};
-use crate::metrics::{self as m, count, Labels};
+use crate::metrics::{self as m, count, count_hit, Labels};
 use crate::store::local::Slot;
 
 /// Where the flight sends the answer of the request that started it. Gone
@@ -101,7 +101,7 @@ impl Engine {
                                     },
                                     || {},
                                 );
-                                count(m::HITS, labels);
+                                count_hit(labels);
                                 return served(held, Status::Hit);
                             }
                         }

@@ -52,7 +52,7 @@ use entry::Freshness;
 use flight::{Flights, Leader};
 
 use crate::key::Key;
-use crate::metrics::{self as m, count, Labels};
+use crate::metrics::{self as m, count, count_hit, Labels};
 use crate::store::local;
 
 /// The L1 as the engine uses it.
@@ -172,7 +172,7 @@ impl Engine {
                     let entry = held.entry();
                     match entry.freshness(now) {
                         Freshness::Fresh => {
-                            count(m::HITS, policy.labels);
+                            count_hit(policy.labels);
                             let refresh = match policy.refresh_ahead {
                                 Some(ahead) => {
                                     self.refresh_ahead(key, entry, ahead, now, policy.labels)

@@ -43,8 +43,10 @@ pub(crate) const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-statu
 /// The cache name the member starts with unless the route sets another.
 pub(crate) const DEFAULT_NAME: &str = "stampede-guard";
 
-/// Freshness left, in seconds, whose hit values are made once and kept.
-const KEPT_FRESH: usize = 1800;
+/// Freshness left, in seconds, whose hit values are made once and kept: an
+/// hour, the range of the kept `Age` values (an entry's values are made on
+/// their first use only).
+const KEPT_FRESH: usize = 3600;
 /// Staleness, in seconds, whose hit values are made once and kept.
 const KEPT_STALE: usize = 300;
 
@@ -431,6 +433,11 @@ mod tests {
         assert_eq!(c.hit(1_000_000), "edge; hit; ttl=1000000");
         assert_eq!(c.hit(i64::MIN), "edge; hit; ttl=-999999999999999");
         assert_eq!(c.hit(30), c.value(&Member::Hit { ttl: 30 }));
+        // The kept values, at their edges, read as the ones made each time.
+        for ttl in [0, 1799, 1800, 3599, 3600, -1, -300, -301] {
+            assert_eq!(c.hit(ttl), c.value(&Member::Hit { ttl }), "ttl={ttl}");
+            assert_eq!(c.hit(ttl), c.value(&Member::Hit { ttl }), "kept ttl={ttl}");
+        }
         let f = Forward {
             status: Some(503),
             stored: true,

@@ -211,7 +211,9 @@ pub(crate) fn present<B: HttpBody>(
         // An entry another guard stored (other tag headers: a config
         // rolling out across a fleet) may hold what this route's tag
         // headers are: a hit never carries them.
-        policy.tags.strip(response.headers_mut());
+        if policy.tags.any_in(&cached.headers) {
+            policy.tags.strip(response.headers_mut());
+        }
         *response.status_mut() = cached.status;
     }
     let headers = response.headers_mut();

@@ -71,6 +71,13 @@ impl TagRules {
         }
     }
 
+    /// Whether `headers` hold any of the tag headers. A walk over the few
+    /// names a stored response has, comparing them, costs less than hashing
+    /// each tag header's name for a lookup.
+    pub(crate) fn any_in(&self, headers: &HeaderMap) -> bool {
+        headers.keys().any(|name| self.headers.contains(name))
+    }
+
     fn read(&self, headers: &HeaderMap) -> TagSet {
         let mut tags = TagSet::default();
         for name in self.headers.iter() {
@@ -176,5 +183,25 @@ impl StampedeGuard {
     /// barrier and errors as [`invalidate_tag`](Self::invalidate_tag).
     pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
         self.backend.engine.invalidate_field(Field::All).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::{HeaderValue, CONTENT_TYPE};
+
+    #[test]
+    fn any_in_finds_a_tag_header_among_the_names() {
+        let rules = TagRules::default();
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        assert!(!rules.any_in(&headers));
+        headers.append("cache-tag", HeaderValue::from_static("a"));
+        headers.append("cache-tag", HeaderValue::from_static("b"));
+        assert!(rules.any_in(&headers));
+        rules.strip(&mut headers);
+        assert!(!rules.any_in(&headers));
+        assert_eq!(headers.len(), 1);
     }
 }
