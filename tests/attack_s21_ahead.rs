@@ -1,0 +1,362 @@
+//! Attacks on lease-based refresh-ahead: what a background refresh may
+//! store and serve (RFC 9111), the barrier of a purge during a refresh, a
+//! failing origin and a frozen Redis under a refreshing fleet, margins that
+//! are huge, and a rebuild time measured wrongly. Counts and behaviour only;
+//! no latency is asserted.
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use common::fleet::backend_at;
+use common::redis::RedisServer;
+use common::{get as get_req, send, tally, Answer, Origin};
+use http::{header, StatusCode};
+use stampede_guard::{Backend, StampedeGuard};
+
+const TTL: Duration = Duration::from_millis(600);
+const FLOOR: Duration = Duration::from_millis(200);
+
+/// What the origin answers from now on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Reply {
+    Good,
+    NoStore,
+    Private,
+    SetCookie,
+    Unavailable,
+}
+
+/// An origin whose answer and delay the test changes as it goes.
+#[derive(Clone)]
+struct Scripted {
+    origin: Origin,
+    reply: Arc<Mutex<Reply>>,
+    delay_ms: Arc<AtomicU64>,
+    done: Arc<AtomicUsize>,
+}
+
+impl Scripted {
+    fn new(delay: Duration) -> Self {
+        Scripted {
+            origin: Origin::default(),
+            reply: Arc::new(Mutex::new(Reply::Good)),
+            delay_ms: Arc::new(AtomicU64::new(delay.as_millis() as u64)),
+            done: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn set(&self, reply: Reply) {
+        *self.reply.lock().unwrap() = reply;
+    }
+
+    fn delay(&self, delay: Duration) {
+        self.delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    fn calls(&self) -> usize {
+        self.origin.calls()
+    }
+
+    /// Waits (bounded) until `n` origin calls have finished.
+    async fn finished(&self, n: usize) {
+        let started = Instant::now();
+        while self.done.load(Ordering::SeqCst) < n {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "{n} origin calls did not finish"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn app(&self, guard: &StampedeGuard) -> Router {
+        let me = self.clone();
+        let handler = move || {
+            let me = me.clone();
+            async move {
+                let (n, _running) = me.origin.enter();
+                let reply = *me.reply.lock().unwrap();
+                let delay = me.delay_ms.load(Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+                me.done.fetch_add(1, Ordering::SeqCst);
+                let body = format!("v{n}");
+                let response: Response = match reply {
+                    Reply::Good => body.into_response(),
+                    Reply::NoStore => ([(header::CACHE_CONTROL, "no-store")], body).into_response(),
+                    Reply::Private => {
+                        ([(header::CACHE_CONTROL, "private, max-age=60")], body).into_response()
+                    }
+                    Reply::SetCookie => {
+                        ([(header::SET_COOKIE, "session=victim")], body).into_response()
+                    }
+                    Reply::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, body).into_response(),
+                };
+                response
+            }
+        };
+        Router::new().route("/report", get(handler).layer(guard.clone()))
+    }
+}
+
+/// Sequential requests every 10 ms for `span`.
+async fn traffic(apps: &[Router], span: Duration) -> Vec<Answer> {
+    let started = Instant::now();
+    let mut answers = Vec::new();
+    let mut i = 0;
+    while started.elapsed() < span {
+        answers.push(send(&apps[i % apps.len()], get_req("/report")).await);
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    answers
+}
+
+/// Waits (bounded) until the origin was called `n` times, sending requests
+/// to `app` meanwhile; the answers.
+async fn until_calls(s: &Scripted, app: &Router, n: usize) -> Vec<Answer> {
+    let started = Instant::now();
+    let mut answers = Vec::new();
+    while s.calls() < n {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the origin was not called {n} times"
+        );
+        answers.push(send(app, get_req("/report")).await);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    answers
+}
+
+/// A refresh whose answer must not be shared (no-store, private, a 5xx)
+/// is not stored: the entry it was refreshing keeps being served until it
+/// expires, nothing cached carries the answer or its `Set-Cookie`.
+#[tokio::test]
+async fn a_refresh_answer_that_must_not_be_shared_is_neither_stored_nor_served() {
+    for bad in [
+        Reply::NoStore,
+        Reply::Private,
+        Reply::SetCookie,
+        Reply::Unavailable,
+    ] {
+        let s = Scripted::new(Duration::from_millis(20));
+        let guard = StampedeGuard::new(Backend::local())
+            .ttl(TTL)
+            .refresh_ahead(2.0, FLOOR);
+        let app = s.app(&guard);
+        let first = send(&app, get_req("/report")).await;
+        assert_eq!(first.text(), "v1");
+        s.set(bad);
+        // Through the margin and past the expiry of v1.
+        let answers = traffic(std::slice::from_ref(&app), TTL + FLOOR).await;
+        assert!(s.calls() >= 2, "{bad:?}: the refresh ran");
+        for a in &answers {
+            let cached = a.x_cache() != "MISS";
+            if cached && bad != Reply::SetCookie {
+                assert_eq!(
+                    a.text(),
+                    "v1",
+                    "{bad:?}: a cached answer ({}) is the refreshed entry",
+                    a.x_cache()
+                );
+            }
+            if cached {
+                assert!(
+                    a.headers.get(header::SET_COOKIE).is_none(),
+                    "{bad:?}: a cached answer carries the origin's Set-Cookie"
+                );
+                assert_eq!(a.status, StatusCode::OK, "{bad:?}: a cached 5xx");
+            }
+        }
+    }
+}
+
+/// A purge during a refresh keeps its barrier: the refresh started before
+/// the purge stores nothing, and once the purge returned, no instance
+/// serves the purged entry or the refresh's pre-purge value.
+#[tokio::test]
+async fn a_purge_during_a_refresh_keeps_its_barrier_across_the_fleet() {
+    let redis = RedisServer::start();
+    let s = Scripted::new(Duration::from_millis(20));
+    let mut guards = Vec::new();
+    for _ in 0..2 {
+        let backend = backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+        guards.push(
+            StampedeGuard::new(backend)
+                .ttl(TTL)
+                .refresh_ahead(2.0, FLOOR),
+        );
+    }
+    let apps: Vec<Router> = guards.iter().map(|g| s.app(g)).collect();
+    assert_eq!(send(&apps[0], get_req("/report")).await.text(), "v1");
+    assert_eq!(send(&apps[1], get_req("/report")).await.text(), "v1");
+    // The refresh is slow: it is still running when the purge returns.
+    s.delay(Duration::from_millis(400));
+    let before = until_calls(&s, &apps[0], 2).await;
+    assert!(before.iter().all(|a| a.text() == "v1"));
+    guards[1]
+        .invalidate(&get_req("/report"))
+        .await
+        .expect("invalidate");
+    s.delay(Duration::from_millis(20));
+    let mut after = Vec::new();
+    for app in &apps {
+        after.push(send(app, get_req("/report")).await);
+    }
+    s.finished(2).await;
+    for app in &apps {
+        after.push(send(app, get_req("/report")).await);
+    }
+    for a in &after {
+        assert_ne!(a.text(), "v1", "the purged entry was served");
+        assert_ne!(
+            a.text(),
+            "v2",
+            "the refresh begun before the purge was served after it ({})",
+            a.x_cache()
+        );
+    }
+}
+
+/// A failing origin during the refresh margin: each instance tries at most
+/// once per half margin, so the fleet's calls are bounded by the instances
+/// and the margin, not by the requests; every request before the expiry is
+/// served the fresh entry.
+#[tokio::test]
+async fn a_failing_refresh_is_not_retried_by_every_request_in_the_fleet() {
+    let redis = RedisServer::start();
+    let s = Scripted::new(Duration::from_millis(10));
+    let ttl = Duration::from_millis(1500);
+    let floor = Duration::from_millis(600);
+    let mut apps = Vec::new();
+    for _ in 0..3 {
+        let backend = backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+        let guard = StampedeGuard::new(backend)
+            .ttl(ttl)
+            .refresh_ahead(2.0, floor);
+        apps.push(s.app(&guard));
+    }
+    let filled = Instant::now();
+    assert_eq!(send(&apps[0], get_req("/report")).await.text(), "v1");
+    s.set(Reply::Unavailable);
+    // Up to the margin, then through most of it.
+    tokio::time::sleep(ttl - floor).await;
+    let started = Instant::now();
+    let answers = traffic(&apps, floor / 2).await;
+    let window = started.elapsed();
+    let in_time = filled.elapsed() < ttl;
+    let calls = s.calls() - 1;
+    eprintln!(
+        "{calls} failing refreshes for {} requests in {window:?}",
+        answers.len()
+    );
+    // Per instance: one try per half margin (300 ms) in the window, and one
+    // more at its start.
+    let half = floor / 2;
+    let per_instance = 1 + (window.as_secs_f64() / half.as_secs_f64()).ceil() as usize;
+    assert!(calls >= 1, "a refresh was tried");
+    assert!(
+        calls <= 3 * per_instance,
+        "{calls} origin calls for {} requests: at most {} expected",
+        answers.len(),
+        3 * per_instance
+    );
+    if in_time {
+        assert_eq!(tally(&answers, "HIT"), answers.len());
+        assert!(answers.iter().all(|a| a.text() == "v1"));
+    }
+}
+
+/// Margins that are huge, from the multiple or the floor, neither panic
+/// nor refresh on every request.
+#[tokio::test]
+async fn a_huge_multiple_or_floor_neither_panics_nor_refreshes_every_request() {
+    for (multiple, floor) in [
+        (f64::MAX, Duration::ZERO),
+        (1e30, Duration::ZERO),
+        (1.0, Duration::MAX),
+        (f64::INFINITY, Duration::MAX),
+    ] {
+        let s = Scripted::new(Duration::from_millis(5));
+        let guard = StampedeGuard::new(Backend::local())
+            .ttl(TTL)
+            .refresh_ahead(multiple, floor);
+        let app = s.app(&guard);
+        let mut answers = traffic(std::slice::from_ref(&app), Duration::from_millis(300)).await;
+        // Concurrent hits on one entry: the second sees the try of the first.
+        for _ in 0..5 {
+            answers.extend(common::burst(&app, 8, || get_req("/report")).await);
+        }
+        assert!(
+            answers.iter().all(|a| a.status == StatusCode::OK),
+            "({multiple}, {floor:?})"
+        );
+        // Each answer served from the cache; the origin is not asked once
+        // per request.
+        assert!(
+            s.calls() <= answers.len() / 2,
+            "({multiple}, {floor:?}): {} calls for {} requests",
+            s.calls(),
+            answers.len()
+        );
+    }
+}
+
+/// A first fill far slower than the rebuilds after it (a margin past the
+/// ttl) costs one early refresh, not one per request: the next rebuild's
+/// time sets the margin.
+#[tokio::test]
+async fn a_slow_first_fill_then_fast_rebuilds_settles_to_one_refresh_per_period() {
+    let s = Scripted::new(Duration::from_millis(400));
+    let guard = StampedeGuard::new(Backend::local())
+        .ttl(TTL)
+        .refresh_ahead(2.0, FLOOR);
+    let app = s.app(&guard);
+    assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+    s.delay(Duration::from_millis(20));
+    let started = Instant::now();
+    let answers = traffic(std::slice::from_ref(&app), Duration::from_secs(2)).await;
+    let elapsed = started.elapsed();
+    let most = 3 + (elapsed.as_secs_f64() / (TTL - FLOOR).as_secs_f64()).ceil() as usize;
+    eprintln!("{} calls for {} requests in {elapsed:?}", s.calls(), answers.len());
+    assert!(s.calls() <= most, "{} calls, at most {most}", s.calls());
+    assert_eq!(tally(&answers, "MISS"), 0, "nobody waited for the origin");
+}
+
+/// Redis frozen during the refreshes: requests keep being answered, the
+/// origin is not stampeded (each instance at most about once per period).
+#[tokio::test]
+async fn a_frozen_redis_during_refreshes_degrades_without_a_stampede() {
+    let redis = RedisServer::start();
+    let s = Scripted::new(Duration::from_millis(20));
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let backend = backend_at(&redis.url(), Duration::from_millis(100)).await;
+        let guard = StampedeGuard::new(backend)
+            .ttl(TTL)
+            .refresh_ahead(2.0, FLOOR);
+        apps.push(s.app(&guard));
+    }
+    assert_eq!(send(&apps[0], get_req("/report")).await.text(), "v1");
+    send(&apps[1], get_req("/report")).await;
+    redis.freeze();
+    let started = Instant::now();
+    let answers = traffic(&apps, Duration::from_millis(1500)).await;
+    let elapsed = started.elapsed();
+    redis.thaw();
+    assert!(answers.iter().all(|a| a.status == StatusCode::OK));
+    let per_instance = 3 + (elapsed.as_secs_f64() / (TTL - FLOOR).as_secs_f64()).ceil() as usize;
+    eprintln!("{} calls for {} requests in {elapsed:?}", s.calls(), answers.len());
+    assert!(
+        s.calls() <= 2 * per_instance,
+        "{} calls, at most {}",
+        s.calls(),
+        2 * per_instance
+    );
+}
