@@ -57,7 +57,8 @@ impl Scripted {
     }
 
     fn delay(&self, delay: Duration) {
-        self.delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
+        self.delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
     }
 
     fn calls(&self) -> usize {
@@ -324,7 +325,11 @@ async fn a_slow_first_fill_then_fast_rebuilds_settles_to_one_refresh_per_period(
     let answers = traffic(std::slice::from_ref(&app), Duration::from_secs(2)).await;
     let elapsed = started.elapsed();
     let most = 3 + (elapsed.as_secs_f64() / (TTL - FLOOR).as_secs_f64()).ceil() as usize;
-    eprintln!("{} calls for {} requests in {elapsed:?}", s.calls(), answers.len());
+    eprintln!(
+        "{} calls for {} requests in {elapsed:?}",
+        s.calls(),
+        answers.len()
+    );
     assert!(s.calls() <= most, "{} calls, at most {most}", s.calls());
     assert_eq!(tally(&answers, "MISS"), 0, "nobody waited for the origin");
 }
@@ -352,7 +357,11 @@ async fn a_frozen_redis_during_refreshes_degrades_without_a_stampede() {
     redis.thaw();
     assert!(answers.iter().all(|a| a.status == StatusCode::OK));
     let per_instance = 3 + (elapsed.as_secs_f64() / (TTL - FLOOR).as_secs_f64()).ceil() as usize;
-    eprintln!("{} calls for {} requests in {elapsed:?}", s.calls(), answers.len());
+    eprintln!(
+        "{} calls for {} requests in {elapsed:?}",
+        s.calls(),
+        answers.len()
+    );
     assert!(
         s.calls() <= 2 * per_instance,
         "{} calls, at most {}",
