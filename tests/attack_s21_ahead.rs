@@ -31,6 +31,8 @@ enum Reply {
     Private,
     SetCookie,
     Unavailable,
+    /// `Vary: Accept-Language`, the body naming the language asked for.
+    VaryLanguage,
 }
 
 /// An origin whose answer and delay the test changes as it goes.
@@ -79,7 +81,7 @@ impl Scripted {
 
     fn app(&self, guard: &StampedeGuard) -> Router {
         let me = self.clone();
-        let handler = move || {
+        let handler = move |headers: http::HeaderMap| {
             let me = me.clone();
             async move {
                 let (n, _running) = me.origin.enter();
@@ -87,7 +89,15 @@ impl Scripted {
                 let delay = me.delay_ms.load(Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(delay)).await;
                 me.done.fetch_add(1, Ordering::SeqCst);
-                let body = format!("v{n}");
+                let language = headers
+                    .get(header::ACCEPT_LANGUAGE)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("none")
+                    .to_owned();
+                let body = match reply {
+                    Reply::VaryLanguage => format!("v{n}-{language}"),
+                    _ => format!("v{n}"),
+                };
                 let response: Response = match reply {
                     Reply::Good => body.into_response(),
                     Reply::NoStore => ([(header::CACHE_CONTROL, "no-store")], body).into_response(),
@@ -98,6 +108,9 @@ impl Scripted {
                         ([(header::SET_COOKIE, "session=victim")], body).into_response()
                     }
                     Reply::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, body).into_response(),
+                    Reply::VaryLanguage => {
+                        ([(header::VARY, "accept-language")], body).into_response()
+                    }
                 };
                 response
             }
@@ -368,4 +381,82 @@ async fn a_frozen_redis_during_refreshes_degrades_without_a_stampede() {
         s.calls(),
         2 * per_instance
     );
+}
+
+/// A refresh slower than the freshness left: once the entry expired, it is
+/// not served as a fresh hit while the refresh runs, on any instance.
+#[tokio::test]
+async fn a_refresh_slower_than_the_freshness_left_never_serves_the_expired_entry_as_fresh() {
+    let redis = RedisServer::start();
+    let s = Scripted::new(Duration::from_millis(20));
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let backend = backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+        let guard = StampedeGuard::new(backend)
+            .ttl(TTL)
+            .refresh_ahead(2.0, FLOOR);
+        apps.push(s.app(&guard));
+    }
+    assert_eq!(send(&apps[0], get_req("/report")).await.text(), "v1");
+    // v1 was stored before this instant: it is expired from `expired` on.
+    let expired = Instant::now() + TTL;
+    s.delay(Duration::from_millis(500));
+    let started = Instant::now();
+    let mut i = 0;
+    let mut late = 0;
+    while started.elapsed() < Duration::from_millis(1400) {
+        let asked = Instant::now();
+        let a = send(&apps[i % 2], get_req("/report")).await;
+        i += 1;
+        if asked > expired {
+            late += 1;
+            assert!(
+                !(a.text() == "v1" && a.x_cache() == "HIT"),
+                "the expired entry was served as a fresh hit during the refresh"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(late > 0, "traffic went past the expiry");
+    s.finished(s.calls()).await;
+}
+
+/// A refresh whose answer newly varies on a request header is stored for
+/// the variant of the request that triggered it, and never served to a
+/// request of another variant.
+#[tokio::test]
+async fn a_refresh_that_starts_to_vary_serves_no_variant_to_another() {
+    let s = Scripted::new(Duration::from_millis(20));
+    let guard = StampedeGuard::new(Backend::local())
+        .ttl(TTL)
+        .refresh_ahead(2.0, FLOOR);
+    let app = s.app(&guard);
+    assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+    s.set(Reply::VaryLanguage);
+    let started = Instant::now();
+    let mut i = 0;
+    let mut varied = 0;
+    while started.elapsed() < Duration::from_millis(1500) {
+        let language = ["fr", "en", "de"][i % 3];
+        i += 1;
+        let request = http::Request::get("/report")
+            .header(header::ACCEPT_LANGUAGE, language)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let a = send(&app, request).await;
+        assert_eq!(a.status, StatusCode::OK);
+        if a.headers.contains_key(header::VARY) {
+            varied += 1;
+            assert!(
+                a.text().ends_with(&format!("-{language}")),
+                "{language} was served {} ({})",
+                a.text(),
+                a.x_cache()
+            );
+        } else {
+            assert_eq!(a.text(), "v1");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(varied > 0, "the varying answers were served");
 }
