@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use common::fleet::backend_at;
+use common::proxy::Proxy;
 use common::redis::RedisServer;
 use common::{get as get_req, send, tally, Answer, Origin};
 use http::{header, StatusCode};
@@ -33,6 +34,9 @@ enum Reply {
     Unavailable,
     /// `Vary: Accept-Language`, the body naming the language asked for.
     VaryLanguage,
+    /// A 200 whose body names the request's credentials and cookie, with
+    /// no `Cache-Control` (an origin that trusts its shared cache).
+    Personal,
 }
 
 /// An origin whose answer and delay the test changes as it goes.
@@ -94,12 +98,22 @@ impl Scripted {
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("none")
                     .to_owned();
+                let who = |name: header::HeaderName| {
+                    headers
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned()
+                };
                 let body = match reply {
                     Reply::VaryLanguage => format!("v{n}-{language}"),
+                    Reply::Personal => {
+                        format!("v{n}-{}{}", who(header::AUTHORIZATION), who(header::COOKIE))
+                    }
                     _ => format!("v{n}"),
                 };
                 let response: Response = match reply {
-                    Reply::Good => body.into_response(),
+                    Reply::Good | Reply::Personal => body.into_response(),
                     Reply::NoStore => ([(header::CACHE_CONTROL, "no-store")], body).into_response(),
                     Reply::Private => {
                         ([(header::CACHE_CONTROL, "private, max-age=60")], body).into_response()
@@ -459,4 +473,106 @@ async fn a_refresh_that_starts_to_vary_serves_no_variant_to_another() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(varied > 0, "the varying answers were served");
+}
+
+/// The lease holder is cut off from Redis mid-refresh: the others keep
+/// answering, one of them refreshes once the lease runs out, and the
+/// holder's late commit, delivered when the link comes back, does not
+/// overwrite the newer entry (fencing).
+#[tokio::test]
+async fn a_lease_holder_cut_off_mid_refresh_is_fenced_and_the_fleet_goes_on() {
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port()).await;
+    let s = Scripted::new(Duration::from_millis(20));
+    let configure = |g: StampedeGuard| {
+        g.ttl(TTL)
+            .refresh_ahead(2.0, FLOOR)
+            .lease(Duration::from_millis(300))
+    };
+    let holder = configure(StampedeGuard::new(
+        backend_at(&proxy.url(), Duration::from_millis(200)).await,
+    ));
+    let holder_app = s.app(&holder);
+    let mut others = Vec::new();
+    for _ in 0..2 {
+        let backend = backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+        others.push(s.app(&configure(StampedeGuard::new(backend))));
+    }
+    assert_eq!(send(&holder_app, get_req("/report")).await.text(), "v1");
+    for app in &others {
+        assert_eq!(send(app, get_req("/report")).await.text(), "v1");
+    }
+    // The holder starts the refresh (a slow one), then loses its link.
+    s.delay(Duration::from_millis(400));
+    until_calls(&s, &holder_app, 2).await;
+    proxy.freeze();
+    s.delay(Duration::from_millis(20));
+    let answers = traffic(&others, Duration::from_millis(1200)).await;
+    assert!(answers.iter().all(|a| a.status == StatusCode::OK));
+    assert!(
+        answers.iter().any(|a| a.text() != "v1" && a.text() != "v2"),
+        "the others refreshed once the holder's lease ran out"
+    );
+    s.finished(s.calls()).await;
+    proxy.thaw();
+    // Whatever the holder's late commit did, a newcomer reads no older
+    // entry than the others' last refresh.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let newest = answers.last().expect("answers").text();
+    let newcomer = backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+    let read = send(
+        &s.app(&configure(StampedeGuard::new(newcomer))),
+        get_req("/report"),
+    )
+    .await;
+    assert_ne!(
+        read.text(),
+        "v2",
+        "the cut-off holder's commit overwrote a newer entry"
+    );
+    let n = |t: &str| t.trim_start_matches('v').parse::<usize>().unwrap_or(0);
+    assert!(
+        n(&read.text()) >= n(&newest),
+        "a newcomer read {} after the others served {newest}",
+        read.text()
+    );
+    eprintln!("{} origin calls for {} answers", s.calls(), answers.len());
+}
+
+/// The request that happens to trigger a refresh carries credentials or a
+/// cookie: they must not end up in the entry every other request is served
+/// (an authorized request is not answered from, nor refreshes, the shared
+/// entry; a cookie is the origin's business, as on any fill, unless it
+/// says `Vary: Cookie`, so only credentials are checked).
+#[tokio::test]
+async fn a_refresh_triggered_by_an_authorized_request_does_not_share_its_answer() {
+    let s = Scripted::new(Duration::from_millis(20));
+    let guard = StampedeGuard::new(Backend::local())
+        .ttl(TTL)
+        .refresh_ahead(2.0, FLOOR);
+    let app = s.app(&guard);
+    assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+    s.set(Reply::Personal);
+    let started = Instant::now();
+    let mut i = 0;
+    while started.elapsed() < Duration::from_millis(1500) {
+        // Mostly authorized requests, so that they are the ones that see
+        // the entry enter its margin.
+        let authorized = i % 4 != 3;
+        i += 1;
+        let mut request = http::Request::get("/report");
+        if authorized {
+            request = request.header(header::AUTHORIZATION, "Bearer alice");
+        }
+        let a = send(&app, request.body(axum::body::Body::empty()).unwrap()).await;
+        assert_eq!(a.status, StatusCode::OK);
+        if !authorized {
+            assert!(
+                !a.text().contains("alice"),
+                "an anonymous request was served alice's answer ({})",
+                a.x_cache()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
