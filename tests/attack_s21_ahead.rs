@@ -576,3 +576,45 @@ async fn a_refresh_triggered_by_an_authorized_request_does_not_share_its_answer(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// While a refresh runs, the entry's answers say what they are: a hit
+/// (`x-cache` and the `Cache-Status` member agree), with a freshness left
+/// of at least 0 and an `Age` within the ttl.
+#[tokio::test]
+async fn cache_status_and_age_stay_true_while_a_refresh_runs() {
+    let ttl = Duration::from_secs(2);
+    let s = Scripted::new(Duration::from_millis(20));
+    let guard = StampedeGuard::new(Backend::local())
+        .ttl(ttl)
+        .refresh_ahead(2.0, Duration::from_secs(1));
+    let app = s.app(&guard);
+    assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+    s.delay(Duration::from_millis(600));
+    let answers = traffic(std::slice::from_ref(&app), Duration::from_millis(2500)).await;
+    assert!(s.calls() >= 2, "the refresh ran");
+    for a in &answers {
+        assert_eq!(a.status, StatusCode::OK);
+        let member = a
+            .headers
+            .get("cache-status")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let age: u64 = a
+            .headers
+            .get(header::AGE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if a.x_cache() == "HIT" {
+            assert!(member.contains("; hit"), "a HIT says {member:?}");
+            assert!(!member.contains("fwd="), "a HIT says {member:?}");
+            let left = member
+                .split("; ")
+                .find_map(|p| p.strip_prefix("ttl="))
+                .map(|n| n.parse::<i64>().expect("an integer ttl"));
+            assert!(left.is_none_or(|n| n >= 0), "a fresh HIT says {member:?}");
+            assert!(age <= ttl.as_secs(), "a fresh HIT is {age} s old");
+        }
+    }
+}
