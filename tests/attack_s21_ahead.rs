@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use common::fleet::backend_at;
+use common::fleet::{backend_at, keys_like};
 use common::proxy::Proxy;
 use common::redis::RedisServer;
 use common::{get as get_req, send, tally, Answer, Origin};
@@ -32,6 +32,8 @@ enum Reply {
     Private,
     SetCookie,
     Unavailable,
+    /// A 503 marked `no-store`.
+    UnavailableNoStore,
     /// `Vary: Accept-Language`, the body naming the language asked for.
     VaryLanguage,
     /// A 200 whose body names the request's credentials and cookie, with
@@ -46,6 +48,8 @@ struct Scripted {
     reply: Arc<Mutex<Reply>>,
     delay_ms: Arc<AtomicU64>,
     done: Arc<AtomicUsize>,
+    /// When each origin call began.
+    began: Arc<Mutex<Vec<Instant>>>,
 }
 
 impl Scripted {
@@ -55,6 +59,7 @@ impl Scripted {
             reply: Arc::new(Mutex::new(Reply::Good)),
             delay_ms: Arc::new(AtomicU64::new(delay.as_millis() as u64)),
             done: Arc::new(AtomicUsize::new(0)),
+            began: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -89,6 +94,7 @@ impl Scripted {
             let me = me.clone();
             async move {
                 let (n, _running) = me.origin.enter();
+                me.began.lock().unwrap().push(Instant::now());
                 let reply = *me.reply.lock().unwrap();
                 let delay = me.delay_ms.load(Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(delay)).await;
@@ -122,6 +128,12 @@ impl Scripted {
                         ([(header::SET_COOKIE, "session=victim")], body).into_response()
                     }
                     Reply::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, body).into_response(),
+                    Reply::UnavailableNoStore => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [(header::CACHE_CONTROL, "no-store")],
+                        body,
+                    )
+                        .into_response(),
                     Reply::VaryLanguage => {
                         ([(header::VARY, "accept-language")], body).into_response()
                     }
@@ -280,6 +292,11 @@ async fn a_failing_refresh_is_not_retried_by_every_request_in_the_fleet() {
     let window = started.elapsed();
     let in_time = filled.elapsed() < ttl;
     let calls = s.calls() - 1;
+    let began: Vec<_> = s.began.lock().unwrap()[1..]
+        .iter()
+        .map(|t| t.saturating_duration_since(started))
+        .collect();
+    eprintln!("failing refreshes began at {began:?}");
     eprintln!(
         "{calls} failing refreshes for {} requests in {window:?}",
         answers.len()
@@ -616,5 +633,53 @@ async fn cache_status_and_age_stay_true_while_a_refresh_runs() {
             assert!(left.is_none_or(|n| n >= 0), "a fresh HIT says {member:?}");
             assert!(age <= ttl.as_secs(), "a fresh HIT is {age} s old");
         }
+    }
+}
+
+/// A refresh that fails with a server error, plain or `no-store`, leaves
+/// the fleet's failure marker: while its backoff runs no other instance
+/// calls the failing origin for the key (one call per backoff step for the
+/// fleet, 250 ms doubling, not one per instance per half margin).
+#[tokio::test]
+async fn a_failed_refresh_backs_off_the_whole_fleet() {
+    for bad in [Reply::Unavailable, Reply::UnavailableNoStore] {
+        let redis = RedisServer::start();
+        let s = Scripted::new(Duration::from_millis(10));
+        let ttl = Duration::from_secs(3);
+        let floor = Duration::from_millis(1500);
+        let mut apps = Vec::new();
+        for _ in 0..3 {
+            let backend = backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+            let guard = StampedeGuard::new(backend)
+                .ttl(ttl)
+                .refresh_ahead(2.0, floor);
+            apps.push(s.app(&guard));
+        }
+        assert_eq!(send(&apps[0], get_req("/report")).await.text(), "v1");
+        s.set(bad);
+        tokio::time::sleep(ttl - floor).await;
+        let started = Instant::now();
+        let answers = traffic(&apps, Duration::from_millis(1000)).await;
+        let elapsed = started.elapsed();
+        let calls = s.calls() - 1;
+        let marker = keys_like(&redis, "*:x");
+        eprintln!("{bad:?}: {calls} failing refreshes in {elapsed:?}, marker {marker:?}");
+        assert!(calls >= 1, "{bad:?}: a refresh was tried");
+        assert!(
+            !marker.is_empty(),
+            "{bad:?}: the failed refresh left no failure marker"
+        );
+        // One call, then one per backoff (250, 500 ms, ...) ended in time.
+        let (mut most, mut spent, mut backoff) = (1, Duration::ZERO, Duration::from_millis(250));
+        while spent + backoff <= elapsed {
+            spent += backoff;
+            backoff *= 2;
+            most += 1;
+        }
+        assert!(
+            calls <= most,
+            "{bad:?}: {calls} failing calls, at most {most} for the fleet"
+        );
+        assert!(answers.iter().all(|a| a.status == StatusCode::OK));
     }
 }
