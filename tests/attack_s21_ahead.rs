@@ -32,6 +32,8 @@ enum Reply {
     Private,
     SetCookie,
     Unavailable,
+    /// A 200 whose body is 64 KiB.
+    Huge,
     /// A 503 marked `no-store`.
     UnavailableNoStore,
     /// `Vary: Accept-Language`, the body naming the language asked for.
@@ -120,6 +122,7 @@ impl Scripted {
                 };
                 let response: Response = match reply {
                     Reply::Good | Reply::Personal => body.into_response(),
+                    Reply::Huge => format!("{body}{}", "x".repeat(64 * 1024)).into_response(),
                     Reply::NoStore => ([(header::CACHE_CONTROL, "no-store")], body).into_response(),
                     Reply::Private => {
                         ([(header::CACHE_CONTROL, "private, max-age=60")], body).into_response()
@@ -681,5 +684,53 @@ async fn a_failed_refresh_backs_off_the_whole_fleet() {
             "{bad:?}: {calls} failing calls, at most {most} for the fleet"
         );
         assert!(answers.iter().all(|a| a.status == StatusCode::OK));
+    }
+}
+
+/// A refresh whose body is over the route's cap is not stored: the entry it
+/// was refreshing keeps being served while fresh, and no cached answer is
+/// the oversized one.
+#[tokio::test]
+async fn a_refresh_body_over_the_cap_is_not_stored() {
+    let s = Scripted::new(Duration::from_millis(20));
+    let guard = StampedeGuard::new(Backend::local())
+        .ttl(TTL)
+        .max_body_bytes(16 * 1024)
+        .refresh_ahead(2.0, FLOOR);
+    let app = s.app(&guard);
+    assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+    s.set(Reply::Huge);
+    let answers = traffic(std::slice::from_ref(&app), TTL + FLOOR).await;
+    assert!(s.calls() >= 2, "the refresh ran");
+    for a in &answers {
+        assert_eq!(a.status, StatusCode::OK);
+        if a.x_cache() != "MISS" {
+            assert_eq!(
+                a.text(),
+                "v1",
+                "a cached answer ({}) is oversized",
+                a.x_cache()
+            );
+        }
+    }
+}
+
+/// A multiple that is NaN or negative, with no floor, is a margin of 0:
+/// no refresh ahead at all, and nothing breaks (the key is rebuilt on
+/// expiry, once per ttl).
+#[tokio::test]
+async fn a_nan_or_negative_multiple_with_no_floor_refreshes_nothing_early() {
+    for multiple in [f64::NAN, -1.0, 0.0] {
+        let s = Scripted::new(Duration::from_millis(5));
+        let guard = StampedeGuard::new(Backend::local())
+            .ttl(TTL)
+            .refresh_ahead(multiple, Duration::ZERO);
+        let app = s.app(&guard);
+        assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+        let answers = traffic(std::slice::from_ref(&app), Duration::from_millis(400)).await;
+        assert_eq!(s.calls(), 1, "{multiple}: nothing refreshed ahead");
+        assert!(answers
+            .iter()
+            .all(|a| a.text() == "v1" && a.x_cache() == "HIT"));
     }
 }
