@@ -353,3 +353,43 @@ async fn a_tag_purge_during_a_refresh_keeps_its_barrier_across_the_fleet() {
         );
     }
 }
+
+/// Redis pauses its writers (`CLIENT PAUSE WRITE`) through the refresh
+/// margin and past the expiry: the lease and the commit stall, reads go on.
+/// Requests keep being answered, and the origin is not stampeded.
+#[tokio::test]
+async fn redis_pausing_writes_through_the_margin_degrades_without_a_stampede() {
+    let redis = RedisServer::start();
+    let s = Scripted::new(Duration::from_millis(20));
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let backend = backend_at(&redis.url(), Duration::from_millis(100)).await;
+        let guard = StampedeGuard::new(backend)
+            .ttl(TTL)
+            .refresh_ahead(2.0, FLOOR);
+        apps.push(s.app(&guard));
+    }
+    assert_eq!(send(&apps[0], get_req("/report")).await.text(), "v1");
+    send(&apps[1], get_req("/report")).await;
+    tokio::time::sleep(TTL - FLOOR - Duration::from_millis(50)).await;
+    assert_eq!(
+        redis.raw(&["CLIENT", "PAUSE", "1000", "WRITE"]).trim(),
+        "+OK"
+    );
+    let started = Instant::now();
+    let answers = traffic(&apps, Duration::from_millis(1200)).await;
+    let elapsed = started.elapsed();
+    assert!(answers.iter().all(|a| a.status == StatusCode::OK));
+    let per_instance = 3 + (elapsed.as_secs_f64() / (TTL - FLOOR).as_secs_f64()).ceil() as usize;
+    eprintln!(
+        "{} calls for {} requests in {elapsed:?}",
+        s.calls(),
+        answers.len()
+    );
+    assert!(
+        s.calls() <= 2 * per_instance,
+        "{} calls, at most {}",
+        s.calls(),
+        2 * per_instance
+    );
+}
