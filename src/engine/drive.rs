@@ -393,9 +393,17 @@ impl Engine {
                 // The local waiters have it; the starter is answered once the
                 // fleet has it too, so that what its client saw is what any
                 // instance serves next.
+                // A server error shared with the waiters but not stored is
+                // still a failed rebuild for the fleet: its lease leaves the
+                // failure marker, so that the other instances back off
+                // rather than each try the failing origin (a refresh ahead
+                // of expiry has no stale entry to take this path above).
                 match (stored, &held) {
                     (true, Some(held)) => self.commit(lease, held, policy.labels).await,
-                    _ => self.give_up(lease, None).await,
+                    _ => {
+                        let failed = failure.then_some(FailureKind::Error);
+                        self.give_up(lease, failed).await
+                    }
                 }
                 if let Some(held) = held {
                     starter.send(|| {

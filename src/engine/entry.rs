@@ -310,6 +310,13 @@ impl Entry {
     }
 
     /// When freshness ends.
+    /// Its whole freshness lifetime (RFC 9111 §4.2.1), counted from the
+    /// origin's answer, however old the value was when stored here.
+    pub(crate) fn freshness_lifetime(&self) -> Duration {
+        self.initial_age
+            .saturating_add(self.fresh_until.saturating_duration_since(self.stored_at))
+    }
+
     pub(crate) fn fresh_until(&self) -> Instant {
         self.fresh_until
     }
@@ -354,10 +361,11 @@ impl Entry {
     /// long before expiry. A fixed number of draws per rebuild time instead
     /// makes how early a key is refreshed independent of how hot it is.
     pub(crate) fn claim_draw(&self, now: Instant, gap: Duration) -> bool {
-        let at = now.saturating_duration_since(self.stored_at).as_millis() as u64 + 1;
-        let gap = gap.as_millis().max(1) as u64;
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let at = millis(now.saturating_duration_since(self.stored_at)).saturating_add(1);
+        let gap = millis(gap).max(1);
         let last = self.last_draw.load(Ordering::Relaxed);
-        if last != 0 && at < last + gap {
+        if last != 0 && at < last.saturating_add(gap) {
             return false;
         }
         self.last_draw
@@ -509,6 +517,29 @@ mod tests {
         assert!(!e.claim_draw(t0 + Duration::from_millis(99), gap));
         assert!(e.claim_draw(t0 + Duration::from_millis(101), gap));
         assert!(!e.claim_draw(t0 + Duration::from_millis(150), gap));
+        // A gap too long to count in milliseconds saturates: one claim.
+        let once = Entry::new(
+            Bytes::new(),
+            lifetime(10, 0, 0),
+            Duration::ZERO,
+            Duration::ZERO,
+            t0,
+        );
+        assert!(once.claim_draw(t0, Duration::MAX));
+        assert!(!once.claim_draw(t0 + Duration::from_secs(5), Duration::MAX));
+    }
+
+    #[test]
+    fn the_freshness_lifetime_counts_the_age_it_was_stored_at() {
+        let t0 = Instant::now();
+        let e = Entry::new(
+            Bytes::new(),
+            lifetime(10, 0, 0),
+            Duration::from_secs(4),
+            Duration::ZERO,
+            t0,
+        );
+        assert_eq!(e.freshness_lifetime(), Duration::from_secs(10));
     }
 
     #[test]

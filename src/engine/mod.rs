@@ -260,7 +260,13 @@ impl Engine {
         labels: Labels,
     ) -> Option<Refresh> {
         let left = entry.fresh_for(now);
-        let margin = ahead.margin(entry.rebuild_cost());
+        // Never more than half the entry's freshness lifetime: a margin as long as
+        // the ttl (a huge multiple or floor, or a first fill far slower than
+        // the rebuilds after it) would refresh each new entry at its first
+        // hit, that is on nearly every request.
+        let margin = ahead
+            .margin(entry.rebuild_cost())
+            .min(entry.freshness_lifetime() / 2);
         if left > margin {
             return None;
         }

@@ -152,7 +152,9 @@ impl StampedeGuard {
     ///
     /// `multiple` is headroom for a rebuild slower than the last: `2.0` with
     /// a `floor` of 50 ms is a good start. A `multiple` that is not a finite
-    /// number of at least 0 counts as 0 (the floor alone).
+    /// number of at least 0 counts as 0 (the floor alone). The margin is
+    /// never more than half the entry's freshness lifetime, so a margin as
+    /// long as the ttl refreshes an entry halfway, not at its first hit.
     ///
     /// ```
     /// use std::time::Duration;

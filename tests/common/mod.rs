@@ -129,6 +129,7 @@ pub mod metrics;
 pub mod monitor;
 pub mod proxy;
 pub mod redis;
+pub mod scripted;
 pub mod sentinel;
 #[cfg(feature = "redis-cluster")]
 pub mod shards;
