@@ -146,9 +146,11 @@ impl StampedeGuard {
     /// expires (and never less than `floor`), the first request to see it
     /// refreshes it in the background, with the process's flight and, on
     /// Redis, the fleet's lease; every request meanwhile, that one included,
-    /// is served the entry, which is still fresh. Each instance tries at
-    /// most once per half margin, so a failing refresh is not retried by
-    /// every request. Set, it replaces `early_refresh`.
+    /// is served the entry, which is still fresh. An instance tries each
+    /// entry it holds at most once per half margin (a copy read afresh from
+    /// Redis counts anew), so a failing refresh is not retried by every
+    /// request; a failed one also leaves the fleet's failure backoff. Set,
+    /// it replaces `early_refresh`.
     ///
     /// `multiple` is headroom for a rebuild slower than the last: `2.0` with
     /// a `floor` of 50 ms is a good start. A `multiple` that is not a finite
