@@ -35,6 +35,7 @@ mod purge;
 mod shared;
 pub(crate) mod tags;
 mod uncoalesced;
+mod value;
 
 use std::any::Any;
 use std::sync::Arc;
