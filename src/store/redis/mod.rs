@@ -33,6 +33,7 @@ pub(crate) mod connection;
 mod entries;
 mod generations;
 mod health;
+mod invalidate;
 pub(crate) mod lease;
 pub(crate) mod lock;
 mod members;
