@@ -8,93 +8,13 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::extract::Path;
-use axum::routing::get;
-use axum::Router;
-use common::fleet::backend_at;
+use common::items::{fleet, fleet_of, text_of, warm_up, Gate, Node};
 use common::monitor::{until, Monitor};
 use common::redis::RedisServer;
-use common::{get as request, send, Origin};
-use stampede_guard::StampedeGuard;
-use tokio::sync::Notify;
-
-/// Parks the origin's next call until released.
-#[derive(Clone, Default)]
-struct Gate {
-    armed: Arc<AtomicBool>,
-    entered: Arc<Notify>,
-    release: Arc<Notify>,
-}
-
-/// `/items/{id}` answers `i<id>-v<call>.` padded to 1 KiB, tagged `item:<id>`.
-fn app(origin: &Origin, gate: &Gate, guard: &StampedeGuard) -> Router {
-    let (origin, gate) = (origin.clone(), gate.clone());
-    let handler = move |Path(id): Path<u32>| {
-        let (origin, gate) = (origin.clone(), gate.clone());
-        async move {
-            let (n, _running) = origin.enter();
-            if gate.armed.swap(false, Ordering::SeqCst) {
-                gate.entered.notify_one();
-                gate.release.notified().await;
-            }
-            let mut body = format!("i{id}-v{n}.");
-            body.extend(std::iter::repeat_n('x', 1024 - body.len()));
-            ([("surrogate-key", format!("item:{id}"))], body)
-        }
-    };
-    Router::new().route("/items/{id}", get(handler).layer(guard.clone()))
-}
-
-struct Node {
-    guard: StampedeGuard,
-    app: Router,
-}
-
-impl Node {
-    async fn text(&self, uri: &str) -> String {
-        text_of(&self.app, uri).await
-    }
-
-    fn with_entry(&self) -> u64 {
-        let stats = self.guard.backend().stats().redis.expect("redis stats");
-        stats.wakeups_with_entry
-    }
-}
-
-async fn text_of(app: &Router, uri: &str) -> String {
-    let text = send(app, request(uri)).await.text();
-    text.split('.').next().unwrap_or_default().to_owned()
-}
-
-async fn fleet(redis: &RedisServer, k: usize, origin: &Origin, gate: &Gate) -> Vec<Node> {
-    let mut backends = Vec::new();
-    for _ in 0..k {
-        backends.push(backend_at(&redis.url(), Duration::from_millis(500)).await);
-    }
-    fleet_of(backends, origin, gate).await
-}
-
-/// One node per backend, each having answered `/items/0` once.
-async fn fleet_of(
-    backends: Vec<stampede_guard::Backend>,
-    origin: &Origin,
-    gate: &Gate,
-) -> Vec<Node> {
-    let mut nodes = Vec::new();
-    for backend in backends {
-        let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
-        let app = app(origin, gate, &guard);
-        nodes.push(Node { guard, app });
-    }
-    for node in &nodes {
-        assert!(node.text("/items/0").await.starts_with("i0-v"));
-    }
-    nodes
-}
+use common::Origin;
 
 /// Node 0 rebuilds `uri`, parked in the origin; node 1 sends one request,
 /// which finds the lease held. Returns both requests and node 1's fetch.
@@ -191,6 +111,7 @@ async fn a_reader_of_the_lease_cannot_forge_its_commit() {
     let (origin, gate) = (Origin::default(), Gate::default());
     let monitor = Monitor::start(&redis);
     let nodes = fleet(&redis, 2, &origin, &gate).await;
+    warm_up(&nodes).await;
     let (channel, entry_of_0) = genuine(&redis, &monitor, 0).await;
 
     let (leader, waiter, fetch) = park(&monitor, &nodes, &gate, "/items/1").await;
@@ -229,6 +150,7 @@ async fn replayed_and_readdressed_commits_are_plain_wake_ups() {
     let (origin, gate) = (Origin::default(), Gate::default());
     let monitor = Monitor::start(&redis);
     let nodes = fleet(&redis, 2, &origin, &gate).await;
+    warm_up(&nodes).await;
     let (channel, entry_of_0) = genuine(&redis, &monitor, 0).await;
     // A first commit of /items/1, seen on the channel.
     let mark = monitor.len();
@@ -283,6 +205,7 @@ async fn own_purge(purge: Purge) {
     let (origin, gate) = (Origin::default(), Gate::default());
     let monitor = Monitor::start(&redis);
     let nodes = fleet(&redis, 2, &origin, &gate).await;
+    warm_up(&nodes).await;
     const URIS: [&str; 6] = [
         "/items/1", "/items/2", "/items/3", "/items/4", "/items/5", "/items/6",
     ];
@@ -354,6 +277,7 @@ async fn a_commit_whose_lease_redis_forgot_carries_nothing() {
     let (origin, gate) = (Origin::default(), Gate::default());
     let monitor = Monitor::start(&redis);
     let nodes = fleet(&redis, 2, &origin, &gate).await;
+    warm_up(&nodes).await;
     let (leader, waiter, _) = park(&monitor, &nodes, &gate, "/items/1").await;
     drop(monitor);
     redis.restart();
@@ -388,6 +312,7 @@ async fn a_subscription_gap_before_the_commit_still_answers_the_waiter() {
     let (origin, gate) = (Origin::default(), Gate::default());
     let monitor = Monitor::start(&redis);
     let nodes = fleet(&redis, 2, &origin, &gate).await;
+    warm_up(&nodes).await;
     let calls = origin.calls();
     let (leader, waiter, _) = park(&monitor, &nodes, &gate, "/items/1").await;
     let killed = redis.raw(&["CLIENT", "KILL", "TYPE", "pubsub"]);
@@ -420,7 +345,8 @@ async fn a_carried_entry_crosses_the_cluster_bus() {
     for _ in 0..2 {
         backends.push(common::shards::connect(&cluster, Duration::from_millis(500)).await);
     }
-    let nodes = fleet_of(backends, &origin, &gate).await;
+    let nodes = fleet_of(backends, &origin, &gate);
+    warm_up(&nodes).await;
     let marks: Vec<usize> = monitors.iter().map(Monitor::len).collect();
     // The fetches of `/items/1`'s key (its value key is the script's first
     // key): a fetch of another key (one was seen once, on another node,
@@ -470,6 +396,7 @@ async fn evicted_fence_or_lease_keys_carry_only_what_was_stored() {
     let (origin, gate) = (Origin::default(), Gate::default());
     let monitor = Monitor::start(&redis);
     let nodes = fleet(&redis, 2, &origin, &gate).await;
+    warm_up(&nodes).await;
 
     let (leader, waiter, fetch) = park(&monitor, &nodes, &gate, "/items/1").await;
     assert_eq!(redis.raw(&["DEL", &fetch[6]]), ":1", "the fence hash");

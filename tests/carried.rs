@@ -6,86 +6,19 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use axum::extract::Path;
-use axum::routing::get;
-use axum::Router;
-use common::fleet::backend_at;
-use common::monitor::Monitor;
+use common::items::{fleet, text_of, warm_up, Gate, Node};
+use common::monitor::{until, Monitor};
 use common::redis::RedisServer;
-use common::{get as request, send, Origin};
+use common::Origin;
 use stampede_guard::StampedeGuard;
-use tokio::sync::Notify;
 
 fn rand_token() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos())
-}
-
-/// Parks the origin's next call until released.
-#[derive(Clone, Default)]
-struct Gate {
-    armed: Arc<AtomicBool>,
-    entered: Arc<Notify>,
-    release: Arc<Notify>,
-}
-
-/// `/items/{id}` answers `i<id>-v<call>.` padded to 1 KiB, or to 40 KiB
-/// for ids of 100 and above (over the 16 KiB a wake-up carries), tagged
-/// `item:<id>`.
-fn app(origin: &Origin, gate: &Gate, guard: &StampedeGuard) -> Router {
-    let (origin, gate) = (origin.clone(), gate.clone());
-    let handler = move |Path(id): Path<u32>| {
-        let (origin, gate) = (origin.clone(), gate.clone());
-        async move {
-            let (n, _running) = origin.enter();
-            if gate.armed.swap(false, Ordering::SeqCst) {
-                gate.entered.notify_one();
-                gate.release.notified().await;
-            }
-            let size = if id >= 100 { 40 * 1024 } else { 1024 };
-            let mut body = format!("i{id}-v{n}.");
-            body.extend(std::iter::repeat_n('x', size - body.len()));
-            ([("surrogate-key", format!("item:{id}"))], body)
-        }
-    };
-    Router::new().route("/items/{id}", get(handler).layer(guard.clone()))
-}
-
-struct Node {
-    guard: StampedeGuard,
-    app: Router,
-}
-
-impl Node {
-    async fn text(&self, uri: &str) -> String {
-        Node::text_of(&self.app, uri).await
-    }
-
-    fn with_entry(&self) -> u64 {
-        let stats = self.guard.backend().stats().redis.expect("redis stats");
-        stats.wakeups_with_entry
-    }
-
-    fn by_message(&self) -> u64 {
-        let stats = self.guard.backend().stats().redis.expect("redis stats");
-        stats.wakeups_by_message
-    }
-}
-
-async fn fleet(redis: &RedisServer, k: usize, origin: &Origin, gate: &Gate) -> Vec<Node> {
-    let mut nodes = Vec::new();
-    for _ in 0..k {
-        let backend = backend_at(&redis.url(), Duration::from_millis(500)).await;
-        let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
-        let app = app(origin, gate, &guard);
-        nodes.push(Node { guard, app });
-    }
-    nodes
 }
 
 /// Node 0 rebuilds `uri` under the fleet's lease, parked in the origin;
@@ -105,32 +38,17 @@ async fn park(
     let mark = monitor.len();
     gate.armed.store(true, Ordering::SeqCst);
     let app = nodes[0].app.clone();
-    let leader = tokio::spawn(async move { Node::text_of(&app, uri).await });
+    let leader = tokio::spawn(async move { text_of(&app, uri).await });
     gate.entered.notified().await;
     monitor.await_fetches(mark, 1).await;
     let waiting = (0..waiters)
         .map(|_| {
             let app = nodes[1].app.clone();
-            tokio::spawn(async move { Node::text_of(&app, uri).await })
+            tokio::spawn(async move { text_of(&app, uri).await })
         })
         .collect();
     monitor.await_fetches(mark, 2).await;
     (leader, waiting)
-}
-
-impl Node {
-    async fn text_of(app: &Router, uri: &str) -> String {
-        let text = send(app, request(uri)).await.text();
-        text.split('.').next().unwrap_or_default().to_owned()
-    }
-}
-
-/// Loads the scripts (and the tag table) with a first request on each
-/// node, so that what is counted afterwards is one call per round trip.
-async fn warm_up(nodes: &[Node]) {
-    for node in nodes {
-        assert_eq!(node.text("/items/0").await, "i0-v1");
-    }
 }
 
 /// The fetches of one parked rebuild and its waiters on the other node.
@@ -192,11 +110,18 @@ async fn a_forged_wake_up_is_not_served() {
     let nodes = fleet(&redis, 2, &origin, &gate).await;
     let monitor = Monitor::start(&redis);
     warm_up(&nodes).await;
-    // A genuine carried message, of another key and lease.
+    // A genuine carried message, of another key and lease (the commit may
+    // still be on its way when the warm-up's answer came, and the monitor
+    // reads on a thread of its own).
+    let carried = |m: &str| m.starts_with("c:") && m.split(':').count() == 8;
+    until("the warm-up's commit carried its entry", || {
+        monitor.published(0).iter().any(|(_, m)| carried(m))
+    })
+    .await;
     let (channel, genuine) = monitor
         .published(0)
         .into_iter()
-        .find(|(_, m)| m.starts_with("c:") && m.split(':').count() == 8)
+        .find(|(_, m)| carried(m))
         .expect("the warm-up's commit carried its entry");
     let fields: Vec<&str> = genuine.split(':').collect();
     let (old_secret, entry) = (fields[3], fields[7]);
@@ -341,7 +266,7 @@ async fn a_carried_entry_is_taken_only_when_proven_current() {
     let carried = format!("c:{hex}:1:{secret}:{fence}:60000:60000:{entry}");
     let mark = monitor.len();
     let app = nodes[1].app.clone();
-    let waiter = tokio::spawn(async move { Node::text_of(&app, "/items/7").await });
+    let waiter = tokio::spawn(async move { text_of(&app, "/items/7").await });
     monitor.await_fetches(mark, 1).await;
     nodes[2].guard.invalidate_tag("unrelated").await.unwrap();
     redis.raw(&["PUBLISH", &channel, &carried]);
@@ -362,7 +287,7 @@ async fn a_carried_entry_is_taken_only_when_proven_current() {
     let carried = format!("c:{hex}:1:{secret}:{fence}:60000:60000:{entry}");
     let mark = monitor.len();
     let app = nodes[1].app.clone();
-    let waiter = tokio::spawn(async move { Node::text_of(&app, "/items/8").await });
+    let waiter = tokio::spawn(async move { text_of(&app, "/items/8").await });
     monitor.await_fetches(mark, 1).await;
     nodes[2].guard.invalidate_tag("item:8").await.unwrap();
     redis.raw(&["PUBLISH", &channel, &carried]);

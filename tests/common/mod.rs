@@ -124,6 +124,8 @@ pub mod driver;
 #[cfg(feature = "redis")]
 pub mod fleet;
 #[cfg(feature = "redis")]
+pub mod items;
+#[cfg(feature = "redis")]
 pub mod lock;
 pub mod metrics;
 pub mod monitor;
