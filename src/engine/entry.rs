@@ -205,7 +205,6 @@ impl Entry {
         now < self.revalidate_until
     }
 
-    /// When freshness ends.
     /// Its whole freshness lifetime (RFC 9111 §4.2.1), counted from the
     /// origin's answer, however old the value was when stored here.
     pub(crate) fn freshness_lifetime(&self) -> Duration {
@@ -213,6 +212,7 @@ impl Entry {
             .saturating_add(self.fresh_until.saturating_duration_since(self.stored_at))
     }
 
+    /// When freshness ends.
     pub(crate) fn fresh_until(&self) -> Instant {
         self.fresh_until
     }

@@ -51,14 +51,13 @@ impl Lease {
         // first sent, never from the reply. (It counted from one deadline
         // before the reply: with a deadline at or above the lease, every
         // lease was over when taken, and every instance rebuilt.)
-        let granted = sent;
         Lease {
             key,
             fence: FencingToken(fence),
             time,
             generation,
             secret,
-            renewer: Renewer::start(tier, LeaseKind::Rebuild, key, token, time, granted, None),
+            renewer: Renewer::start(tier, LeaseKind::Rebuild, key, token, time, sent, None),
         }
     }
 
