@@ -62,11 +62,16 @@ fn hit_path(c: &mut Criterion) {
         .build()
         .expect("tokio runtime");
 
-    let bare = Router::new().route("/report", get(handler));
-    let guarded = Router::new().route(
-        "/report",
-        get(handler).layer(StampedeGuard::new(Backend::local()).ttl(TTL)),
-    );
+    // Each router gets its state now, as `axum::serve` does per connection:
+    // otherwise axum builds the handler's service, and the layer around it,
+    // again on every request.
+    let bare = Router::new().route("/report", get(handler)).with_state(());
+    let guarded = Router::new()
+        .route(
+            "/report",
+            get(handler).layer(StampedeGuard::new(Backend::local()).ttl(TTL)),
+        )
+        .with_state(());
     runtime.block_on(async {
         // Warm the entry, then make sure later calls really are L1 hits.
         call_router(&guarded).await;
