@@ -1,0 +1,85 @@
+//! The supervisor against a real Redis: it stops with its tier, and closes
+//! an open circuit once Redis answers.
+
+use std::sync::Weak;
+
+use super::*;
+use crate::key::Key;
+use crate::store::redis::testing::{connect, RedisServer};
+use crate::store::redis::RedisTier;
+
+fn shared(tier: &Arc<RedisTier>) -> Weak<Shared> {
+    Arc::downgrade(&tier.shared)
+}
+
+async fn eventually(mut done: impl FnMut() -> bool) -> bool {
+    for _ in 0..300 {
+        if done() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// Fails calls until the circuit opens.
+async fn open_circuit(tier: &Arc<RedisTier>) {
+    let key = Key::for_value("t", b"k");
+    for _ in 0..20 {
+        if !tier.is_available() {
+            return;
+        }
+        assert!(tier
+            .fetch_or_lease(&key, Duration::from_secs(1), None)
+            .await
+            .is_err());
+    }
+    panic!("the circuit did not open");
+}
+
+#[tokio::test]
+async fn the_supervisor_stops_when_an_idle_tier_is_dropped() {
+    let redis = RedisServer::start();
+    let tier = connect(&redis).await;
+    let state = shared(&tier);
+    assert_eq!(state.strong_count(), 2, "the tier and its supervisor");
+    drop(tier);
+    assert!(
+        eventually(|| state.strong_count() == 0).await,
+        "no task keeps the tier's state"
+    );
+}
+
+#[tokio::test]
+async fn the_supervisor_stops_when_the_tier_is_dropped_mid_probe() {
+    let mut redis = RedisServer::start();
+    let tier = connect(&redis).await;
+    let state = shared(&tier);
+    redis.kill();
+    open_circuit(&tier).await;
+    // Let the probe fail a few times, so it is in its retry loop.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!tier.is_available());
+    drop(tier);
+    assert!(
+        eventually(|| state.strong_count() == 0).await,
+        "the probe ended with the tier"
+    );
+}
+
+#[tokio::test]
+async fn an_open_circuit_closes_once_redis_answers_again() {
+    let mut redis = RedisServer::start();
+    let tier = connect(&redis).await;
+    redis.kill();
+    open_circuit(&tier).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!tier.is_available(), "stays open while Redis is gone");
+    redis.restart();
+    assert!(
+        eventually(|| tier.is_available()).await,
+        "the probe closed the circuit"
+    );
+    let key = Key::for_value("t", b"k");
+    assert!(tier.invalidate(&key).await.is_ok());
+}
