@@ -12,10 +12,18 @@
 //! callgrind writes its instructions to a file of their own (`-02` for the
 //! second thread), apart from the client's.
 //!
+//! `tcp-bare` and `tcp-guarded` do the same on a loopback TCP connection and
+//! print the CPU time the server's thread used per request, user and system
+//! (`CLOCK_THREAD_CPUTIME_ID`): the socket's system calls included. A
+//! clock, not a count: alternate the two modes and compare runs taken side
+//! by side on a quiet machine.
+//!
 //! ```text
 //! cargo build --release --example hit_cost
 //! valgrind --tool=callgrind target/release/examples/hit_cost guarded 2000
 //! valgrind --tool=callgrind target/release/examples/hit_cost guarded 12000
+//! target/release/examples/hit_cost tcp-bare 40000
+//! target/release/examples/hit_cost tcp-guarded 40000
 //! ```
 
 use std::convert::Infallible;
@@ -49,33 +57,80 @@ fn request() -> Request<axum::body::Body> {
         .expect("valid request")
 }
 
-/// `count` requests over one HTTP/1.1 connection served by `router`.
-async fn over_http(router: Router, count: u64) {
-    let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+/// How the client reaches the server.
+#[derive(Clone, Copy, PartialEq)]
+enum Transport {
+    /// An in-memory pipe: no system calls.
+    Pipe,
+    /// A loopback TCP connection.
+    Tcp,
+}
+
+/// `count` requests over one HTTP/1.1 connection served by `router`. The
+/// server runs on a thread of its own, so that `--separate-threads=yes`
+/// gives its instructions apart from the client's; it returns the CPU time
+/// its thread used (user and system, `CLOCK_THREAD_CPUTIME_ID`) from the
+/// connection's start to its end.
+async fn over_http(router: Router, count: u64, transport: Transport) -> Duration {
     let service = hyper_util::service::TowerToHyperService::new(router);
-    // The server on a thread of its own, so that `--separate-threads=yes`
-    // gives its instructions apart from the client's.
+    let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("loopback listener");
+    let address = listener.local_addr().expect("bound address");
     let server = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("tokio runtime");
         runtime.block_on(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(server_io), service)
-                .await;
-        });
+            let http = hyper::server::conn::http1::Builder::new();
+            match transport {
+                Transport::Pipe => {
+                    let start = thread_cpu();
+                    let _ = http
+                        .serve_connection(TokioIo::new(server_io), service)
+                        .await;
+                    thread_cpu().saturating_sub(start)
+                }
+                Transport::Tcp => {
+                    let (stream, _) = listener.accept().expect("one client");
+                    stream.set_nodelay(true).expect("nodelay");
+                    stream.set_nonblocking(true).expect("non-blocking");
+                    let stream = tokio::net::TcpStream::from_std(stream).expect("tokio stream");
+                    let start = thread_cpu();
+                    let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                    thread_cpu().saturating_sub(start)
+                }
+            }
+        })
     });
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(client_io))
-        .await
-        .expect("in-memory handshake");
-    let connection = tokio::spawn(connection);
+    match transport {
+        Transport::Pipe => client(TokioIo::new(client_io), count).await,
+        Transport::Tcp => {
+            let stream = tokio::net::TcpStream::connect(address)
+                .await
+                .expect("loopback connection");
+            stream.set_nodelay(true).expect("nodelay");
+            client(TokioIo::new(stream), count).await;
+        }
+    }
+    server.join().expect("server thread")
+}
+
+/// One warm-up request, then `count` more, one after the other, on `io`.
+async fn client<T>(io: T, count: u64)
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let request = || {
         Request::get(URI)
             .header(header::HOST, "bench.local")
             .body(Empty::<Bytes>::new())
             .expect("valid request")
     };
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
+        .await
+        .expect("handshake");
+    let connection = tokio::spawn(connection);
     let first = sender.send_request(request()).await.expect("served");
     assert_eq!(first.status(), 200);
     black_box(first.into_body().collect().await.expect("body"));
@@ -92,7 +147,24 @@ async fn over_http(router: Router, count: u64) {
     }
     drop(sender);
     let _ = connection.await;
-    server.join().expect("server thread");
+}
+
+/// The CPU time this thread has used, user and system.
+fn thread_cpu() -> Duration {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which `now` is.
+    let done = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) };
+    assert_eq!(done, 0, "CLOCK_THREAD_CPUTIME_ID is readable");
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
+}
+
+/// Prints the server thread's CPU time per request.
+fn report(mode: &str, cpu: Duration, count: u64) {
+    let per = cpu.as_nanos() as f64 / count.max(1) as f64;
+    println!("{mode}: server thread CPU {per:.0} ns per request ({count} requests)");
 }
 
 /// The route without the layer. Both routers are given their state here, as
@@ -122,6 +194,13 @@ async fn call_router(router: &Router) -> Bytes {
         .to_bytes()
 }
 
+fn transport_of(mode: &str) -> Transport {
+    match mode.starts_with("tcp") {
+        true => Transport::Tcp,
+        false => Transport::Pipe,
+    }
+}
+
 fn main() {
     let mut args = std::env::args().skip(1);
     let mode = args.next().unwrap_or_else(|| "guarded".into());
@@ -147,13 +226,16 @@ fn main() {
                     black_box(call_router(&guarded).await);
                 }
             }
-            "http-bare" => {
-                over_http(bare_router(), count).await;
+            "http-bare" | "tcp-bare" => {
+                let transport = transport_of(&mode);
+                let cpu = over_http(bare_router(), count, transport).await;
+                report(&mode, cpu, count);
             }
-            "http-guarded" => {
+            "http-guarded" | "tcp-guarded" => {
                 let guarded = guarded_router();
                 call_router(&guarded).await;
-                over_http(guarded, count).await;
+                let cpu = over_http(guarded, count, transport_of(&mode)).await;
+                report(&mode, cpu, count);
             }
             "service" => {
                 let service = ServiceBuilder::new()
@@ -179,7 +261,7 @@ fn main() {
                 }
             }
             other => {
-                panic!("unknown mode {other}: bare, guarded, service, http-bare or http-guarded")
+                panic!("unknown mode {other}: bare, guarded, service, http-bare, http-guarded, tcp-bare or tcp-guarded")
             }
         }
     });
