@@ -15,45 +15,19 @@ use std::convert::Infallible;
 use std::hint::black_box;
 use std::time::Duration;
 
-use axum::{routing::get, Router};
 use bytes::Bytes;
 use criterion::{criterion_group, criterion_main, Criterion};
-use http::{header, Request, Response};
-use http_body_util::{BodyExt, Empty, Full};
-use stampede_guard::{Backend, Cache, StampedeGuard};
-use tower::{ServiceBuilder, ServiceExt};
+use http::{header, Request};
+use http_body_util::BodyExt;
+use stampede_guard::{Backend, Cache};
+use tower::ServiceExt;
 
-/// A 1 KiB payload, about the size of a small JSON document.
-static PAYLOAD: [u8; 1024] = [b'x'; 1024];
-const CONTENT_TYPE: &str = "application/json";
-const URI: &str = "/report?region=eu";
-const TTL: Duration = Duration::from_secs(3600);
-
-async fn handler() -> ([(header::HeaderName, &'static str); 1], Bytes) {
-    (
-        [(header::CONTENT_TYPE, CONTENT_TYPE)],
-        Bytes::from_static(&PAYLOAD),
-    )
-}
-
-fn request() -> Request<axum::body::Body> {
-    Request::get(URI)
-        .header(header::HOST, "bench.local")
-        .body(axum::body::Body::empty())
-        .expect("valid request")
-}
-
-/// One request through a router, the way axum's server drives it: a fresh
-/// clone of the router per request, then the whole body read.
-async fn call_router(router: &Router) -> Bytes {
-    let response = router.clone().oneshot(request()).await.expect("infallible");
-    response
-        .into_body()
-        .collect()
-        .await
-        .expect("in-memory body")
-        .to_bytes()
-}
+#[path = "support/hit_route.rs"]
+mod hit_route;
+use hit_route::{
+    bare_router, call_router, guard_service, guarded_router, plain_request, warm, CONTENT_TYPE,
+    PAYLOAD, TTL, URI,
+};
 
 fn hit_path(c: &mut Criterion) {
     // One thread, so the numbers are the path's own cost, not scheduling.
@@ -62,41 +36,14 @@ fn hit_path(c: &mut Criterion) {
         .build()
         .expect("tokio runtime");
 
-    // Each router gets its state now, as `axum::serve` does per connection:
-    // otherwise axum builds the handler's service, and the layer around it,
-    // again on every request.
-    let bare = Router::new().route("/report", get(handler)).with_state(());
-    let guarded = Router::new()
-        .route(
-            "/report",
-            get(handler).layer(StampedeGuard::new(Backend::local()).ttl(TTL)),
-        )
-        .with_state(());
-    runtime.block_on(async {
-        // Warm the entry, then make sure later calls really are L1 hits.
-        call_router(&guarded).await;
-        let response = guarded.clone().oneshot(request()).await.unwrap();
-        assert_eq!(response.headers()["x-cache"], "HIT");
-    });
+    let bare = bare_router();
+    let guarded = guarded_router();
+    runtime.block_on(warm(&guarded));
 
-    let service = ServiceBuilder::new()
-        .layer(StampedeGuard::new(Backend::local()).ttl(TTL))
-        .service_fn(|_: Request<Empty<Bytes>>| async {
-            let response = Response::builder()
-                .header(header::CONTENT_TYPE, CONTENT_TYPE)
-                .body(Full::new(Bytes::from_static(&PAYLOAD)))
-                .expect("valid response");
-            Ok::<_, Infallible>(response)
-        });
-    let service_request = || {
-        Request::get(URI)
-            .header(header::HOST, "bench.local")
-            .body(Empty::<Bytes>::new())
-            .expect("valid request")
-    };
+    let service = guard_service();
     runtime.block_on(async {
-        service.clone().oneshot(service_request()).await.unwrap();
-        let response = service.clone().oneshot(service_request()).await.unwrap();
+        service.clone().oneshot(plain_request()).await.unwrap();
+        let response = service.clone().oneshot(plain_request()).await.unwrap();
         assert_eq!(response.headers()["x-cache"], "HIT");
     });
 
@@ -124,7 +71,7 @@ fn hit_path(c: &mut Criterion) {
     });
     group.bench_function("guard_service_hit", |b| {
         b.to_async(&runtime).iter(|| async {
-            let response = service.clone().oneshot(service_request()).await.unwrap();
+            let response = service.clone().oneshot(plain_request()).await.unwrap();
             black_box(response.into_body().collect().await.unwrap().to_bytes())
         })
     });

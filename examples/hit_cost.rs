@@ -26,36 +26,17 @@
 //! target/release/examples/hit_cost tcp-guarded 40000
 //! ```
 
-use std::convert::Infallible;
 use std::hint::black_box;
 use std::time::Duration;
 
-use axum::{routing::get, Router};
-use bytes::Bytes;
-use http::{header, Request, Response};
-use http_body_util::{BodyExt, Empty, Full};
+use axum::Router;
+use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
-use stampede_guard::{Backend, StampedeGuard};
-use tower::{ServiceBuilder, ServiceExt};
+use tower::ServiceExt;
 
-static PAYLOAD: [u8; 1024] = [b'x'; 1024];
-const CONTENT_TYPE: &str = "application/json";
-const URI: &str = "/report?region=eu";
-const TTL: Duration = Duration::from_secs(3600);
-
-async fn handler() -> ([(header::HeaderName, &'static str); 1], Bytes) {
-    (
-        [(header::CONTENT_TYPE, CONTENT_TYPE)],
-        Bytes::from_static(&PAYLOAD),
-    )
-}
-
-fn request() -> Request<axum::body::Body> {
-    Request::get(URI)
-        .header(header::HOST, "bench.local")
-        .body(axum::body::Body::empty())
-        .expect("valid request")
-}
+#[path = "../benches/support/hit_route.rs"]
+mod hit_route;
+use hit_route::{bare_router, call_router, guard_service, guarded_router, plain_request, warm};
 
 /// How the client reaches the server.
 #[derive(Clone, Copy, PartialEq)]
@@ -121,21 +102,15 @@ async fn client<T>(io: T, count: u64)
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let request = || {
-        Request::get(URI)
-            .header(header::HOST, "bench.local")
-            .body(Empty::<Bytes>::new())
-            .expect("valid request")
-    };
     let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
         .await
         .expect("handshake");
     let connection = tokio::spawn(connection);
-    let first = sender.send_request(request()).await.expect("served");
+    let first = sender.send_request(plain_request()).await.expect("served");
     assert_eq!(first.status(), 200);
     black_box(first.into_body().collect().await.expect("body"));
     for _ in 0..count {
-        let response = sender.send_request(request()).await.expect("served");
+        let response = sender.send_request(plain_request()).await.expect("served");
         black_box(
             response
                 .into_body()
@@ -167,33 +142,6 @@ fn report(mode: &str, cpu: Duration, count: u64) {
     println!("{mode}: server thread CPU {per:.0} ns per request ({count} requests)");
 }
 
-/// The route without the layer. Both routers are given their state here, as
-/// `axum::serve` does for each connection: otherwise axum builds the
-/// handler's service (and the layer around it) again on every request.
-fn bare_router() -> Router {
-    Router::new().route("/report", get(handler)).with_state(())
-}
-
-/// The same route with the layer, on the embedded backend.
-fn guarded_router() -> Router {
-    Router::new()
-        .route(
-            "/report",
-            get(handler).layer(StampedeGuard::new(Backend::local()).ttl(TTL)),
-        )
-        .with_state(())
-}
-
-async fn call_router(router: &Router) -> Bytes {
-    let response = router.clone().oneshot(request()).await.expect("infallible");
-    response
-        .into_body()
-        .collect()
-        .await
-        .expect("in-memory body")
-        .to_bytes()
-}
-
 fn transport_of(mode: &str) -> Transport {
     match mode.starts_with("tcp") {
         true => Transport::Tcp,
@@ -219,9 +167,7 @@ fn main() {
             }
             "guarded" => {
                 let guarded = guarded_router();
-                call_router(&guarded).await;
-                let response = guarded.clone().oneshot(request()).await.unwrap();
-                assert_eq!(response.headers()["x-cache"], "HIT");
+                warm(&guarded).await;
                 for _ in 0..count {
                     black_box(call_router(&guarded).await);
                 }
@@ -233,29 +179,15 @@ fn main() {
             }
             "http-guarded" | "tcp-guarded" => {
                 let guarded = guarded_router();
-                call_router(&guarded).await;
+                warm(&guarded).await;
                 let cpu = over_http(guarded, count, transport_of(&mode)).await;
                 report(&mode, cpu, count);
             }
             "service" => {
-                let service = ServiceBuilder::new()
-                    .layer(StampedeGuard::new(Backend::local()).ttl(TTL))
-                    .service_fn(|_: Request<Empty<Bytes>>| async {
-                        let response = Response::builder()
-                            .header(header::CONTENT_TYPE, CONTENT_TYPE)
-                            .body(Full::new(Bytes::from_static(&PAYLOAD)))
-                            .expect("valid response");
-                        Ok::<_, Infallible>(response)
-                    });
-                let request = || {
-                    Request::get(URI)
-                        .header(header::HOST, "bench.local")
-                        .body(Empty::<Bytes>::new())
-                        .expect("valid request")
-                };
-                service.clone().oneshot(request()).await.unwrap();
+                let service = guard_service();
+                service.clone().oneshot(plain_request()).await.unwrap();
                 for _ in 0..count {
-                    let response = service.clone().oneshot(request()).await.unwrap();
+                    let response = service.clone().oneshot(plain_request()).await.unwrap();
                     assert_eq!(response.headers()["x-cache"], "HIT");
                     black_box(response.into_body().collect().await.unwrap().to_bytes());
                 }
