@@ -211,18 +211,16 @@ async fn supervise(shared: &Shared) {
         let (probe, resubscribe) = (work.probe, work.resubscribe);
         // The probe reads the slot map itself.
         let slots = std::mem::take(&mut work.slots) && !probe;
-        // One server, or Sentinel's primary: the subscription first, so
-        // that the circuit closes only once it is settled. Its ping makes
-        // the old subscriber reconnect and subscribe again, which is
-        // usually all there is to do; a reopen that landed after the
-        // circuit closed would mark a gap while requests found fleet
-        // protection back, dropping the in-process tier and detaching their
-        // rebuilds. The probe runs whatever the resubscription did: one
-        // that keeps failing must not keep the circuit open.
+        // One server, or Sentinel's primary: the probe first. Its ping
+        // makes the old subscriber reconnect and subscribe again, which
+        // ends the gap, and is usually all there is to do; a reopen running
+        // beside it would find the gap still open and replace connections
+        // that had just come back, marking a new gap just as requests found
+        // fleet protection back (the in-process tier dropped, running
+        // rebuilds detached: an origin call again).
         if probe && resubscribe && !shared.health.is_cluster() {
-            let resubscribed = resubscribe_once(shared).await;
             work.probe &= !probe_once(shared).await;
-            work.resubscribe &= !resubscribed;
+            work.resubscribe &= !resubscribe_once(shared).await;
             continue;
         }
         // One task, but the jobs run side by side: a cluster that is not
@@ -307,14 +305,14 @@ async fn probe_once(shared: &Shared) -> bool {
     false
 }
 
-/// One attempt to subscribe again: true once done. A subscriber that
-/// answers a ping after its client reconnected and subscribed again (the
-/// event channel's subscription ended the gap) needs nothing more.
-/// Otherwise new connections: a connection that died without a word (a
+/// One attempt to subscribe again: true once done. A subscriber whose
+/// client reconnected and subscribed again (the event channel's
+/// subscription ended the gap), and that answers a ping, needs nothing
+/// more. Otherwise new connections, at once: a connection that died without a word (a
 /// dropped NAT entry, a half-open socket) only times out, and a timeout
 /// does not make the client reconnect.
 async fn resubscribe_once(shared: &Shared) -> bool {
-    if !shared.health.is_cluster() && ping_subscriber(shared).await && !shared.notifier.in_gap() {
+    if !shared.health.is_cluster() && !shared.notifier.in_gap() && ping_subscriber(shared).await {
         tracing::info!("redis subscription re-established on its own connection");
         return true;
     }
