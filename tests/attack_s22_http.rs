@@ -1,0 +1,286 @@
+//! Attacks at the HTTP edge on tags and `Cache-Status`: what a client sends
+//! must not tag an entry, odd tag lists tag exactly their tags, variants
+//! keep their own tags, and every `Cache-Status` member tells what happened
+//! (`stored` only when a later request is a hit, a `ttl` that counts the
+//! answer's age, a conditional request that missed told as a miss).
+
+mod common;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::HeaderMap;
+use axum::routing::get;
+use axum::Router;
+use common::{send, Answer, Origin};
+use http::{header, HeaderValue, Request, StatusCode};
+use stampede_guard::{Backend, StampedeGuard};
+
+/// This layer's `Cache-Status` member (the last one), with its `ttl`
+/// taken out and returned apart.
+fn ours(answer: &Answer) -> (String, Option<i64>) {
+    let all: Vec<&str> = answer
+        .headers
+        .get_all("cache-status")
+        .iter()
+        .map(|v| v.to_str().expect("visible ASCII"))
+        .collect();
+    let last = all
+        .join(", ")
+        .rsplit(", ")
+        .next()
+        .expect("a member")
+        .to_owned();
+    let mut ttl = None;
+    let rest: Vec<&str> = last
+        .split("; ")
+        .filter(|p| match p.strip_prefix("ttl=") {
+            Some(n) => {
+                ttl = Some(n.parse().expect("an integer ttl"));
+                false
+            }
+            None => true,
+        })
+        .collect();
+    (rest.join("; "), ttl)
+}
+
+fn with(uri: &str, headers: &[(&str, &[u8])]) -> Request<Body> {
+    let mut request = Request::get(uri).body(Body::empty()).unwrap();
+    for (name, value) in headers {
+        request.headers_mut().append(
+            http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_bytes(value).unwrap(),
+        );
+    }
+    request
+}
+
+fn no_tag_headers(answer: &Answer, what: &str) {
+    for name in ["surrogate-key", "cache-tag"] {
+        assert!(
+            answer.headers.get(name).is_none(),
+            "{what}: a {name} header reached the client"
+        );
+    }
+}
+
+/// `/p` answers `v<call>` with the response headers `headers` gives.
+fn app(origin: &Origin, guard: StampedeGuard, headers: fn(&HeaderMap) -> HeaderMap) -> Router {
+    let origin = origin.clone();
+    let handler = move |request: HeaderMap| {
+        let origin = origin.clone();
+        async move {
+            let (n, _running) = origin.enter();
+            (headers(&request), format!("v{n}"))
+        }
+    };
+    Router::new().route("/p", get(handler).layer(guard))
+}
+
+fn product_tag(_: &HeaderMap) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert("surrogate-key", HeaderValue::from_static("product:1"));
+    headers
+}
+
+fn guard() -> StampedeGuard {
+    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
+}
+
+/// A client sends the tag headers itself, in any spelling and as many
+/// lines: they tag nothing (a purge of their tags leaves the entry), they
+/// never come back, and the origin's own tag still purges it.
+#[tokio::test]
+async fn tag_headers_a_client_sends_tag_nothing() {
+    let origin = Origin::default();
+    let guard = guard();
+    let app = app(&origin, guard.clone(), product_tag);
+    let forged: &[(&str, &[u8])] = &[
+        ("Surrogate-Key", b"evil"),
+        ("SURROGATE-KEY", b"evil2 product:2"),
+        ("cache-tag", b"evil3,evil4"),
+        ("Cache-Tag", b"\xffevil5"),
+    ];
+    let first = send(&app, with("/p", forged)).await;
+    assert_eq!(first.text(), "v1");
+    no_tag_headers(&first, "the rebuild's answer");
+    for tag in [
+        "evil",
+        "evil2",
+        "product:2",
+        "evil3",
+        "evil4",
+        "evil5",
+        "\u{fffd}evil5",
+    ] {
+        guard.invalidate_tag(tag).await.unwrap();
+    }
+    let again = send(&app, with("/p", forged)).await;
+    assert_eq!(
+        (again.text().as_str(), origin.calls()),
+        ("v1", 1),
+        "a tag the client sent purged the entry"
+    );
+    no_tag_headers(&again, "the hit");
+    guard.invalidate_tag("product:1").await.unwrap();
+    assert_eq!(send(&app, with("/p", &[])).await.text(), "v2");
+}
+
+fn odd_lists(_: &HeaderMap) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (name, value) in [
+        ("surrogate-key", "  a \t b\t"),
+        ("surrogate-key", ""),
+        ("cache-tag", ",,c,, ,d,"),
+        ("cache-tag", "e"),
+    ] {
+        headers.append(name, HeaderValue::from_static(value));
+    }
+    headers
+}
+
+/// Tag lists with empty members, tabs, repeated lines and an empty line:
+/// each of the tags they name purges the entry, and what is no tag of
+/// theirs (an empty tag, a separator, two tags taken as one) does not.
+#[tokio::test]
+async fn odd_tag_lists_tag_exactly_their_tags() {
+    for tag in ["a", "b", "c", "d", "e", " e "] {
+        let origin = Origin::default();
+        let guard = guard();
+        let app = app(&origin, guard.clone(), odd_lists);
+        assert_eq!(send(&app, with("/p", &[])).await.text(), "v1");
+        for not_a_tag in ["", " ", ",", "a b", "c,d", "A", "ab"] {
+            guard.invalidate_tag(not_a_tag).await.unwrap();
+        }
+        let hit = send(&app, with("/p", &[])).await;
+        assert_eq!(
+            hit.text(),
+            "v1",
+            "a purge of no tag of the entry dropped it"
+        );
+        guard.invalidate_tag(tag).await.unwrap();
+        let after = send(&app, with("/p", &[])).await;
+        assert_eq!(after.text(), "v2", "the purge of {tag:?} left the entry");
+        no_tag_headers(&after, "the rebuild's answer");
+    }
+}
+
+fn by_language(request: &HeaderMap) -> HeaderMap {
+    let language = request
+        .get(header::ACCEPT_LANGUAGE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("none")
+        .to_owned();
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        "cache-tag",
+        HeaderValue::from_str(&format!("lang:{language}")).unwrap(),
+    );
+    headers.insert(header::VARY, HeaderValue::from_static("accept-language"));
+    headers
+}
+
+/// Two variants of one URL, each tagged by the origin with its language:
+/// a purge of one language's tag drops that variant only; the other stays
+/// a hit and says so, the purged one is rebuilt and says `stored`.
+#[tokio::test]
+async fn variants_keep_their_own_tags_and_status() {
+    let origin = Origin::default();
+    let guard = guard().vary([header::ACCEPT_LANGUAGE]);
+    let app = app(&origin, guard.clone(), by_language);
+    let en: &[(&str, &[u8])] = &[("accept-language", b"en")];
+    let fr: &[(&str, &[u8])] = &[("accept-language", b"fr")];
+    assert_eq!(send(&app, with("/p", en)).await.text(), "v1");
+    assert_eq!(send(&app, with("/p", fr)).await.text(), "v2");
+    guard.invalidate_tag("lang:fr").await.unwrap();
+    let en_hit = send(&app, with("/p", en)).await;
+    assert_eq!(en_hit.text(), "v1");
+    assert_eq!(ours(&en_hit).0, "stampede-guard; hit");
+    let fr_miss = send(&app, with("/p", fr)).await;
+    assert_eq!(fr_miss.text(), "v3");
+    assert_eq!(ours(&fr_miss).0, "stampede-guard; fwd=uri-miss; stored");
+    no_tag_headers(&fr_miss, "the rebuilt variant");
+    let fr_hit = send(&app, with("/p", fr)).await;
+    assert_eq!((fr_hit.text().as_str(), origin.calls()), ("v3", 3));
+}
+
+fn aged(_: &HeaderMap) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("max-age=600"),
+    );
+    headers.insert(header::AGE, HeaderValue::from_static("500"));
+    headers.insert(header::ETAG, HeaderValue::from_static("\"e\""));
+    headers
+}
+
+/// The origin's answer is already 500 s old of its 600 (`Age`): a hit's
+/// `ttl` is what is left of its freshness, never the whole lifetime (RFC
+/// 9211 §2.4, RFC 9111 §4.2).
+#[tokio::test]
+async fn a_hit_ttl_counts_the_age_the_answer_arrived_with() {
+    let origin = Origin::default();
+    let guard = guard().respect_cache_control(true);
+    let app = app(&origin, guard, aged);
+    let miss = send(&app, with("/p", &[])).await;
+    assert_eq!(ours(&miss).0, "stampede-guard; fwd=uri-miss; stored");
+    let hit = send(&app, with("/p", &[])).await;
+    assert_eq!(hit.text(), "v1");
+    let (member, ttl) = ours(&hit);
+    assert_eq!(member, "stampede-guard; hit");
+    let ttl = ttl.expect("a ttl");
+    assert!(
+        (0..=100).contains(&ttl),
+        "ttl {ttl} for 100 s of freshness left"
+    );
+}
+
+/// A conditional request that finds nothing stored goes forward: its `304`
+/// is made from the entry its own rebuild stored, and it says so (a miss,
+/// `stored`), never `hit`. The next conditional request is the hit.
+#[tokio::test]
+async fn a_conditional_request_that_missed_is_told_as_a_miss() {
+    let origin = Origin::default();
+    let app = app(&origin, guard().respect_cache_control(true), aged);
+    let conditional: &[(&str, &[u8])] = &[("if-none-match", b"\"e\"")];
+    let first = send(&app, with("/p", conditional)).await;
+    assert_eq!(first.status, StatusCode::NOT_MODIFIED);
+    assert_eq!(ours(&first).0, "stampede-guard; fwd=uri-miss; stored");
+    let second = send(&app, with("/p", conditional)).await;
+    assert_eq!(second.status, StatusCode::NOT_MODIFIED);
+    assert_eq!(ours(&second).0, "stampede-guard; hit");
+    assert_eq!(origin.calls(), 1);
+}
+
+fn learns_encoding(_: &HeaderMap) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+    headers.insert("surrogate-key", HeaderValue::from_static("product:1"));
+    headers
+}
+
+/// The first answer that teaches the route `Vary: accept-encoding` is not
+/// stored (README): it must not say `stored`, must not carry its tags, and
+/// whatever it says, the next request agrees with it (a hit only after
+/// `stored`).
+#[tokio::test]
+async fn the_answer_that_teaches_vary_tells_the_truth_about_storing() {
+    let origin = Origin::default();
+    let app = app(&origin, guard(), learns_encoding);
+    let gzip: &[(&str, &[u8])] = &[("accept-encoding", b"gzip")];
+    let first = send(&app, with("/p", gzip)).await;
+    no_tag_headers(&first, "the teaching answer");
+    let said_stored = ours(&first).0.ends_with("; stored");
+    let second = send(&app, with("/p", gzip)).await;
+    let hit = ours(&second).0 == "stampede-guard; hit";
+    assert_eq!(
+        said_stored,
+        hit,
+        "the first answer said {:?}, the next was {:?}",
+        ours(&first).0,
+        ours(&second).0
+    );
+    no_tag_headers(&second, "the next answer");
+}
