@@ -284,3 +284,37 @@ async fn the_answer_that_teaches_vary_tells_the_truth_about_storing() {
     );
     no_tag_headers(&second, "the next answer");
 }
+
+/// An answer heavier than the whole in-process tier, on a backend without
+/// Redis: the tier does not keep it (README, "Cargo features": a value
+/// larger than the whole bound is never kept), so its `Cache-Status` must
+/// not say `stored`, and the next request is a miss.
+#[tokio::test]
+async fn an_answer_the_in_process_tier_cannot_hold_does_not_say_stored() {
+    let origin = Origin::default();
+    let backend = Backend::builder().l1_max_bytes(16 * 1024).build();
+    let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
+    let big = {
+        let origin = origin.clone();
+        move || {
+            let origin = origin.clone();
+            async move {
+                let (n, _running) = origin.enter();
+                format!("v{n}:{}", "x".repeat(64 * 1024))
+            }
+        }
+    };
+    let app = Router::new().route("/big", get(big).layer(guard));
+    let first = send(&app, with("/big", &[])).await;
+    assert!(first.text().starts_with("v1:"));
+    let told = ours(&first).0;
+    let second = send(&app, with("/big", &[])).await;
+    let hit = second.text().starts_with("v1:");
+    assert_eq!(
+        told.ends_with("; stored"),
+        hit,
+        "the first answer said {told:?}; the next was {:?} (origin calls: {})",
+        ours(&second).0,
+        origin.calls()
+    );
+}
