@@ -124,11 +124,16 @@ where
     // The starter's answer may leave before the body is read: it says
     // `stored` only when its length, declared or known to the body, already
     // tells it fits (a body streamed without one may still outgrow the cap).
+    // On a backend without Redis it is also known to fit the in-process
+    // tier, which keeps no entry heavier than its whole bound.
     let told = Forward {
         stored: store
-            && declared
-                .or(body.size_hint().exact())
-                .is_some_and(|n| n <= policy.max_body_bytes as u64),
+            && declared.or(body.size_hint().exact()).is_some_and(|n| {
+                n <= policy.max_body_bytes as u64
+                    && policy.keep_bound.is_none_or(|bound| {
+                        weight_at_most(parts.status, &parts.headers, n) <= bound
+                    })
+            }),
         ..missed
     };
 
@@ -299,6 +304,28 @@ where
 }
 
 /// A copy of `headers` whose values own their bytes.
+/// The most the entry of an answer with `headers` and a body of `len`
+/// bytes weighs in the in-process tier: its headers only lose lines before
+/// they are kept (`Age`, cookies, tag headers, upstream `Cache-Status`
+/// members), and gain the three slots added below, as at the end of
+/// [`admit`].
+fn weight_at_most(status: StatusCode, headers: &HeaderMap, len: u64) -> u64 {
+    use crate::engine::CacheValue as _;
+    let mut kept = owned(headers);
+    kept.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    kept.insert(header::AGE, HeaderValue::from_static("0"));
+    kept.insert(CACHE_STATUS, HeaderValue::from_static(""));
+    let head = CachedResponse {
+        status,
+        headers: kept,
+        body: CachedBody::Full(bytes::Bytes::new()),
+    };
+    u64::try_from(head.weight())
+        .unwrap_or(u64::MAX)
+        .saturating_add(len)
+        .saturating_add(crate::store::local::SLOT_OVERHEAD as u64)
+}
+
 fn owned(headers: &HeaderMap) -> HeaderMap {
     // Room for the three slots added after.
     let mut out = HeaderMap::with_capacity(headers.len().saturating_add(3));
