@@ -78,9 +78,9 @@ fn version_of(body: &str) -> u64 {
         .unwrap_or_else(|| panic!("unexpected answer {body:?}"))
 }
 
-/// Two instances, three products, a writer that moves a product's version
-/// and then purges it one of four ways from one of the two instances, and
-/// four readers on both instances. Each read notes the product's floor
+/// Two instances (a third joins a quarter of the way through), three
+/// products, a writer that moves a product's version and then purges it one
+/// of four ways from one of the instances, and four readers on all of them. Each read notes the product's floor
 /// before it is sent; the answer must be at least that version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn purges_of_every_kind_racing_rebuilds_never_serve_older_data() {
@@ -92,7 +92,7 @@ async fn purges_of_every_kind_racing_rebuilds_never_serve_older_data() {
         let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
         nodes.push((guard.clone(), app(&db, &guard)));
     }
-    let nodes = Arc::new(nodes);
+    let nodes = Arc::new(std::sync::RwLock::new(nodes));
     let done = Arc::new(AtomicBool::new(false));
     let violations = Arc::new(Mutex::new(Vec::<String>::new()));
     let reads = Arc::new(AtomicUsize::new(0));
@@ -104,9 +104,13 @@ async fn purges_of_every_kind_racing_rebuilds_never_serve_older_data() {
             let mut rng = Rng(0x1234_5678 + r * 7919);
             while !done.load(Ordering::SeqCst) {
                 let id = rng.next(3) as usize;
-                let node = rng.next(2) as usize;
+                let app = {
+                    let nodes = nodes.read().unwrap();
+                    let node = rng.next(nodes.len() as u64) as usize;
+                    nodes[node].1.clone()
+                };
                 let floor = db.floors[id].load(Ordering::SeqCst);
-                let answer = send(&nodes[node].1, request(&format!("/products/{id}"))).await;
+                let answer = send(&app, request(&format!("/products/{id}"))).await;
                 reads.fetch_add(1, Ordering::Relaxed);
                 // A hit never waits: without this the readers would keep
                 // the runtime's threads from everything else.
@@ -114,8 +118,8 @@ async fn purges_of_every_kind_racing_rebuilds_never_serve_older_data() {
                 let seen = version_of(&answer.text());
                 if seen < floor {
                     violations.lock().unwrap().push(format!(
-                        "node {node} answered product {id} version {seen} ({}) after a purge \
-                         that followed version {floor}",
+                        "product {id} answered with version {seen} ({}) after a purge that \
+                         followed version {floor}",
                         answer.x_cache()
                     ));
                 }
@@ -124,10 +128,25 @@ async fn purges_of_every_kind_racing_rebuilds_never_serve_older_data() {
     }
     let mut rng = Rng(0xdead_beef);
     let mut kinds = [0usize; 4];
+    let mut joiner = None;
     for round in 0..40 {
+        if round == 10 {
+            // A third instance starts (subscribes, loads the table, joins
+            // the membership) while the purges go on, and serves at once.
+            let (nodes, db, url) = (nodes.clone(), db.clone(), redis.url());
+            joiner = Some(tokio::spawn(async move {
+                let backend = backend_at(&url, ROOMY_DEADLINE).await;
+                let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
+                let app = app(&db, &guard);
+                nodes.write().unwrap().push((guard, app));
+            }));
+        }
         let id = rng.next(3) as usize;
         let version = db.versions[id].fetch_add(1, Ordering::SeqCst) + 1;
-        let (guard, _) = &nodes[rng.next(2) as usize];
+        let guard = {
+            let nodes = nodes.read().unwrap();
+            nodes[rng.next(nodes.len() as u64) as usize].0.clone()
+        };
         let kind = round % 4;
         kinds[kind] += 1;
         let purged = match kind {
@@ -144,6 +163,8 @@ async fn purges_of_every_kind_racing_rebuilds_never_serve_older_data() {
     for reader in readers {
         reader.await.expect("reader");
     }
+    joiner.expect("started").await.expect("joined");
+    assert_eq!(nodes.read().unwrap().len(), 3);
     let violations = violations.lock().unwrap();
     assert!(
         violations.is_empty(),
