@@ -422,3 +422,48 @@ async fn a_body_that_ends_short_after_a_head_that_said_stored() {
     assert_eq!(again, "stampede-guard; fwd=uri-miss; stored");
     assert_eq!(origin.calls(), 2, "a failed body is not stored");
 }
+
+/// With Redis, an answer heavier than the in-process tier is still stored
+/// (in Redis): every way of starting its rebuild says `stored`, and the
+/// next request is a hit from Redis.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_an_answer_heavier_than_the_in_process_tier_is_stored() {
+    let redis = common::redis::RedisServer::start();
+    for (n, method) in ["GET", "HEAD"].into_iter().enumerate() {
+        let origin = Origin::default();
+        let backend = Backend::redis_builder(&redis.url())
+            .prefix(&format!("heavy{n}"))
+            .l1_max_bytes(16 * 1024)
+            .deadline(common::ROOMY_DEADLINE)
+            .connect()
+            .await
+            .expect("redis backend");
+        let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
+        let big = {
+            let origin = origin.clone();
+            move || {
+                let origin = origin.clone();
+                async move {
+                    let (n, _running) = origin.enter();
+                    format!("v{n}:{}", "x".repeat(64 * 1024))
+                }
+            }
+        };
+        let app = Router::new().route("/big", get(big).layer(guard));
+        let first = Request::builder()
+            .method(method)
+            .uri("/big")
+            .body(Body::empty())
+            .unwrap();
+        let first = send(&app, first).await;
+        assert_eq!(
+            ours(&first).0,
+            "stampede-guard; fwd=uri-miss; stored",
+            "{method}"
+        );
+        let second = send(&app, with("/big", &[])).await;
+        assert_eq!(ours(&second).0, "stampede-guard; hit", "{method}");
+        assert_eq!(origin.calls(), 1, "{method}");
+    }
+}
