@@ -433,7 +433,7 @@ async fn with_redis_an_answer_heavier_than_the_in_process_tier_is_stored() {
     for (n, method) in ["GET", "HEAD"].into_iter().enumerate() {
         let origin = Origin::default();
         let backend = Backend::redis_builder(&redis.url())
-            .prefix(&format!("heavy{n}"))
+            .prefix(format!("heavy{n}"))
             .l1_max_bytes(16 * 1024)
             .deadline(common::ROOMY_DEADLINE)
             .connect()
