@@ -370,3 +370,97 @@ async fn a_write_pause_through_a_purge_keeps_the_barrier() {
     }
     purged.expect("the purge's script ran once the pause ended, within its tries");
 }
+
+/// A client allowed only the crate's channels (subscribe and publish, no
+/// key), as a `&sg:*` ACL allows: from the acknowledgements of one purge it
+/// learns the instances' names, and from each purge's message its nonce; it
+/// then acknowledges each purge in every instance's name at once. An
+/// instance whose link is frozen (it heard nothing, and still trusts its
+/// in-process tier for the rest of its subscription lease) must not serve
+/// what it held once the purge returned `Ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known: acknowledgements are not authenticated; a client that may subscribe to and publish on the crate's channels can forge them and end the barrier early"]
+async fn forged_acknowledgements_do_not_shorten_the_barrier() {
+    use common::proxy::Proxy;
+    use tokio_stream::StreamExt as _;
+
+    let redis = RedisServer::start();
+    let db = Db::default();
+    let a_guard = StampedeGuard::new(backend_at(&redis.url(), ROOMY_DEADLINE).await)
+        .ttl(Duration::from_secs(60));
+    let proxy = Proxy::start(redis.port()).await;
+    let b_guard = StampedeGuard::new(backend_at(&proxy.url(), ROOMY_DEADLINE).await)
+        .ttl(Duration::from_secs(60));
+    let b = app(&db, &b_guard);
+    // The forger: names from the acknowledgements it sees, acknowledgements
+    // in all of them for each purge message.
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut publisher = client.get_multiplexed_async_connection().await.unwrap();
+    let mut pubsub = client.get_async_pubsub().await.unwrap();
+    pubsub.subscribe("sg:events").await.unwrap();
+    pubsub.psubscribe("sg:events:ack:*").await.unwrap();
+    let forged = Arc::new(AtomicUsize::new(0));
+    let forger = {
+        let forged = forged.clone();
+        tokio::spawn(async move {
+            let mut names = std::collections::BTreeSet::new();
+            let mut messages = pubsub.into_on_message();
+            while let Some(message) = messages.next().await {
+                let payload: String = message.get_payload().unwrap_or_default();
+                let parts: Vec<&str> = payload.split(':').collect();
+                match parts.first() {
+                    Some(&"a") if parts.len() == 3 => {
+                        names.insert(parts[2].to_owned());
+                    }
+                    Some(&"g") if parts.len() >= 5 => {
+                        let (sender, nonce) = (parts[parts.len() - 2], parts[parts.len() - 1]);
+                        names.insert(sender.to_owned());
+                        for name in &names {
+                            for _ in 0..4 {
+                                let _: Result<i64, _> = redis::cmd("PUBLISH")
+                                    .arg(format!("sg:events:ack:{sender}"))
+                                    .arg(format!("a:{nonce}:{name}"))
+                                    .query_async(&mut publisher)
+                                    .await;
+                            }
+                        }
+                        forged.fetch_add(1, Ordering::SeqCst);
+                    }
+                    _ => {}
+                }
+            }
+        })
+    };
+    // A first purge: the forger learns both names from it, and the fleet's
+    // first lease passes.
+    a_guard.invalidate_tag("warm-up").await.unwrap();
+    let mut held = String::new();
+    for _ in 0..100 {
+        let answer = send(&b, request("/products/1")).await;
+        if answer.x_cache() == "HIT" {
+            held = answer.text();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(held, "p1-d0");
+    db.versions[1].store(1, Ordering::SeqCst);
+    proxy.freeze();
+    let purged = tokio::time::timeout(Duration::from_secs(30), a_guard.invalidate_tag("product:1"))
+        .await
+        .expect("no hang");
+    purged.unwrap();
+    let after = send(&b, request("/products/1")).await;
+    proxy.thaw();
+    forger.abort();
+    assert!(
+        forged.load(Ordering::SeqCst) >= 2,
+        "the forger saw both purges"
+    );
+    assert_eq!(
+        after.text(),
+        "p1-d1",
+        "the frozen instance served what it held after the purge returned ({})",
+        after.x_cache()
+    );
+}
