@@ -467,3 +467,74 @@ async fn with_redis_an_answer_heavier_than_the_in_process_tier_is_stored() {
         assert_eq!(origin.calls(), 1, "{method}");
     }
 }
+
+/// `Cache-Status` across a fleet on Redis: the instance that rebuilt says
+/// `stored`; another whose request waited for that rebuild says
+/// `collapsed`; a third that finds the entry in Redis says `hit` with the
+/// entry's freshness; after a tag purge, the next request is a miss again.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_status_across_instances_tells_each_way_of_answering() {
+    use std::sync::Arc;
+    use tokio::sync::Semaphore;
+
+    let redis = common::redis::RedisServer::start();
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut apps = Vec::new();
+    let mut guards = Vec::new();
+    for _ in 0..3 {
+        let backend = common::fleet::backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+        let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
+        let handler = {
+            let (origin, gate) = (origin.clone(), gate.clone());
+            move || {
+                let (origin, gate) = (origin.clone(), gate.clone());
+                async move {
+                    let (n, _running) = origin.enter();
+                    gate.acquire().await.unwrap().forget();
+                    ([("surrogate-key", "product:1")], format!("v{n}"))
+                }
+            }
+        };
+        apps.push(Router::new().route("/p", get(handler).layer(guard.clone())));
+        guards.push(guard);
+    }
+    let starter = tokio::spawn({
+        let app = apps[0].clone();
+        async move { send(&app, with("/p", &[])).await }
+    });
+    for _ in 0..500 {
+        if origin.calls() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(origin.calls(), 1, "the rebuild started");
+    let waiter = tokio::spawn({
+        let app = apps[1].clone();
+        async move { send(&app, with("/p", &[])).await }
+    });
+    // The waiter is parked on the lease (nothing more reaches the origin).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gate.add_permits(100);
+    let (starter, waiter) = (starter.await.unwrap(), waiter.await.unwrap());
+    assert_eq!((starter.text(), waiter.text()), ("v1".into(), "v1".into()));
+    assert_eq!(ours(&starter).0, "stampede-guard; fwd=uri-miss; stored");
+    assert_eq!(ours(&waiter).0, "stampede-guard; fwd=uri-miss; collapsed");
+    no_tag_headers(&waiter, "the waiter");
+    let l2 = send(&apps[2], with("/p", &[])).await;
+    let (member, ttl) = ours(&l2);
+    assert_eq!(
+        (member.as_str(), l2.text().as_str()),
+        ("stampede-guard; hit", "v1")
+    );
+    assert!((0..=60).contains(&ttl.expect("a ttl")));
+    no_tag_headers(&l2, "the Redis hit");
+    assert_eq!(origin.calls(), 1);
+    guards[0].invalidate_tag("product:1").await.unwrap();
+    for app in &apps[1..] {
+        let after = send(app, with("/p", &[])).await;
+        assert_ne!(after.text(), "v1", "{:?}", ours(&after));
+    }
+}
