@@ -303,7 +303,6 @@ where
     }
 }
 
-/// A copy of `headers` whose values own their bytes.
 /// The most the entry of an answer with `headers` and a body of `len`
 /// bytes weighs in the in-process tier: its headers only lose lines before
 /// they are kept (`Age`, cookies, tag headers, upstream `Cache-Status`
@@ -326,6 +325,7 @@ fn weight_at_most(status: StatusCode, headers: &HeaderMap, len: u64) -> u64 {
         .saturating_add(crate::store::local::SLOT_OVERHEAD as u64)
 }
 
+/// A copy of `headers` whose values own their bytes.
 fn owned(headers: &HeaderMap) -> HeaderMap {
     // Room for the three slots added after.
     let mut out = HeaderMap::with_capacity(headers.len().saturating_add(3));
