@@ -9,7 +9,11 @@
 //!   after it has run again for a while;
 //! - Redis pausing writes (`CLIENT PAUSE WRITE`) through a purge: the
 //!   subscribers' pings are answered, the acknowledgements and membership
-//!   renewals are not.
+//!   renewals are not;
+//! - Redis restarted empty between a rebuild's start and its end on another
+//!   instance, known to that instance at once or not at all;
+//! - acknowledgements forged by a client allowed only the crate's channels
+//!   (ignored: a known limit).
 #![cfg(feature = "redis")]
 
 mod common;
@@ -469,4 +473,111 @@ async fn forged_acknowledgements_do_not_shorten_the_barrier() {
         "the frozen instance served what it held after the purge returned ({})",
         after.x_cache()
     );
+}
+
+/// `/products/{id}` as [`app`], but the first call after `gate` is armed
+/// reads the version, says so on `entered`, and waits for `release`.
+fn gated_app(
+    db: &Db,
+    gate: &Arc<(AtomicBool, tokio::sync::Notify, tokio::sync::Notify)>,
+    guard: &StampedeGuard,
+) -> Router {
+    let (db, gate) = (db.clone(), gate.clone());
+    let handler = move |Path(id): Path<usize>| {
+        let (db, gate) = (db.clone(), gate.clone());
+        async move {
+            let version = db.versions[id].load(Ordering::SeqCst);
+            if gate.0.swap(false, Ordering::SeqCst) {
+                gate.1.notify_one();
+                gate.2.notified().await;
+            }
+            (
+                [("surrogate-key", format!("product:{id} catalog"))],
+                format!("p{id}-d{version}"),
+            )
+        }
+    };
+    Router::new().route("/products/{id}", get(handler).layer(guard.clone()))
+}
+
+/// Redis restarts with empty memory between a rebuild's start (it read the
+/// product before the write) and its end, on another instance than the one
+/// that purges after the write; the rebuilding instance learns of the
+/// restart at once (`announced`) or not at all (a link that holds Redis's
+/// close). Once the purge returned `Ok`, every instance, and one started
+/// afterwards, answers the new version.
+async fn restart_between_a_rebuilds_start_and_its_end(announced: bool) {
+    use common::proxy::Proxy;
+    let mut redis = RedisServer::start();
+    let db = Db::default();
+    let gate = Arc::new((
+        AtomicBool::new(false),
+        tokio::sync::Notify::new(),
+        tokio::sync::Notify::new(),
+    ));
+    let a = StampedeGuard::new(backend_at(&redis.url(), ROOMY_DEADLINE).await)
+        .ttl(Duration::from_secs(60));
+    let a_app = app(&db, &a);
+    let proxy = Proxy::start(redis.port()).await;
+    let b_url = if announced { redis.url() } else { proxy.url() };
+    let b =
+        StampedeGuard::new(backend_at(&b_url, ROOMY_DEADLINE).await).ttl(Duration::from_secs(60));
+    let b_app = gated_app(&db, &gate, &b);
+    gate.0.store(true, Ordering::SeqCst);
+    let racing = tokio::spawn({
+        let app = b_app.clone();
+        async move { send(&app, request("/products/1")).await.text() }
+    });
+    gate.1.notified().await;
+    if !announced {
+        proxy.freeze_closes_too();
+    }
+    redis.restart();
+    db.versions[1].store(1, Ordering::SeqCst);
+    let purged = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            // Right after the restart a call may find the link still down.
+            match a.invalidate_tag("product:1").await {
+                Ok(()) => break,
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    })
+    .await;
+    purged.expect("the purge returns Ok once Redis is back");
+    gate.2.notify_one();
+    assert_eq!(
+        racing.await.unwrap(),
+        "p1-d0",
+        "its own request may have it"
+    );
+    for (name, app) in [("purger", &a_app), ("rebuilder", &b_app)] {
+        let answer = send(app, request("/products/1")).await;
+        assert_eq!(
+            answer.text(),
+            "p1-d1",
+            "the {name} answered from before the purge ({})",
+            answer.x_cache()
+        );
+    }
+    let c = StampedeGuard::new(backend_at(&redis.url(), ROOMY_DEADLINE).await)
+        .ttl(Duration::from_secs(60));
+    let answer = send(&app(&db, &c), request("/products/1")).await;
+    assert_eq!(
+        answer.text(),
+        "p1-d1",
+        "a new instance ({})",
+        answer.x_cache()
+    );
+    proxy.thaw();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_during_a_rebuild_then_a_purge_brings_nothing_old_back() {
+    restart_between_a_rebuilds_start_and_its_end(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unannounced_restart_during_a_rebuild_then_a_purge_brings_nothing_old_back() {
+    restart_between_a_rebuilds_start_and_its_end(false).await;
 }
