@@ -307,3 +307,45 @@ async fn cache_status_across_instances_tells_each_way_of_answering() {
         assert_ne!(after.text(), "v1", "{:?}", ours(&after));
     }
 }
+
+/// The origin sends its tags as trailer fields of a chunked body: they tag
+/// nothing (only header fields do), and no client sees them.
+#[tokio::test]
+async fn tag_trailers_reach_no_client() {
+    use http_body_util::{BodyExt as _, StreamBody};
+    let origin = Origin::default();
+    let handler = {
+        let origin = origin.clone();
+        move || {
+            let origin = origin.clone();
+            async move {
+                let (n, _running) = origin.enter();
+                let mut trailers = HeaderMap::new();
+                trailers.insert("surrogate-key", HeaderValue::from_static("secret-tag"));
+                trailers.insert("cache-tag", HeaderValue::from_static("secret-tag-2"));
+                let frames = [
+                    Ok::<_, std::convert::Infallible>(http_body::Frame::data(bytes::Bytes::from(
+                        format!("v{n}"),
+                    ))),
+                    Ok(http_body::Frame::trailers(trailers)),
+                ];
+                axum::body::Body::new(StreamBody::new(tokio_stream::iter(frames)))
+            }
+        }
+    };
+    let app = Router::new().route("/t", get(handler).layer(guard()));
+    for _ in 0..2 {
+        let response = tower::ServiceExt::oneshot(app.clone(), with("/t", &[]))
+            .await
+            .unwrap();
+        let collected = response.into_body().collect().await.unwrap();
+        if let Some(trailers) = collected.trailers() {
+            for name in ["surrogate-key", "cache-tag"] {
+                assert!(
+                    trailers.get(name).is_none(),
+                    "a {name} trailer reached the client"
+                );
+            }
+        }
+    }
+}
