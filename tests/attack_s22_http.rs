@@ -309,43 +309,68 @@ async fn cache_status_across_instances_tells_each_way_of_answering() {
 }
 
 /// The origin sends its tags as trailer fields of a chunked body: they tag
-/// nothing (only header fields do), and no client sees them.
+/// nothing (only header fields do, and a body with trailers is not
+/// stored), and no client sees them: not the request that rebuilt, not one
+/// passed through (credentials), not an answer that may not be shared
+/// (`private`), not the readers of a body over the size cap.
 #[tokio::test]
 async fn tag_trailers_reach_no_client() {
     use http_body_util::{BodyExt as _, StreamBody};
     let origin = Origin::default();
     let handler = {
         let origin = origin.clone();
-        move || {
+        move |request: HeaderMap| {
             let origin = origin.clone();
             async move {
                 let (n, _running) = origin.enter();
                 let mut trailers = HeaderMap::new();
                 trailers.insert("surrogate-key", HeaderValue::from_static("secret-tag"));
                 trailers.insert("cache-tag", HeaderValue::from_static("secret-tag-2"));
+                trailers.insert("x-checksum", HeaderValue::from_static("kept"));
                 let frames = [
                     Ok::<_, std::convert::Infallible>(http_body::Frame::data(bytes::Bytes::from(
                         format!("v{n}"),
                     ))),
                     Ok(http_body::Frame::trailers(trailers)),
                 ];
-                axum::body::Body::new(StreamBody::new(tokio_stream::iter(frames)))
+                let private = request.contains_key("x-private");
+                (
+                    [(
+                        header::CACHE_CONTROL,
+                        if private { "private" } else { "public" },
+                    )],
+                    axum::body::Body::new(StreamBody::new(tokio_stream::iter(frames))),
+                )
             }
         }
     };
-    let app = Router::new().route("/t", get(handler).layer(guard()));
-    for _ in 0..2 {
-        let response = tower::ServiceExt::oneshot(app.clone(), with("/t", &[]))
+    let app = Router::new()
+        .route("/t", get(handler.clone()).layer(guard()))
+        .route("/big", get(handler).layer(guard().max_body_bytes(1)));
+    type Headers<'a> = &'a [(&'a str, &'a [u8])];
+    let cases: &[(&str, Headers)] = &[
+        ("/t", &[]),
+        ("/t", &[]),
+        ("/t", &[("authorization", b"Bearer x")]),
+        ("/t", &[("x-private", b"1")]),
+        ("/big", &[]),
+    ];
+    for (uri, headers) in cases {
+        let response = tower::ServiceExt::oneshot(app.clone(), with(uri, headers))
             .await
             .unwrap();
         let collected = response.into_body().collect().await.unwrap();
-        if let Some(trailers) = collected.trailers() {
-            for name in ["surrogate-key", "cache-tag"] {
-                assert!(
-                    trailers.get(name).is_none(),
-                    "a {name} trailer reached the client"
-                );
-            }
+        let trailers = collected.trailers().cloned().unwrap_or_default();
+        for name in ["surrogate-key", "cache-tag"] {
+            assert!(
+                trailers.get(name).is_none(),
+                "{uri} {headers:?}: a {name} trailer reached the client"
+            );
         }
+        assert_eq!(
+            trailers.get("x-checksum").map(|v| v.as_bytes()),
+            Some(&b"kept"[..]),
+            "{uri} {headers:?}: the other trailers are kept"
+        );
     }
 }

@@ -13,7 +13,7 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::Body as HttpBody;
 use tokio::sync::oneshot;
 
-use super::body::{GuardBody as Body, OriginError};
+use super::body::{hidden, GuardBody as Body, OriginError};
 use super::cache_control::initial_age;
 use super::cache_status::{Forward, Fwd, CACHE_STATUS};
 use super::key::Keyed;
@@ -92,7 +92,11 @@ where
     // A 206 is a slice of a representation, never one: the rebuild asks for
     // the whole, so an origin answering with a part is not to be shared.
     if parts.status == StatusCode::PARTIAL_CONTENT {
-        return unshared("partial content", parts, Body::stream(body));
+        return unshared(
+            "partial content",
+            parts,
+            Body::stream_hiding(body, policy.tags.hidden()),
+        );
     }
     // Only a status the route stores is shared: another (a 403 or 429 for
     // this caller, a 201, a 206) goes to this request alone, and the waiters
@@ -101,14 +105,20 @@ where
     // error is a failed rebuild.
     if !parts.status.is_server_error() && !policy.statuses.contains(&parts.status) {
         tracing::debug!(status = %parts.status, "response not stored: for its requester alone");
-        let response = Response::from_parts(parts, Body::stream(body));
+        let response = Response::from_parts(parts, Body::stream_hiding(body, policy.tags.hidden()));
         return Built::Unshared {
             private: Private::Response(tag_with(policy, response, CacheStatus::Miss, missed)),
             waiters: Waiters::Relead(policy.hit_for_miss),
         };
     }
     let (lifetime, store) = match classify(policy, parts.status, &parts.headers, keyed) {
-        Verdict::Pass(reason) => return unshared(reason, parts, Body::stream(body)),
+        Verdict::Pass(reason) => {
+            return unshared(
+                reason,
+                parts,
+                Body::stream_hiding(body, policy.tags.hidden()),
+            )
+        }
         Verdict::Share { lifetime, store } => (lifetime, store),
     };
     // Tags in more buckets than an entry records: served, never stored (and
@@ -193,6 +203,7 @@ where
                     over_cap = spool.len() > policy.max_body_bytes;
                 }
                 Err(frame) => {
+                    let frame = hidden(frame, policy.tags.hidden().as_deref());
                     spool.finish(frame.into_trailers().ok());
                     break;
                 }
@@ -239,7 +250,9 @@ where
         // Too large to cache: the rest is read on a task of its own, and
         // every request that waited reads this one fetch.
         filling.hand_over();
-        spool.clone().pump(body, origin_error.clone());
+        spool
+            .clone()
+            .pump(body, origin_error.clone(), policy.tags.hidden());
         if failure {
             return Built::Failed {
                 shared: None,
