@@ -223,7 +223,9 @@ impl Engine {
                         entry,
                         stale: false,
                     },
-                    || self.l1.insert(key, Slot::Value(stored)),
+                    || {
+                        self.l1.insert(key, Slot::Value(stored));
+                    },
                 );
                 if let Some(held) = held {
                     let status = if waited {
@@ -382,7 +384,7 @@ impl Engine {
                 }
                 let (entry, store) = self.stamped(entry, &tags, since, store);
                 let held = Held::new(entry.clone());
-                let stored = self.settle(
+                let (stored, kept) = self.settle(
                     leader,
                     Outcome::Value {
                         entry: entry.clone(),
@@ -398,6 +400,9 @@ impl Engine {
                 // failure marker, so that the other instances back off
                 // rather than each try the failing origin (a refresh ahead
                 // of expiry has no stale entry to take this path above).
+                // Stored where: the L1, or Redis under the lease (an entry
+                // heavier than the L1's bound is in Redis alone).
+                let kept = kept || lease.is_some();
                 match (stored, &held) {
                     (true, Some(held)) => self.commit(lease, held, policy.labels).await,
                     _ => {
@@ -410,7 +415,7 @@ impl Engine {
                         Answer::Served(Served {
                             held,
                             status: Status::Miss,
-                            stored,
+                            stored: stored && kept,
                             private,
                         })
                     });
@@ -477,8 +482,10 @@ impl Engine {
     }
 
     /// The one place a flight ends: the L1 (if `store` and no invalidation
-    /// detached the flight), then the waiters. Returns whether it stored.
-    pub(super) fn settle(&self, leader: Leader, outcome: Outcome, store: bool) -> bool {
+    /// detached the flight), then the waiters. Returns whether it is to be
+    /// stored (in the L1, and in Redis by the caller), and whether the L1
+    /// kept it (not an entry heavier than its whole bound).
+    pub(super) fn settle(&self, leader: Leader, outcome: Outcome, store: bool) -> (bool, bool) {
         let key = leader.key();
         let entry = match (&outcome, store) {
             (
@@ -491,12 +498,13 @@ impl Engine {
             _ => None,
         };
         let stored = entry.is_some();
+        let mut kept = false;
         let attached = leader.finish(outcome, || {
             if let Some(entry) = entry {
-                self.l1.insert(key, Slot::Value(entry));
+                kept = self.l1.insert(key, Slot::Value(entry));
             }
         });
-        stored && attached
+        (stored && attached, stored && attached && kept)
     }
 }
 

@@ -156,6 +156,16 @@ impl Engine {
         &self.l1
     }
 
+    /// The most an entry may weigh to be kept, when the in-process tier is
+    /// the only one that keeps entries (no Redis); `None` with Redis.
+    pub(crate) fn keep_bound(&self) -> Option<u64> {
+        #[cfg(feature = "redis")]
+        if self.shared().is_some() {
+            return None;
+        }
+        Some(self.l1.max_bytes())
+    }
+
     /// Step 1: the L1. Never waits; a hit costs one L1 read. An entry of
     /// another type than `V` is a miss.
     pub(crate) fn lookup<V: CacheValue>(

@@ -69,7 +69,8 @@ impl Engine {
                         entry,
                         stale: false,
                     };
-                    self.settle(leader, outcome, store && !failure)
+                    // No lease, no commit: stored only if the L1 kept it.
+                    self.settle(leader, outcome, store && !failure).1
                 });
                 match held {
                     Some(held) => Answer::Served(Served {
@@ -118,7 +119,9 @@ impl Engine {
                     .filter(|w| !w.is_zero())
                     .and_then(|w| Instant::now().checked_add(w));
                 leader.finish(Outcome::Unshared, || match marker {
-                    Some(until) => self.l1.insert(key, Slot::HitForMiss(until)),
+                    Some(until) => {
+                        self.l1.insert(key, Slot::HitForMiss(until));
+                    }
                     None => self.l1.remove(&key),
                 });
             }

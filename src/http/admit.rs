@@ -13,7 +13,7 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::Body as HttpBody;
 use tokio::sync::oneshot;
 
-use super::body::{GuardBody as Body, OriginError};
+use super::body::{hidden, GuardBody as Body, OriginError};
 use super::cache_control::initial_age;
 use super::cache_status::{Forward, Fwd, CACHE_STATUS};
 use super::key::Keyed;
@@ -92,7 +92,11 @@ where
     // A 206 is a slice of a representation, never one: the rebuild asks for
     // the whole, so an origin answering with a part is not to be shared.
     if parts.status == StatusCode::PARTIAL_CONTENT {
-        return unshared("partial content", parts, Body::stream(body));
+        return unshared(
+            "partial content",
+            parts,
+            Body::stream_hiding(body, policy.tags.hidden()),
+        );
     }
     // Only a status the route stores is shared: another (a 403 or 429 for
     // this caller, a 201, a 206) goes to this request alone, and the waiters
@@ -101,14 +105,20 @@ where
     // error is a failed rebuild.
     if !parts.status.is_server_error() && !policy.statuses.contains(&parts.status) {
         tracing::debug!(status = %parts.status, "response not stored: for its requester alone");
-        let response = Response::from_parts(parts, Body::stream(body));
+        let response = Response::from_parts(parts, Body::stream_hiding(body, policy.tags.hidden()));
         return Built::Unshared {
             private: Private::Response(tag_with(policy, response, CacheStatus::Miss, missed)),
             waiters: Waiters::Relead(policy.hit_for_miss),
         };
     }
     let (lifetime, store) = match classify(policy, parts.status, &parts.headers, keyed) {
-        Verdict::Pass(reason) => return unshared(reason, parts, Body::stream(body)),
+        Verdict::Pass(reason) => {
+            return unshared(
+                reason,
+                parts,
+                Body::stream_hiding(body, policy.tags.hidden()),
+            )
+        }
         Verdict::Share { lifetime, store } => (lifetime, store),
     };
     // Tags in more buckets than an entry records: served, never stored (and
@@ -124,11 +134,16 @@ where
     // The starter's answer may leave before the body is read: it says
     // `stored` only when its length, declared or known to the body, already
     // tells it fits (a body streamed without one may still outgrow the cap).
+    // On a backend without Redis it is also known to fit the in-process
+    // tier, which keeps no entry heavier than its whole bound.
     let told = Forward {
         stored: store
-            && declared
-                .or(body.size_hint().exact())
-                .is_some_and(|n| n <= policy.max_body_bytes as u64),
+            && declared.or(body.size_hint().exact()).is_some_and(|n| {
+                n <= policy.max_body_bytes as u64
+                    && policy.keep_bound.is_none_or(|bound| {
+                        weight_at_most(parts.status, &parts.headers, n) <= bound
+                    })
+            }),
         ..missed
     };
 
@@ -188,6 +203,7 @@ where
                     over_cap = spool.len() > policy.max_body_bytes;
                 }
                 Err(frame) => {
+                    let frame = hidden(frame, policy.tags.hidden().as_deref());
                     spool.finish(frame.into_trailers().ok());
                     break;
                 }
@@ -234,7 +250,9 @@ where
         // Too large to cache: the rest is read on a task of its own, and
         // every request that waited reads this one fetch.
         filling.hand_over();
-        spool.clone().pump(body, origin_error.clone());
+        spool
+            .clone()
+            .pump(body, origin_error.clone(), policy.tags.hidden());
         if failure {
             return Built::Failed {
                 shared: None,
@@ -296,6 +314,28 @@ where
         private: cookies,
         tags,
     }
+}
+
+/// The most the entry of an answer with `headers` and a body of `len`
+/// bytes weighs in the in-process tier: its headers only lose lines before
+/// they are kept (`Age`, cookies, tag headers, upstream `Cache-Status`
+/// members), and gain the three slots added below, as at the end of
+/// [`admit`].
+fn weight_at_most(status: StatusCode, headers: &HeaderMap, len: u64) -> u64 {
+    use crate::engine::CacheValue as _;
+    let mut kept = owned(headers);
+    kept.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    kept.insert(header::AGE, HeaderValue::from_static("0"));
+    kept.insert(CACHE_STATUS, HeaderValue::from_static(""));
+    let head = CachedResponse {
+        status,
+        headers: kept,
+        body: CachedBody::Full(bytes::Bytes::new()),
+    };
+    u64::try_from(head.weight())
+        .unwrap_or(u64::MAX)
+        .saturating_add(len)
+        .saturating_add(crate::store::local::SLOT_OVERHEAD as u64)
 }
 
 /// A copy of `headers` whose values own their bytes.

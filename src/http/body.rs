@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
+use http::HeaderName;
 use http_body::{Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
@@ -43,7 +44,8 @@ pin_project! {
         Full { data: Option<Bytes> },
         // No body, standing for one of a length not known (HEAD, 304).
         Unsized,
-        Stream { #[pin] inner: B },
+        // `hide`: fields removed from its trailers (the route's tag fields).
+        Stream { #[pin] inner: B, hide: Option<Arc<[HeaderName]>> },
         Spooled {
             reader: SpoolReader,
             // Set for the request whose origin body it is.
@@ -79,10 +81,11 @@ impl<B: http_body::Body> GuardBody<B> {
         }
     }
 
-    /// The inner body, streamed through.
-    pub(crate) fn stream(inner: B) -> Self {
+    /// The inner body, streamed through without the trailer fields named
+    /// in `hide`.
+    pub(crate) fn stream_hiding(inner: B, hide: Option<Arc<[HeaderName]>>) -> Self {
         GuardBody {
-            kind: Kind::Stream { inner },
+            kind: Kind::Stream { inner, hide },
         }
     }
 
@@ -107,6 +110,16 @@ impl<B: http_body::Body> GuardBody<B> {
     }
 }
 
+/// `frame` without the trailer fields named in `hide`.
+pub(crate) fn hidden<D>(mut frame: Frame<D>, hide: Option<&[HeaderName]>) -> Frame<D> {
+    if let (Some(names), Some(trailers)) = (hide, frame.trailers_mut()) {
+        for name in names {
+            trailers.remove(name);
+        }
+    }
+    frame
+}
+
 fn to_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
     frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
 }
@@ -127,9 +140,12 @@ where
         match self.project().kind.project() {
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Unsized => Poll::Ready(None),
-            KindProj::Stream { inner } => inner
-                .poll_frame(cx)
-                .map(|frame| frame.map(|f| f.map(to_bytes).map_err(Into::into))),
+            KindProj::Stream { inner, hide } => inner.poll_frame(cx).map(|frame| {
+                frame.map(|f| {
+                    f.map(|frame| hidden(to_bytes(frame), hide.as_deref()))
+                        .map_err(Into::into)
+                })
+            }),
             KindProj::Spooled {
                 reader,
                 origin_error,
@@ -159,7 +175,7 @@ where
         match &self.kind {
             Kind::Full { data } => data.is_none(),
             Kind::Unsized => true,
-            Kind::Stream { inner } => inner.is_end_stream(),
+            Kind::Stream { inner, .. } => inner.is_end_stream(),
             Kind::Spooled {
                 reader, end_after, ..
             } => end_after.is_none() && reader.is_end_stream(),
@@ -172,7 +188,7 @@ where
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Unsized => SizeHint::new(),
-            Kind::Stream { inner } => inner.size_hint(),
+            Kind::Stream { inner, .. } => inner.size_hint(),
             Kind::Spooled { reader, .. } => match reader.exact_remaining() {
                 Some(n) => SizeHint::with_exact(n),
                 None => SizeHint::new(),

@@ -333,6 +333,11 @@ impl Tags {
         }
     }
 
+    /// The fields these tags remove, to remove from the trailers too.
+    pub(crate) fn hidden(&self) -> Option<Arc<[HeaderName]>> {
+        self.tag_headers.clone()
+    }
+
     /// `x-cache` replaced; this layer's member after those already there
     /// (RFC 9211 §2: the cache nearest the origin first).
     pub(crate) fn apply(self, headers: &mut HeaderMap) {

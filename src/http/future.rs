@@ -75,7 +75,8 @@ where
             },
             StateProj::Passthrough { future, status } => {
                 let response = std::task::ready!(future.poll(cx))?;
-                let mut response = response.map(Body::stream);
+                let hide = status.as_ref().and_then(|tags| tags.hidden());
+                let mut response = response.map(|body| Body::stream_hiding(body, hide));
                 if let Some(tags) = status.take() {
                     tags.apply(response.headers_mut());
                 }

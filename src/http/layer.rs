@@ -79,9 +79,13 @@ impl StampedeGuard {
     #[must_use]
     pub fn new(backend: Backend) -> Self {
         crate::metrics::describe_once();
+        let policy = Policy {
+            keep_bound: backend.engine.keep_bound(),
+            ..Policy::default()
+        };
         StampedeGuard {
             backend,
-            policy: Arc::new(Policy::default()),
+            policy: Arc::new(policy),
         }
     }
 

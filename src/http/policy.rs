@@ -88,6 +88,10 @@ pub(crate) struct Policy {
     pub invalidate_on_unsafe: bool,
     /// How the route tags its entries.
     pub tags: TagRules,
+    /// The most an entry may weigh to be kept, when the in-process tier is
+    /// the only one that keeps entries (a backend without Redis): a heavier
+    /// answer is not stored, and must not say it was.
+    pub keep_bound: Option<u64>,
 }
 
 impl Policy {
@@ -138,6 +142,7 @@ impl Default for Policy {
             lease: Duration::from_secs(5),
             rebuild_timeout: DEFAULT_REBUILD_TIMEOUT,
             early_refresh: None,
+            keep_bound: None,
             refresh_ahead: None,
             invalidate_on_unsafe: true,
             tags: TagRules::default(),

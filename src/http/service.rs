@@ -197,7 +197,7 @@ impl<S> GuardService<S> {
             policy.tags.take(response.headers_mut());
             Ok(tag_with(
                 &policy,
-                response.map(Body::stream),
+                response.map(|body| Body::stream_hiding(body, policy.tags.hidden())),
                 CacheStatus::Bypass,
                 Forward::new(Fwd::Method),
             ))
@@ -382,7 +382,7 @@ where
         };
         Ok(tag_with(
             &policy,
-            response.map(Body::stream),
+            response.map(|body| Body::stream_hiding(body, policy.tags.hidden())),
             CacheStatus::Bypass,
             forward,
         ))

@@ -256,8 +256,12 @@ impl Spool {
 
     /// Reads the origin's body into the spool on a task of its own, until
     /// it ends or nobody is left to read it.
-    pub(crate) fn pump<B>(self: Arc<Self>, body: Pin<Box<B>>, error: OriginError<B::Error>)
-    where
+    pub(crate) fn pump<B>(
+        self: Arc<Self>,
+        body: Pin<Box<B>>,
+        error: OriginError<B::Error>,
+        hide: Option<Arc<[http::HeaderName]>>,
+    ) where
         B: HttpBody + Send + 'static,
         B::Data: Buf + Send,
         B::Error: Send + 'static,
@@ -280,7 +284,10 @@ impl Spool {
                                 return;
                             }
                         }
-                        Err(frame) => return self.finish(frame.into_trailers().ok()),
+                        Err(frame) => {
+                            let frame = super::body::hidden(frame, hide.as_deref());
+                            return self.finish(frame.into_trailers().ok());
+                        }
                     },
                     Some(Err(e)) => {
                         error.put(e);

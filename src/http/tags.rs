@@ -64,6 +64,13 @@ impl TagRules {
         tags
     }
 
+    /// The fields to remove from the trailers of the answers sent to
+    /// clients: the tag headers, unless the route exposes them. (Trailer
+    /// fields tag nothing: a body with trailers is never stored.)
+    pub(crate) fn hidden(&self) -> Option<Arc<[HeaderName]>> {
+        (!self.expose && !self.headers.is_empty()).then(|| self.headers.clone())
+    }
+
     /// Removes the tag headers: what an entry stores never has them.
     pub(crate) fn strip(&self, headers: &mut HeaderMap) {
         for name in self.headers.iter() {

@@ -144,8 +144,9 @@ impl<T: Stored> LocalTier<T> {
 
     /// Stores `slot`, unless it alone outweighs the whole bound: moka would
     /// admit it and evict it only at its next housekeeping, letting one huge
-    /// value push out every hot entry in the meantime.
-    pub(crate) fn insert(&self, key: Key, slot: Slot<T>) {
+    /// value push out every hot entry in the meantime. Returns whether it
+    /// was stored.
+    pub(crate) fn insert(&self, key: Key, slot: Slot<T>) -> bool {
         if !key.is_group() && !self.variants.load(Ordering::Relaxed) {
             self.variants.store(true, Ordering::Relaxed);
         }
@@ -153,10 +154,11 @@ impl<T: Stored> LocalTier<T> {
             && u64::from(value.weight()) > self.max_bytes
         {
             self.cache.invalidate(&key);
-            return;
+            return false;
         }
         self.cache.insert(key, slot);
         self.report();
+        true
     }
 
     /// Tells the gauge the bytes held as moka has counted them so far (its

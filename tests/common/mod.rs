@@ -135,6 +135,7 @@ pub mod scripted;
 pub mod sentinel;
 #[cfg(feature = "redis-cluster")]
 pub mod shards;
+pub mod status;
 #[cfg(feature = "redis")]
 pub mod tagged;
 pub mod tls;
