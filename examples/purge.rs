@@ -11,7 +11,10 @@
 //! The purge routes are the app's own: the layer does not expose them, and
 //! it does no authorisation. Put them behind whatever guards your admin
 //! routes (here, a shared token in `Authorization: Bearer …`, read from
-//! `PURGE_TOKEN`), or on an internal listener.
+//! `PURGE_TOKEN`), or on an internal listener. The write route is left
+//! open here to keep the example short; a real one checks its caller
+//! before it writes, and so before it purges: each write that succeeds
+//! costs the next readers of that product a miss.
 //!
 //! With a Redis backend (`--redis redis://…`), a purge is a fleet barrier:
 //! when the endpoint answers, no instance serves what was purged.
