@@ -1,0 +1,110 @@
+//! Sentinel under faults, a second look (see also `attack_s22_topology.rs`
+//! for the cluster's): what docs/TOPOLOGY.md promises behind Sentinel,
+//! attacked on real processes.
+//!
+//! - A sentinel that takes the `+switch-master` subscription and then drops
+//!   the connection, every time: the instance asks it again at the pace of
+//!   its role checks, not in a loop as fast as the sentinel answers.
+#![cfg(feature = "redis")]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::lock::held_locks;
+use common::redis::RedisServer;
+use stampede_guard::{Backend, Lock};
+
+/// Reads one RESP array of bulk strings (a client command).
+fn read_command(reader: &mut BufReader<TcpStream>) -> Option<Vec<String>> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).ok()? == 0 {
+        return None;
+    }
+    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::with_capacity(n);
+    for _ in 0..n {
+        line.clear();
+        reader.read_line(&mut line).ok()?;
+        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
+        let mut buf = vec![0u8; len + 2];
+        reader.read_exact(&mut buf).ok()?;
+        buf.truncate(len);
+        args.push(String::from_utf8_lossy(&buf).to_uppercase());
+    }
+    Some(args)
+}
+
+/// A sentinel that names `primary` and confirms a subscription, then hangs
+/// up on the subscriber. Counts the subscriptions it was asked for.
+fn dropping_sentinel(primary: u16, subscriptions: Arc<AtomicUsize>) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let subscriptions = subscriptions.clone();
+            std::thread::spawn(move || {
+                let mut out = stream.try_clone().expect("clone");
+                let mut reader = BufReader::new(stream);
+                while let Some(args) = read_command(&mut reader) {
+                    let reply = match args.first().map(String::as_str).unwrap_or("") {
+                        "HELLO" => "%1\r\n$6\r\nserver\r\n$5\r\nredis\r\n".to_owned(),
+                        "CLIENT" => "+OK\r\n".to_owned(),
+                        "PING" => "+PONG\r\n".to_owned(),
+                        "SENTINEL" => {
+                            let port = primary.to_string();
+                            format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{port}\r\n", port.len())
+                        }
+                        "SUBSCRIBE" => {
+                            subscriptions.fetch_add(1, Ordering::SeqCst);
+                            let confirm =
+                                ">3\r\n$9\r\nsubscribe\r\n$14\r\n+switch-master\r\n:1\r\n";
+                            let _ = out.write_all(confirm.as_bytes());
+                            // Hang up on the subscriber.
+                            let _ = out.shutdown(std::net::Shutdown::Both);
+                            return;
+                        }
+                        _ => "-ERR unknown command\r\n".to_owned(),
+                    };
+                    if out.write_all(reply.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// A sentinel that drops every `+switch-master` subscription right after
+/// confirming it is asked again once per role check (about one a second),
+/// not as fast as it answers: over three seconds, a handful of
+/// subscriptions, and the instance keeps working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_dropping_every_subscription_is_not_asked_in_a_loop() {
+    let primary = RedisServer::start();
+    let subscriptions = Arc::new(AtomicUsize::new(0));
+    let sentinel = dropping_sentinel(primary.port(), subscriptions.clone());
+    let backend = Backend::redis_builder(&format!("redis-sentinel://127.0.0.1:{sentinel}/cache"))
+        .probe_interval(Duration::from_millis(100))
+        .connect()
+        .await
+        .expect("connects through the sentinel");
+
+    let before = subscriptions.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let asked = subscriptions.load(Ordering::SeqCst) - before;
+    assert!(
+        asked <= 8,
+        "{asked} subscriptions in 3 s: the instance asks the sentinel again in a loop"
+    );
+
+    let lock = Lock::new(backend);
+    let guard = lock.acquire("stock").await.expect("lock");
+    assert_eq!(held_locks(&primary), ":1");
+    assert!(guard.release().await.unwrap());
+}
