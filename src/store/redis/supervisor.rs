@@ -371,8 +371,12 @@ async fn watch_primary(shared: &Shared) {
     let mut tick = tokio::time::interval(ROLE_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut watching = None;
+    // A watch is (re)opened at most once per check: a sentinel that
+    // confirms the subscription and hangs up at once, every time, would
+    // otherwise be asked again as fast as it answers.
+    let mut may_watch = true;
     loop {
-        if watching.is_none() {
+        if watching.is_none() && std::mem::take(&mut may_watch) {
             watching = sentinel::watch_switch(sentinels, &options(shared)).await;
         }
         enum Heard {
@@ -399,6 +403,7 @@ async fn watch_primary(shared: &Shared) {
         };
         match heard {
             Heard::Tick => {
+                may_watch = true;
                 // A hung sentinel keeps its connection open and announces
                 // nothing: watch another one.
                 if let Some((conn, _)) = watching.as_mut() {
