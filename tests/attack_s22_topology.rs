@@ -2,7 +2,7 @@
 //! topology promises in docs/TOPOLOGY.md, attacked on real processes.
 //!
 //! - A synced lock on a cluster asks only its own shard's replicas: a
-//!   replica frozen on another shard does not fail it.
+//!   replica frozen on another shard does not fail it, its own does.
 //! - The primary that holds the fleet's membership frozen: every
 //!   instance drops its in-process tier each lease, for the keys of every
 //!   shard (known; see the test).
@@ -16,7 +16,7 @@ use common::cluster::Cluster;
 use common::fleet::{fleet, keys_like};
 use common::redis::RedisServer;
 use common::{get as get_req, send, Origin, ROOMY_DEADLINE};
-use stampede_guard::{Backend, Lock};
+use stampede_guard::{Backend, Lock, LockError};
 
 async fn connect(cluster: &Cluster) -> Backend {
     Backend::redis_cluster_builder(cluster.urls())
@@ -117,6 +117,22 @@ async fn a_frozen_replica_on_another_shard_does_not_fail_a_synced_lock() {
         failures.is_empty(),
         "a frozen replica on another shard failed synced acquisitions of a healthy shard's lock: {failures:?}"
     );
+
+    // The lock's own replica frozen: the acquisition is not acknowledged,
+    // fails, and leaves the lock free.
+    own_replica.freeze();
+    let unacknowledged = synced.acquire("here").await;
+    own_replica.thaw();
+    assert!(
+        matches!(unacknowledged, Err(LockError::Unavailable(_))),
+        "the lock's own replica did not acknowledge: {unacknowledged:?}"
+    );
+    let guard = plain
+        .try_acquire("here")
+        .await
+        .expect("asked")
+        .expect("the failed acquisition gave the hold back");
+    assert!(guard.release().await.expect("released"));
 }
 
 /// The primary that serves `key`'s slot (it answers rather than redirects).
