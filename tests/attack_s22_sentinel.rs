@@ -5,19 +5,24 @@
 //! - A sentinel that takes the `+switch-master` subscription and then drops
 //!   the connection, every time: the instance asks it again at the pace of
 //!   its role checks, not in a loop as fast as the sentinel answers.
+//! - Two instances contend for a synced lock while `SENTINEL FAILOVER`
+//!   moves the primary (the old one answers throughout, and takes writes
+//!   until it is converted): no two holds overlap, and the tokens of the
+//!   holds rise in the order the holds were taken.
 #![cfg(feature = "redis")]
 
 mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::lock::held_locks;
 use common::redis::RedisServer;
-use stampede_guard::{Backend, Lock};
+use common::sentinel::{SentinelSetup, SERVICE};
+use stampede_guard::{Backend, FencingToken, Lock, LockError};
 
 /// Reads one RESP array of bulk strings (a client command).
 fn read_command(reader: &mut BufReader<TcpStream>) -> Option<Vec<String>> {
@@ -107,4 +112,118 @@ async fn a_sentinel_dropping_every_subscription_is_not_asked_in_a_loop() {
     let guard = lock.acquire("stock").await.expect("lock");
     assert_eq!(held_locks(&primary), ":1");
     assert!(guard.release().await.unwrap());
+}
+
+/// What the contending instances saw.
+#[derive(Default)]
+struct Record {
+    /// Tokens of the holds, in the order they were taken (each pushed while
+    /// its hold is the only one).
+    tokens: Mutex<Vec<(usize, FencingToken)>>,
+    /// Holds now (must never exceed one).
+    holding: AtomicUsize,
+    overlaps: AtomicUsize,
+    /// Acquisitions that failed as the docs allow (not acknowledged, or
+    /// the lock busy for the whole wait budget).
+    refused: AtomicUsize,
+    stop: AtomicBool,
+}
+
+async fn contend(me: usize, lock: Lock, record: Arc<Record>) {
+    while !record.stop.load(Ordering::SeqCst) {
+        match lock.acquire("stock").await {
+            Ok(guard) => {
+                if record.holding.fetch_add(1, Ordering::SeqCst) != 0 {
+                    record.overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                record
+                    .tokens
+                    .lock()
+                    .unwrap()
+                    .push((me, guard.fencing_token()));
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                record.holding.fetch_sub(1, Ordering::SeqCst);
+                // A release that meets the switch may fail; the hold then
+                // lapses with its lease.
+                let _ = guard.release().await;
+            }
+            Err(LockError::Unavailable(_) | LockError::Timeout) => {
+                record.refused.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("instance {me}: {e}"),
+        }
+    }
+}
+
+fn holds_by(record: &Record, me: usize) -> usize {
+    record
+        .tokens
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(who, _)| *who == me)
+        .count()
+}
+
+/// Waits (bounded) until each instance has taken `more` holds past `from`.
+async fn until_each_holds(record: &Record, from: [usize; 2], more: usize) {
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while (0..2).any(|i| holds_by(record, i) < from[i] + more) {
+        assert!(
+            Instant::now() < give_up,
+            "the instances stopped getting the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn synced_holds_stay_exclusive_and_ordered_through_a_forced_failover() {
+    let setup = SentinelSetup::start();
+    let record = Arc::new(Record::default());
+    let mut workers = Vec::new();
+    for me in 0..2 {
+        let backend = Backend::redis_builder(&setup.url())
+            .probe_interval(Duration::from_millis(100))
+            .connect()
+            .await
+            .expect("backend through the sentinel");
+        // A short lease: a hold whose release met the switch lapses soon.
+        let lock = Lock::new(backend)
+            .lease(Duration::from_secs(2))
+            .wait_budget(Duration::from_secs(5))
+            .synced(1, Duration::from_millis(300));
+        workers.push(tokio::spawn(contend(me, lock, record.clone())));
+    }
+    until_each_holds(&record, [0, 0], 3).await;
+
+    assert_eq!(
+        setup.sentinel().raw(&["SENTINEL", "FAILOVER", SERVICE]),
+        "+OK\r\n"
+    );
+    setup.wait_for_promotion(Duration::from_secs(20));
+    let at_switch = [holds_by(&record, 0), holds_by(&record, 1)];
+    // Both instances hold the lock again on the new primary, acknowledged
+    // by the old one turned replica.
+    until_each_holds(&record, at_switch, 3).await;
+    record.stop.store(true, Ordering::SeqCst);
+    for worker in workers {
+        worker.await.expect("worker");
+    }
+
+    assert_eq!(
+        record.overlaps.load(Ordering::SeqCst),
+        0,
+        "two holds at once"
+    );
+    let tokens = record.tokens.lock().unwrap();
+    for pair in tokens.windows(2) {
+        assert!(
+            pair[1].1 > pair[0].1,
+            "a synced hold's token did not rise: {:?} then {:?} (all: {tokens:?})",
+            pair[0],
+            pair[1]
+        );
+    }
 }
