@@ -9,6 +9,9 @@
 //!   moves the primary (the old one answers throughout, and takes writes
 //!   until it is converted): no two holds overlap, and the tokens of the
 //!   holds rise in the order the holds were taken.
+//! - What TOPOLOGY.md says of the plain lock is exact: increments the
+//!   replica never got are lost with the primary, and the promoted replica
+//!   hands out a number that was already issued.
 #![cfg(feature = "redis")]
 
 mod common;
@@ -226,4 +229,56 @@ async fn synced_holds_stay_exclusive_and_ordered_through_a_forced_failover() {
             pair[1]
         );
     }
+}
+
+/// The plain (unsynced) lock across a failover that loses the last
+/// increments: the replica had the fence counter, then stopped
+/// acknowledging; the primary issued more numbers and died. The promoted
+/// replica issues one of those numbers again, as docs/TOPOLOGY.md says
+/// ("Without `synced`, a fencing token can repeat across a failover").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_lock_repeats_a_token_when_the_failover_loses_increments() {
+    let mut setup = SentinelSetup::start();
+    let backend = Backend::redis_builder(&setup.url())
+        .probe_interval(Duration::from_millis(100))
+        .connect()
+        .await
+        .expect("backend through the sentinel");
+    let lock = Lock::new(backend);
+    let first = lock.acquire("sku").await.expect("lock");
+    let base = first.fencing_token();
+    assert!(first.release().await.unwrap());
+    common::cluster::wait_replicated(&setup.primary, Duration::from_secs(10));
+
+    // The replica is cut off (frozen, and its link closed by the primary,
+    // so nothing waits for it in a socket buffer); the primary issues
+    // three more.
+    setup.replica.freeze();
+    let cut = setup.primary.raw(&["CLIENT", "KILL", "TYPE", "replica"]);
+    assert_eq!(cut, ":1", "the replica's link closed");
+    let mut issued = vec![base];
+    for _ in 0..3 {
+        let guard = lock.acquire("sku").await.expect("lock");
+        issued.push(guard.fencing_token());
+        assert!(guard.release().await.unwrap());
+    }
+    setup.primary.kill();
+    setup.replica.thaw();
+    setup.wait_for_promotion(Duration::from_secs(20));
+
+    let give_up = Instant::now() + Duration::from_secs(20);
+    let again = loop {
+        if let Ok(Some(guard)) = lock.try_acquire("sku").await {
+            let token = guard.fencing_token();
+            assert!(guard.release().await.unwrap());
+            break token;
+        }
+        assert!(Instant::now() < give_up, "no lock on the new primary");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        issued[1..].contains(&again),
+        "the promoted replica continued from the replicated counter ({base:?}): \
+         {again:?} repeats one of {issued:?}"
+    );
 }
