@@ -2,7 +2,8 @@
 //! topology promises in docs/TOPOLOGY.md, attacked on real processes.
 //!
 //! - A synced lock on a cluster asks only its own shard's replicas: a
-//!   replica frozen on another shard does not fail it, its own does.
+//!   replica frozen on another shard does not fail it, its own does, and
+//!   its tokens keep rising when its primary dies.
 //! - The primary that holds the fleet's membership frozen: every
 //!   instance drops its in-process tier each lease, for the keys of every
 //!   shard (known; see the test).
@@ -16,7 +17,7 @@ use common::cluster::Cluster;
 use common::fleet::{fleet, keys_like};
 use common::redis::RedisServer;
 use common::{get as get_req, send, Origin, ROOMY_DEADLINE};
-use stampede_guard::{Backend, Lock, LockError};
+use stampede_guard::{Backend, FencingToken, Lock, LockError};
 
 async fn connect(cluster: &Cluster) -> Backend {
     Backend::redis_cluster_builder(cluster.urls())
@@ -60,10 +61,12 @@ fn replica_of<'a>(cluster: &'a Cluster, primary: &RedisServer) -> &'a RedisServe
 /// shard's: with another shard's replica frozen (its primary has writes of
 /// this instance the replica has not acknowledged), a synced acquisition
 /// of a lock on a healthy shard succeeds, and its hold is on its own
-/// replica when it returns.
+/// replica when it returns. With its own replica frozen it fails and
+/// leaves the lock free; and once its primary dies, the promoted replica
+/// hands out greater tokens than every synced hold before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frozen_replica_on_another_shard_does_not_fail_a_synced_lock() {
-    let cluster = Cluster::start(3, 1);
+async fn a_synced_lock_on_a_cluster_waits_for_its_own_shard_only() {
+    let mut cluster = Cluster::start(3, 1);
     let backend = connect(&cluster).await;
     let plain = Lock::new(backend.clone());
     let synced = Lock::new(backend)
@@ -133,6 +136,31 @@ async fn a_frozen_replica_on_another_shard_does_not_fail_a_synced_lock() {
         .expect("asked")
         .expect("the failed acquisition gave the hold back");
     assert!(guard.release().await.expect("released"));
+
+    // Synced holds, then the lock's primary dies at once, one hold still
+    // held: every token its promoted replica hands out is greater.
+    let mut newest = FencingToken(0);
+    for _ in 0..3 {
+        let guard = synced.acquire("here").await.expect("acknowledged");
+        newest = newest.max(guard.fencing_token());
+        assert!(guard.release().await.expect("released"));
+    }
+    let held = synced.acquire("here").await.expect("acknowledged");
+    newest = newest.max(held.fencing_token());
+    cluster.nodes[here].kill();
+    cluster.wait_until_ok(Duration::from_secs(30));
+    drop(held);
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        if let Ok(Some(guard)) = plain.try_acquire("here").await {
+            let token = guard.fencing_token();
+            let _ = guard.release().await;
+            break token;
+        }
+        assert!(Instant::now() < give_up, "no lock on the promoted replica");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(after > newest, "{after:?} > {newest:?}");
 }
 
 /// The primary that serves `key`'s slot (it answers rather than redirects).
