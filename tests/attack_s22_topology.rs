@@ -4,6 +4,9 @@
 //! - A synced lock on a cluster asks only its own shard's replicas: a
 //!   replica frozen on another shard does not fail it, its own does, and
 //!   its tokens keep rising when its primary dies.
+//! - A graceful failover (`CLUSTER FAILOVER`) while rebuilds hold their
+//!   leases: no request fails, no circuit opens, one origin call per
+//!   expiry throughout.
 //! - The primary that holds the fleet's membership frozen: every
 //!   instance drops its in-process tier each lease, for the keys of every
 //!   shard (known; see the test).
@@ -13,9 +16,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
-use common::fleet::{fleet, keys_like};
+use common::cluster::{wait_replicated, Cluster};
+use common::fleet::{fleet, fleet_burst, keys_like};
 use common::redis::RedisServer;
+use common::shards::{round, stats, uri_on};
 use common::{get as get_req, send, Origin, ROOMY_DEADLINE};
 use stampede_guard::{Backend, FencingToken, Lock, LockError};
 
@@ -248,4 +252,87 @@ async fn a_frozen_membership_primary_keeps_other_shards_l1_hits() {
         frozen, 0,
         "the key's own primary and the subscription are healthy, yet the entry was read again"
     );
+}
+
+/// Sends `CLUSTER FAILOVER` to `replica` while a burst of requests for an
+/// expired `uri` runs (its rebuild holds the lease through the switch);
+/// returns the origin calls the burst cost, every answer a 200.
+async fn burst_through_failover(
+    instances: &[common::fleet::Instance],
+    origin: &Origin,
+    uri: &str,
+    replica: &RedisServer,
+) -> usize {
+    tokio::time::sleep(TTL + Duration::from_millis(100)).await;
+    let before = origin.calls();
+    let burst = fleet_burst(instances, 9, || get_req(uri));
+    let switch = async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(replica.raw(&["CLUSTER", "FAILOVER"]), "+OK");
+    };
+    let (answers, ()) = tokio::join!(burst, switch);
+    for a in &answers {
+        assert_eq!(a.status, 200, "{uri}: {a:?}");
+    }
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while !replica
+        .raw(&["INFO", "replication"])
+        .contains("role:master")
+    {
+        assert!(Instant::now() < give_up, "the replica never took over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    origin.calls() - before
+}
+
+const TTL: Duration = Duration::from_millis(300);
+
+/// A graceful failover, twice (to the replica and back), each time while a
+/// rebuild of a key of that shard holds its lease and other instances wait
+/// for it: the commit meets the old primary turned replica (`MOVED`) and is
+/// made on the new one. No request fails, no circuit opens, and every
+/// expiry costs one origin call, on the moving shard as on the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_failover_during_rebuilds_costs_nothing() {
+    let cluster = Cluster::start(3, 1);
+    let origin = Origin::default();
+    let instances = fleet(
+        3,
+        &origin,
+        Duration::from_millis(100),
+        || common::shards::connect(&cluster, ROOMY_DEADLINE),
+        |g| {
+            g.ttl(TTL)
+                .lease(Duration::from_secs(2))
+                .wait_budget(Duration::from_secs(5))
+        },
+    )
+    .await;
+    let masters = cluster.masters();
+    let (victim, healthy) = (masters[0], masters[1]);
+    let uri = uri_on(&instances, &cluster.nodes[victim], &[]);
+    let other = uri_on(&instances, &cluster.nodes[healthy], &[]);
+    let mut calls = Vec::new();
+    for u in [&uri, &other] {
+        calls.push(round(&instances, &origin, u, 9, TTL).await);
+    }
+    let mut primary = &cluster.nodes[victim];
+    for _ in 0..2 {
+        wait_replicated(primary, Duration::from_secs(10));
+        let replica = replica_of(&cluster, primary);
+        calls.push(burst_through_failover(&instances, &origin, &uri, replica).await);
+        cluster.wait_until_ok(Duration::from_secs(20));
+        for u in [&uri, &other] {
+            calls.push(round(&instances, &origin, u, 9, TTL).await);
+        }
+        primary = replica;
+    }
+    assert!(
+        calls.iter().all(|&c| c == 1),
+        "origin calls per expiry: {calls:?}"
+    );
+    for (n, i) in instances.iter().enumerate() {
+        let s = stats(i);
+        assert_eq!(s.circuit_openings, 0, "instance {n}: {s:?}");
+    }
 }
