@@ -5,6 +5,8 @@
 //! - A sentinel that takes the `+switch-master` subscription and then drops
 //!   the connection, every time: the instance asks it again at the pace of
 //!   its role checks, not in a loop as fast as the sentinel answers.
+//! - A sentinel that announces failovers without end is followed at a
+//!   bounded pace.
 //! - Two instances contend for a synced lock while `SENTINEL FAILOVER`
 //!   moves the primary (the old one answers throughout, and takes writes
 //!   until it is converted): no two holds overlap, and the tokens of the
@@ -47,14 +49,33 @@ fn read_command(reader: &mut BufReader<TcpStream>) -> Option<Vec<String>> {
     Some(args)
 }
 
-/// A sentinel that names `primary` and confirms a subscription, then hangs
-/// up on the subscriber. Counts the subscriptions it was asked for.
-fn dropping_sentinel(primary: u16, subscriptions: Arc<AtomicUsize>) -> u16 {
+/// What a fake sentinel does once it has confirmed a `+switch-master`
+/// subscription.
+#[derive(Clone, Copy)]
+enum AfterSubscribe {
+    /// Hangs up on the subscriber.
+    HangUp,
+    /// Announces a failover every millisecond, for as long as the
+    /// subscriber listens.
+    Announce,
+}
+
+/// What a fake sentinel was asked.
+#[derive(Default)]
+struct Asked {
+    subscriptions: AtomicUsize,
+    /// `SENTINEL GET-MASTER-ADDR-BY-NAME`: where the primary is.
+    questions: AtomicUsize,
+}
+
+/// A sentinel that names `primary`, confirms a subscription, and then does
+/// `after`.
+fn fake_sentinel(primary: u16, after: AfterSubscribe, asked: Arc<Asked>) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
-            let subscriptions = subscriptions.clone();
+            let asked = asked.clone();
             std::thread::spawn(move || {
                 let mut out = stream.try_clone().expect("clone");
                 let mut reader = BufReader::new(stream);
@@ -64,16 +85,31 @@ fn dropping_sentinel(primary: u16, subscriptions: Arc<AtomicUsize>) -> u16 {
                         "CLIENT" => "+OK\r\n".to_owned(),
                         "PING" => "+PONG\r\n".to_owned(),
                         "SENTINEL" => {
+                            asked.questions.fetch_add(1, Ordering::SeqCst);
                             let port = primary.to_string();
                             format!("*2\r\n$9\r\n127.0.0.1\r\n${}\r\n{port}\r\n", port.len())
                         }
                         "SUBSCRIBE" => {
-                            subscriptions.fetch_add(1, Ordering::SeqCst);
+                            asked.subscriptions.fetch_add(1, Ordering::SeqCst);
                             let confirm =
                                 ">3\r\n$9\r\nsubscribe\r\n$14\r\n+switch-master\r\n:1\r\n";
                             let _ = out.write_all(confirm.as_bytes());
-                            // Hang up on the subscriber.
-                            let _ = out.shutdown(std::net::Shutdown::Both);
+                            match after {
+                                AfterSubscribe::HangUp => {
+                                    let _ = out.shutdown(std::net::Shutdown::Both);
+                                }
+                                AfterSubscribe::Announce => {
+                                    let body =
+                                        format!("cache 127.0.0.1 {primary} 127.0.0.1 {primary}");
+                                    let push = format!(
+                                        ">3\r\n$7\r\nmessage\r\n$14\r\n+switch-master\r\n${}\r\n{body}\r\n",
+                                        body.len()
+                                    );
+                                    while out.write_all(push.as_bytes()).is_ok() {
+                                        std::thread::sleep(Duration::from_millis(1));
+                                    }
+                                }
+                            }
                             return;
                         }
                         _ => "-ERR unknown command\r\n".to_owned(),
@@ -88,6 +124,14 @@ fn dropping_sentinel(primary: u16, subscriptions: Arc<AtomicUsize>) -> u16 {
     port
 }
 
+async fn through(sentinel: u16) -> Backend {
+    Backend::redis_builder(&format!("redis-sentinel://127.0.0.1:{sentinel}/cache"))
+        .probe_interval(Duration::from_millis(100))
+        .connect()
+        .await
+        .expect("connects through the sentinel")
+}
+
 /// A sentinel that drops every `+switch-master` subscription right after
 /// confirming it is asked again once per role check (about one a second),
 /// not as fast as it answers: over three seconds, a handful of
@@ -95,20 +139,41 @@ fn dropping_sentinel(primary: u16, subscriptions: Arc<AtomicUsize>) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_dropping_every_subscription_is_not_asked_in_a_loop() {
     let primary = RedisServer::start();
-    let subscriptions = Arc::new(AtomicUsize::new(0));
-    let sentinel = dropping_sentinel(primary.port(), subscriptions.clone());
-    let backend = Backend::redis_builder(&format!("redis-sentinel://127.0.0.1:{sentinel}/cache"))
-        .probe_interval(Duration::from_millis(100))
-        .connect()
-        .await
-        .expect("connects through the sentinel");
+    let asked = Arc::new(Asked::default());
+    let sentinel = fake_sentinel(primary.port(), AfterSubscribe::HangUp, asked.clone());
+    let backend = through(sentinel).await;
 
-    let before = subscriptions.load(Ordering::SeqCst);
+    let before = asked.subscriptions.load(Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let asked = subscriptions.load(Ordering::SeqCst) - before;
+    let asked = asked.subscriptions.load(Ordering::SeqCst) - before;
     assert!(
         asked <= 8,
         "{asked} subscriptions in 3 s: the instance asks the sentinel again in a loop"
+    );
+
+    let lock = Lock::new(backend);
+    let guard = lock.acquire("stock").await.expect("lock");
+    assert_eq!(held_locks(&primary), ":1");
+    assert!(guard.release().await.unwrap());
+}
+
+/// A sentinel that announces a failover every millisecond (faulty, or a
+/// primary flapping) is followed at a bounded pace: each announcement makes
+/// the instance ask every sentinel where the primary is, and asking a
+/// thousand times a second would be a storm of connections of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_announcing_without_end_is_followed_at_a_bounded_pace() {
+    let primary = RedisServer::start();
+    let asked = Arc::new(Asked::default());
+    let sentinel = fake_sentinel(primary.port(), AfterSubscribe::Announce, asked.clone());
+    let backend = through(sentinel).await;
+
+    let before = asked.questions.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let questions = asked.questions.load(Ordering::SeqCst) - before;
+    assert!(
+        questions <= 60,
+        "{questions} questions in 2 s: every announcement is followed at once"
     );
 
     let lock = Lock::new(backend);
