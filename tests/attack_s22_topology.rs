@@ -7,6 +7,8 @@
 //! - A graceful failover (`CLUSTER FAILOVER`) while rebuilds hold their
 //!   leases: no request fails, no circuit opens, one origin call per
 //!   expiry throughout.
+//! - Another primary frozen: invalidations of a healthy shard's keys still
+//!   reach Redis.
 //! - The primary that holds the fleet's membership frozen: every
 //!   instance drops its in-process tier each lease, for the keys of every
 //!   shard (known; see the test).
@@ -335,4 +337,65 @@ async fn a_graceful_failover_during_rebuilds_costs_nothing() {
         let s = stats(i);
         assert_eq!(s.circuit_openings, 0, "instance {n}: {s:?}");
     }
+}
+
+/// With one primary frozen and another killed (neither the subscription's
+/// nor the membership's), and invalidations of the killed one's keys
+/// failing, invalidations of a healthy primary's keys reach Redis all the
+/// same: an invalidation is a key's call, made on the tier's own
+/// connection to the key's primary (docs/TOPOLOGY.md, "Health per
+/// primary"), not held back while the cluster client rebuilds its
+/// connections (which waits a whole connect timeout on the frozen node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalidations_on_a_healthy_primary_ignore_a_frozen_and_a_dead_one() {
+    // Five, so that the three healthy ones are a majority and keep serving.
+    let mut cluster = Cluster::start_with(5, 0, &["--cluster-require-full-coverage", "no"]);
+    let channel = primary_of(&cluster, "sg:events");
+    let members = primary_of(&cluster, "sg:members");
+    let others: Vec<usize> = cluster
+        .masters()
+        .into_iter()
+        .filter(|i| ![channel, members].contains(i))
+        .collect();
+    let [frozen, dead, ..] = others[..] else {
+        panic!("two primaries that hold neither: {others:?}")
+    };
+    let origin = Origin::default();
+    let instances = fleet(
+        1,
+        &origin,
+        Duration::ZERO,
+        || common::shards::connect(&cluster, Duration::from_millis(250)),
+        |g| g.ttl(Duration::from_secs(60)),
+    )
+    .await;
+    let bad = uri_on(&instances, &cluster.nodes[dead], &[]);
+    let good = uri_on(&instances, &cluster.nodes[channel], &[]);
+    let guard = &instances[0].guard;
+    for uri in [&bad, &good] {
+        assert_eq!(send(&instances[0].app, get_req(uri)).await.status, 200);
+        guard.invalidate(&get_req(uri)).await.expect("healthy");
+    }
+
+    cluster.nodes[frozen].freeze();
+    cluster.nodes[dead].kill();
+    let mut failed = Vec::new();
+    for round in 0..3 {
+        let bad_request = get_req(&bad);
+        let bad_one = guard.invalidate(&bad_request);
+        let good_one = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            guard.invalidate(&get_req(&good)).await
+        };
+        let (bad_one, good_one) = tokio::join!(bad_one, good_one);
+        assert!(bad_one.is_err(), "round {round}: the dead primary's key");
+        if let Err(e) = good_one {
+            failed.push(format!("round {round}: {e}"));
+        }
+    }
+    cluster.nodes[frozen].thaw();
+    assert!(
+        failed.is_empty(),
+        "invalidations of a healthy primary's key failed while other primaries were bad: {failed:?}"
+    );
 }
