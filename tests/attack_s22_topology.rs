@@ -25,6 +25,8 @@ use common::shards::{round, stats, uri_on};
 use common::{get as get_req, send, Origin, ROOMY_DEADLINE};
 use stampede_guard::{Backend, FencingToken, Lock, LockError};
 
+const TTL: Duration = Duration::from_millis(300);
+
 async fn connect(cluster: &Cluster) -> Backend {
     Backend::redis_cluster_builder(cluster.urls())
         .deadline(ROOMY_DEADLINE)
@@ -286,8 +288,6 @@ async fn burst_through_failover(
     }
     origin.calls() - before
 }
-
-const TTL: Duration = Duration::from_millis(300);
 
 /// A graceful failover, twice (to the replica and back), each time while a
 /// rebuild of a key of that shard holds its lease and other instances wait
