@@ -9,6 +9,9 @@
 //!   expiry throughout.
 //! - Another primary frozen: invalidations of a healthy shard's keys still
 //!   reach Redis.
+//! - A lock on a dead primary tried again and again while another primary
+//!   is frozen: the membership's renewal is not held back with it, so a
+//!   healthy shard's L1 hits stay hits.
 //! - The primary that holds the fleet's membership frozen: every
 //!   instance drops its in-process tier each lease, for the keys of every
 //!   shard (known; see the test).
@@ -397,5 +400,77 @@ async fn invalidations_on_a_healthy_primary_ignore_a_frozen_and_a_dead_one() {
     assert!(
         failed.is_empty(),
         "invalidations of a healthy primary's key failed while other primaries were bad: {failed:?}"
+    );
+}
+
+/// One primary frozen, another dead, and a lock whose slot the dead one
+/// served tried again and again (the lock goes through the cluster client,
+/// which then rebuilds its connections, waiting on the frozen node): the
+/// instance's membership renewal must not be held back with it, or the
+/// instance stops trusting its in-process tier a lease later and a fresh
+/// entry of a healthy primary is read from Redis again, every lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_on_a_dead_primary_keeps_other_shards_l1_hits() {
+    let mut cluster = Cluster::start_with(5, 0, &["--cluster-require-full-coverage", "no"]);
+    let channel = primary_of(&cluster, "sg:events");
+    let members = primary_of(&cluster, "sg:members");
+    let others: Vec<usize> = cluster
+        .masters()
+        .into_iter()
+        .filter(|i| ![channel, members].contains(i))
+        .collect();
+    let [frozen, dead, ..] = others[..] else {
+        panic!("two primaries that hold neither: {others:?}")
+    };
+    let origin = Origin::default();
+    let instances = fleet(
+        1,
+        &origin,
+        Duration::ZERO,
+        || connect(&cluster),
+        |g| g.ttl(Duration::from_secs(60)),
+    )
+    .await;
+    let lock = Lock::new(instances[0].backend.clone());
+    let mut on_dead = None;
+    for i in 0..64 {
+        let name = format!("dead-{i}");
+        if node_of_lock(&cluster, &lock, &name).await == dead {
+            on_dead = Some(name);
+            break;
+        }
+    }
+    let on_dead = on_dead.expect("a lock on the primary to kill");
+    let app = &instances[0].app;
+    let uri = uri_on(&instances, &cluster.nodes[channel], &[]);
+    assert_eq!(send(app, get_req(&uri)).await.text(), "v1");
+    let healthy = hits_for(app, &uri, &cluster.nodes[channel], Duration::from_secs(1)).await;
+    assert_eq!(healthy, 0, "L1 hits run no script");
+
+    cluster.nodes[frozen].freeze();
+    cluster.nodes[dead].kill();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tries = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                assert!(
+                    lock.try_acquire(&on_dead).await.is_err(),
+                    "its primary is dead"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let window = Duration::from_millis(4500);
+    let read_again = hits_for(app, &uri, &cluster.nodes[channel], window).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    tries.await.expect("the lock tries");
+    cluster.nodes[frozen].thaw();
+    // Losing the dead node's connection is taken as a lost subscription
+    // (docs/TOPOLOGY.md): the in-process tier is dropped once for that.
+    assert!(
+        read_again <= 1,
+        "a healthy primary's fresh entry was read from Redis {read_again} times"
     );
 }
