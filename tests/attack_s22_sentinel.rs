@@ -259,7 +259,7 @@ async fn synced_holds_stay_exclusive_and_ordered_through_a_forced_failover() {
             .expect("backend through the sentinel");
         // A short lease: a hold whose release met the switch lapses soon.
         let lock = Lock::new(backend)
-            .lease(Duration::from_secs(2))
+            .lease(Duration::from_secs(1))
             .wait_budget(Duration::from_secs(5))
             .synced(1, Duration::from_millis(300));
         workers.push(tokio::spawn(contend(me, lock, record.clone())));
