@@ -1,5 +1,6 @@
-//! Cluster and Sentinel under real faults, a second look: what each
-//! topology promises in docs/TOPOLOGY.md, attacked on real processes.
+//! Redis Cluster under real faults, a second look (see also
+//! `attack_s22_sentinel.rs` for Sentinel): what docs/TOPOLOGY.md promises
+//! on a cluster, attacked on real processes.
 //!
 //! - A synced lock on a cluster asks only its own shard's replicas: a
 //!   replica frozen on another shard does not fail it, its own does, and
@@ -7,8 +8,8 @@
 //! - A graceful failover (`CLUSTER FAILOVER`) while rebuilds hold their
 //!   leases: no request fails, no circuit opens, one origin call per
 //!   expiry throughout.
-//! - Another primary frozen: invalidations of a healthy shard's keys still
-//!   reach Redis.
+//! - One primary frozen and another dead: invalidations of a healthy
+//!   shard's keys still reach Redis.
 //! - A lock on a dead primary tried again and again while another primary
 //!   is frozen: the membership's renewal is not held back with it, so a
 //!   healthy shard's L1 hits stay hits.
