@@ -222,6 +222,7 @@ impl Lock {
     /// failover during the `WAIT` loses what was not acknowledged. Each
     /// acquisition costs one more round trip, and holds the instance's
     /// command connection until the replicas answer: keep `timeout` short.
+    /// On Redis Cluster the replicas are those of the lock's own shard.
     /// On the embedded backend it has no effect.
     pub fn synced(mut self, replicas: u32, timeout: Duration) -> Self {
         self.synced = (replicas > 0).then_some((replicas, timeout.min(MAX_DELTA)));

@@ -19,13 +19,30 @@ use redis::RedisError;
 
 use super::breaker::answered;
 use super::breaker::migrating;
-use super::{Conn, RedisTier, TierError};
+use super::{Conn, RedisTier, Retryable, TierError};
 use crate::metrics as m;
+
+/// How a call treats the node's circuit breaker.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    /// Refused while the circuit is open; its failures count.
+    Breaker,
+    /// Made whatever the circuit says (the caller is owed it); its
+    /// failures count like any call's.
+    Owed,
+    /// Made whatever the circuit says, again and again in the background
+    /// until it lands: its failures do not count (a retry against a slot
+    /// still on the move would open the circuit of a node that answers).
+    Background,
+}
 
 /// The first pause before a call that met a slot on the move is tried
 /// again; it doubles up to [`MIGRATION_PAUSE_MAX`].
 const MIGRATION_PAUSE: Duration = Duration::from_millis(5);
 const MIGRATION_PAUSE_MAX: Duration = Duration::from_millis(50);
+
+/// The longest pause between two tries of an owed call that failed.
+const OWED_PAUSE_MAX: Duration = Duration::from_millis(200);
 
 impl RedisTier {
     /// Runs one call on the node that serves `route` (a Redis key) under
@@ -40,8 +57,14 @@ impl RedisTier {
         F: FnMut(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        self.run(route, true, true, self.shared.config.deadline, call)
-            .await
+        self.run(
+            route,
+            Gate::Breaker,
+            true,
+            self.shared.config.deadline,
+            call,
+        )
+        .await
     }
 
     /// [`call`](Self::call) that is not tried again when it meets a slot on
@@ -56,8 +79,14 @@ impl RedisTier {
         F: FnMut(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        self.run(route, true, false, self.shared.config.deadline, call)
-            .await
+        self.run(
+            route,
+            Gate::Breaker,
+            false,
+            self.shared.config.deadline,
+            call,
+        )
+        .await
     }
 
     /// [`call`](Self::call) with a limit other than the deadline (a call
@@ -72,7 +101,7 @@ impl RedisTier {
         F: FnMut(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        self.run(route, true, true, limit, call).await
+        self.run(route, Gate::Breaker, true, limit, call).await
     }
 
     /// A call the caller is owed whatever the breaker says (the commit of a
@@ -87,14 +116,68 @@ impl RedisTier {
         F: FnMut(Conn) -> Fut,
         Fut: Future<Output = Result<T, RedisError>>,
     {
-        self.run(route, false, true, self.shared.config.deadline, call)
+        self.run(route, Gate::Owed, true, self.shared.config.deadline, call)
             .await
+    }
+
+    /// An owed call tried again until Redis answers or `until` passes (an
+    /// invalidation, a lease given back in the background): each try on
+    /// the node that serves `route` (on a cluster, the tier's own
+    /// connection to it), under the deadline and past the breaker, its
+    /// failures not counted towards opening it. A try that meets a slot on
+    /// the move is followed by one through the cluster client, which
+    /// follows `ASK` and `MOVED`; each try is one call, paced like a
+    /// failed one (a slot on the move for long must not have every pending
+    /// call ask again and again within its deadline). Errors that no retry
+    /// can mend (a refused script, a permission) end it at once.
+    pub(crate) async fn call_owed_until<T, F, Fut>(
+        self: &Arc<Self>,
+        route: &str,
+        until: Instant,
+        mut call: F,
+    ) -> Result<T, TierError>
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let mut pause = MIGRATION_PAUSE;
+        let mut through_client = false;
+        loop {
+            let deadline = self.shared.config.deadline;
+            let tried = if through_client {
+                self.call_past_breaker(call(self.conn())).await
+            } else {
+                self.run(route, Gate::Background, false, deadline, &mut call)
+                    .await
+            };
+            let error = match tried {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            let moving = migrating(&error);
+            let permanent =
+                !moving && matches!(&error, TierError::Redis(e) if !e.may_have_run_or_transient());
+            let left = until.saturating_duration_since(Instant::now());
+            if permanent || left.is_zero() {
+                return Err(error);
+            }
+            if moving {
+                // The cluster client follows the redirection (the calls in
+                // the requests' path have the map read again).
+                through_client = !through_client;
+                if through_client {
+                    continue;
+                }
+            }
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(OWED_PAUSE_MAX);
+        }
     }
 
     async fn run<T, F, Fut>(
         self: &Arc<Self>,
         route: &str,
-        gated: bool,
+        gate: Gate,
         retry_moving: bool,
         limit: Duration,
         mut call: F,
@@ -105,7 +188,7 @@ impl RedisTier {
     {
         let shared = &self.shared;
         let breaker = shared.health.breaker(route);
-        if gated && !breaker.is_closed() {
+        if gate == Gate::Breaker && !breaker.is_closed() {
             return Err(TierError::Open);
         }
         let until = Instant::now() + limit;
@@ -168,7 +251,7 @@ impl RedisTier {
         if shared.config.topology.needs_resolve() {
             shared.signals.call_failed.notify_one();
         }
-        if breaker.failure() {
+        if gate != Gate::Background && breaker.failure() {
             shared.health.openings.fetch_add(1, Ordering::Relaxed);
             m::count_backend(m::CIRCUIT_OPENINGS);
             tracing::warn!(

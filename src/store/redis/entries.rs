@@ -14,7 +14,7 @@ use redis::RedisError;
 
 use super::carried::{self, Holder};
 use super::notify::Event;
-use super::{Lease, RedisTier, TierError};
+use super::{Conn, Lease, RedisTier, TierError};
 use crate::key::Key;
 use crate::metrics::{self as m, count, Labels};
 use crate::store::millis;
@@ -306,8 +306,8 @@ impl RedisTier {
         failure: Option<(u8, &str)>,
     ) -> Result<bool, TierError> {
         let [_, _, route, ..] = self.keys(key);
-        let release = self.call_owed(&route, |_| {
-            self.release_script(key, token, &message, failure)
+        let release = self.call_owed(&route, |conn| {
+            self.release_script(conn, key, token, &message, failure)
         });
         match release.await {
             Ok(released) => Ok(released == 1),
@@ -325,6 +325,7 @@ impl RedisTier {
     /// failure marker that starts or continues the key's backoff.
     async fn release_script(
         &self,
+        mut conn: Conn,
         key: &Key,
         token: &str,
         message: &str,
@@ -335,7 +336,6 @@ impl RedisTier {
             Some((code, generation)) => (code.to_string(), generation),
             None => (String::new(), ""),
         };
-        let mut conn = self.conn();
         self.shared
             .scripts
             .release
@@ -368,8 +368,11 @@ impl RedisTier {
         runtime.spawn(async move {
             let message = Event::Failed.message(&key);
             let (tier, key, token, message) = (&tier, &key, &token, &message);
+            let [_, _, route, ..] = tier.keys(key);
             let released = tier
-                .call_until(until, |_| tier.release_script(key, token, message, None))
+                .call_owed_until(&route, until, |conn| {
+                    tier.release_script(conn, key, token, message, None)
+                })
                 .await;
             if let Ok(1) = released {
                 tracing::debug!(key = %key, "released a lease whose call had no answer");

@@ -38,8 +38,9 @@ impl RedisTier {
         let mut acks = self.notifier.acks.expect(nonce);
         let until = Instant::now() + self.shared.config.deadline * BUMP_TRIES;
         let tier = self;
+        let table = self.table_key();
         let bumped = self
-            .call_until(until, |conn| tier.bump_script(conn, field, nonce))
+            .call_owed_until(&table, until, |conn| tier.bump_script(conn, field, nonce))
             .await;
         let (generation, receivers) = match bumped {
             Ok(reply) => reply,

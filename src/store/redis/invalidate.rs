@@ -37,8 +37,11 @@ impl RedisTier {
         let mut acks = self.notifier.acks.expect(nonce);
         let until = std::time::Instant::now() + self.shared.config.deadline * INVALIDATE_TRIES;
         let tier = self;
+        let [_, _, route, ..] = self.keys(key);
         let purged = self
-            .call_until(until, |conn| tier.invalidate_script(conn, key, nonce))
+            .call_owed_until(&route, until, |conn| {
+                tier.invalidate_script(conn, key, nonce)
+            })
             .await;
         let receivers = match purged {
             Ok((_, receivers)) => receivers,
@@ -85,8 +88,11 @@ impl RedisTier {
     /// Retries the pending invalidations, once each, past the breaker.
     pub(crate) async fn retry_pending(self: &Arc<Self>) {
         for key in self.shared.pending.all() {
+            let [_, _, route, ..] = self.keys(&key);
             let tried = self
-                .call_past_breaker(self.invalidate_script(self.conn(), &key, rand::random()))
+                .call_owed(&route, |conn| {
+                    self.invalidate_script(conn, &key, rand::random())
+                })
                 .await;
             if tried.is_ok() {
                 self.shared.pending.forget(&key);

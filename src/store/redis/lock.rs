@@ -137,8 +137,8 @@ impl RedisTier {
         let wait = &wait;
         let acked: i64 = self
             .call_within(route, limit, |_| {
-                let mut conn = conn.clone();
-                async move { wait.query_async(&mut conn).await }
+                let conn = conn.clone();
+                async move { wait_on_slot(conn, route, wait).await }
             })
             .await?;
         if acked >= i64::from(replicas) {
@@ -277,6 +277,33 @@ impl RedisTier {
                 tracing::warn!(lock = %id, "an abandoned lock attempt could not be undone; what it took lapses by itself");
             }
         });
+    }
+}
+
+/// Sends `WAIT` on `conn`. On a cluster the client would send it to every
+/// primary and answer the fewest acknowledgements, so one lagging replica
+/// on any shard (or a frozen primary) would fail every synced lock: it goes
+/// to the primary of `route`'s slot alone, on the client's connection to
+/// it, the one the acquisition's write went out on (on a cluster, the
+/// replicas counted are the lock's shard's).
+#[cfg_attr(not(feature = "redis-cluster"), allow(unused_variables))]
+async fn wait_on_slot(
+    conn: super::Conn,
+    route: &str,
+    wait: &redis::Cmd,
+) -> Result<i64, redis::RedisError> {
+    match conn {
+        #[cfg(feature = "redis-cluster")]
+        super::Conn::Cluster(mut conn) => {
+            use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+            let slot = super::health::slot(route.as_bytes());
+            let to = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
+            let acked = conn
+                .route_command(wait.clone(), RoutingInfo::SingleNode(to))
+                .await?;
+            Ok(redis::from_redis_value(acked)?)
+        }
+        mut conn => wait.query_async(&mut conn).await,
     }
 }
 

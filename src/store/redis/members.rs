@@ -49,20 +49,24 @@ impl Shared {
     /// past its membership. Best effort: a renewal that fails leaves the
     /// member to lapse, as a dead one would.
     pub(super) async fn renew_membership(&self) -> bool {
-        let mut conn = self.link().conn.clone();
-        let mut invocation = self.scripts.member_renew.key(self.members_key());
+        let route = self.members_key();
+        let mut invocation = self.scripts.member_renew.key(&route);
         invocation
             .arg(&self.notifier.instance)
             .arg(self.lease_millis());
-        let renew = invocation.invoke_async::<i64>(&mut conn);
-        match tokio::time::timeout(self.config.deadline, renew).await {
-            Ok(Ok(_)) => true,
-            Ok(Err(e)) => {
+        let invocation = &invocation;
+        // On a cluster, on the tier's own connection to the set's primary:
+        // through the cluster client, a rebuild of its connections (a lock
+        // call met a dead node while another is frozen) would fail the
+        // renewal, and this instance would drop its in-process tier for
+        // every shard's keys.
+        let renew = self.routed(&route, self.config.deadline, |mut conn| async move {
+            invocation.invoke_async::<i64>(&mut conn).await
+        });
+        match renew.await {
+            Ok(_) => true,
+            Err(e) => {
                 tracing::debug!(error = %e, "cannot renew the fleet membership");
-                false
-            }
-            Err(_) => {
-                tracing::debug!("cannot renew the fleet membership in time");
                 false
             }
         }

@@ -345,9 +345,10 @@ fn route(key: &Key) -> String {
 }
 
 impl RedisTier {
-    /// For calls the caller is owed whatever the breaker says (a release, an
-    /// invalidation, giving a lease back): tries `call` (with a fresh
-    /// connection each time) until Redis answers
+    /// For the lock's calls the caller is owed whatever the breaker says (a
+    /// release, leaving the queue): tries `call` (on the link's connection,
+    /// through the cluster client on a cluster; a cache key's owed calls
+    /// use [`call_owed_until`](Self::call_owed_until)) until Redis answers
     /// or `until` passes, at least once, each try under the deadline and
     /// none through the circuit breaker. Errors that no retry can mend (a
     /// refused script, a permission) end it at once.

@@ -12,9 +12,7 @@ use tokio::sync::OnceCell;
 
 use super::connection::{client, Topology};
 use super::health::Address;
-#[cfg(feature = "redis-cluster")]
-use super::Conn;
-use super::Shared;
+use super::{Conn, Shared};
 
 /// A connection of its own to each cluster primary, opened once (by the
 /// first call that needs it, or when the slot map is read) and dropped
@@ -139,6 +137,58 @@ impl Shared {
             }
         }
         false
+    }
+
+    /// Runs `call` for `route` (a Redis key) under `limit`, outside a
+    /// key's call path (the fleet membership): on a cluster, on the tier's
+    /// own connection to the primary the slot map names, not through the
+    /// cluster client, whose rebuilds (a call met a dead node while another
+    /// is frozen) hold back every call to every node for a connect
+    /// timeout. A slot on the move is left to the cluster client, which
+    /// follows the redirection; a node that did not answer has its
+    /// connection dropped and the map read again.
+    pub(super) async fn routed<T, F, Fut>(
+        &self,
+        route: &str,
+        limit: std::time::Duration,
+        mut call: F,
+    ) -> Result<T, RedisError>
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, RedisError>>,
+    {
+        let until = tokio::time::Instant::now() + limit;
+        let Some(address) = self.health.node(route) else {
+            let call = call(self.link().conn.clone());
+            return super::connection::with_timeout(limit, "calling redis", call).await;
+        };
+        let own = async {
+            let conn = self.node_conns.get(self, &address).await?;
+            call(Conn::Node(conn)).await
+        };
+        match tokio::time::timeout_at(until, own).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) if moving(&e) => {
+                self.signals.slots_moved.notify_one();
+                let call = call(self.link().conn.clone());
+                match tokio::time::timeout_at(until, call).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(super::connection::timeout_error("calling redis")),
+                }
+            }
+            Ok(Err(e)) => {
+                if e.code().is_none() {
+                    self.node_conns.forget(&address);
+                    self.signals.slots_moved.notify_one();
+                }
+                Err(e)
+            }
+            Err(_) => {
+                self.node_conns.forget(&address);
+                self.signals.slots_moved.notify_one();
+                Err(super::connection::timeout_error("calling redis"))
+            }
+        }
     }
 
     /// The first seed's host: the node the cluster client asks first.
@@ -277,6 +327,19 @@ impl Shared {
             (mut conn, _) => cmd.query_async(&mut conn).await,
         }
     }
+}
+
+/// Whether `e` says the key's slot is on the move (or moved).
+fn moving(e: &RedisError) -> bool {
+    matches!(e.code(), Some("TRYAGAIN" | "MOVED" | "ASK"))
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::Server(
+                redis::ServerErrorKind::TryAgain
+                    | redis::ServerErrorKind::Moved
+                    | redis::ServerErrorKind::Ask
+            )
+        )
 }
 
 /// A seed's URL (scheme, credentials, path) for another node.

@@ -379,6 +379,10 @@ fn options(shared: &Shared) -> Options<'_> {
 /// the failover, then resumed) are no sign that it still is one.
 pub(crate) const ROLE_CHECK: Duration = Duration::from_secs(1);
 
+/// Behind Sentinel: the least time between two follows of announced
+/// failovers.
+const SWITCH_PACE: Duration = Duration::from_millis(100);
+
 /// Behind Sentinel: follows a failover as soon as a sentinel announces it
 /// (`+switch-master`), and checks the role every [`ROLE_CHECK`] in case the
 /// announcement was missed (the sentinel watched is hung or gone).
@@ -389,8 +393,12 @@ async fn watch_primary(shared: &Shared) {
     let mut tick = tokio::time::interval(ROLE_CHECK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut watching = None;
+    // A watch is (re)opened at most once per check: a sentinel that
+    // confirms the subscription and hangs up at once, every time, would
+    // otherwise be asked again as fast as it answers.
+    let mut may_watch = true;
     loop {
-        if watching.is_none() {
+        if watching.is_none() && std::mem::take(&mut may_watch) {
             watching = sentinel::watch_switch(sentinels, &options(shared)).await;
         }
         enum Heard {
@@ -417,6 +425,7 @@ async fn watch_primary(shared: &Shared) {
         };
         match heard {
             Heard::Tick => {
+                may_watch = true;
                 // A hung sentinel keeps its connection open and announces
                 // nothing: watch another one.
                 if let Some((conn, _)) = watching.as_mut() {
@@ -439,6 +448,27 @@ async fn watch_primary(shared: &Shared) {
             Heard::Switch => {
                 tracing::info!("a sentinel announced a failover");
                 shared.signals.call_failed.notify_one();
+                // Announcements without end (a faulty sentinel, a primary
+                // flapping) are followed at a pace: each follow asks every
+                // sentinel on a new connection. What came meanwhile folds
+                // into one more follow.
+                tokio::time::sleep(SWITCH_PACE).await;
+                if let Some((_, rx)) = watching.as_mut() {
+                    let mut again = false;
+                    while let Ok(push) = rx.try_recv() {
+                        match push.kind {
+                            PushKind::Message => again = true,
+                            PushKind::Disconnection => {
+                                watching = None;
+                                break;
+                            }
+                            _ => {}
+                        }
+                    }
+                    if again {
+                        shared.signals.call_failed.notify_one();
+                    }
+                }
             }
             Heard::Lost => watching = None,
             Heard::Other => {}
