@@ -10,6 +10,7 @@ use axum::body::Body;
 use axum::response::AppendHeaders;
 use axum::routing::get;
 use axum::Router;
+use common::status::split_ttl;
 use common::{burst, get as get_req, send, Answer, Origin};
 use http::{header, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
@@ -30,21 +31,6 @@ fn ours(answer: &Answer) -> (String, Option<i64>) {
     let all = cache_status(answer);
     assert_eq!(all.len(), 1, "exactly one member: {all:?}");
     split_ttl(&all[0])
-}
-
-fn split_ttl(member: &str) -> (String, Option<i64>) {
-    let mut ttl = None;
-    let rest: Vec<&str> = member
-        .split("; ")
-        .filter(|p| match p.strip_prefix("ttl=") {
-            Some(n) => {
-                ttl = Some(n.parse().expect("an integer ttl"));
-                false
-            }
-            None => true,
-        })
-        .collect();
-    (rest.join("; "), ttl)
 }
 
 /// An origin that answers "v<n>" with the status `status` holds, and counts.

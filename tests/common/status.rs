@@ -21,8 +21,14 @@ pub fn ours(answer: &Answer) -> (String, Option<i64>) {
         .next()
         .expect("a member")
         .to_owned();
+    split_ttl(&last)
+}
+
+/// A `Cache-Status` member with its `ttl` parameter taken out (it depends on
+/// the clock) and returned apart.
+pub fn split_ttl(member: &str) -> (String, Option<i64>) {
     let mut ttl = None;
-    let rest: Vec<&str> = last
+    let rest: Vec<&str> = member
         .split("; ")
         .filter(|p| match p.strip_prefix("ttl=") {
             Some(n) => {
