@@ -7,12 +7,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
 use common::lock::held_locks;
-use common::sentinel::SentinelSetup;
+use common::sentinel::{read_command, SentinelSetup};
 use stampede_guard::{Backend, Lock};
 
 /// What the fake sentinel answers once the handshake (`HELLO`) is done.
@@ -28,26 +28,6 @@ enum Fake {
     Mute,
     /// Names itself as the primary, and answers `ROLE` with this reply.
     Role(&'static str),
-}
-
-/// Reads one RESP array of bulk strings (a client command).
-fn read_command(reader: &mut BufReader<TcpStream>) -> Option<Vec<String>> {
-    let mut line = String::new();
-    if reader.read_line(&mut line).ok()? == 0 {
-        return None;
-    }
-    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
-    let mut args = Vec::with_capacity(n);
-    for _ in 0..n {
-        line.clear();
-        reader.read_line(&mut line).ok()?;
-        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
-        let mut buf = vec![0u8; len + 2];
-        reader.read_exact(&mut buf).ok()?;
-        buf.truncate(len);
-        args.push(String::from_utf8_lossy(&buf).to_uppercase());
-    }
-    Some(args)
 }
 
 fn serve(stream: TcpStream, fake: Fake) {

@@ -18,36 +18,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufReader, Write};
+use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::lock::held_locks;
 use common::redis::RedisServer;
-use common::sentinel::{SentinelSetup, SERVICE};
+use common::sentinel::{read_command, SentinelSetup, SERVICE};
 use stampede_guard::{Backend, FencingToken, Lock, LockError};
-
-/// Reads one RESP array of bulk strings (a client command).
-fn read_command(reader: &mut BufReader<TcpStream>) -> Option<Vec<String>> {
-    let mut line = String::new();
-    if reader.read_line(&mut line).ok()? == 0 {
-        return None;
-    }
-    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
-    let mut args = Vec::with_capacity(n);
-    for _ in 0..n {
-        line.clear();
-        reader.read_line(&mut line).ok()?;
-        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
-        let mut buf = vec![0u8; len + 2];
-        reader.read_exact(&mut buf).ok()?;
-        buf.truncate(len);
-        args.push(String::from_utf8_lossy(&buf).to_uppercase());
-    }
-    Some(args)
-}
 
 /// What a fake sentinel does once it has confirmed a `+switch-master`
 /// subscription.

@@ -2,7 +2,7 @@
 //! processes on loopback. Everything is killed (a frozen process too) and
 //! its directory removed on drop, also when a test panics.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -251,4 +251,25 @@ fn raw_sentinel(port: u16, args: &[&str]) -> String {
         line.clear();
     }
     out
+}
+
+/// Reads one RESP array of bulk strings (a client command), for the
+/// fake sentinels of the attack tests; names in upper case.
+pub fn read_command(reader: &mut BufReader<TcpStream>) -> Option<Vec<String>> {
+    let mut line = String::new();
+    if reader.read_line(&mut line).ok()? == 0 {
+        return None;
+    }
+    let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
+    let mut args = Vec::with_capacity(n);
+    for _ in 0..n {
+        line.clear();
+        reader.read_line(&mut line).ok()?;
+        let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
+        let mut buf = vec![0u8; len + 2];
+        reader.read_exact(&mut buf).ok()?;
+        buf.truncate(len);
+        args.push(String::from_utf8_lossy(&buf).to_uppercase());
+    }
+    Some(args)
 }
