@@ -51,9 +51,12 @@ impl RedisTier {
             }
         };
         here(generation);
-        let acked = self.await_fleet(&mut acks, receivers).await;
+        let acked = self.await_fleet(&mut acks, receivers, nonce).await;
         self.notifier.acks.forget(nonce);
         if !acked {
+            self.stats
+                .unconfirmed_invalidations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::info!(
                 field = ?field,
                 "not every instance acknowledged the tag invalidation within a subscription \
