@@ -205,7 +205,7 @@ async fn a_reader_of_every_key_cannot_forge_acknowledgements() {
 /// Three live instances: each purge (a tag, everything) is confirmed by the
 /// other two's recorded acknowledgements: `Ok`, and no purge counted as
 /// unconfirmed (none waited out a lease). Each purge's set names exactly
-/// the two other members.
+/// the two other members, each with what the purge invalidated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purge_across_three_instances_is_confirmed_by_their_records() {
     let redis = RedisServer::start();
@@ -240,9 +240,19 @@ async fn a_purge_across_three_instances_is_confirmed_by_their_records() {
         let recorded = listed(&redis, "SMEMBERS", &set);
         assert_eq!(recorded.len(), 2, "{set}: {recorded:?}");
         let purger = set.split(':').nth(2).expect("the purger's name");
-        for name in &recorded {
-            assert!(members.contains(name), "{name} is a member");
+        // `<instance>:<what its message invalidated>`: here a table field
+        // and its new generation, the same for both.
+        let mut subjects = vec![];
+        for entry in &recorded {
+            let (name, subject) = entry.split_once(':').expect("instance:subject");
+            assert!(members.iter().any(|m| m == name), "{name} is a member");
             assert_ne!(name, purger, "the purger acknowledges its own locally");
+            subjects.push(subject);
         }
+        assert_eq!(subjects[0], subjects[1], "{recorded:?}");
+        assert!(
+            subjects[0].starts_with('b') || subjects[0].starts_with("all:"),
+            "{recorded:?}"
+        );
     }
 }

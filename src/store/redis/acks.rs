@@ -4,10 +4,16 @@
 //! client that may publish there can name any instance, and the channel
 //! tells it the names and the nonces. So an instance acknowledges with
 //! `ack.lua`, which first adds its name to the invalidation's own set,
-//! `{prefix}:acks:<sender>:<nonce>`, then publishes. The sender counts the
-//! published acknowledgements as they come (see [`super::barrier`]); once
-//! they cover the fleet, it reads that set once and accepts them only if it
-//! names every member it waits for. Otherwise (a forged acknowledgement, an
+//! `{prefix}:acks:<sender>:<nonce>`, then publishes. The name comes with
+//! what the message it handled invalidated (`<instance>:<subject>`, the
+//! subject a group's key, or a table field and its new generation): a
+//! message of its own that copies a purge's nonce (on a cluster it may
+//! reach an instance before the purge does, which crosses the cluster bus)
+//! gets an acknowledgement of what it named, not of the purge. The sender
+//! counts the published acknowledgements as they come (see
+//! [`super::barrier`]); once they cover the fleet, it reads that set once
+//! and accepts them only if it names every member it waits for, with the
+//! purge's subject. Otherwise (a forged acknowledgement, an
 //! instance of an earlier version that acknowledged by a bare `PUBLISH`,
 //! the read failing) it waits out the subscription lease, as for an
 //! instance that never acknowledged. Adding to the set takes write access
@@ -30,16 +36,17 @@ impl Shared {
         format!("{}:acks:{sender}:{nonce}", self.config.prefix)
     }
 
-    /// Acknowledges `sender`'s invalidation `nonce`: records this instance
-    /// in the invalidation's set, then publishes on `sender`'s channel. On
+    /// Acknowledges `sender`'s invalidation `nonce`, of `subject`: records
+    /// this instance in the invalidation's set, then publishes on
+    /// `sender`'s channel. On
     /// a cluster it runs on the set's primary (the published message
     /// reaches every node). Best effort: an acknowledgement that fails
     /// makes the sender wait out its lease.
-    pub(super) async fn acknowledge(&self, sender: &str, nonce: u64) {
+    pub(super) async fn acknowledge(&self, sender: &str, nonce: u64, subject: &str) {
         let key = self.acks_key(sender, nonce);
         let mut invocation = self.scripts.ack.key(&key);
         invocation
-            .arg(&self.notifier.instance)
+            .arg(recorded(&self.notifier.instance, subject))
             .arg(millis(self.notifier.liveness.lease() * ACKS_KEPT).max(1))
             .arg(ack_channel(&self.channel, sender))
             .arg(ack_message(nonce, &self.notifier.instance));
@@ -59,9 +66,9 @@ impl Shared {
     }
 
     /// Whether every one of `members` recorded its acknowledgement of this
-    /// instance's invalidation `nonce`: one read, under the deadline. False
-    /// if it cannot be read.
-    pub(super) async fn recorded_by(&self, nonce: u64, members: &[String]) -> bool {
+    /// instance's invalidation `nonce`, of `subject`: one read, under the
+    /// deadline. False if it cannot be read.
+    pub(super) async fn recorded_by(&self, nonce: u64, subject: &str, members: &[String]) -> bool {
         if members.is_empty() {
             return true;
         }
@@ -75,7 +82,9 @@ impl Shared {
         match read.await {
             Ok(ackers) => {
                 let ackers: HashSet<&[u8]> = ackers.iter().map(Vec::as_slice).collect();
-                members.iter().all(|m| ackers.contains(m.as_bytes()))
+                members
+                    .iter()
+                    .all(|m| ackers.contains(recorded(m, subject).as_bytes()))
             }
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read an invalidation's acknowledgements");
@@ -83,4 +92,10 @@ impl Shared {
             }
         }
     }
+}
+
+/// How `instance`'s acknowledgement of a message invalidating `subject` is
+/// recorded.
+fn recorded(instance: &str, subject: &str) -> String {
+    format!("{instance}:{subject}")
 }

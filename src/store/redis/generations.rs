@@ -51,7 +51,10 @@ impl RedisTier {
             }
         };
         here(generation);
-        let acked = self.await_fleet(&mut acks, receivers, nonce).await;
+        let subject = super::barrier::generation_subject(&field.name(), generation);
+        let acked = self
+            .await_fleet(&mut acks, receivers, nonce, &subject)
+            .await;
         self.notifier.acks.forget(nonce);
         if !acked {
             self.stats
@@ -203,7 +206,8 @@ impl Notifier {
         }
         (self.on_invalidate)(Invalidated::Generation(field, generation));
         if super::barrier::is_instance(sender) {
-            let _ = self.ack_queue.send((sender.to_owned(), nonce));
+            let subject = super::barrier::generation_subject(&field.name(), generation);
+            let _ = self.ack_queue.send((sender.to_owned(), nonce, subject));
         }
     }
 }

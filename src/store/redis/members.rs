@@ -127,8 +127,8 @@ impl RedisTier {
         Ok((members, young.min(self.notifier.liveness.lease())))
     }
 
-    /// After Redis answered the invalidation `nonce` that `PUBLISH`
-    /// delivered to `receivers` subscribers: waits for their
+    /// After Redis answered the invalidation `nonce` (of `subject`: see
+    /// [`super::acks`]) that `PUBLISH` delivered to `receivers` subscribers: waits for their
     /// acknowledgements and every member's, at most one subscription lease
     /// from now, then checks once that every member recorded its own.
     /// Returns whether they all came and were recorded; if not, it returns
@@ -140,6 +140,7 @@ impl RedisTier {
         acks: &mut watch::Receiver<Acked>,
         receivers: u64,
         nonce: u64,
+        subject: &str,
     ) -> bool {
         let until = Instant::now() + self.notifier.liveness.lease();
         match self.members().await {
@@ -161,7 +162,7 @@ impl RedisTier {
                 // The acknowledgements heard name every member: each must
                 // also have recorded its own (see [`super::acks`]), or the
                 // names may be forged.
-                if acked && !self.shared.recorded_by(nonce, &members).await {
+                if acked && !self.shared.recorded_by(nonce, subject, &members).await {
                     tracing::warn!(
                         "acknowledgements of an invalidation name members that did not                          record them (forged, or an instance of an earlier version): the                          invalidation waits a whole subscription lease"
                     );

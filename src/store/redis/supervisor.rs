@@ -52,6 +52,7 @@ use redis::PushKind;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
+use super::barrier::AckDue;
 use super::connection::{self, Options, Topology};
 use super::sentinel;
 use super::{RedisTier, Shared};
@@ -165,12 +166,12 @@ async fn keepalive(shared: &Shared) {
 
 /// Acknowledges other instances' invalidations, in order (see
 /// [`super::acks`]).
-async fn acknowledge(shared: &Shared, queue: Option<mpsc::UnboundedReceiver<(String, u64)>>) {
+async fn acknowledge(shared: &Shared, queue: Option<mpsc::UnboundedReceiver<AckDue>>) {
     let Some(mut queue) = queue else {
         return std::future::pending().await;
     };
-    while let Some((sender, nonce)) = queue.recv().await {
-        shared.acknowledge(&sender, nonce).await;
+    while let Some((sender, nonce, subject)) = queue.recv().await {
+        shared.acknowledge(&sender, nonce, &subject).await;
     }
     std::future::pending().await
 }
