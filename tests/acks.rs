@@ -8,7 +8,8 @@
 //!   acknowledgement of each purge: the purge waits out the frozen
 //!   instance's lease all the same;
 //! - a purge across three live instances is confirmed by their recorded
-//!   acknowledgements, without waiting out a lease.
+//!   acknowledgements, without waiting out a lease;
+//! - a Redis user without `+sadd` makes every purge wait out its lease.
 //!
 //! A client allowed only the channels: `attack_s22_tags.rs`.
 #![cfg(feature = "redis")]
@@ -255,4 +256,47 @@ async fn a_purge_across_three_instances_is_confirmed_by_their_records() {
             "{recorded:?}"
         );
     }
+}
+
+/// A Redis user confined as docs/TOPOLOGY.md says, but without `+sadd`
+/// (an ACL written for the previous version): the instances cannot record
+/// their acknowledgements, so every purge waits out its lease, and is
+/// counted unconfirmed; it still returns `Ok`, and every instance answers
+/// the new version afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_sadd_every_purge_waits_its_lease() {
+    let mut args = vec!["--user", "app", "on", ">app-secret"];
+    args.extend(
+        common::tls::ACL_RULES
+            .iter()
+            .copied()
+            .filter(|r| *r != "+sadd"),
+    );
+    let redis = RedisServer::start_with(&args);
+    let url = format!("redis://app:app-secret@127.0.0.1:{}/", redis.port());
+    let version = Arc::new(AtomicU64::new(0));
+    let mut backends = vec![];
+    let mut apps = vec![];
+    let mut guards = vec![];
+    for _ in 0..2 {
+        let backend = backend_at(&url, ROOMY_DEADLINE).await;
+        let guard = StampedeGuard::new(backend.clone()).ttl(Duration::from_secs(60));
+        apps.push(app(&version, &guard));
+        guards.push(guard);
+        backends.push(backend);
+    }
+    for app in &apps {
+        assert_eq!(held(app).await, "p1-d0");
+    }
+    version.store(1, Ordering::SeqCst);
+    guards[0].invalidate_tag("product:1").await.unwrap();
+    assert_eq!(unconfirmed(&backends[0]), 1, "the purge was not confirmed");
+    for (n, app) in apps.iter().enumerate() {
+        let answer = send(app, request("/products/1")).await;
+        assert_eq!(answer.text(), "p1-d1", "instance {n} after the purge");
+    }
+    assert!(
+        keys_like(&redis, "sg:acks:*").is_empty(),
+        "nothing recorded"
+    );
 }

@@ -128,13 +128,14 @@ impl RedisTier {
     }
 
     /// After Redis answered the invalidation `nonce` (of `subject`: see
-    /// [`super::acks`]) that `PUBLISH` delivered to `receivers` subscribers: waits for their
-    /// acknowledgements and every member's, at most one subscription lease
-    /// from now, then checks once that every member recorded its own.
-    /// Returns whether they all came and were recorded; if not, it returns
-    /// only once the lease is over. If the membership cannot be read (or has more than
-    /// [`MEMBERS_MAX`] members), waits the whole lease: whoever did not
-    /// hear the message has lapsed by then.
+    /// [`super::acks`]) that `PUBLISH` delivered to `receivers`
+    /// subscribers: waits for their acknowledgements and every member's,
+    /// at most one subscription lease from now, then checks once that
+    /// every member recorded its own. Returns whether they all came and
+    /// were recorded; if not, it returns only once the lease is over. If
+    /// the membership cannot be read (or has more than [`MEMBERS_MAX`]
+    /// members), waits the whole lease: whoever did not hear the message
+    /// has lapsed by then.
     pub(super) async fn await_fleet(
         self: &Arc<Self>,
         acks: &mut watch::Receiver<Acked>,
@@ -164,7 +165,9 @@ impl RedisTier {
                 // names may be forged.
                 if acked && !self.shared.recorded_by(nonce, subject, &members).await {
                     tracing::warn!(
-                        "acknowledgements of an invalidation name members that did not                          record them (forged, or an instance of an earlier version): the                          invalidation waits a whole subscription lease"
+                        "acknowledgements of an invalidation name members that did not \
+                         record them (forged, or an instance of an earlier version): the \
+                         invalidation waits a whole subscription lease"
                     );
                     tokio::time::sleep_until(until).await;
                     acked = false;
