@@ -202,6 +202,10 @@ impl Backend {
                 fenced_writes: l2.stats.fenced_writes.load(Ordering::Relaxed),
                 corrupt_entries: l2.stats.corrupt_entries.load(Ordering::Relaxed),
                 errors: l2.stats.errors.load(Ordering::Relaxed),
+                unconfirmed_invalidations: l2
+                    .stats
+                    .unconfirmed_invalidations
+                    .load(Ordering::Relaxed),
                 eviction_policy: l2.eviction().map(str::to_owned),
             }),
         }
@@ -247,6 +251,12 @@ pub struct RedisStats {
     pub corrupt_entries: u64,
     /// Calls that failed or missed their deadline.
     pub errors: u64,
+    /// Invalidations (of a key, a tag or everything) that reached Redis
+    /// but whose fleet barrier was not confirmed: an instance did not
+    /// acknowledge, or the acknowledgements heard were not all recorded in
+    /// Redis (forged, or sent by an instance of an earlier version). Each
+    /// waited a whole subscription lease before it returned.
+    pub unconfirmed_invalidations: u64,
     /// Redis's `maxmemory-policy` when, at start-up, it could evict keys
     /// (a `maxmemory` set, a policy other than `noeviction`); `None` if it
     /// cannot, or could not be read. Entries and fencing counters survive

@@ -129,6 +129,10 @@ async fn a_three_master_cluster_calls_the_origin_once_per_cold_key() {
         assert_eq!(answer.text(), format!("v{}", calls + 1));
     }
     assert_eq!(origin.calls(), calls + 1);
+    // Confirmed by the others' acknowledgements, recorded on the node of
+    // the purge's own set (not waited out for a lease).
+    let stats = instances[0].backend.stats().redis.unwrap();
+    assert_eq!(stats.unconfirmed_invalidations, 0);
 
     // The lock's scripts (five keys sharing the name's hash tag) run too.
     let lock = Lock::new(instances[2].backend.clone());

@@ -144,6 +144,8 @@ pub const ACL_RULES: &[&str] = &[
     "+zrank",
     "+zscore",
     "+zremrangebyscore",
+    "+sadd",
+    "+smembers",
     "+role",
     "+wait",
 ];

@@ -238,6 +238,22 @@ pub(crate) async fn all_acked(
     )
 }
 
+/// An acknowledgement to send: the invalidator, its nonce, and what the
+/// message that was handled invalidated (see [`super::acks`]).
+pub(crate) type AckDue = (String, u64, String);
+
+/// What an invalidation of `group` invalidated, as its acknowledgement
+/// records it.
+pub(crate) fn key_subject(group: &Key) -> String {
+    group.to_string()
+}
+
+/// What a generation message invalidated, as its acknowledgement records
+/// it: the field and its new generation.
+pub(crate) fn generation_subject(field: &str, generation: u64) -> String {
+    format!("{field}:{generation}")
+}
+
 /// The channel on which `instance` hears acknowledgements.
 pub(crate) fn ack_channel(channel: &str, instance: &str) -> String {
     format!("{channel}:ack:{instance}")

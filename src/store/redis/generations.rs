@@ -51,9 +51,15 @@ impl RedisTier {
             }
         };
         here(generation);
-        let acked = self.await_fleet(&mut acks, receivers).await;
+        let subject = super::barrier::generation_subject(&field.name(), generation);
+        let acked = self
+            .await_fleet(&mut acks, receivers, nonce, &subject)
+            .await;
         self.notifier.acks.forget(nonce);
         if !acked {
+            self.stats
+                .unconfirmed_invalidations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::info!(
                 field = ?field,
                 "not every instance acknowledged the tag invalidation within a subscription \
@@ -200,7 +206,8 @@ impl Notifier {
         }
         (self.on_invalidate)(Invalidated::Generation(field, generation));
         if super::barrier::is_instance(sender) {
-            let _ = self.ack_queue.send((sender.to_owned(), nonce));
+            let subject = super::barrier::generation_subject(&field.name(), generation);
+            let _ = self.ack_queue.send((sender.to_owned(), nonce, subject));
         }
     }
 }

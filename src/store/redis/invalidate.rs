@@ -61,9 +61,15 @@ impl RedisTier {
         // A newer invalidation of the group supersedes a pending one.
         self.shared.pending.forget(key);
         let receivers = u64::try_from(receivers).unwrap_or(0);
-        let acked = self.await_fleet(&mut acks, receivers).await;
+        let subject = super::barrier::key_subject(&key.group());
+        let acked = self
+            .await_fleet(&mut acks, receivers, nonce, &subject)
+            .await;
         self.notifier.acks.forget(nonce);
         if !acked {
+            self.stats
+                .unconfirmed_invalidations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::info!(
                 key = %key,
                 "not every instance acknowledged the invalidation within a subscription \

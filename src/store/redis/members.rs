@@ -13,7 +13,8 @@
 //!
 //! An invalidation, once Redis has it, reads the members and waits until
 //! every one of them (and as many instances as `PUBLISH` counted) has
-//! acknowledged, at most one subscription lease from the moment Redis
+//! acknowledged, and every member recorded its acknowledgement (see
+//! [`super::acks`]), at most one subscription lease from the moment Redis
 //! answered. A member not read has lapsed before the read; one that did not
 //! acknowledge in time has lapsed by the end of the wait: either way it
 //! serves nothing it read before the invalidation (see [`super::barrier`]).
@@ -126,16 +127,21 @@ impl RedisTier {
         Ok((members, young.min(self.notifier.liveness.lease())))
     }
 
-    /// After Redis answered an invalidation that `PUBLISH` delivered to
-    /// `receivers` subscribers: waits for their acknowledgements and every
-    /// member's, at most one subscription lease from now. Returns whether
-    /// they all came. If the membership cannot be read (or has more than
-    /// [`MEMBERS_MAX`] members), waits the whole lease: whoever did not
-    /// hear the message has lapsed by then.
+    /// After Redis answered the invalidation `nonce` (of `subject`: see
+    /// [`super::acks`]) that `PUBLISH` delivered to `receivers`
+    /// subscribers: waits for their acknowledgements and every member's,
+    /// at most one subscription lease from now, then checks once that
+    /// every member recorded its own. Returns whether they all came and
+    /// were recorded; if not, it returns only once the lease is over. If
+    /// the membership cannot be read (or has more than [`MEMBERS_MAX`]
+    /// members), waits the whole lease: whoever did not hear the message
+    /// has lapsed by then.
     pub(super) async fn await_fleet(
         self: &Arc<Self>,
         acks: &mut watch::Receiver<Acked>,
         receivers: u64,
+        nonce: u64,
+        subject: &str,
     ) -> bool {
         let until = Instant::now() + self.notifier.liveness.lease();
         match self.members().await {
@@ -153,7 +159,19 @@ impl RedisTier {
                     } else {
                         self.notifier.liveness.lease()
                     };
-                let acked = all_acked(acks, receivers, &members, until).await;
+                let mut acked = all_acked(acks, receivers, &members, until).await;
+                // The acknowledgements heard name every member: each must
+                // also have recorded its own (see [`super::acks`]), or the
+                // names may be forged.
+                if acked && !self.shared.recorded_by(nonce, subject, &members).await {
+                    tracing::warn!(
+                        "acknowledgements of an invalidation name members that did not \
+                         record them (forged, or an instance of an earlier version): the \
+                         invalidation waits a whole subscription lease"
+                    );
+                    tokio::time::sleep_until(until).await;
+                    acked = false;
+                }
                 if !young.is_zero() {
                     tracing::debug!(
                         "the fleet membership is younger than a subscription lease; the \

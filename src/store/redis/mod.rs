@@ -24,6 +24,7 @@
 //! supervisor, closes the circuit again and repairs the connections; it
 //! lives and dies with the tier.
 
+mod acks;
 mod barrier;
 mod breaker;
 mod calls;
@@ -128,6 +129,7 @@ struct Scripts {
     load_generations: Script,
     member_renew: Script,
     members: Script,
+    ack: Script,
 }
 
 impl Scripts {
@@ -159,10 +161,11 @@ impl Scripts {
             load_generations: Script::new(include_str!("scripts/load_generations.lua")),
             member_renew: Script::new(include_str!("scripts/member_renew.lua")),
             members: Script::new(include_str!("scripts/members.lua")),
+            ack: Script::new(include_str!("scripts/ack.lua")),
         }
     }
 
-    fn all(&self) -> [&Script; 14] {
+    fn all(&self) -> [&Script; 15] {
         [
             &self.fetch_or_lease,
             &self.fetch_fresh,
@@ -178,6 +181,7 @@ impl Scripts {
             &self.load_generations,
             &self.member_renew,
             &self.members,
+            &self.ack,
         ]
     }
 }
@@ -188,6 +192,9 @@ pub(crate) struct TierStats {
     pub fenced_writes: AtomicU64,
     pub corrupt_entries: AtomicU64,
     pub errors: AtomicU64,
+    /// Invalidations whose barrier was not confirmed (they waited a whole
+    /// subscription lease).
+    pub unconfirmed_invalidations: AtomicU64,
 }
 
 pub(crate) struct RedisTier {

@@ -21,7 +21,9 @@ use tokio::sync::watch;
 
 #[cfg(test)]
 use super::barrier::ack_message;
-use super::barrier::{ack_channel, is_instance, parse_ack, parse_nonce, Acks, Liveness};
+use super::barrier::{
+    ack_channel, is_instance, key_subject, parse_ack, parse_nonce, AckDue, Acks, Liveness,
+};
 use super::carried::{self, Carried};
 use crate::key::Key;
 use crate::store::generations::Field;
@@ -155,10 +157,10 @@ pub(crate) struct Notifier {
     pub(crate) liveness: Liveness,
     /// This process's invalidations waiting for their acknowledgements.
     pub(crate) acks: Acks,
-    /// Acknowledgements to publish: (the invalidator, its nonce). The
+    /// Acknowledgements to publish (see [`AckDue`]). The
     /// supervisor publishes them; the subscriber's reader only queues.
-    pub(super) ack_queue: tokio::sync::mpsc::UnboundedSender<(String, u64)>,
-    ack_out: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<(String, u64)>>>,
+    pub(super) ack_queue: tokio::sync::mpsc::UnboundedSender<AckDue>,
+    ack_out: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<AckDue>>>,
     /// Set while the subscription may be missing messages: from a lost
     /// connection (or a link about to be replaced) until it is confirmed
     /// again.
@@ -209,9 +211,7 @@ impl Notifier {
     }
 
     /// The acknowledgements to publish, for the supervisor (once).
-    pub(crate) fn take_ack_queue(
-        &self,
-    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<(String, u64)>> {
+    pub(crate) fn take_ack_queue(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<AckDue>> {
         self.ack_out
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -339,7 +339,9 @@ impl Notifier {
         if let (Some(sender), Some(nonce)) = (sender, nonce) {
             // Only a sender that looks like one of ours is answered.
             if is_instance(sender) {
-                let _ = self.ack_queue.send((sender.to_owned(), nonce));
+                let _ = self
+                    .ack_queue
+                    .send((sender.to_owned(), nonce, key_subject(&key)));
             }
         }
     }

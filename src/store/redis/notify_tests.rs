@@ -89,7 +89,8 @@ fn an_invalidation_reaches_the_callback_and_wakes_the_waiter() {
     let mut queue = notifier.take_ack_queue().unwrap();
     assert_eq!(
         queue.try_recv().unwrap(),
-        ("0123456789abcdef".to_owned(), 5)
+        ("0123456789abcdef".to_owned(), 5, key.to_string()),
+        "with what it invalidated"
     );
     notifier.on_push(push(&ack_message(9, "0123456789abcdef")));
     assert_eq!(acked.borrow().count, 2);

@@ -29,7 +29,7 @@
 //!   have been missed meanwhile);
 //!   An answer also renews this instance's fleet membership (see
 //!   [`super::members`]), which it leaves when the tier is dropped;
-//! - publishes the acknowledgements of other instances' invalidations;
+//! - acknowledges other instances' invalidations (see [`super::acks`]);
 //! - retries, every probe interval, the invalidations that did not reach
 //!   Redis, until they do;
 //! - behind Sentinel, follows a failover a sentinel announces
@@ -52,7 +52,7 @@ use redis::PushKind;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 
-use super::barrier::{ack_channel, ack_message};
+use super::barrier::AckDue;
 use super::connection::{self, Options, Topology};
 use super::sentinel;
 use super::{RedisTier, Shared};
@@ -164,20 +164,14 @@ async fn keepalive(shared: &Shared) {
     }
 }
 
-/// Publishes acknowledgements of other instances' invalidations, in order.
-async fn acknowledge(shared: &Shared, queue: Option<mpsc::UnboundedReceiver<(String, u64)>>) {
+/// Acknowledges other instances' invalidations, in order (see
+/// [`super::acks`]).
+async fn acknowledge(shared: &Shared, queue: Option<mpsc::UnboundedReceiver<AckDue>>) {
     let Some(mut queue) = queue else {
         return std::future::pending().await;
     };
-    while let Some((sender, nonce)) = queue.recv().await {
-        let mut conn = shared.link().conn.clone();
-        let mut cmd = redis::cmd("PUBLISH");
-        cmd.arg(ack_channel(&shared.channel, &sender))
-            .arg(ack_message(nonce, &shared.notifier.instance));
-        let publish = cmd.query_async::<i64>(&mut conn);
-        if let Ok(Err(e)) = tokio::time::timeout(shared.config.deadline, publish).await {
-            tracing::debug!(error = %e, "cannot acknowledge an invalidation");
-        }
+    while let Some((sender, nonce, subject)) = queue.recv().await {
+        shared.acknowledge(&sender, nonce, &subject).await;
     }
     std::future::pending().await
 }
