@@ -41,6 +41,7 @@ mod members;
 mod nodes;
 pub(crate) mod notify;
 pub(crate) mod renew;
+mod scripts;
 mod sentinel;
 mod supervisor;
 #[cfg(test)]
@@ -52,7 +53,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use redis::{RedisError, RetryMethod, Script};
+use redis::{RedisError, RetryMethod};
 
 use crate::key::Key;
 use crate::metrics as m;
@@ -64,6 +65,7 @@ use health::Health;
 pub(crate) use lease::Lease;
 pub(crate) use notify::Invalidated;
 use notify::{Notifier, OnInvalidate};
+use scripts::Scripts;
 use supervisor::{Signals, SupervisorGuard};
 
 /// Settings of the Redis tier.
@@ -111,78 +113,6 @@ impl std::fmt::Display for TierError {
             TierError::Timeout => f.write_str("deadline passed"),
             TierError::Redis(e) => write!(f, "{e}"),
         }
-    }
-}
-
-struct Scripts {
-    fetch_or_lease: Script,
-    fetch_fresh: Script,
-    commit: Script,
-    release: Script,
-    renew: Script,
-    invalidate: Script,
-    lock_acquire: Script,
-    lock_release: Script,
-    lock_renew: Script,
-    lock_leave: Script,
-    bump_generation: Script,
-    load_generations: Script,
-    member_renew: Script,
-    members: Script,
-    ack: Script,
-}
-
-impl Scripts {
-    fn new() -> Self {
-        Scripts {
-            fetch_or_lease: Script::new(concat!(
-                include_str!("scripts/fence.lua"),
-                include_str!("scripts/fetch_or_lease.lua")
-            )),
-            fetch_fresh: Script::new(concat!(
-                include_str!("scripts/fence.lua"),
-                include_str!("scripts/fetch_fresh.lua")
-            )),
-            commit: Script::new(concat!(
-                include_str!("scripts/fence.lua"),
-                include_str!("scripts/commit.lua")
-            )),
-            release: Script::new(include_str!("scripts/release.lua")),
-            renew: Script::new(include_str!("scripts/renew.lua")),
-            invalidate: Script::new(concat!(
-                include_str!("scripts/fence.lua"),
-                include_str!("scripts/invalidate.lua")
-            )),
-            lock_acquire: Script::new(include_str!("scripts/lock_acquire.lua")),
-            lock_release: Script::new(include_str!("scripts/lock_release.lua")),
-            lock_renew: Script::new(include_str!("scripts/lock_renew.lua")),
-            lock_leave: Script::new(include_str!("scripts/lock_leave.lua")),
-            bump_generation: Script::new(include_str!("scripts/bump_generation.lua")),
-            load_generations: Script::new(include_str!("scripts/load_generations.lua")),
-            member_renew: Script::new(include_str!("scripts/member_renew.lua")),
-            members: Script::new(include_str!("scripts/members.lua")),
-            ack: Script::new(include_str!("scripts/ack.lua")),
-        }
-    }
-
-    fn all(&self) -> [&Script; 15] {
-        [
-            &self.fetch_or_lease,
-            &self.fetch_fresh,
-            &self.commit,
-            &self.release,
-            &self.renew,
-            &self.invalidate,
-            &self.lock_acquire,
-            &self.lock_release,
-            &self.lock_renew,
-            &self.lock_leave,
-            &self.bump_generation,
-            &self.load_generations,
-            &self.member_renew,
-            &self.members,
-            &self.ack,
-        ]
     }
 }
 
