@@ -250,8 +250,8 @@ async fn forged_copied_and_readdressed_acknowledgements_do_not_end_a_purge() {
     let forged = Arc::new(AtomicUsize::new(0));
     let forger = forge_on_channels(&redis, Arc::clone(&forged)).await;
 
-    // The forger learns every name from a first purge's acknowledgements.
-    purge(&c.guard, "warm-up").await;
+    // The forger learns every name from a first purge and its
+    // acknowledgements.
     purge(&a.guard, "warm-up").await;
     assert_eq!(held(&b.app).await, "p1-d0");
     assert_eq!(held(&c.app).await, "p1-d0");
@@ -264,7 +264,7 @@ async fn forged_copied_and_readdressed_acknowledgements_do_not_end_a_purge() {
     proxy.thaw();
     forger.abort();
     assert!(
-        forged.load(Ordering::SeqCst) >= 3,
+        forged.load(Ordering::SeqCst) >= 2,
         "the forger answered every purge"
     );
     assert_eq!(
