@@ -18,7 +18,9 @@
 //!   resubscription are pending;
 //! - a subscriber whose client reconnects but may no longer subscribe to
 //!   the event channel (only to its acknowledgement channel): it answers
-//!   pings, so its keepalives must not keep its L1 trusted.
+//!   pings, so its keepalives must not keep its L1 trusted;
+//! - then a new link that subscribes and fails to open after that (its
+//!   scripts refused): its subscription must not end the old one's gap.
 #![cfg(feature = "redis")]
 
 mod common;
@@ -407,4 +409,70 @@ async fn a_subscriber_back_without_the_event_channel_keeps_no_lease() {
         answer.x_cache()
     );
     assert_eq!(subscribers(&redis, "sg:events"), 1, "B never heard it");
+}
+
+/// Whether Redis's ACL log holds a refusal whose description contains
+/// `what`.
+async fn acl_log_names(redis: &RedisServer, what: &str) -> bool {
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let log: redis::Value = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    format!("{log:?}").contains(what)
+}
+
+/// As above, B's subscriber is back without the event channel. Then the
+/// channel is given back, but `SCRIPT LOAD` taken away: B's next new link
+/// subscribes (its subscription is seen to end the gap) and then fails to
+/// load the scripts, and is dropped. The old subscriber still hears
+/// nothing: B must not take the failed link's subscription for its own,
+/// and must answer the new version once A's purge returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_that_fails_after_subscribing_does_not_end_the_gap() {
+    let mut args = vec!["--user", "app", "on", ">app-secret"];
+    args.extend(common::tls::ACL_RULES.iter().copied());
+    let redis = RedisServer::start_with(&args);
+    let version = Arc::new(AtomicU64::new(0));
+    let a = node(&redis.url(), &version).await;
+    let b_url = format!("redis://app:app-secret@127.0.0.1:{}/", redis.port());
+    let b = node(&b_url, &version).await;
+    purge(&a.guard, "warm-up").await;
+    assert_eq!(held(&b.app).await, "p1-d0");
+    until("both instances subscribed", || {
+        subscribers(&redis, "sg:events") == 2
+    })
+    .await;
+    let revoke = ["ACL", "SETUSER", "app", "resetchannels", "&sg:events:ack:*"];
+    assert_eq!(redis.raw(&revoke), "+OK");
+    until("B's subscriber dropped", || {
+        subscribers(&redis, "sg:events") == 1
+    })
+    .await;
+    until("B's subscriber reconnected", || {
+        clients_of(&redis, "app") == 2
+    })
+    .await;
+    assert_eq!(redis.raw(&["ACL", "LOG", "RESET"]), "+OK");
+    let swap = ["ACL", "SETUSER", "app", "&sg:*", "-script|load"];
+    assert_eq!(redis.raw(&swap), "+OK");
+    for _ in 0..400 {
+        if acl_log_names(&redis, "load").await {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(acl_log_names(&redis, "load").await, "B tried a new link");
+    assert_eq!(held(&b.app).await, "p1-d0");
+    version.store(1, Ordering::SeqCst);
+    purge(&a.guard, "product:1").await;
+    let answer = send(&b.app, request("/products/1")).await;
+    assert_eq!(
+        answer.text(),
+        "p1-d1",
+        "B, deaf to the event channel, served what it held before the purge ({})",
+        answer.x_cache()
+    );
 }
