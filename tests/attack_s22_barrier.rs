@@ -17,8 +17,9 @@
 //!   outage in the instance's L1, and the purge sent while its probe and
 //!   resubscription are pending;
 //! - a subscriber whose client reconnects but may no longer subscribe to
-//!   the event channel (only to its acknowledgement channel): it answers
-//!   pings, so its keepalives must not keep its L1 trusted;
+//!   the event channel (only to its acknowledgement channel, whose
+//!   subscription must not end the gap): it answers pings, so its
+//!   keepalives must not keep its L1 trusted;
 //! - then a new link that subscribes and fails to open after that (its
 //!   scripts refused): its subscription must not end the old one's gap.
 #![cfg(feature = "redis")]
@@ -366,10 +367,12 @@ async fn a_purge_right_after_a_restart_reaches_a_value_built_during_the_outage()
 
 /// B runs as a user that loses the event channel (it keeps its
 /// acknowledgement channel): Redis drops B's subscriber, whose client
-/// reconnects, subscribes again to the acknowledgement channel only, and
-/// answers pings. B hears no purge from then on, so the keepalives it
-/// answers must not keep its L1 trusted: once A's purge returned, B must
-/// answer the new version.
+/// reconnects, is refused its resubscription (one `SUBSCRIBE` naming both
+/// channels), and answers pings. B's new links subscribe to the
+/// acknowledgement channel (a subscription that must not end the gap),
+/// then are refused the event channel. B hears no purge from then on, so
+/// the keepalives it answers must not keep its L1 trusted: once A's purge
+/// returned, B must answer the new version.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_back_without_the_event_channel_keeps_no_lease() {
     let mut args = vec!["--user", "app", "on", ">app-secret"];
