@@ -177,7 +177,16 @@ impl RedisTier {
         let ack_channel = notifier.ack_channel(&channel);
         let scripts = Scripts::new();
         let started = Instant::now();
-        let link = open(&config, &channel, &ack_channel, &notifier, &scripts).await?;
+        let retired = Arc::default();
+        let link = open(
+            &config,
+            &channel,
+            &ack_channel,
+            &notifier,
+            &scripts,
+            retired,
+        )
+        .await?;
         let eviction = eviction_policy(&link.conn, config.connect_timeout).await;
         if let Some(policy) = &eviction {
             tracing::warn!(
@@ -365,8 +374,10 @@ impl Shared {
     /// Opens new connections and swaps them in. Waiters are woken: messages
     /// sent while the old ones failed were lost.
     async fn reopen(&self) -> Result<(), RedisError> {
-        // Messages published before the new subscription are not heard.
-        self.notifier.mark_gap();
+        // Messages published before the new subscription are not heard,
+        // and a link that fails after subscribing leaves the gap open.
+        let retired = Arc::new(AtomicBool::new(false));
+        let opening = self.notifier.opening(retired.clone());
         let before = self.link();
         let link = open(
             &self.config,
@@ -374,9 +385,11 @@ impl Shared {
             &self.ack_channel,
             &self.notifier,
             &self.scripts,
+            retired,
         )
         .await?;
         let mut current = self.link.write().unwrap_or_else(|p| p.into_inner());
+        opening.swapped_in();
         if !Arc::ptr_eq(&current, &before) {
             // Another reopen, begun later (a failover announced while this
             // one waited on the old primary), swapped in first: keep it.
@@ -400,6 +413,7 @@ async fn open(
     ack_channel: &str,
     notifier: &Arc<Notifier>,
     scripts: &Scripts,
+    retired: Arc<AtomicBool>,
 ) -> Result<Link, RedisError> {
     let options = Options {
         connect_timeout: config.connect_timeout,
@@ -408,8 +422,8 @@ async fn open(
         channel,
         ack_channel,
     };
-    // Pushes from a link that has been replaced (closing down) are ignored.
-    let retired = Arc::new(AtomicBool::new(false));
+    // Pushes from a link that has been replaced (closing down), or that
+    // failed to open, are ignored.
     let sink = notifier.clone();
     let gone = retired.clone();
     let sink: Sink = Arc::new(move |push| {

@@ -12,7 +12,7 @@
 //! so the map holds at most one slot per key being rebuilt somewhere else.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -195,6 +195,20 @@ impl Notifier {
         self.gap.store(true, Ordering::Release);
     }
 
+    /// Marks a gap, and keeps it marked for a new link until
+    /// [`Opening::swapped_in`]: a link that subscribed (its subscription
+    /// seen to end the gap) and then failed to open, or whose opening was
+    /// given up, is dropped, while the link in use may still hear nothing.
+    /// Its `retired` flag is set then too, so its late pushes are ignored.
+    pub(crate) fn opening(&self, retired: Arc<AtomicBool>) -> Opening<'_> {
+        self.mark_gap();
+        Opening {
+            notifier: self,
+            retired,
+            done: false,
+        }
+    }
+
     /// The invalidation notice for `key`, signed by this process, with the
     /// nonce its acknowledgements name.
     pub(crate) fn invalidation(&self, key: &Key, nonce: u64) -> String {
@@ -371,6 +385,30 @@ impl Notifier {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = slots.get(key) {
             tx.send_replace(Wake { event, carried });
+        }
+    }
+}
+
+/// A link being opened (see [`Notifier::opening`]).
+pub(crate) struct Opening<'a> {
+    notifier: &'a Notifier,
+    retired: Arc<AtomicBool>,
+    done: bool,
+}
+
+impl Opening<'_> {
+    /// The link is in use (or another, opened later, is): its subscription
+    /// ended the gap for good.
+    pub(crate) fn swapped_in(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.retired.store(true, Ordering::Release);
+            self.notifier.mark_gap();
         }
     }
 }

@@ -21,8 +21,10 @@
 //!
 //! Beside those jobs, and never held up by them, the supervisor:
 //!
-//! - pings the subscriber every [`KEEPALIVE`]. An answer renews the
-//!   subscription lease (see [`super::barrier`]); no answer within the
+//! - pings the subscriber every [`KEEPALIVE`]. An answer outside a gap in
+//!   the subscription renews the subscription lease (see
+//!   [`super::barrier`]); one during a gap renews nothing and asks for a
+//!   resubscription; no answer within the
 //!   deadline (a frozen link, a dead connection) means invalidations may go
 //!   unheard from now on: the in-process tier is dropped at once, and the
 //!   subscription opened again (then dropped again, since messages may
@@ -145,12 +147,28 @@ async fn keepalive(shared: &Shared) {
     loop {
         tick.tick().await;
         let sent = std::time::Instant::now();
+        // A subscriber in a gap may answer pings without hearing the event
+        // channel: its client reconnected, but could not subscribe again
+        // (the channel refused to the user, say). A ping proves the
+        // subscription live only if no gap was open when it was sent nor
+        // once it was answered (a gap that opened and closed between the
+        // two dropped the in-process tier when it closed).
+        let subscribed = !shared.notifier.in_gap();
         if ping_subscriber(shared).await {
             // Only a subscription just confirmed live keeps the membership,
             // and the in-process tier is trusted only as long as the
             // membership the invalidations wait for: a keepalive whose
             // renewal failed extends nothing.
-            if shared.renew_membership().await {
+            if !subscribed || shared.notifier.in_gap() {
+                // Whatever left the gap open (a reopen that failed, a
+                // resubscription the server refused), the supervisor
+                // subscribes again, on new connections.
+                tracing::debug!(
+                    "redis subscriber answers, but its subscription is not back yet; \
+                     the subscription lease is not renewed"
+                );
+                shared.notifier.disconnected.notify_one();
+            } else if shared.renew_membership().await {
                 shared.notifier.liveness.confirm(sent);
             }
         } else {
