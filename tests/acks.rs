@@ -20,27 +20,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::routing::get;
 use axum::Router;
 use common::fleet::{backend_at, keys_like};
 use common::redis::RedisServer;
+use common::tagged::versioned as app;
 use common::{get as request, send, ROOMY_DEADLINE};
 use stampede_guard::{Backend, StampedeGuard};
-
-/// `/products/1` answers `p1-d<version>`, tagged `product:1`.
-fn app(version: &Arc<AtomicU64>, guard: &StampedeGuard) -> Router {
-    let version = version.clone();
-    let handler = move || {
-        let version = version.clone();
-        async move {
-            (
-                [("surrogate-key", "product:1")],
-                format!("p1-d{}", version.load(Ordering::SeqCst)),
-            )
-        }
-    };
-    Router::new().route("/products/1", get(handler).layer(guard.clone()))
-}
 
 /// What `command` (SMEMBERS, or ZRANGE over all) lists at `key`.
 fn listed(redis: &RedisServer, command: &str, key: &str) -> Vec<String> {

@@ -1,6 +1,8 @@
 //! A fleet of tagged product routes on one Redis, for the tag-purge
 //! attack tests.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::Path;
@@ -56,4 +58,19 @@ pub fn bucket_field(tag: &str) -> String {
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     format!("b{}", hash % 4096)
+}
+
+/// `/products/1` answering `p1-d<version>`, tagged `product:1`.
+pub fn versioned(version: &Arc<AtomicU64>, guard: &StampedeGuard) -> Router {
+    let version = version.clone();
+    let handler = move || {
+        let version = version.clone();
+        async move {
+            (
+                [("surrogate-key", "product:1")],
+                format!("p1-d{}", version.load(Ordering::SeqCst)),
+            )
+        }
+    };
+    Router::new().route("/products/1", get(handler).layer(guard.clone()))
 }
