@@ -178,15 +178,11 @@ impl RedisTier {
         let scripts = Scripts::new();
         let started = Instant::now();
         let retired = Arc::default();
-        let link = open(
-            &config,
-            &channel,
-            &ack_channel,
-            &notifier,
-            &scripts,
-            retired,
-        )
-        .await?;
+        let link = open(&config, &channel, &ack_channel, &notifier, retired).await?;
+        // Scripts are not replicated with the data: loading them now spares
+        // a request a NOSCRIPT retry inside its deadline, and tells a user
+        // the server refuses them at once.
+        load_scripts(&config, &link, &scripts).await?;
         let eviction = eviction_policy(&link.conn, config.connect_timeout).await;
         if let Some(policy) = &eviction {
             tracing::warn!(
@@ -384,35 +380,43 @@ impl Shared {
             &self.channel,
             &self.ack_channel,
             &self.notifier,
-            &self.scripts,
             retired,
         )
         .await?;
-        let mut current = self.link.write().unwrap_or_else(|p| p.into_inner());
-        opening.swapped_in();
-        if !Arc::ptr_eq(&current, &before) {
-            // Another reopen, begun later (a failover announced while this
-            // one waited on the old primary), swapped in first: keep it.
-            link.retired.store(true, Ordering::Release);
-            return Ok(());
-        }
-        let old = std::mem::replace(&mut *current, Arc::new(link));
-        drop(current);
+        let old = {
+            let mut current = self.link.write().unwrap_or_else(|p| p.into_inner());
+            opening.swapped_in();
+            if !Arc::ptr_eq(&current, &before) {
+                // Another reopen, begun later (a failover announced while
+                // this one waited on the old primary), swapped in first:
+                // keep it.
+                link.retired.store(true, Ordering::Release);
+                return Ok(());
+            }
+            std::mem::replace(&mut *current, Arc::new(link))
+        };
         old.retired.store(true, Ordering::Release);
         self.notifier.wake_all();
+        // Only once the new subscription is in use: on a new primary the
+        // scripts spare requests a NOSCRIPT retry, but a load that fails or
+        // hangs (a node frozen on a cluster, `SCRIPT LOAD` refused to the
+        // user) only leaves them to that retry. Had it kept the link from
+        // being swapped in, the gap would stay open, and the in-process
+        // tier untrusted, for as long as the load failed.
+        if let Err(e) = load_scripts(&self.config, &self.link(), &self.scripts).await {
+            tracing::debug!(error = %e, "cannot load the scripts on the new connections yet");
+        }
         Ok(())
     }
 }
 
-/// Opens both connections, subscribes, and loads the scripts. Scripts are
-/// not replicated with the data: a new primary needs them loaded, and
-/// loading them now spares a request a NOSCRIPT retry inside its deadline.
+/// Opens both connections and subscribes. The scripts are loaded after
+/// (see [`load_scripts`]).
 async fn open(
     config: &TierConfig,
     channel: &str,
     ack_channel: &str,
     notifier: &Arc<Notifier>,
-    scripts: &Scripts,
     retired: Arc<AtomicBool>,
 ) -> Result<Link, RedisError> {
     let options = Options {
@@ -431,7 +435,15 @@ async fn open(
             sink.on_push(push);
         }
     });
-    let link = connection::open(&config.topology, &options, sink, retired).await?;
+    connection::open(&config.topology, &options, sink, retired).await
+}
+
+/// Loads every script on `link`'s primaries (on a cluster, each of them).
+async fn load_scripts(
+    config: &TierConfig,
+    link: &Link,
+    scripts: &Scripts,
+) -> Result<(), RedisError> {
     let mut loader = link.conn.clone();
     let load = async {
         for script in scripts.all() {
@@ -439,8 +451,7 @@ async fn open(
         }
         Ok(())
     };
-    connection::with_timeout(config.connect_timeout, "loading the scripts", load).await?;
-    Ok(link)
+    connection::with_timeout(config.connect_timeout, "loading the scripts", load).await
 }
 
 /// Redis's eviction policy, if a `maxmemory` is set and the policy may evict

@@ -318,13 +318,16 @@ async fn probe_once(shared: &Shared) -> bool {
 }
 
 /// One attempt to subscribe again: true once done. A subscriber whose
-/// client reconnected and subscribed again (the event channel's
-/// subscription ended the gap), and that answers a ping, needs nothing
-/// more. Otherwise new connections, at once: a connection that died without a word (a
-/// dropped NAT entry, a half-open socket) only times out, and a timeout
-/// does not make the client reconnect.
+/// client reconnected and subscribed again, or a link swapped in since the
+/// request (either way the event channel's subscription ended the gap),
+/// that answers a ping needs nothing more: a request made while a reopen
+/// was under way (a keepalive answered during its gap) must not reopen
+/// again once it is done, dropping the in-process tier a second time.
+/// Otherwise new connections, at once: a connection that died without a
+/// word (a dropped NAT entry, a half-open socket) only times out, and a
+/// timeout does not make the client reconnect.
 async fn resubscribe_once(shared: &Shared) -> bool {
-    if !shared.health.is_cluster() && !shared.notifier.in_gap() && ping_subscriber(shared).await {
+    if !shared.notifier.in_gap() && ping_subscriber(shared).await {
         tracing::info!("redis subscription re-established on its own connection");
         return true;
     }
