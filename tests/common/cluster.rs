@@ -21,44 +21,34 @@ impl Cluster {
     /// The same, with extra settings for every node (`--user …`).
     pub fn start_with(masters: usize, replicas: usize, extra: &[&str]) -> Self {
         let count = masters * (1 + replicas);
-        let nodes: Vec<RedisServer> = (0..count)
-            .map(|_| {
-                let bus = free_port().to_string();
-                let mut args = vec![
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    // Short enough that a lost primary is replaced within a
-                    // few seconds, long enough not to flap on a busy machine.
-                    "--cluster-node-timeout",
-                    "1000",
-                    // A replica may take over however long ago it last
-                    // heard from its primary (the test's data is idle).
-                    "--cluster-replica-validity-factor",
-                    "0",
-                    "--repl-diskless-sync-delay",
-                    "0",
-                    "--cluster-port",
-                    &bus,
-                ];
-                args.extend_from_slice(extra);
-                RedisServer::start_with(&args)
-            })
-            .collect();
+        let nodes: Vec<RedisServer> = (0..count).map(|_| start_node(extra)).collect();
         let addresses: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
-        let status = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .status()
+            .spawn()
             .expect("redis-cli is installed");
+        // It waits for every node to join, without end: a node that died
+        // meanwhile must fail the test, not hang it.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = create.try_wait().expect("redis-cli runs") {
+                break status;
+            }
+            if Instant::now() >= deadline {
+                let _ = create.kill();
+                let _ = create.wait();
+                panic!("redis-cli --cluster create did not finish in 60 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
         assert!(status.success(), "redis-cli --cluster create");
         let cluster = Cluster { nodes };
         cluster.wait_until_ok(Duration::from_secs(20));
@@ -232,4 +222,56 @@ pub fn finish_migration(source: &RedisServer, target: &RedisServer, slot: &str) 
         migrate_all();
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// One cluster node. Its cluster bus port is picked again if it was taken
+/// meanwhile (by another test's connection, say): with the same bus port,
+/// every try on another client port would fail the same way.
+fn start_node(extra: &[&str]) -> RedisServer {
+    for _ in 0..5 {
+        let bus = free_port().to_string();
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            // Short enough that a lost primary is replaced within a
+            // few seconds, long enough not to flap on a busy machine.
+            "--cluster-node-timeout",
+            "1000",
+            // A replica may take over however long ago it last
+            // heard from its primary (the test's data is idle).
+            "--cluster-replica-validity-factor",
+            "0",
+            "--repl-diskless-sync-delay",
+            "0",
+            "--cluster-port",
+            &bus,
+        ];
+        args.extend_from_slice(extra);
+        let Some(mut node) = RedisServer::try_start_with(&args) else {
+            continue;
+        };
+        // A node answers on its client port before it binds its bus port,
+        // and exits if that is taken: it must answer on both, and still be
+        // up after, or the cluster would wait for it to join for ever.
+        let bus: u16 = bus.parse().expect("a port number");
+        if bus_listens(bus) && node.ping() {
+            return node;
+        }
+        node.kill();
+    }
+    panic!("could not start a cluster node (is redis-server installed? scripts/test installs it)");
+}
+
+/// Whether a cluster bus port accepts connections, within two seconds.
+fn bus_listens(port: u16) -> bool {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while std::time::Instant::now() < until {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    false
 }

@@ -29,6 +29,15 @@ impl RedisServer {
 
     /// Starts a server with extra command-line settings (`--requirepass x`).
     pub fn start_with(extra: &[&str]) -> Self {
+        Self::try_start_with(extra).unwrap_or_else(|| {
+            panic!("could not start redis-server (is it installed? scripts/test installs it)")
+        })
+    }
+
+    /// [`start_with`](Self::start_with), or `None` if the server did not
+    /// come up on any of five free ports (another port in `extra` may be
+    /// taken: the caller picks it again).
+    pub fn try_start_with(extra: &[&str]) -> Option<Self> {
         let dir = std::env::temp_dir().join(format!(
             "stampede-guard-redis-{}-{}",
             std::process::id(),
@@ -44,10 +53,11 @@ impl RedisServer {
         for _ in 0..5 {
             server.port = free_port();
             if server.spawn() {
-                return server;
+                return Some(server);
             }
         }
-        panic!("could not start redis-server (is it installed? scripts/test installs it)");
+        let _ = std::fs::remove_dir_all(&server.dir);
+        None
     }
 
     fn spawn(&mut self) -> bool {
