@@ -166,6 +166,12 @@ pub(crate) fn classify(e: &redis::RedisError) -> ErrorKind {
         _ => match e.code() {
             Some("WRONGPASS" | "NOAUTH") => ErrorKind::Auth,
             Some("NOPERM") => ErrorKind::Permission,
+            // A command a script runs that the user may not: Redis 7.0
+            // says so with a plain `ERR` ("The user executing the script
+            // can't run this command or subcommand"), later ones `NOPERM`.
+            Some("ERR") if e.to_string().contains("can't run this command") => {
+                ErrorKind::Permission
+            }
             _ => ErrorKind::Other,
         },
     }
@@ -258,6 +264,25 @@ mod tests {
         let redis =
             RedisServer::start_with(&["--user", "app", "on", ">pw", "~*", "&other:*", "+@all"]);
         let e = connect_error(&format!("redis://app:pw@127.0.0.1:{}/", redis.port())).await;
+        assert_eq!(classify(&e), ErrorKind::Permission, "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_command_a_script_may_not_run_is_a_permission_error() {
+        let redis =
+            RedisServer::start_with(&["--user", "app", "on", ">pw", "~*", "&*", "+@all", "-sadd"]);
+        let client = redis::Client::open(format!("redis://app:pw@127.0.0.1:{}/", redis.port()))
+            .expect("a valid URL");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connected");
+        let script = redis::Script::new("return redis.call('SADD', KEYS[1], 'x')");
+        let e = script
+            .key("k")
+            .invoke_async::<i64>(&mut conn)
+            .await
+            .expect_err("SADD is refused to the user");
         assert_eq!(classify(&e), ErrorKind::Permission, "{e}");
     }
 

@@ -23,6 +23,7 @@ use std::collections::HashSet;
 
 use super::barrier::{ack_channel, ack_message};
 use super::Shared;
+use crate::error::{classify, ErrorKind};
 use crate::store::millis;
 
 /// How many subscription leases an acknowledgement set is kept: its sender
@@ -56,7 +57,7 @@ impl Shared {
         });
         match sent.await {
             Ok(_) => {}
-            Err(e) if refused(&e) => tracing::warn!(
+            Err(e) if classify(&e) == ErrorKind::Permission => tracing::warn!(
                 error = %e,
                 "cannot acknowledge an invalidation: the redis user needs +sadd (see the \
                  ACL in docs/TOPOLOGY.md); its sender waits a whole subscription lease"
@@ -98,11 +99,4 @@ impl Shared {
 /// recorded.
 fn recorded(instance: &str, subject: &str) -> String {
     format!("{instance}:{subject}")
-}
-
-/// Whether the server refused the script's command to the user (Redis 7.0
-/// says so with `ERR ... can't run this command`, later ones with
-/// `NOPERM`).
-fn refused(e: &redis::RedisError) -> bool {
-    e.code() == Some("NOPERM") || e.to_string().contains("can't run this command")
 }
