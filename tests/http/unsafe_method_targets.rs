@@ -2,18 +2,16 @@
 //! (relative, dot segments, a bare query, behind a nested router), writes
 //! that must not purge another host, the opt-out and failed writes.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{get as get_req, send, Origin};
 use axum::body::Body;
 use axum::extract::OriginalUri;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::{get as get_req, send, Origin};
 use http::header::{CONTENT_LOCATION, LOCATION};
 use http::{HeaderMap, Method, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};

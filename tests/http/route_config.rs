@@ -3,13 +3,11 @@
 //! values governing a real layer.
 #![cfg(feature = "serde")]
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{get as get_req, send, Origin};
 use axum::routing::get;
 use axum::Router;
-use common::{get as get_req, send, Origin};
 use http::{HeaderName, StatusCode};
 use stampede_guard::{Backend, RouteConfig, StampedeGuard, WaitTimeout};
 

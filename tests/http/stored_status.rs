@@ -3,15 +3,13 @@
 //! tier, with and without Redis), and the one window the README admits (a
 //! body that fails after its head left).
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::status::{ours, with};
+use crate::common::{send, Origin};
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use common::status::{ours, with};
-use common::{send, Origin};
 use http::{header, Request};
 use stampede_guard::{Backend, StampedeGuard};
 
@@ -162,13 +160,13 @@ async fn a_body_that_ends_short_after_a_head_that_said_stored() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_an_answer_heavier_than_the_in_process_tier_is_stored() {
-    let redis = common::redis::RedisServer::start();
+    let redis = crate::common::redis::RedisServer::start();
     for (n, method) in ["GET", "HEAD"].into_iter().enumerate() {
         let origin = Origin::default();
         let backend = Backend::redis_builder(&redis.url())
             .prefix(format!("heavy{n}"))
             .l1_max_bytes(16 * 1024)
-            .deadline(common::ROOMY_DEADLINE)
+            .deadline(crate::common::ROOMY_DEADLINE)
             .connect()
             .await
             .expect("redis backend");

@@ -1,16 +1,14 @@
 //! Never cache what must not be shared, and never buffer what is too large.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{get as get_req, send, Origin};
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use common::{get as get_req, send, Origin};
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
 use stampede_guard::{Backend, StampedeGuard};
@@ -44,7 +42,10 @@ fn app_with(
     )
 }
 
-async fn twice(app: &Router, make: impl Fn() -> Request<Body>) -> (common::Answer, common::Answer) {
+async fn twice(
+    app: &Router,
+    make: impl Fn() -> Request<Body>,
+) -> (crate::common::Answer, crate::common::Answer) {
     let a = send(app, make()).await;
     let b = send(app, make()).await;
     (a, b)

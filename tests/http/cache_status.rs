@@ -1,17 +1,15 @@
 //! The RFC 9211 `Cache-Status` member, in each way a request is answered.
 
-mod common;
-
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::status::split_ttl;
+use crate::common::{burst, get as get_req, send, Answer, Origin};
 use axum::body::Body;
 use axum::response::AppendHeaders;
 use axum::routing::get;
 use axum::Router;
-use common::status::split_ttl;
-use common::{burst, get as get_req, send, Answer, Origin};
 use http::{header, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Semaphore;
@@ -135,7 +133,7 @@ async fn waiters_of_one_rebuild_are_collapsed() {
         .count();
     assert_eq!(starters, 1, "{members:?}");
     assert_eq!(starters + collapsed + hits, 8, "{members:?}");
-    assert_eq!(collapsed, common::tally(&answers, "COALESCED"));
+    assert_eq!(collapsed, crate::common::tally(&answers, "COALESCED"));
 }
 
 #[tokio::test]

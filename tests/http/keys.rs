@@ -3,16 +3,14 @@
 //! targets, HTTP/2 authorities, nested routers, query order, forwarding
 //! headers, GET bodies), against real axum apps served by hyper.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::common::{get as get_req, send, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::{get as get_req, send, Origin};
 use http::header::{HOST, LOCATION};
 use http::{HeaderMap, HeaderName, Request, StatusCode, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};

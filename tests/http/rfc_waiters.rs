@@ -2,16 +2,14 @@
 //! would test them: refusals meant for one client, hit-for-miss windows,
 //! and the end of a wait.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::driver::counted_app;
+use crate::common::{get as get_req, send, tally, Answer, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::driver::counted_app;
-use common::{get as get_req, send, tally, Answer, Origin};
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard, WaitTimeout};
 
@@ -97,11 +95,11 @@ async fn a_refusal_timed_at_expiry_is_not_handed_to_the_waiters() {
             tokio::spawn(async move { send(&app, bot()).await })
         };
         tokio::time::sleep(REFUSE_AFTER / 4).await;
-        let waiters = common::driver::spawn_requests(&app, 20);
+        let waiters = crate::common::driver::spawn_requests(&app, 20);
         let attacked = attacker.await.unwrap();
         assert_eq!(attacked.status, refusal);
         assert_eq!(attacked.text(), "go away");
-        let texts = common::driver::texts(waiters).await;
+        let texts = crate::common::driver::texts(waiters).await;
         // One waiter led again; the others waited on it.
         assert!(texts.iter().all(|t| t == "v2"), "{refusal}: {texts:?}");
         assert_eq!(origin.calls(), 2, "{refusal}");
@@ -122,7 +120,7 @@ async fn a_refusal_does_not_open_a_hit_for_miss_window() {
     let app = refusing_app(&origin, guard(), StatusCode::FORBIDDEN);
     assert_eq!(send(&app, bot()).await.status, StatusCode::FORBIDDEN);
     // The next requests coalesce on one rebuild, as if nothing happened.
-    let answers = common::burst(&app, 10, || get_req("/report")).await;
+    let answers = crate::common::burst(&app, 10, || get_req("/report")).await;
     assert_eq!(tally(&answers, "BYPASS"), 0);
     assert!(answers.iter().all(|a| a.text() == "v2"));
     assert_eq!(origin.calls(), 2);
@@ -163,10 +161,10 @@ async fn one_cookie_does_not_turn_a_hot_key_into_uncoalesced_calls() {
     // A steady stream inside the 5 s hit-for-miss window.
     let mut tasks = Vec::new();
     for _ in 0..100 {
-        tasks.push(common::driver::spawn_request(&app));
+        tasks.push(crate::common::driver::spawn_request(&app));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let texts = common::driver::texts(tasks).await;
+    let texts = crate::common::driver::texts(tasks).await;
     assert!(
         origin.calls() <= 3,
         "{} origin calls for 101 requests",
@@ -211,7 +209,7 @@ async fn herd_after_budget(guard: StampedeGuard) -> (Origin, Vec<Answer>) {
             format!("v{n}")
         },
     );
-    let answers = common::burst(&app, 30, || get_req("/report")).await;
+    let answers = crate::common::burst(&app, 30, || get_req("/report")).await;
     (origin, answers)
 }
 
@@ -244,8 +242,8 @@ async fn waiters_out_of_budget_never_call_the_origin_together() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_out_of_budget_never_call_the_origin_together_with_redis() {
-    let redis = common::redis::RedisServer::start();
-    let backend = common::driver::connect(&redis).await;
+    let redis = crate::common::redis::RedisServer::start();
+    let backend = crate::common::driver::connect(&redis).await;
     let (origin, answers) =
         herd_after_budget(StampedeGuard::new(backend).ttl(Duration::from_secs(60))).await;
     assert_eq!((origin.calls(), origin.peak()), (1, 1));
@@ -257,8 +255,8 @@ async fn waiters_out_of_budget_never_call_the_origin_together_with_redis() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_is_not_handed_to_the_waiters_with_redis() {
-    let redis = common::redis::RedisServer::start();
-    let backend = common::driver::connect(&redis).await;
+    let redis = crate::common::redis::RedisServer::start();
+    let backend = crate::common::driver::connect(&redis).await;
     let origin = Origin::default();
     let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
     let app = refusing_app(&origin, guard, StatusCode::TOO_MANY_REQUESTS);
@@ -267,12 +265,12 @@ async fn a_refusal_is_not_handed_to_the_waiters_with_redis() {
         tokio::spawn(async move { send(&app, bot()).await })
     };
     tokio::time::sleep(REFUSE_AFTER / 4).await;
-    let waiters = common::driver::spawn_requests(&app, 20);
+    let waiters = crate::common::driver::spawn_requests(&app, 20);
     assert_eq!(
         attacker.await.unwrap().status,
         StatusCode::TOO_MANY_REQUESTS
     );
-    let texts = common::driver::texts(waiters).await;
+    let texts = crate::common::driver::texts(waiters).await;
     assert!(texts.iter().all(|t| t == "v2"), "{texts:?}");
     assert_eq!((origin.calls(), origin.peak()), (2, 1));
 }
@@ -313,7 +311,7 @@ async fn a_key_whose_status_is_never_stored_does_not_queue_its_requests() {
             format!("v{n}"),
         )
     });
-    let answers = common::burst(&app, 20, || get_req("/report")).await;
+    let answers = crate::common::burst(&app, 20, || get_req("/report")).await;
     assert!(answers.iter().all(|a| a.status == StatusCode::FOUND));
     assert!(origin.peak() > 1, "the requests ran side by side");
     assert!(origin.calls() <= 20);
@@ -327,8 +325,8 @@ async fn a_key_whose_status_is_never_stored_does_not_queue_its_requests() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_cookie_does_not_unhinge_a_hot_key_with_redis() {
-    let redis = common::redis::RedisServer::start();
-    let backend = common::driver::connect(&redis).await;
+    let redis = crate::common::redis::RedisServer::start();
+    let backend = crate::common::driver::connect(&redis).await;
     let origin = Origin::default();
     let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
     let app = counted_app(&origin, guard, |n| async move {
@@ -340,10 +338,10 @@ async fn one_cookie_does_not_unhinge_a_hot_key_with_redis() {
     assert_eq!(send(&app, get_req("/report")).await.text(), "personal");
     let mut tasks = Vec::new();
     for _ in 0..50 {
-        tasks.push(common::driver::spawn_request(&app));
+        tasks.push(crate::common::driver::spawn_request(&app));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let texts = common::driver::texts(tasks).await;
+    let texts = crate::common::driver::texts(tasks).await;
     assert!(texts.iter().all(|t| t.starts_with('v')), "{texts:?}");
     assert!(origin.calls() <= 3, "{} origin calls", origin.calls());
 }

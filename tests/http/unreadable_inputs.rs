@@ -1,25 +1,24 @@
-//! Second-round attacks on the fixed promises: an unreadable `Age` against
-//! saturated stale windows, a request body that holds only trailers, and
-//! the fleet barrier across instances configured with different deadlines.
-
-mod common;
+//! Inputs at the edge of the promises: an unreadable `Age` against
+//! saturated stale windows, a request body that holds only trailers, header
+//! names equal under case folding, and the fleet barrier across instances
+//! configured with different deadlines.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::driver::counted_app;
+#[cfg(feature = "redis")]
+use crate::common::proxy::Proxy;
+#[cfg(feature = "redis")]
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, send, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use common::driver::counted_app;
-#[cfg(feature = "redis")]
-use common::proxy::Proxy;
-#[cfg(feature = "redis")]
-use common::redis::RedisServer;
-use common::{get as get_req, send, Origin};
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use stampede_guard::{Backend, StampedeGuard};

@@ -2,17 +2,15 @@
 //! they come, a body over the cap is fetched once for every waiter, and a
 //! body that fails part way never looks complete to anyone.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{get as get_req, send, tally, Origin};
 use axum::body::Body;
 use axum::response::Response;
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use common::{get as get_req, send, tally, Origin};
 use http::StatusCode;
 use http_body_util::BodyExt;
 use stampede_guard::{Backend, SharedBodyError, StampedeGuard};

@@ -3,18 +3,16 @@
 //! decodes alike, hosts and authorities, forwarding headers, codings), and
 //! the bypasses that keep one client's request out of the others' answers.
 
-mod common;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::common::{get as get_req, send, Origin};
 use axum::body::Body;
 use axum::extract::Query;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::{get as get_req, send, Origin};
 use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, HOST, LOCATION};
 use http::{HeaderMap, Request, StatusCode, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};

@@ -3,18 +3,16 @@
 //! same-host URIs in `Location` and `Content-Location`, on every instance,
 //! before its response is returned.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{send, Answer};
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::{send, Answer};
 use http::header::{ACCEPT_LANGUAGE, CONTENT_LOCATION, HOST, LOCATION};
 use http::{Method, Request, Uri};
 use stampede_guard::{Backend, StampedeGuard};
@@ -183,8 +181,8 @@ async fn a_write_is_read_back_everywhere(a: Backend, b: Backend) {
 #[cfg(feature = "redis")]
 mod with_redis {
     use super::*;
-    use common::driver::connect;
-    use common::redis::RedisServer;
+    use crate::common::driver::connect;
+    use crate::common::redis::RedisServer;
 
     #[tokio::test]
     async fn a_successful_write_invalidates_on_every_instance() {

@@ -2,14 +2,12 @@
 //! (huge `Age`, `max-age`, `s-maxage`, stale windows, garbage) go through
 //! the whole service, and every later request for the key is answered.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{get as get_req, send};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::{get as get_req, send};
 use http::StatusCode;
 use proptest::prelude::*;
 use stampede_guard::{Backend, StampedeGuard};
@@ -116,7 +114,7 @@ async fn the_largest_durations_in_the_configuration_do_not_panic() {
         .lease(Duration::MAX)
         .hit_for_miss(Duration::MAX);
     let app = Router::new().route("/r", get(|| async { "body" }).layer(guard));
-    let answers = common::burst(&app, 20, || get_req("/r")).await;
+    let answers = crate::common::burst(&app, 20, || get_req("/r")).await;
     assert!(answers
         .iter()
         .all(|a| a.status == StatusCode::OK && a.text() == "body"));

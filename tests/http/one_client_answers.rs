@@ -2,18 +2,16 @@
 //! references an unsafe method's answer names (dot segments, a bare query),
 //! and invalidation as a barrier across variants and instances.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::driver::counted_app;
+use crate::common::{get as get_req, send, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::driver::counted_app;
-use common::{get as get_req, send, Origin};
 use http::header::SET_COOKIE;
 use http::{HeaderMap, HeaderName, Method, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
@@ -88,7 +86,7 @@ async fn one_clients_refusal_never_reaches_another() {
                 format!("v{n}").into_response()
             }
         });
-        let answers = common::burst(&app, 10, || get_req("/report")).await;
+        let answers = crate::common::burst(&app, 10, || get_req("/report")).await;
         let refused = answers.iter().filter(|a| a.text() == "refused").count();
         assert_eq!(refused, 1, "{status} reached {refused} clients");
         assert!(answers
@@ -176,9 +174,9 @@ async fn invalidate_is_a_barrier_embedded() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn invalidate_is_a_barrier_for_the_fleet() {
-    let redis = common::redis::RedisServer::start();
-    let a = common::driver::connect(&redis).await;
-    let b = common::driver::connect(&redis).await;
+    let redis = crate::common::redis::RedisServer::start();
+    let a = crate::common::driver::connect(&redis).await;
+    let b = crate::common::driver::connect(&redis).await;
     invalidate_is_a_barrier(a, b).await;
 }
 
@@ -188,9 +186,9 @@ async fn invalidate_is_a_barrier_for_the_fleet() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn invalidate_reaches_every_variant_on_every_instance() {
-    let redis = common::redis::RedisServer::start();
-    let a = common::driver::connect(&redis).await;
-    let b = common::driver::connect(&redis).await;
+    let redis = crate::common::redis::RedisServer::start();
+    let a = crate::common::driver::connect(&redis).await;
+    let b = crate::common::driver::connect(&redis).await;
     let vary = [HeaderName::from_static("x-lang")];
     let ttl = Duration::from_secs(60);
     let ga = StampedeGuard::new(a).ttl(ttl).vary(vary.clone());

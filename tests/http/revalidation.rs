@@ -2,18 +2,16 @@
 //! conditionally, and a `304` renews the entry (headers updated from the
 //! 304, a fresh lifetime, no body sent), committed fleet-wide.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{send, Answer};
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::{send, Answer};
 use http::header::{CONTENT_LENGTH, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED};
 use http::Request;
 use stampede_guard::{Backend, StampedeGuard};
@@ -243,8 +241,8 @@ async fn the_refresh_asks_with_the_entrys_validator_not_the_clients() {
 #[cfg(feature = "redis")]
 mod with_redis {
     use super::*;
-    use common::driver::connect;
-    use common::redis::RedisServer;
+    use crate::common::driver::connect;
+    use crate::common::redis::RedisServer;
 
     #[tokio::test]
     async fn a_304_renewal_is_committed_for_the_fleet() {

@@ -1,17 +1,15 @@
 //! Range requests are answered from one whole fetch: the origin never sees
 //! `Range`, and each request gets its own slice of the entry.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{send, tally, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::{send, tally, Origin};
 use http::{HeaderMap, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Notify;
@@ -122,7 +120,7 @@ async fn thirty_range_requests_on_a_cold_key_make_one_origin_call() {
     assert_eq!(tally(&answers, "COALESCED"), 29);
 
     // The entry is the whole representation.
-    let whole = send(&app.router, common::get("/file")).await;
+    let whole = send(&app.router, crate::common::get("/file")).await;
     assert_eq!((whole.status, whole.x_cache()), (StatusCode::OK, "HIT"));
     assert_eq!(&whole.body[..], BODY);
 }
@@ -232,7 +230,7 @@ async fn a_partial_answer_from_the_origin_is_never_the_entry() {
         })
         .layer(guard()),
     );
-    let first = send(&router, common::get("/file")).await;
+    let first = send(&router, crate::common::get("/file")).await;
     assert_eq!(first.status, StatusCode::PARTIAL_CONTENT);
     let second = send(&router, ranged("GET", "bytes=0-1")).await;
     assert_ne!(second.x_cache(), "HIT");

@@ -1,18 +1,16 @@
 //! Attacks on range handling: edge values, repeated fields, validators,
 //! and what an origin 206 may become.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{send, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
-use common::{send, Origin};
 use http::{HeaderMap, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Notify;
@@ -64,7 +62,7 @@ fn req(method: &str, headers: &[(&str, &str)]) -> Request<Body> {
     b.body(Body::empty()).unwrap()
 }
 
-fn cl(answer: &common::Answer) -> Option<usize> {
+fn cl(answer: &crate::common::Answer) -> Option<usize> {
     answer
         .headers
         .get("content-length")
@@ -72,7 +70,7 @@ fn cl(answer: &common::Answer) -> Option<usize> {
 }
 
 /// Every answer's Content-Length, when present, is its body's length.
-fn assert_framing(answer: &common::Answer) {
+fn assert_framing(answer: &crate::common::Answer) {
     if let Some(n) = cl(answer) {
         assert_eq!(n, answer.body.len(), "Content-Length lies: {answer:?}");
     }

@@ -1,19 +1,17 @@
-//! Attacks on what issue 13 promised an axum team: `Cache-Status` and
+//! What an axum team is promised of the headers: `Cache-Status` and
 //! `x-cache` honest in every state and across guards that share a backend,
 //! tag headers never reaching a client, tag purges reaching every entry,
 //! the config-built guard behaving as the builder-built one, and the old
 //! body type name still compiling.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{get as request, send, Answer, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
-use common::{get as request, send, Answer, Origin};
 use http::{header, HeaderName, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 
@@ -333,11 +331,11 @@ fn the_old_body_name_still_compiles() {
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn across_a_fleet_a_quiet_instance_adds_no_status_header() {
-    let redis = common::redis::RedisServer::start();
+    let redis = crate::common::redis::RedisServer::start();
     let origin = Origin::default();
-    let loud =
-        StampedeGuard::new(common::driver::connect(&redis).await).ttl(Duration::from_secs(60));
-    let quiet = StampedeGuard::new(common::driver::connect(&redis).await)
+    let loud = StampedeGuard::new(crate::common::driver::connect(&redis).await)
+        .ttl(Duration::from_secs(60));
+    let quiet = StampedeGuard::new(crate::common::driver::connect(&redis).await)
         .ttl(Duration::from_secs(60))
         .cache_status(false)
         .cache_status_header(None);

@@ -1,15 +1,13 @@
 //! HEAD, Vary, keys, headers the layer adds, origin Cache-Control, and the L1
 //! byte bound.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{get as get_req, send, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::{get as get_req, send, Origin};
 use http::{HeaderMap, HeaderName, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 

@@ -3,17 +3,15 @@
 //! keep their own tags, and every `Cache-Status` member tells what happened
 //! (a `ttl` that counts the answer's age, a conditional request that missed
 //! told as a miss, `collapsed` and `hit` across instances on Redis). The
-//! `stored` claim: `attack_s22_http_stored.rs`.
-
-mod common;
+//! `stored` claim: `stored_status.rs`.
 
 use std::time::Duration;
 
+use crate::common::status::{no_tag_headers, ours, with};
+use crate::common::{send, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
-use common::status::{no_tag_headers, ours, with};
-use common::{send, Origin};
 use http::{header, HeaderValue, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 
@@ -247,13 +245,14 @@ async fn cache_status_across_instances_tells_each_way_of_answering() {
     use std::sync::Arc;
     use tokio::sync::Semaphore;
 
-    let redis = common::redis::RedisServer::start();
+    let redis = crate::common::redis::RedisServer::start();
     let origin = Origin::default();
     let gate = Arc::new(Semaphore::new(0));
     let mut apps = Vec::new();
     let mut guards = Vec::new();
     for _ in 0..3 {
-        let backend = common::fleet::backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+        let backend =
+            crate::common::fleet::backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
         let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
         let handler = {
             let (origin, gate) = (origin.clone(), gate.clone());

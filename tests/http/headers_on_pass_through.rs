@@ -1,18 +1,16 @@
-//! Second round of attacks on issue 13's HTTP side: tag headers on the
+//! Headers at the HTTP edge beyond the cached path: tag headers on the
 //! answers the cache never takes (pass-throughs), an upstream
 //! `Cache-Status` that is not a structured-field list, headers a `304`
 //! renewal tries to slip into an entry, and the purge example's tagging.
-
-mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{get as request, send, Answer, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
-use common::{get as request, send, Answer, Origin};
 use http::{header, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 
@@ -338,7 +336,7 @@ async fn a_renewing_304_slips_nothing_into_the_entry() {
 /// sent; the handler reads the id percent-decoded (`Path<u32>`), so
 /// `/products/%37` is product 7 too, and its purge must reach that entry.
 #[allow(dead_code)]
-#[path = "../examples/purge.rs"]
+#[path = "../../examples/purge.rs"]
 mod purge_example;
 
 async fn check_spelling(spelling: &str) -> (String, String) {

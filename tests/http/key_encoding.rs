@@ -2,15 +2,13 @@
 //! route or declared), and why requests pass: the bypass counter's `reason`
 //! label and the one warning per reason.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::{send, Answer, Origin};
 use axum::body::Body;
 use axum::routing::{get, post};
 use axum::Router;
-use common::{send, Answer, Origin};
 use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, SET_COOKIE};
 use http::Request;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -135,8 +133,8 @@ async fn compression_behind_the_guard_is_learned_and_coalesced() {
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn compression_behind_the_guard_is_learned_and_coalesced_with_redis() {
-    let redis = common::redis::RedisServer::start();
-    compression_is_protected_once_learned(common::driver::connect(&redis).await).await;
+    let redis = crate::common::redis::RedisServer::start();
+    compression_is_protected_once_learned(crate::common::driver::connect(&redis).await).await;
 }
 
 #[tokio::test]
@@ -268,7 +266,7 @@ async fn each_pass_is_counted_by_reason_and_warned_once_per_guard() {
         .route("/form", post(|| async { "posted" }))
         .layer(guard);
     for n in 0..3 {
-        let a = send(&app, common::get(&format!("/cookie?n={n}"))).await;
+        let a = send(&app, crate::common::get(&format!("/cookie?n={n}"))).await;
         assert_eq!(a.text(), "yours");
     }
     for _ in 0..2 {

@@ -4,18 +4,16 @@
 //! the end of their budget, and unsafe methods (relative and cross-host
 //! locations, nested routers).
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::common::driver::{counted_app, slow_app};
+use crate::common::{burst, get as get_req, send, Answer, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::driver::{counted_app, slow_app};
-use common::{burst, get as get_req, send, Answer, Origin};
 use http::header::{
     CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_MODIFIED_SINCE, IF_NONE_MATCH, LAST_MODIFIED, SET_COOKIE,
 };

@@ -4,17 +4,15 @@
 //! conditional requests. (The requests waiting on a rebuild: in
 //! `http_rfc_waiters`.)
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::common::driver::counted_app;
+use crate::common::{get as get_req, send, tally, Answer, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::Router;
-use common::driver::counted_app;
-use common::{get as get_req, send, tally, Answer, Origin};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 
@@ -132,13 +130,13 @@ async fn must_revalidate_forbids_stale_even_when_the_route_ignores_cache_control
         assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
         tokio::time::sleep(TTL + Duration::from_millis(100)).await;
         // After the ttl, nobody gets the old copy: a rebuild, shared.
-        let answers = common::burst(&app, 10, || get_req("/report")).await;
+        let answers = crate::common::burst(&app, 10, || get_req("/report")).await;
         assert_eq!(tally(&answers, "STALE"), 0, "{directive}");
         assert!(answers.iter().all(|a| a.text() == "v2"), "{directive}");
         // And an origin error after expiry is the failure, not the copy.
         tokio::time::sleep(TTL + Duration::from_millis(100)).await;
         failing.store(true, Ordering::SeqCst);
-        let answers = common::burst(&app, 5, || get_req("/report")).await;
+        let answers = crate::common::burst(&app, 5, || get_req("/report")).await;
         for a in &answers {
             assert_ne!(a.x_cache(), "STALE", "{directive}");
             assert!(a.status.is_server_error(), "{directive}: {a:?}");
@@ -251,11 +249,11 @@ async fn a_no_store_request_neither_starves_nor_replaces_a_flight() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         format!("v{n}")
     });
-    let waiters = common::driver::spawn_requests(&app, 10);
+    let waiters = crate::common::driver::spawn_requests(&app, 10);
     tokio::time::sleep(Duration::from_millis(50)).await;
     let lone = send(&app, report_with(&[("cache-control", "no-store")])).await;
     assert_eq!((lone.x_cache(), lone.text().as_str()), ("BYPASS", "v2"));
-    let texts = common::driver::texts(waiters).await;
+    let texts = crate::common::driver::texts(waiters).await;
     assert!(texts.iter().all(|t| t == "v1"), "{texts:?}");
     let after = send(&app, get_req("/report")).await;
     assert_eq!((after.x_cache(), after.text().as_str()), ("HIT", "v1"));
@@ -399,7 +397,7 @@ async fn an_answer_stale_on_arrival_is_shared_with_its_waiters_but_not_stored() 
             ([("cache-control", "max-age=0")], format!("v{n}"))
         },
     );
-    let answers = common::burst(&app, 10, || get_req("/report")).await;
+    let answers = crate::common::burst(&app, 10, || get_req("/report")).await;
     assert!(answers.iter().all(|a| a.text() == "v1"));
     assert_eq!(origin.calls(), 1);
     assert_eq!(send(&app, get_req("/report")).await.text(), "v2");
