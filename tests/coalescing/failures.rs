@@ -3,20 +3,18 @@
 //! racing an invalidation, fail-closed waits, and leaks over many keys.
 //! Tests that fail here document a promise that does not hold.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::driver::{
+    counted_app, flaky_app, spawn_requests, versioned_app, Versioned, FAIL_AFTER, HERD,
+};
+use crate::common::{burst, get as get_req, send, Answer, Origin};
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use common::driver::{
-    counted_app, flaky_app, spawn_requests, versioned_app, Versioned, FAIL_AFTER, HERD,
-};
-use common::{burst, get as get_req, send, Answer, Origin};
 use http::header::{CACHE_CONTROL, ETAG, SET_COOKIE};
 use http::{Request, StatusCode};
 use stampede_guard::{Backend, Cache, StampedeGuard, WaitTimeout};

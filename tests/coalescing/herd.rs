@@ -1,16 +1,14 @@
 //! One origin call per key: coalescing, stale serving and leader hand-over,
 //! on real axum routers under real concurrency.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{burst, get as get_req, send, tally, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::{burst, get as get_req, send, tally, Origin};
 use http::{Request, Response, StatusCode};
 use stampede_guard::{Backend, StampedeGuard, WaitTimeout};
 use tokio::sync::Notify;
@@ -264,7 +262,7 @@ async fn inner_service_errors_pass_through_or_fall_back_on_stale() {
         .await
         .unwrap();
     assert_eq!(response.headers()["x-cache"], "STALE");
-    let answer = common::collect(response.map(Body::new)).await;
+    let answer = crate::common::collect(response.map(Body::new)).await;
     assert_eq!(answer.text(), "first");
 }
 
@@ -303,7 +301,9 @@ fn parked_first_call(
 /// then it goes away (its client's task is aborted, and the handler is let go
 /// on), or its handler panics. Returns how the leader's task ended, the
 /// followers' answers and the origin.
-async fn leader_goes_away(panic: bool) -> (tokio::task::JoinError, Vec<common::Answer>, Origin) {
+async fn leader_goes_away(
+    panic: bool,
+) -> (tokio::task::JoinError, Vec<crate::common::Answer>, Origin) {
     let origin = Origin::default();
     let entered = Arc::new(Notify::new());
     let release = Arc::new(Notify::new());

@@ -2,23 +2,21 @@
 //! HTTP layer and `Cache<V>`): a rebuild runs to completion on its own task,
 //! no failure releases a herd, and `invalidate()` is a barrier.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::response::Response;
-use axum::Router;
-use bytes::Bytes;
-use common::driver::{
+use crate::common::driver::{
     counted_app, failing_app, impatient_callers, impatient_requests, join_all,
     rebuild_outlived_requests, rebuilt_once_for_callers, slow_app, spawn_calls, spawn_request,
     spawn_requests, texts, values, versioned_app, Boom, Failure, Versioned, FAIL_AFTER, HERD,
     REBUILD_TIMEOUT,
 };
-use common::{get as get_req, send, Answer, Origin};
+use crate::common::{get as get_req, send, Answer, Origin};
+use axum::body::Body;
+use axum::response::Response;
+use axum::Router;
+use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use stampede_guard::{Backend, Cache, RebuildError, StampedeGuard};
@@ -310,7 +308,7 @@ where
             let service = service.clone();
             tokio::spawn(async move {
                 match service.oneshot(get_req("/report")).await {
-                    Ok(response) => Ok(common::collect(response.map(Body::new)).await),
+                    Ok(response) => Ok(crate::common::collect(response.map(Body::new)).await),
                     Err(e) => Err(e),
                 }
             })
@@ -348,7 +346,7 @@ async fn an_inner_error_costs_one_origin_call_reaches_its_starter_and_waiters_sh
     }
 
     failing.store(false, Ordering::SeqCst);
-    let next = common::collect(
+    let next = crate::common::collect(
         service
             .clone()
             .oneshot(get_req("/report"))

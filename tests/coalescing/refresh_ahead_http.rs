@@ -3,15 +3,13 @@
 //! triggers it may leak, `Cache-Status` and `Age` while it runs, margins
 //! that are huge, NaN or none, and a rebuild time measured wrongly. Counts
 //! and behaviour only; no latency is asserted. The fleet's side is in
-//! `attack_s21_ahead_fleet.rs`.
+//! `tests/fleet/refresh_ahead.rs`.
 #![cfg(feature = "redis")]
-
-mod common;
 
 use std::time::{Duration, Instant};
 
-use common::scripted::{traffic, Reply, Scripted};
-use common::{get as get_req, send, tally};
+use crate::common::scripted::{traffic, Reply, Scripted};
+use crate::common::{get as get_req, send, tally};
 use http::{header, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 
@@ -79,7 +77,7 @@ async fn a_huge_multiple_or_floor_neither_panics_nor_refreshes_every_request() {
         let mut answers = traffic(std::slice::from_ref(&app), Duration::from_millis(300)).await;
         // Concurrent hits on one entry: the second sees the try of the first.
         for _ in 0..5 {
-            answers.extend(common::burst(&app, 8, || get_req("/report")).await);
+            answers.extend(crate::common::burst(&app, 8, || get_req("/report")).await);
         }
         assert!(
             answers.iter().all(|a| a.status == StatusCode::OK),

@@ -4,13 +4,11 @@
 //! origin calls and `x-cache` values; no latency is asserted.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::fleet::{fleet, fleet_burst, instance, Instance};
-use common::redis::RedisServer;
-use common::{get as get_req, tally, Answer, Origin};
+use crate::common::fleet::{fleet, fleet_burst, instance, Instance};
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, tally, Answer, Origin};
 use stampede_guard::{Backend, StampedeGuard};
 
 const TTL: Duration = Duration::from_millis(600);
