@@ -1,37 +1,20 @@
 //! Labelled counters, histograms and gauges, as a debugging recorder sees
 //! them. The recorder is process-wide and a snapshot resets it, so the tests
-//! of this file run one at a time and each uses its own namespace.
-
-mod common;
+//! run one at a time (`crate::common::metrics::recorder`) and each uses its own
+//! namespace.
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::metrics::{recorder, series, Series};
+use crate::common::{burst, get as get_req, send, Origin};
 use axum::routing::get;
 use axum::Router;
-use common::metrics::{series, Series};
-use common::{burst, get as get_req, send, Origin};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::DebugValue;
 use stampede_guard::{Backend, Cache, StampedeGuard};
-use tokio::sync::{Mutex, MutexGuard, Semaphore};
+use tokio::sync::Semaphore;
 use tower::{ServiceBuilder, ServiceExt};
-
-/// The recorder, installed once, and the turn of the test using it.
-async fn recorder() -> (&'static Snapshotter, MutexGuard<'static, ()>) {
-    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
-    static TURN: Mutex<()> = Mutex::const_new(());
-    let turn = TURN.lock().await;
-    let snapshotter = SNAPSHOTTER.get_or_init(|| {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::set_global_recorder(recorder).expect("the only recorder in this binary");
-        snapshotter
-    });
-    // Start from nothing: a snapshot resets what earlier tests left.
-    let _ = series(snapshotter);
-    (snapshotter, turn)
-}
 
 fn of_namespace<'a>(all: &'a [Series], namespace: &str) -> Vec<&'a Series> {
     all.iter()
@@ -93,8 +76,8 @@ async fn series_carry_the_route_name_and_namespace_with_rebuild_and_wait_times()
     for _ in 0..3 {
         assert_eq!(send(&app, get_req("/report/eu")).await.x_cache(), "HIT");
     }
-    let coalesced = common::tally(&answers, "COALESCED") as u64;
-    let early_hits = common::tally(&answers, "HIT") as u64;
+    let coalesced = crate::common::tally(&answers, "COALESCED") as u64;
+    let early_hits = crate::common::tally(&answers, "HIT") as u64;
 
     let all = series(snapshotter);
     let shop = of_namespace(&all, "shop");

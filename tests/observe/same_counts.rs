@@ -1,8 +1,5 @@
 //! Counters are kept in one place: the same workload through the HTTP layer
-//! and through `Cache<V>` counts the same. (The recorder is process-global,
-//! hence this file's single test.)
-
-mod common;
+//! and through `Cache<V>` counts the same.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -10,10 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{get as get_req, send, Origin};
 use axum::routing::get;
 use axum::Router;
-use common::{get as get_req, send, Origin};
-use metrics_util::debugging::{DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::Snapshotter;
 use stampede_guard::{Backend, Cache, StampedeGuard};
 use tokio::sync::Semaphore;
 
@@ -142,7 +139,7 @@ impl Client for Generic {
 }
 
 fn counters(snapshotter: &Snapshotter) -> BTreeMap<&'static str, u64> {
-    let snapshot = common::metrics::counters(snapshotter);
+    let snapshot = crate::common::metrics::counters(snapshotter);
     COUNTERS
         .iter()
         .map(|name| {
@@ -158,10 +155,8 @@ fn counters(snapshotter: &Snapshotter) -> BTreeMap<&'static str, u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_layer_and_the_generic_cache_count_the_same_workload_the_same() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::set_global_recorder(recorder).expect("the only recorder in this binary");
-    let _ = counters(&snapshotter);
+    let (snapshotter, _turn) = crate::common::metrics::recorder().await;
+    let _ = counters(snapshotter);
 
     let http_origin = Gated::new();
     let o = http_origin.clone();
@@ -177,14 +172,14 @@ async fn the_http_layer_and_the_generic_cache_count_the_same_workload_the_same()
         .layer(guard),
     );
     workload(Http(app), &http_origin).await;
-    let through_http = counters(&snapshotter);
+    let through_http = counters(snapshotter);
 
     let cache_origin = Gated::new();
     let cache: Cache<String> = Cache::new(Backend::local())
         .ttl(TTL)
         .stale_while_revalidate(SWR);
     workload(Generic(cache, cache_origin.clone()), &cache_origin).await;
-    let through_cache = counters(&snapshotter);
+    let through_cache = counters(snapshotter);
 
     assert_eq!(http_origin.origin.calls(), 3);
     assert_eq!(cache_origin.origin.calls(), 3);

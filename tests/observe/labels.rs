@@ -3,17 +3,14 @@
 //! headers. Label values must stay the route templates (bounded), never a
 //! path, host or header a client sent.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use crate::common::metrics::series;
+use crate::common::send;
 use axum::routing::get;
 use axum::Router;
-use common::metrics::series;
-use common::send;
 use http::Request;
-use metrics_util::debugging::DebuggingRecorder;
 use stampede_guard::{Backend, StampedeGuard};
 
 fn with(uri: &str, headers: &[(&str, &str)]) -> Request<axum::body::Body> {
@@ -26,9 +23,7 @@ fn with(uri: &str, headers: &[(&str, &str)]) -> Request<axum::body::Body> {
 
 #[tokio::test]
 async fn clients_cannot_make_label_values() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::set_global_recorder(recorder).expect("the only recorder in this binary");
+    let (snapshotter, _turn) = crate::common::metrics::recorder().await;
 
     let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60));
     let api = Router::new()
@@ -59,7 +54,7 @@ async fn clients_cannot_make_label_values() {
 
     let mut routes = BTreeSet::new();
     let mut values = BTreeSet::new();
-    for s in series(&snapshotter) {
+    for s in series(snapshotter) {
         if !s.name.starts_with("stampede_guard") {
             continue;
         }
