@@ -2,13 +2,11 @@
 //! in-process protection and recovers when Redis does.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::Duration;
 
-use common::fleet::{fleet_burst, Instance};
-use common::redis::RedisServer;
-use common::{get as get_req, Answer, Origin, ROOMY_DEADLINE};
+use crate::common::fleet::{fleet_burst, Instance};
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, Answer, Origin, ROOMY_DEADLINE};
 use stampede_guard::Backend;
 
 /// A tight deadline, so a frozen Redis shows fast.
@@ -32,7 +30,7 @@ async fn fleet(
     ttl: Duration,
 ) -> Vec<Instance> {
     let connect = || connect(redis, deadline);
-    common::fleet::fleet(3, origin, delay, connect, move |g| g.ttl(ttl)).await
+    crate::common::fleet::fleet(3, origin, delay, connect, move |g| g.ttl(ttl)).await
 }
 
 async fn burst(instances: &[Instance], n: usize, uri: &str) -> Vec<Answer> {
@@ -40,7 +38,7 @@ async fn burst(instances: &[Instance], n: usize, uri: &str) -> Vec<Answer> {
 }
 
 async fn wait_until_available(instances: &[Instance]) {
-    common::fleet::wait_until_available(instances, Duration::from_secs(10)).await;
+    crate::common::fleet::wait_until_available(instances, Duration::from_secs(10)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

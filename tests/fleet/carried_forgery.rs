@@ -4,17 +4,15 @@
 //! round trips and the messages are read with `MONITOR`.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::items::{fleet, fleet_of, text_of, warm_up, Gate, Node};
-use common::monitor::{until, Monitor};
-use common::redis::RedisServer;
-use common::Origin;
+use crate::common::items::{fleet, fleet_of, text_of, warm_up, Gate, Node};
+use crate::common::monitor::{until, Monitor};
+use crate::common::redis::RedisServer;
+use crate::common::Origin;
 
 /// Node 0 rebuilds `uri`, parked in the origin; node 1 sends one request,
 /// which finds the lease held. Returns both requests and node 1's fetch.
@@ -338,12 +336,12 @@ async fn a_subscription_gap_before_the_commit_still_answers_the_waiter() {
 #[cfg(feature = "redis-cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_carried_entry_crosses_the_cluster_bus() {
-    let cluster = common::cluster::Cluster::start(3, 0);
+    let cluster = crate::common::cluster::Cluster::start(3, 0);
     let monitors: Vec<Monitor> = cluster.nodes.iter().map(Monitor::start).collect();
     let (origin, gate) = (Origin::default(), Gate::default());
     let mut backends = Vec::new();
     for _ in 0..2 {
-        backends.push(common::shards::connect(&cluster, Duration::from_millis(500)).await);
+        backends.push(crate::common::shards::connect(&cluster, Duration::from_millis(500)).await);
     }
     let nodes = fleet_of(backends, &origin, &gate);
     warm_up(&nodes).await;
@@ -353,7 +351,7 @@ async fn a_carried_entry_crosses_the_cluster_bus() {
     // after the commit) is no round trip of this waiter's.
     let key = nodes[0]
         .guard
-        .key_for(&common::get("/items/1"))
+        .key_for(&crate::common::get("/items/1"))
         .unwrap()
         .to_string();
     let fetches = || -> usize {

@@ -6,21 +6,19 @@
 //! hold.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::driver::{
+    connect, counted_app, join_all, spawn_request, versioned_app, Versioned, HERD,
+};
+use crate::common::proxy::Proxy;
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, send, Answer, Origin};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::driver::{
-    connect, counted_app, join_all, spawn_request, versioned_app, Versioned, HERD,
-};
-use common::proxy::Proxy;
-use common::redis::RedisServer;
-use common::{get as get_req, send, Answer, Origin};
 use http::header::{CACHE_CONTROL, SET_COOKIE};
 use http::StatusCode;
 use stampede_guard::{Backend, StampedeGuard};

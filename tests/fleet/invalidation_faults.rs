@@ -3,13 +3,11 @@
 //! already running elsewhere.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::Duration;
 
-use common::fleet::instance;
-use common::redis::RedisServer;
-use common::{get as get_req, send, Origin};
+use crate::common::fleet::instance;
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, send, Origin};
 use stampede_guard::Backend;
 
 async fn backend(redis: &RedisServer, probe: Duration) -> Backend {
@@ -161,7 +159,7 @@ async fn a_redis_that_may_evict_keys_is_reported_at_start_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_reply_does_not_stretch_an_entrys_freshness() {
-    use common::proxy::Proxy;
+    use crate::common::proxy::Proxy;
 
     let redis = RedisServer::start();
     let origin = Origin::default();

@@ -4,15 +4,13 @@
 //! redis-server.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::items::{fleet, text_of, warm_up, Gate, Node};
-use common::monitor::{until, Monitor};
-use common::redis::RedisServer;
-use common::Origin;
+use crate::common::items::{fleet, text_of, warm_up, Gate, Node};
+use crate::common::monitor::{until, Monitor};
+use crate::common::redis::RedisServer;
+use crate::common::Origin;
 use stampede_guard::StampedeGuard;
 
 fn rand_token() -> u128 {

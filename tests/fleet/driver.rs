@@ -3,20 +3,18 @@
 //! and `invalidate()` is a barrier for every instance.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use common::driver::{
+use crate::common::driver::{
     connect, failing_app, fleet_apps, impatient_callers, impatient_requests,
     rebuild_outlived_requests, rebuilt_once_for_callers, slow_app, spawn_calls, spawn_requests,
     texts, values, versioned_app, Boom, Failure, Versioned, HERD,
 };
-use common::redis::RedisServer;
-use common::{get as get_req, send, Origin};
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, send, Origin};
+use axum::Router;
 use http::StatusCode;
 use http_body_util::BodyExt;
 use stampede_guard::{Cache, StampedeGuard};

@@ -4,20 +4,18 @@
 //! keys. Tests that fail here document a promise that does not hold.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::driver::{
+    connect, counted_app, fleet_apps, join_all, spawn_request, versioned_app, Versioned, HERD,
+};
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, send, Answer, Origin};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::driver::{
-    connect, counted_app, fleet_apps, join_all, spawn_request, versioned_app, Versioned, HERD,
-};
-use common::redis::RedisServer;
-use common::{get as get_req, send, Answer, Origin};
 use http::header::CACHE_CONTROL;
 use http::StatusCode;
 use stampede_guard::StampedeGuard;

@@ -2,16 +2,14 @@
 //! connections, in front of one origin, against a real redis-server.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::fleet::{fleet_burst, wakeups, Instance};
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, send, tally, Origin, ROOMY_DEADLINE};
 use axum::routing::get;
 use axum::Router;
-use common::fleet::{fleet_burst, wakeups, Instance};
-use common::redis::RedisServer;
-use common::{get as get_req, send, tally, Origin, ROOMY_DEADLINE};
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Notify;
 
@@ -22,7 +20,7 @@ use tokio::sync::Notify;
 enum Deployment {
     Plain(RedisServer),
     #[cfg(all(feature = "redis-tls", feature = "serde"))]
-    Tls(common::tls::Certs, common::tls::TlsRedis),
+    Tls(crate::common::tls::Certs, crate::common::tls::TlsRedis),
 }
 
 impl Deployment {
@@ -32,8 +30,8 @@ impl Deployment {
 
     #[cfg(all(feature = "redis-tls", feature = "serde"))]
     fn tls() -> Self {
-        let certs = common::tls::Certs::generate();
-        let server = common::tls::TlsRedis::start(&certs, false);
+        let certs = crate::common::tls::Certs::generate();
+        let server = crate::common::tls::TlsRedis::start(&certs, false);
         Deployment::Tls(certs, server)
     }
 
@@ -105,7 +103,7 @@ async fn instance(
     delay: Duration,
     configure: impl Fn(StampedeGuard) -> StampedeGuard,
 ) -> Instance {
-    common::fleet::instance(connect(redis).await, origin, delay, configure)
+    crate::common::fleet::instance(connect(redis).await, origin, delay, configure)
 }
 
 async fn fleet(
@@ -115,7 +113,7 @@ async fn fleet(
     delay: Duration,
     configure: impl Fn(StampedeGuard) -> StampedeGuard + Copy,
 ) -> Vec<Instance> {
-    common::fleet::fleet(k, origin, delay, || connect(redis), configure).await
+    crate::common::fleet::fleet(k, origin, delay, || connect(redis), configure).await
 }
 
 async fn three_instances_call_the_origin_once_for_a_cold_key(redis: Deployment) {
@@ -209,10 +207,11 @@ async fn a_rebuild_longer_than_its_lease_keeps_the_lease(redis: Deployment) {
     // A lease's validity is counted from a deadline before it was granted,
     // so the deadline stays well under the 200 ms lease (the default 50 ms).
     let connect = || redis.connect_with(Duration::from_millis(50));
-    let instances = common::fleet::fleet(3, &origin, Duration::from_millis(1000), connect, |g| {
-        g.lease(Duration::from_millis(200))
-    })
-    .await;
+    let instances =
+        crate::common::fleet::fleet(3, &origin, Duration::from_millis(1000), connect, |g| {
+            g.lease(Duration::from_millis(200))
+        })
+        .await;
     let answers = fleet_burst(&instances, 300, || get_req("/report")).await;
     assert_eq!(
         origin.calls(),
@@ -301,7 +300,7 @@ async fn redis_round_trips_per_request_by_path(redis: Deployment) {
     assert_eq!(scripts(&redis), 0, "an L1 hit costs no I/O");
 
     // Waiter: fetch (lease held), woken by the publish, which carries the
-    // (small) entry: no second fetch. (Larger entries: tests/carried.rs.)
+    // (small) entry: no second fetch. (Larger entries: tests/fleet/carried.rs.)
     let leader = {
         let app = a.app.clone();
         tokio::spawn(async move { send(&app, get_req("/report?wait")).await })

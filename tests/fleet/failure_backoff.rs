@@ -4,18 +4,16 @@
 //! count, which Redis keeps in the marker.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::driver::{connect, counted_app};
+use crate::common::fleet::keys_like;
+use crate::common::redis::RedisServer;
+use crate::common::{get, send, Answer, Origin};
 use axum::response::IntoResponse;
 use axum::Router;
-use common::driver::{connect, counted_app};
-use common::fleet::keys_like;
-use common::redis::RedisServer;
-use common::{get, send, Answer, Origin};
 use http::header::CACHE_CONTROL;
 use http::StatusCode;
 use stampede_guard::StampedeGuard;

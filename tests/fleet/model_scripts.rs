@@ -3,5 +3,5 @@
 //! release (`cargo test --release --test model`), but a script changed
 //! without the model's record fails here as well. No state-space search.
 
-#[path = "model/scripts.rs"]
+#[path = "../model/scripts.rs"]
 mod scripts;

@@ -3,13 +3,11 @@
 //! durations in human form).
 #![cfg(all(feature = "redis", feature = "serde"))]
 
-mod common;
-
 use std::time::Duration;
 
-use common::fleet::{fleet, fleet_burst};
-use common::redis::RedisServer;
-use common::{get as get_req, Origin};
+use crate::common::fleet::{fleet, fleet_burst};
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, Origin};
 use stampede_guard::{Backend, ErrorKind, RedisConfig};
 
 #[test]

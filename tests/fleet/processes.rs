@@ -2,10 +2,8 @@
 //! fleet, and a lease holder killed with SIGKILL mid-rebuild.
 //!
 //! The child processes are this test binary started again with
-//! `child_node --exact --ignored` and a role in the environment.
+//! `processes::child_node --exact --ignored` and a role in the environment.
 #![cfg(feature = "redis")]
-
-mod common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStdout, Command, Stdio};
@@ -13,10 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::redis::RedisServer;
+use crate::common::{send, Origin};
 use axum::routing::get;
 use axum::Router;
-use common::redis::RedisServer;
-use common::{send, Origin};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -33,7 +31,7 @@ impl Node {
     fn start(redis: &RedisServer, role: &str) -> Node {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
             .args([
-                "child_node",
+                crate::common::child::test_name(module_path!(), "child_node").as_str(),
                 "--exact",
                 "--ignored",
                 "--nocapture",

@@ -5,16 +5,14 @@
 //! is asserted.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
+use crate::common::fleet::{backend_at, keys_like};
+use crate::common::proxy::Proxy;
+use crate::common::redis::RedisServer;
+use crate::common::scripted::{traffic, until_calls, Reply, Scripted};
+use crate::common::{get as get_req, send, tally};
 use axum::Router;
-use common::fleet::{backend_at, keys_like};
-use common::proxy::Proxy;
-use common::redis::RedisServer;
-use common::scripted::{traffic, until_calls, Reply, Scripted};
-use common::{get as get_req, send, tally};
 use http::StatusCode;
 use stampede_guard::StampedeGuard;
 
@@ -44,7 +42,7 @@ async fn purge_during_a_refresh(by_tag: bool) {
     let s = Scripted::new(Duration::from_millis(20));
     let mut guards = Vec::new();
     for _ in 0..2 {
-        let backend = backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+        let backend = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
         guards.push(
             StampedeGuard::new(backend)
                 .ttl(TTL)
@@ -102,7 +100,7 @@ async fn a_failing_refresh_is_not_retried_by_every_request_in_the_fleet() {
     let floor = Duration::from_millis(600);
     let mut apps = Vec::new();
     for _ in 0..3 {
-        let backend = backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+        let backend = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
         let guard = StampedeGuard::new(backend)
             .ttl(ttl)
             .refresh_ahead(2.0, floor);
@@ -188,7 +186,7 @@ async fn a_refresh_slower_than_the_freshness_left_never_serves_the_expired_entry
     let s = Scripted::new(Duration::from_millis(20));
     let mut apps = Vec::new();
     for _ in 0..2 {
-        let backend = backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+        let backend = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
         let guard = StampedeGuard::new(backend)
             .ttl(TTL)
             .refresh_ahead(2.0, FLOOR);
@@ -238,7 +236,7 @@ async fn a_lease_holder_cut_off_mid_refresh_is_fenced_and_the_fleet_goes_on() {
     let holder_app = s.app(&holder);
     let mut others = Vec::new();
     for _ in 0..2 {
-        let backend = backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+        let backend = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
         others.push(s.app(&configure(StampedeGuard::new(backend))));
     }
     assert_eq!(send(&holder_app, get_req("/report")).await.text(), "v1");
@@ -262,7 +260,7 @@ async fn a_lease_holder_cut_off_mid_refresh_is_fenced_and_the_fleet_goes_on() {
     // entry than the others' last refresh.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let newest = answers.last().expect("answers").text();
-    let newcomer = backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+    let newcomer = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
     let read = send(
         &s.app(&configure(StampedeGuard::new(newcomer))),
         get_req("/report"),
@@ -295,7 +293,7 @@ async fn a_failed_refresh_backs_off_the_whole_fleet() {
         let floor = Duration::from_millis(1500);
         let mut apps = Vec::new();
         for _ in 0..3 {
-            let backend = backend_at(&redis.url(), common::ROOMY_DEADLINE).await;
+            let backend = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
             let guard = StampedeGuard::new(backend)
                 .ttl(ttl)
                 .refresh_ahead(2.0, floor);

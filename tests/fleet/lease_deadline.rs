@@ -5,13 +5,11 @@
 //! no renewal was attempted, and every instance rebuilt the key.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::Duration;
 
-use common::fleet::{fleet, fleet_burst};
-use common::redis::RedisServer;
-use common::{get, Origin};
+use crate::common::fleet::{fleet, fleet_burst};
+use crate::common::redis::RedisServer;
+use crate::common::{get, Origin};
 use stampede_guard::Backend;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
