@@ -5,19 +5,17 @@
 //! document a promise that does not hold.
 #![cfg(feature = "redis")]
 
-mod common;
-
-use common::fleet::{backend_at, keys_like};
+use crate::common::fleet::{backend_at, keys_like};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, send};
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use common::redis::RedisServer;
-use common::{get as get_req, send};
 use http::header::ACCEPT_LANGUAGE;
 use http::{HeaderMap, Request};
 use stampede_guard::StampedeGuard;

@@ -2,16 +2,14 @@
 //! every instance, and stays a barrier for variants nobody has seen yet: on
 //! Redis (two instances, two backends on one server) and embedded.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{send, Origin};
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use common::{send, Origin};
 use http::header::ACCEPT_LANGUAGE;
 use http::{HeaderMap, Request};
 use stampede_guard::{Backend, StampedeGuard};
@@ -147,8 +145,8 @@ async fn a_running_rebuild_of_an_unseen_variant_cannot_store(a: Backend, b: Back
 #[cfg(feature = "redis")]
 mod with_redis {
     use super::*;
-    use common::driver::connect;
-    use common::redis::RedisServer;
+    use crate::common::driver::connect;
+    use crate::common::redis::RedisServer;
 
     #[tokio::test]
     async fn invalidation_reaches_every_variant_on_every_instance() {
@@ -197,8 +195,8 @@ mod with_redis {
 #[cfg(feature = "redis")]
 mod generation_lost {
     use super::*;
-    use common::driver::connect;
-    use common::redis::RedisServer;
+    use crate::common::driver::connect;
+    use crate::common::redis::RedisServer;
 
     /// Deletes every group generation, as eviction or a restart would.
     fn evict_generations(redis: &RedisServer) -> String {
@@ -245,7 +243,7 @@ mod generation_lost {
 #[cfg(feature = "redis-cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn variants_on_a_cluster() {
-    let cluster = common::cluster::Cluster::start(3, 0);
+    let cluster = crate::common::cluster::Cluster::start(3, 0);
     let connect = || async {
         Backend::redis_cluster_builder(cluster.urls())
             .connect()

@@ -5,23 +5,21 @@
 //! that does not hold.
 #![cfg(feature = "redis")]
 
-mod common;
-
-use common::fleet::backend_at;
+use crate::common::fleet::backend_at;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::driver::{versioned_app, Versioned};
+use crate::common::proxy::Proxy;
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, send, Answer};
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::driver::{versioned_app, Versioned};
-use common::proxy::Proxy;
-use common::redis::RedisServer;
-use common::{get as get_req, send, Answer};
 use http::header::{ETAG, IF_NONE_MATCH};
 use http::{Method, Request};
 use stampede_guard::StampedeGuard;

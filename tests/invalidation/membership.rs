@@ -6,16 +6,14 @@
 //! all, and forged membership entries neither hang nor crash anything.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::Duration;
 
 #[cfg(feature = "redis-cluster")]
-use common::cluster::Cluster;
-use common::fleet::{backend_at, fleet, wait_until_available, Instance};
-use common::proxy::Proxy;
-use common::redis::RedisServer;
-use common::{get, send, Origin};
+use crate::common::cluster::Cluster;
+use crate::common::fleet::{backend_at, fleet, wait_until_available, Instance};
+use crate::common::proxy::Proxy;
+use crate::common::redis::RedisServer;
+use crate::common::{get, send, Origin};
 #[cfg(feature = "redis-cluster")]
 use stampede_guard::Backend;
 use stampede_guard::StampedeGuard;
@@ -133,7 +131,7 @@ async fn invalidate_all_waits_for_an_instance_whose_link_is_frozen() {
     let origin = Origin::default();
     let a = single(&redis, 1, &origin).await.remove(0);
     let proxy = Proxy::start(redis.port()).await;
-    let b = common::fleet::instance(
+    let b = crate::common::fleet::instance(
         backend_at(&proxy.url(), Duration::from_millis(500)).await,
         &origin,
         Duration::ZERO,
@@ -177,7 +175,7 @@ async fn waits_for_an_instance_that_does_not_know_redis_dropped_it(how: Purge) {
     let origin = Origin::default();
     let a = single(&redis, 1, &origin).await.remove(0);
     let proxy = Proxy::start(redis.port()).await;
-    let b = common::fleet::instance(
+    let b = crate::common::fleet::instance(
         backend_at(&proxy.url(), Duration::from_millis(500)).await,
         &origin,
         Duration::ZERO,
@@ -361,7 +359,7 @@ async fn on_a_cluster_the_barrier_waits_for_a_killed_subscriber() {
 /// for an instance whose subscriber the primary dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_sentinel_the_barrier_waits_for_a_killed_subscriber() {
-    let setup = common::sentinel::SentinelSetup::start();
+    let setup = crate::common::sentinel::SentinelSetup::start();
     let url = setup.url();
     let connect = || backend_at(&url, Duration::from_millis(500));
     let origin = Origin::default();

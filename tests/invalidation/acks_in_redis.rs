@@ -24,18 +24,16 @@
 //!   scripts refused): its subscription must not end the old one's gap.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::fleet::backend_at;
+use crate::common::proxy::Proxy;
+use crate::common::redis::RedisServer;
+use crate::common::tagged::versioned as app;
+use crate::common::{get as request, send, ROOMY_DEADLINE};
 use axum::Router;
-use common::fleet::backend_at;
-use common::proxy::Proxy;
-use common::redis::RedisServer;
-use common::tagged::versioned as app;
-use common::{get as request, send, ROOMY_DEADLINE};
 use stampede_guard::{Backend, StampedeGuard};
 
 /// An instance: its backend, guard and app.
@@ -361,7 +359,7 @@ async fn a_purge_right_after_a_restart_reaches_a_value_built_during_the_outage()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_back_without_the_event_channel_keeps_no_lease() {
     let mut args = vec!["--user", "app", "on", ">app-secret"];
-    args.extend(common::tls::ACL_RULES.iter().copied());
+    args.extend(crate::common::tls::ACL_RULES.iter().copied());
     let redis = RedisServer::start_with(&args);
     let version = Arc::new(AtomicU64::new(0));
     let a = node(&redis.url(), &version).await;
@@ -421,7 +419,7 @@ async fn acl_log_names(redis: &RedisServer, what: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_link_that_fails_after_subscribing_does_not_end_the_gap() {
     let mut args = vec!["--user", "app", "on", ">app-secret"];
-    args.extend(common::tls::ACL_RULES.iter().copied());
+    args.extend(crate::common::tls::ACL_RULES.iter().copied());
     let redis = RedisServer::start_with(&args);
     let version = Arc::new(AtomicU64::new(0));
     let a = node(&redis.url(), &version).await;

@@ -11,20 +11,18 @@
 //!   acknowledgements, without waiting out a lease;
 //! - a Redis user without `+sadd` makes every purge wait out its lease.
 //!
-//! A client allowed only the channels: `attack_s22_tags.rs`.
+//! A client allowed only the channels: `tests/tags/barrier.rs`.
 #![cfg(feature = "redis")]
-
-mod common;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::fleet::{backend_at, keys_like};
+use crate::common::redis::RedisServer;
+use crate::common::tagged::versioned as app;
+use crate::common::{get as request, send, ROOMY_DEADLINE};
 use axum::Router;
-use common::fleet::{backend_at, keys_like};
-use common::redis::RedisServer;
-use common::tagged::versioned as app;
-use common::{get as request, send, ROOMY_DEADLINE};
 use stampede_guard::{Backend, StampedeGuard};
 
 /// What `command` (SMEMBERS, or ZRANGE over all) lists at `key`.
@@ -127,7 +125,7 @@ async fn forge_as_reader(
 /// must not serve what it held once the purge returned `Ok`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reader_of_every_key_cannot_forge_acknowledgements() {
-    use common::proxy::Proxy;
+    use crate::common::proxy::Proxy;
 
     let redis = RedisServer::start();
     let acl = [
@@ -252,7 +250,7 @@ async fn a_purge_across_three_instances_is_confirmed_by_their_records() {
 async fn without_sadd_every_purge_waits_its_lease() {
     let mut args = vec!["--user", "app", "on", ">app-secret"];
     args.extend(
-        common::tls::ACL_RULES
+        crate::common::tls::ACL_RULES
             .iter()
             .copied()
             .filter(|r| *r != "+sadd"),

@@ -6,14 +6,12 @@
 //! its subscription lease: the purge must still wait for it.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::Duration;
 
-use common::fleet::{backend_at, fleet, Instance};
-use common::proxy::Proxy;
-use common::redis::RedisServer;
-use common::{get, send, Origin};
+use crate::common::fleet::{backend_at, fleet, Instance};
+use crate::common::proxy::Proxy;
+use crate::common::redis::RedisServer;
+use crate::common::{get, send, Origin};
 use stampede_guard::StampedeGuard;
 
 /// Far more than one subscription lease: only a hang reaches it.
@@ -80,7 +78,7 @@ async fn a_lost_membership_does_not_shorten_the_barrier(how: Purge, loss: Loss) 
     .await
     .remove(0);
     let proxy = Proxy::start(redis.port()).await;
-    let b = common::fleet::instance(
+    let b = crate::common::fleet::instance(
         backend_at(&proxy.url(), Duration::from_millis(500)).await,
         &origin,
         Duration::ZERO,

@@ -6,22 +6,20 @@
 //! that fail here document a promise that does not hold.
 #![cfg(feature = "redis")]
 
-mod common;
-
-use common::fleet::{backend_at, keys_like};
+use crate::common::fleet::{backend_at, keys_like};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::driver::{versioned_app, Versioned};
+use crate::common::proxy::Proxy;
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, send, Answer};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
-use common::driver::{versioned_app, Versioned};
-use common::proxy::Proxy;
-use common::redis::RedisServer;
-use common::{get as get_req, send, Answer};
 use http::header::{ACCEPT_LANGUAGE, SET_COOKIE};
 use http::{HeaderMap, Request};
 use stampede_guard::StampedeGuard;

@@ -4,18 +4,16 @@
 //! (docs/MODEL.md, "Membership").
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::proxy::Proxy;
-use common::redis::RedisServer;
-use common::tagged::{app, text, Node};
-use common::Origin;
+use crate::common::proxy::Proxy;
+use crate::common::redis::RedisServer;
+use crate::common::tagged::{app, text, Node};
+use crate::common::Origin;
 use stampede_guard::StampedeGuard;
 
 async fn node(url: &str, origin: &Origin) -> Node {
-    let backend = common::fleet::backend_at(url, Duration::from_millis(500)).await;
+    let backend = crate::common::fleet::backend_at(url, Duration::from_millis(500)).await;
     let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
     let app = app(origin, &guard);
     Node { guard, app }
