@@ -11,24 +11,22 @@
 //! - Redis restarted empty between a rebuild's start and its end on another
 //!   instance, known to that instance at once or not at all;
 //! - acknowledgements forged by a client allowed only the crate's channels
-//!   (and one that may also read every key: `acks.rs`).
+//!   (and one that may also read every key: `tests/invalidation/acks.rs`).
 //!
 //! An instance stopped with SIGSTOP through a purge:
-//! `attack_s22_tags_stopped.rs`.
+//! `stopped_process.rs`.
 #![cfg(feature = "redis")]
-
-mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::fleet::backend_at;
+use crate::common::redis::RedisServer;
+use crate::common::{get as request, send, ROOMY_DEADLINE};
 use axum::extract::Path;
 use axum::routing::get;
 use axum::Router;
-use common::fleet::backend_at;
-use common::redis::RedisServer;
-use common::{get as request, send, ROOMY_DEADLINE};
 use stampede_guard::StampedeGuard;
 
 /// The "database": a version per product, moved by the writer.
@@ -236,7 +234,7 @@ async fn a_write_pause_through_a_purge_keeps_the_barrier() {
 /// what it held once the purge returned `Ok`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forged_acknowledgements_do_not_shorten_the_barrier() {
-    use common::proxy::Proxy;
+    use crate::common::proxy::Proxy;
     use tokio_stream::StreamExt as _;
 
     let redis = RedisServer::start();
@@ -352,7 +350,7 @@ fn gated_app(
 /// close). Once the purge returned `Ok`, every instance, and one started
 /// afterwards, answers the new version.
 async fn restart_between_a_rebuilds_start_and_its_end(announced: bool) {
-    use common::proxy::Proxy;
+    use crate::common::proxy::Proxy;
     let mut redis = RedisServer::start();
     let db = Db::default();
     let gate = Arc::new((

@@ -10,11 +10,9 @@
 //! check, docs/MODEL.md, "Tag generations").
 #![cfg(feature = "redis")]
 
-mod common;
-
-use common::redis::RedisServer;
-use common::tagged::{bucket_field, fleet, text};
-use common::Origin;
+use crate::common::redis::RedisServer;
+use crate::common::tagged::{bucket_field, fleet, text};
+use crate::common::Origin;
 
 /// Sets the table's epoch ten minutes ahead of Redis's clock; returns it.
 fn epoch_ahead(redis: &RedisServer) -> u64 {

@@ -6,18 +6,16 @@
 //! returned (found by the model check, docs/MODEL.md, "Tag generations").
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::fleet::backend_at;
+use crate::common::redis::RedisServer;
+use crate::common::tagged::bucket_field;
+use crate::common::{get as request, send};
 use axum::routing::get;
 use axum::Router;
-use common::fleet::backend_at;
-use common::redis::RedisServer;
-use common::tagged::bucket_field;
-use common::{get as request, send};
 use stampede_guard::StampedeGuard;
 use tokio::sync::Semaphore;
 

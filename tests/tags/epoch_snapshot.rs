@@ -4,13 +4,11 @@
 //! instance started after the restart serves.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::Duration;
 
-use common::fleet::{backend_at, fleet, instance, Instance};
-use common::redis::RedisServer;
-use common::{get, send, Origin};
+use crate::common::fleet::{backend_at, fleet, instance, Instance};
+use crate::common::redis::RedisServer;
+use crate::common::{get, send, Origin};
 use stampede_guard::StampedeGuard;
 
 fn tagged(guard: StampedeGuard) -> StampedeGuard {

@@ -1,15 +1,13 @@
 //! Attacks on tag headers reaching clients: answers too big to store,
 //! shared by every waiter as they stream, and answers with too many tags.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{burst, get as request, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
-use common::{burst, get as request, Origin};
 use stampede_guard::{Backend, StampedeGuard};
 
 fn app(origin: &Origin, guard: StampedeGuard, tags: usize) -> Router {
@@ -88,7 +86,7 @@ async fn an_answer_not_stored_does_not_say_stored() {
         let origin = Origin::default();
         let app = app(&origin, guard.ttl(Duration::from_secs(60)), header_tags);
         for _ in 0..2 {
-            let a = common::send(&app, request("/big")).await;
+            let a = crate::common::send(&app, request("/big")).await;
             let member = a.headers.get("cache-status").unwrap().to_str().unwrap();
             assert_eq!(a.x_cache(), "MISS");
             assert!(!member.contains("stored"), "{member}: not stored at all");
@@ -120,7 +118,7 @@ async fn a_streamed_answer_over_the_cap_does_not_say_stored() {
         ),
     );
     for _ in 0..2 {
-        let a = common::send(&app, request("/chunked")).await;
+        let a = crate::common::send(&app, request("/chunked")).await;
         assert_eq!(a.body.len(), 256);
         let member = a.headers.get("cache-status").unwrap().to_str().unwrap();
         assert!(!member.contains("stored"), "{member}: not stored");
@@ -149,13 +147,13 @@ async fn a_rebuild_overtaken_by_a_purge_does_not_say_stored() {
         .layer(guard.clone()),
     );
     let a = app.clone();
-    let first = tokio::spawn(async move { common::send(&a, request("/slow")).await });
+    let first = tokio::spawn(async move { crate::common::send(&a, request("/slow")).await });
     entered.notified().await;
     guard.invalidate_all().await.unwrap();
     gate.add_permits(2);
     let first = first.await.unwrap();
     let member = first.headers.get("cache-status").unwrap().to_str().unwrap();
-    let second = common::send(&app, request("/slow")).await;
+    let second = crate::common::send(&app, request("/slow")).await;
     assert_eq!(
         second.x_cache(),
         "MISS",
@@ -186,14 +184,14 @@ async fn a_rebuild_overtaken_by_a_url_invalidation_does_not_say_stored() {
         .layer(guard.clone()),
     );
     let a = app.clone();
-    let first = tokio::spawn(async move { common::send(&a, request("/slow")).await });
+    let first = tokio::spawn(async move { crate::common::send(&a, request("/slow")).await });
     entered.notified().await;
     guard.invalidate(&request("/slow")).await.unwrap();
     gate.add_permits(2);
     let first = first.await.unwrap();
     let member = first.headers.get("cache-status").unwrap().to_str().unwrap();
     assert!(!member.contains("stored"), "{member}: nothing was stored");
-    let second = common::send(&app, request("/slow")).await;
+    let second = crate::common::send(&app, request("/slow")).await;
     assert_eq!(
         second.x_cache(),
         "MISS",
@@ -206,5 +204,8 @@ async fn a_rebuild_overtaken_by_a_url_invalidation_does_not_say_stored() {
         .to_str()
         .unwrap();
     assert!(member.contains("stored"), "{member}: this one was stored");
-    assert_eq!(common::send(&app, request("/slow")).await.x_cache(), "HIT");
+    assert_eq!(
+        crate::common::send(&app, request("/slow")).await.x_cache(),
+        "HIT"
+    );
 }

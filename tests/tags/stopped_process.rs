@@ -4,10 +4,8 @@
 //! purge.
 //!
 //! The child process is this test binary started again with
-//! `child_tagged_node --exact --ignored`.
+//! `stopped_process::child_tagged_node --exact --ignored`.
 #![cfg(feature = "redis")]
-
-mod common;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
@@ -15,12 +13,12 @@ use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::fleet::backend_at;
+use crate::common::redis::RedisServer;
+use crate::common::ROOMY_DEADLINE;
 use axum::extract::Path;
 use axum::routing::get;
 use axum::Router;
-use common::fleet::backend_at;
-use common::redis::RedisServer;
-use common::ROOMY_DEADLINE;
 use http_body_util::BodyExt;
 use stampede_guard::{Backend, StampedeGuard};
 
@@ -34,7 +32,7 @@ impl Process {
     fn start(redis: &RedisServer) -> Process {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
             .args([
-                "child_tagged_node",
+                crate::common::child::test_name(module_path!(), "child_tagged_node").as_str(),
                 "--exact",
                 "--ignored",
                 "--nocapture",

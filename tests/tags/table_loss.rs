@@ -4,14 +4,12 @@
 //! lived through the loss and one started after it.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::redis::RedisServer;
-use common::{get as request, send, Origin};
+use crate::common::redis::RedisServer;
+use crate::common::{get as request, send, Origin};
 
-use common::tagged::{bucket_field, fleet, text, Node};
+use crate::common::tagged::{bucket_field, fleet, text, Node};
 
 /// What `node` serves `/products/1` with once it answers it from its L1
 /// twice in a row.

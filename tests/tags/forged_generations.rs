@@ -4,17 +4,15 @@
 //! empty memory between a purge and the reads after it.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::common::redis::RedisServer;
+use crate::common::{get as request, send, Origin};
 use axum::Router;
-use common::redis::RedisServer;
-use common::{get as request, send, Origin};
 
+use crate::common::fleet::backend_at;
+use crate::common::tagged::{bucket_field, fleet, text, Node};
 use axum::routing::get;
-use common::fleet::backend_at;
-use common::tagged::{bucket_field, fleet, text, Node};
 use stampede_guard::StampedeGuard;
 
 fn micros_from_now(ahead: Duration) -> u64 {

@@ -6,13 +6,11 @@
 //! key for the fleet once settled).
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::Duration;
 
-use common::fleet::{backend_at, fleet, Instance};
-use common::redis::RedisServer;
-use common::{get, send, Origin};
+use crate::common::fleet::{backend_at, fleet, Instance};
+use crate::common::redis::RedisServer;
+use crate::common::{get, send, Origin};
 use stampede_guard::StampedeGuard;
 
 fn tagged(guard: StampedeGuard) -> StampedeGuard {

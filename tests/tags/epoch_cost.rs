@@ -4,13 +4,11 @@
 //! misses), nor the reverse: each key costs the fleet one origin call.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::Duration;
 
-use common::fleet::{backend_at, fleet};
-use common::redis::RedisServer;
-use common::{get, send, Origin};
+use crate::common::fleet::{backend_at, fleet};
+use crate::common::redis::RedisServer;
+use crate::common::{get, send, Origin};
 use stampede_guard::StampedeGuard;
 
 fn tagged(guard: StampedeGuard) -> StampedeGuard {

@@ -2,15 +2,13 @@
 //! invalidations not tried before, and the tag headers of an entry another
 //! guard on the same backend stored.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{get as request, send, Answer, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
-use common::{get as request, send, Answer, Origin};
 use http::Request;
 use stampede_guard::{Backend, StampedeGuard};
 

@@ -4,17 +4,15 @@
 //! have missed a message.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::fleet::backend_at;
+use crate::common::redis::RedisServer;
+use crate::common::{get as request, send, Origin};
 use axum::extract::Path;
 use axum::routing::get;
 use axum::Router;
-use common::fleet::backend_at;
-use common::redis::RedisServer;
-use common::{get as request, send, Origin};
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Notify;
 
@@ -392,8 +390,8 @@ async fn a_forged_generation_on_the_channel_cannot_disable_later_purges() {
 /// prefix, over TLS.
 #[cfg(all(feature = "redis-tls", feature = "serde"))]
 async fn confined(
-    certs: &common::tls::Certs,
-    server: &common::tls::TlsRedis,
+    certs: &crate::common::tls::Certs,
+    server: &crate::common::tls::TlsRedis,
     origin: &Origin,
     gate: &Gate,
 ) -> Node {
@@ -409,8 +407,8 @@ async fn confined(
 #[cfg(all(feature = "redis-tls", feature = "serde"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_confined_to_the_crates_commands_can_purge_and_load_the_table() {
-    let certs = common::tls::Certs::generate();
-    let server = common::tls::TlsRedis::start(&certs, false);
+    let certs = crate::common::tls::Certs::generate();
+    let server = crate::common::tls::TlsRedis::start(&certs, false);
     let (origin, gate) = (Origin::default(), Gate::default());
     let nodes = vec![
         confined(&certs, &server, &origin, &gate).await,
@@ -431,7 +429,7 @@ async fn a_user_confined_to_the_crates_commands_can_purge_and_load_the_table() {
 #[cfg(feature = "redis-cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_the_table_has_its_own_slot_and_purges_reach_every_instance() {
-    let cluster = common::cluster::Cluster::start(3, 0);
+    let cluster = crate::common::cluster::Cluster::start(3, 0);
     let (origin, gate) = (Origin::default(), Gate::default());
     let mut nodes = Vec::new();
     for _ in 0..3 {

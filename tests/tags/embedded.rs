@@ -3,17 +3,15 @@
 //! request; a response's tags label its own entry only; a rebuild racing an
 //! invalidation stores nothing.
 
-mod common;
-
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::{get as request, send, Origin};
 use axum::extract::Path;
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
-use common::{get as request, send, Origin};
 use stampede_guard::{Backend, Cache, StampedeGuard};
 use tokio::sync::Notify;
 
