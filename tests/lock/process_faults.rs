@@ -9,8 +9,6 @@
 //! the rustdoc of `src/lock.rs` that does not hold under that fault.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -18,8 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::lock::{backend, held_locks, over_keys};
-use common::redis::RedisServer;
+use crate::common::lock::{backend, held_locks, over_keys};
+use crate::common::redis::RedisServer;
 use stampede_guard::{Backend, Lock, LockError, LockOwner};
 
 async fn eventually(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
@@ -119,7 +117,7 @@ fn spawn_child(
     let mut command = Command::new(std::env::current_exe().expect("test binary"));
     command
         .args([
-            child,
+            crate::common::child::test_name(module_path!(), child).as_str(),
             "--exact",
             "--ignored",
             "--nocapture",
@@ -567,7 +565,7 @@ async fn fencing_survives_eviction_of_the_lock_and_its_counter() {
         .await
         .unwrap();
 
-    let proxy = common::proxy::Proxy::start(redis.port()).await;
+    let proxy = crate::common::proxy::Proxy::start(redis.port()).await;
     let stale_lock = Lock::new(backend(&proxy.url(), Duration::from_millis(100)).await)
         .lease(Duration::from_secs(20));
     let stale = stale_lock.acquire("stock").await.unwrap();

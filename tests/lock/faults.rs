@@ -6,8 +6,6 @@
 //! time, and a protected resource that checks fencing tokens.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -15,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::lock::{backend, held_locks, over_keys};
-use common::redis::RedisServer;
+use crate::common::lock::{backend, held_locks, over_keys};
+use crate::common::redis::RedisServer;
 use stampede_guard::{Backend, Lock, LockError, LockOwner};
 
 /// How many waiters are queued, over every lock.
@@ -157,7 +155,12 @@ async fn a_paused_head_waiter_holds_back_a_free_lock_for_one_heartbeat_only() {
     // Another process queues first, then is paused (SIGSTOP) in its wait.
     let child = ChildProcess(
         Command::new(std::env::current_exe().expect("test binary"))
-            .args(["child_waiter", "--exact", "--ignored", "--nocapture"])
+            .args([
+                crate::common::child::test_name(module_path!(), "child_waiter").as_str(),
+                "--exact",
+                "--ignored",
+                "--nocapture",
+            ])
             .env("SG_REDIS_URL", redis.url())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

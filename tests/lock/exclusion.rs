@@ -3,14 +3,12 @@
 //! processes and on the embedded backend.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::redis::RedisServer;
+use crate::common::redis::RedisServer;
 use redis::AsyncCommands;
 use stampede_guard::{Backend, ErrorKind, Lock, LockError, LockOwner};
 
@@ -58,7 +56,7 @@ async fn no_update_is_lost_across_tasks_and_processes() {
         .map(|_| {
             Command::new(std::env::current_exe().expect("test binary"))
                 .args([
-                    "child_incrementer",
+                    crate::common::child::test_name(module_path!(), "child_incrementer").as_str(),
                     "--exact",
                     "--ignored",
                     "--nocapture",
