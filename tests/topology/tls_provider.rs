@@ -1,10 +1,8 @@
 //! The crate never picks rustls's process-wide crypto provider: without one,
 //! a `rediss` URL is a clear settings error, not a panic, and a plain
-//! `redis://` URL needs none. Nothing in this file (one process) installs a
-//! provider.
+//! `redis://` URL needs none. The test runs in a process of its own, where
+//! nothing installs a provider.
 #![cfg(feature = "redis-tls")]
-
-mod common;
 
 use rustls::crypto::CryptoProvider;
 use stampede_guard::{Backend, ErrorKind};
@@ -19,6 +17,14 @@ fn assert_no_provider_error(result: Result<Backend, stampede_guard::Error>, url:
 
 #[tokio::test]
 async fn without_a_provider_rediss_urls_fail_clearly_and_none_is_installed() {
+    // The provider is the process's, and other tests of this binary install
+    // one: checked where no other test runs.
+    if !crate::common::child::alone() {
+        return crate::common::child::run_alone(
+            module_path!(),
+            "without_a_provider_rediss_urls_fail_clearly_and_none_is_installed",
+        );
+    }
     assert!(CryptoProvider::get_default().is_none());
     for url in [
         "rediss://127.0.0.1:1",
@@ -40,7 +46,7 @@ async fn without_a_provider_rediss_urls_fail_clearly_and_none_is_installed() {
     assert!(CryptoProvider::get_default().is_none());
 
     // Plain Redis needs no provider.
-    let server = common::redis::RedisServer::start();
+    let server = crate::common::redis::RedisServer::start();
     let backend = Backend::redis(&server.url()).await.expect("plain Redis");
     drop(backend);
     assert!(CryptoProvider::get_default().is_none());

@@ -1,17 +1,15 @@
 //! The fleet on a Redis that requires TLS (a private CA, optionally client
 //! certificates) and an ACL user confined to the crate's keys, channel and
 //! commands, as managed services are set up. Certificates are made by the
-//! test with the `openssl` command. The fleet scenarios of tests/fleet.rs run
+//! test with the `openssl` command. The fleet scenarios of tests/fleet/protection.rs run
 //! over TLS too; this file holds what is particular to TLS and ACLs.
 #![cfg(all(feature = "redis-tls", feature = "serde"))]
 
-mod common;
-
 use std::time::Duration;
 
-use common::fleet::{fleet, fleet_burst, instance, wakeups};
-use common::tls::{Certs, TlsRedis};
-use common::{get as get_req, send, tally, Origin, ROOMY_DEADLINE};
+use crate::common::fleet::{fleet, fleet_burst, instance, wakeups};
+use crate::common::tls::{Certs, TlsRedis};
+use crate::common::{get as get_req, send, tally, Origin, ROOMY_DEADLINE};
 use stampede_guard::{Backend, ErrorKind, Lock, RedisConfig, TlsFiles};
 
 fn config(redis: &TlsRedis, certs: &Certs, password: &str) -> RedisConfig {

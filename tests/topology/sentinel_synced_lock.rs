@@ -5,13 +5,11 @@
 //! two failovers in a row.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::cluster::wait_replicated;
-use common::lock::held_locks;
-use common::sentinel::SentinelSetup;
+use crate::common::cluster::wait_replicated;
+use crate::common::lock::held_locks;
+use crate::common::sentinel::SentinelSetup;
 use stampede_guard::{Backend, FencingToken, Lock, LockError};
 
 async fn connect(url: &str) -> Backend {

@@ -1,6 +1,6 @@
 //! Redis Cluster, what a lease holder is owed while its key's circuit is
-//! open (issue 16: "never skip a commit or a release because the circuit
-//! is open"). One instance's circuit for a primary opens during a
+//! open: a commit or a release is never skipped because the circuit is
+//! open. One instance's circuit for a primary opens during a
 //! `CLIENT PAUSE` of that node and stays open (a long probe interval)
 //! after the node answers again. A's connect timeout is short, so the
 //! first probe, which the opening starts once the supervisor is free,
@@ -9,15 +9,13 @@
 //! behind, so another instance waiting for it makes no origin call.
 #![cfg(feature = "redis-cluster")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
-use common::fleet::{instance, keys_like, Instance};
-use common::redis::RedisServer;
-use common::shards::stats;
-use common::{get as get_req, send, Origin};
+use crate::common::cluster::Cluster;
+use crate::common::fleet::{instance, keys_like, Instance};
+use crate::common::redis::RedisServer;
+use crate::common::shards::stats;
+use crate::common::{get as get_req, send, Origin};
 use stampede_guard::Backend;
 
 /// A `/report/N` URL whose entry lives on `node`.

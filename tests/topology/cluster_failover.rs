@@ -6,14 +6,12 @@
 //! the old primary resumes as a replica; healthy shards never pay.
 #![cfg(feature = "redis-cluster")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::cluster::{wait_replicated, Cluster};
-use common::fleet::fleet;
-use common::shards::{connect, round, stats, uri_on};
-use common::Origin;
+use crate::common::cluster::{wait_replicated, Cluster};
+use crate::common::fleet::fleet;
+use crate::common::shards::{connect, round, stats, uri_on};
+use crate::common::Origin;
 
 const DEADLINE: Duration = Duration::from_millis(500);
 const TTL: Duration = Duration::from_millis(400);

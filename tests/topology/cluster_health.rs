@@ -6,17 +6,15 @@
 //! reaches no client as an error.
 #![cfg(feature = "redis-cluster")]
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
-use common::fleet::{fleet, keys_like, Instance};
-use common::redis::RedisServer;
-use common::shards::{connect, round, stats, uri_on};
-use common::{get as get_req, Origin};
+use crate::common::cluster::Cluster;
+use crate::common::fleet::{fleet, keys_like, Instance};
+use crate::common::redis::RedisServer;
+use crate::common::shards::{connect, round, stats, uri_on};
+use crate::common::{get as get_req, Origin};
 
 const DEADLINE: Duration = Duration::from_millis(500);
 const TTL: Duration = Duration::from_millis(400);
@@ -25,7 +23,7 @@ const TTL: Duration = Duration::from_millis(400);
 async fn each(instances: &[Instance], uri: &str, n: usize) {
     for _ in 0..n {
         for i in instances {
-            let answer = common::send(&i.app, get_req(uri)).await;
+            let answer = crate::common::send(&i.app, get_req(uri)).await;
             assert_eq!(answer.status, 200, "{uri}: {answer:?}");
         }
     }
@@ -220,7 +218,7 @@ async fn a_slot_migrated_under_cache_load_fails_no_request() {
         assert!(reply == "+OK" || reply == "+NOKEY", "{reply}");
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
-    common::cluster::finish_migration(source, target, &slot);
+    crate::common::cluster::finish_migration(source, target, &slot);
     stop.store(true, Ordering::Relaxed);
     let (rounds, calls) = load.await.expect("no request failed");
     let redirected: u64 = [source, target]

@@ -1,6 +1,6 @@
-//! Sentinel under faults, a second look (see also `attack_s22_topology.rs`
-//! for the cluster's): what docs/TOPOLOGY.md promises behind Sentinel,
-//! attacked on real processes.
+//! Sentinel under faults (see `cluster_promises.rs` for the cluster's):
+//! what docs/TOPOLOGY.md promises behind Sentinel, attacked on real
+//! processes.
 //!
 //! - A sentinel that takes the `+switch-master` subscription and then drops
 //!   the connection, every time: the instance asks it again at the pace of
@@ -16,17 +16,15 @@
 //!   hands out a number that was already issued.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::io::{BufReader, Write};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::lock::held_locks;
-use common::redis::RedisServer;
-use common::sentinel::{read_command, SentinelSetup, SERVICE};
+use crate::common::lock::held_locks;
+use crate::common::redis::RedisServer;
+use crate::common::sentinel::{read_command, SentinelSetup, SERVICE};
 use stampede_guard::{Backend, FencingToken, Lock, LockError};
 
 /// What a fake sentinel does once it has confirmed a `+switch-master`
@@ -293,7 +291,7 @@ async fn a_plain_lock_repeats_a_token_when_the_failover_loses_increments() {
     let first = lock.acquire("sku").await.expect("lock");
     let base = first.fencing_token();
     assert!(first.release().await.unwrap());
-    common::cluster::wait_replicated(&setup.primary, Duration::from_secs(10));
+    crate::common::cluster::wait_replicated(&setup.primary, Duration::from_secs(10));
 
     // The replica is cut off (frozen, and its link closed by the primary,
     // so nothing waits for it in a socket buffer); the primary issues

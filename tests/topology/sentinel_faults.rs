@@ -4,13 +4,11 @@
 //! least-privilege user.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::cluster::wait_replicated;
-use common::lock::held_locks;
-use common::sentinel::SentinelSetup;
+use crate::common::cluster::wait_replicated;
+use crate::common::lock::held_locks;
+use crate::common::sentinel::SentinelSetup;
 use stampede_guard::{Backend, ErrorKind, FencingToken, Lock, LockError};
 
 async fn connect(url: &str) -> Backend {
@@ -54,7 +52,7 @@ fn wait_promoted(setup: &SentinelSetup, sentinel: usize, limit: Duration) {
     panic!("the replica was not promoted within {limit:?}");
 }
 
-fn evalsha_calls(server: &common::redis::RedisServer) -> u64 {
+fn evalsha_calls(server: &crate::common::redis::RedisServer) -> u64 {
     server.command_calls().get("evalsha").copied().unwrap_or(0)
 }
 
@@ -169,7 +167,7 @@ async fn a_switch_whose_old_primary_still_answers_moves_every_instance() {
         .await
         .max(first_hold(&b, "stock", Duration::from_secs(5)).await);
     wait_replicated(&setup.primary, Duration::from_secs(10));
-    let service = common::sentinel::SERVICE;
+    let service = crate::common::sentinel::SERVICE;
     assert_eq!(
         setup.sentinel().raw(&["SENTINEL", "FAILOVER", service]),
         "+OK\r\n"
@@ -245,7 +243,7 @@ async fn synced_acquisition_keeps_fencing_tokens_rising_across_a_failover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_user_works_through_sentinel() {
     let mut args = vec!["--user", "app", "on", ">app-secret"];
-    args.extend_from_slice(common::tls::ACL_RULES);
+    args.extend_from_slice(crate::common::tls::ACL_RULES);
     let setup = SentinelSetup::start_with(1, &args);
     let url = setup.url_as("app:app-secret@");
 
@@ -263,10 +261,10 @@ async fn the_documented_user_works_through_sentinel() {
 
     // With the documented permissions: the cache, a synced lock, no errors.
     let backend = Backend::redis(&url).await.expect("the documented user");
-    let origin = common::Origin::default();
-    let app = common::fleet::instance(backend.clone(), &origin, Duration::ZERO, |g| g);
-    let first = common::send(&app.app, common::get("/report")).await;
-    let second = common::send(&app.app, common::get("/report")).await;
+    let origin = crate::common::Origin::default();
+    let app = crate::common::fleet::instance(backend.clone(), &origin, Duration::ZERO, |g| g);
+    let first = crate::common::send(&app.app, crate::common::get("/report")).await;
+    let second = crate::common::send(&app.app, crate::common::get("/report")).await;
     assert_eq!((first.text(), second.text()), ("v1".into(), "v1".into()));
     let lock = Lock::new(backend.clone()).synced(1, Duration::from_millis(500));
     let guard = lock

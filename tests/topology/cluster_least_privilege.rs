@@ -4,13 +4,11 @@
 //! migrating slot leaving nothing behind.
 #![cfg(feature = "redis-cluster")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::cluster::{wait_replicated, Cluster};
-use common::fleet::{fleet, keys_like};
-use common::{get as get_req, send, Origin};
+use crate::common::cluster::{wait_replicated, Cluster};
+use crate::common::fleet::{fleet, keys_like};
+use crate::common::{get as get_req, send, Origin};
 use stampede_guard::{Backend, Lock};
 
 /// What the live nodes refused (their `ACL LOG`), but `INFO`: the
@@ -37,7 +35,7 @@ fn refused(cluster: &Cluster) -> Vec<String> {
 async fn the_documented_user_needs_nothing_more_on_a_cluster_through_a_failover() {
     // Exactly the documented rules, plus the documented `+cluster|slots`.
     let mut args = vec!["--user", "app", "on", ">app-secret", "+cluster|slots"];
-    args.extend_from_slice(common::tls::ACL_RULES);
+    args.extend_from_slice(crate::common::tls::ACL_RULES);
     let mut cluster = Cluster::start_with(3, 1, &args);
     let url = cluster.url_as("app:app-secret@");
     let connect = || async {

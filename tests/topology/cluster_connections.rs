@@ -5,17 +5,15 @@
 //! behind on it.
 #![cfg(feature = "redis-cluster")]
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
-use common::fleet::{fleet, fleet_burst, keys_like};
-use common::redis::RedisServer;
-use common::shards::{connect, stats, uri_on};
-use common::{get as get_req, Origin};
+use crate::common::cluster::Cluster;
+use crate::common::fleet::{fleet, fleet_burst, keys_like};
+use crate::common::redis::RedisServer;
+use crate::common::shards::{connect, stats, uri_on};
+use crate::common::{get as get_req, Origin};
 
 const DEADLINE: Duration = Duration::from_millis(300);
 const TTL: Duration = Duration::from_millis(200);
@@ -130,7 +128,7 @@ async fn a_half_migrated_slot_under_load_is_no_slot_map_storm() {
     // The migration is finished: the keys the source still holds (a key
     // that was not on the target yet is served, and may be written, by
     // the source) move first, or the source refuses to give the slot up.
-    common::cluster::finish_migration(source, target, &slot);
+    crate::common::cluster::finish_migration(source, target, &slot);
     assert_eq!(failed, 0, "no request fails while the slot moves");
     assert!(redirected > 0, "the calls met the half-moved slot");
     // The map is re-read when a call meets a slot on the move, but not once
@@ -169,7 +167,7 @@ async fn a_primary_frozen_and_resumed_again_and_again_keeps_no_extra_connections
     let uri = uri_on(&instances, victim, &[]);
     let app = &instances[0].app;
     for _ in 0..3 {
-        assert_eq!(common::send(app, get_req(&uri)).await.status, 200);
+        assert_eq!(crate::common::send(app, get_req(&uri)).await.status, 200);
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let clients = |n: &RedisServer| info_number(n, "clients", "connected_clients");
@@ -183,7 +181,7 @@ async fn a_primary_frozen_and_resumed_again_and_again_keeps_no_extra_connections
         while stats(&instances[0]).open_circuits == 0 {
             assert!(Instant::now() < give_up, "cycle {cycle}: no circuit opened");
             tokio::time::sleep(TTL).await;
-            let answer = common::send(app, get_req(&uri)).await;
+            let answer = crate::common::send(app, get_req(&uri)).await;
             assert_eq!(answer.status, 200, "cycle {cycle}: {answer:?}");
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -197,7 +195,7 @@ async fn a_primary_frozen_and_resumed_again_and_again_keeps_no_extra_connections
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tokio::time::sleep(TTL).await;
-        assert_eq!(common::send(app, get_req(&uri)).await.status, 200);
+        assert_eq!(crate::common::send(app, get_req(&uri)).await.status, 200);
     }
     // Whatever was opened while the node was frozen is closed by now.
     let give_up = Instant::now() + Duration::from_secs(5);
@@ -226,7 +224,7 @@ fn move_slot(source: &RedisServer, target: &RedisServer, slot: &str) {
         source.raw(&["CLUSTER", "SETSLOT", slot, "MIGRATING", &dst]),
         "+OK"
     );
-    common::cluster::finish_migration(source, target, slot);
+    crate::common::cluster::finish_migration(source, target, slot);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,7 +298,7 @@ async fn a_slot_moved_away_during_a_rebuild_keeps_the_rebuild_exactly_once() {
     // A later request from each instance is a hit, with no origin call.
     let calls = origin.calls();
     for i in instances.iter() {
-        let a = common::send(&i.app, get_req(&uri)).await;
+        let a = crate::common::send(&i.app, get_req(&uri)).await;
         assert_eq!(a.status, 200);
         assert_eq!(a.text(), texts[0]);
     }

@@ -3,14 +3,12 @@
 //! killed while an invalidation is published elsewhere.
 #![cfg(feature = "redis-cluster")]
 
-mod common;
-
 use std::time::Duration;
 
-use common::cluster::{wait_replicated, Cluster};
-use common::fleet::{fleet, keys_like, wait_until_available};
-use common::redis::RedisServer;
-use common::{get as get_req, send, Origin, ROOMY_DEADLINE};
+use crate::common::cluster::{wait_replicated, Cluster};
+use crate::common::fleet::{fleet, keys_like, wait_until_available};
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, send, Origin, ROOMY_DEADLINE};
 use stampede_guard::{Backend, Lock};
 
 async fn connect(cluster: &Cluster) -> Backend {

@@ -5,13 +5,11 @@
 //! and the fleet shares one rebuild per expiry again.
 #![cfg(feature = "redis-cluster")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
-use common::fleet::{fleet, fleet_burst, keys_like, Instance};
-use common::{get as get_req, Origin};
+use crate::common::cluster::Cluster;
+use crate::common::fleet::{fleet, fleet_burst, keys_like, Instance};
+use crate::common::{get as get_req, Origin};
 use stampede_guard::{Backend, FencingToken, Lock};
 
 const TTL: Duration = Duration::from_millis(300);

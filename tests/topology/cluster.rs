@@ -4,13 +4,11 @@
 //! and the loss of a primary (its replica promoted) does not stop service.
 #![cfg(feature = "redis-cluster")]
 
-mod common;
-
 use std::time::Duration;
 
-use common::cluster::{wait_replicated, Cluster};
-use common::fleet::{fleet, fleet_burst, wait_until_available, wakeups};
-use common::{get as get_req, send, tally, Origin, ROOMY_DEADLINE};
+use crate::common::cluster::{wait_replicated, Cluster};
+use crate::common::fleet::{fleet, fleet_burst, wait_until_available, wakeups};
+use crate::common::{get as get_req, send, tally, Origin, ROOMY_DEADLINE};
 use stampede_guard::{Backend, ErrorKind, Lock};
 
 /// A backend whose deadline a loaded machine meets: these tests count
@@ -30,7 +28,7 @@ async fn connect(cluster: &Cluster) -> Backend {
 /// plus the one command a cluster client needs to learn the slot map.
 fn confined_user() -> Vec<&'static str> {
     let mut args = vec!["--user", "app", "on", ">app-secret", "+cluster|slots"];
-    args.extend_from_slice(common::tls::ACL_RULES);
+    args.extend_from_slice(crate::common::tls::ACL_RULES);
     args
 }
 

@@ -5,14 +5,12 @@
 //! panic on what it hears.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::io::{BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::Duration;
 
-use common::lock::held_locks;
-use common::sentinel::{read_command, SentinelSetup};
+use crate::common::lock::held_locks;
+use crate::common::sentinel::{read_command, SentinelSetup};
 use stampede_guard::{Backend, Lock};
 
 /// What the fake sentinel answers once the handshake (`HELLO`) is done.
@@ -153,7 +151,7 @@ async fn garbage_from_sentinels_is_an_error_never_a_panic() {
     holds_on_primary(&setup, backend).await;
 }
 
-fn evalsha_calls(server: &common::redis::RedisServer) -> u64 {
+fn evalsha_calls(server: &crate::common::redis::RedisServer) -> u64 {
     server.command_calls().get("evalsha").copied().unwrap_or(0)
 }
 
@@ -172,11 +170,11 @@ async fn one_stale_sentinel_does_not_keep_instances_on_the_old_primary() {
         newest = newest.max(guard.fencing_token());
         assert!(guard.release().await.unwrap());
     }
-    common::cluster::wait_replicated(&setup.primary, Duration::from_secs(10));
+    crate::common::cluster::wait_replicated(&setup.primary, Duration::from_secs(10));
 
     // The honest sentinels move the primary; the old one keeps answering
     // and says it is a primary for seconds more.
-    let service = common::sentinel::SERVICE;
+    let service = crate::common::sentinel::SERVICE;
     assert_eq!(
         setup.sentinels[0].raw(&["SENTINEL", "FAILOVER", service]),
         "+OK\r\n"

@@ -5,17 +5,15 @@
 //! first holder's late commit is refused by the fence.
 #![cfg(feature = "redis")]
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::cluster::wait_replicated;
+use crate::common::fleet::{fleet, fleet_burst, wait_until_available};
+use crate::common::sentinel::SentinelSetup;
+use crate::common::{get as get_req, send, Origin, ROOMY_DEADLINE};
 use axum::routing::get;
 use axum::Router;
-use common::cluster::wait_replicated;
-use common::fleet::{fleet, fleet_burst, wait_until_available};
-use common::sentinel::SentinelSetup;
-use common::{get as get_req, send, Origin, ROOMY_DEADLINE};
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Notify;
 
@@ -141,13 +139,13 @@ async fn a_failover_keeps_the_service_going_and_fences_the_stale_holder() {
 
     // Every instance follows the new primary.
     wait_until_available(&instances, Duration::from_secs(20)).await;
-    let probe_a = [common::fleet::instance(
+    let probe_a = [crate::common::fleet::instance(
         a_backend.clone(),
         &Origin::default(),
         Duration::ZERO,
         |g| g,
     )];
-    let probe_b = [common::fleet::instance(
+    let probe_b = [crate::common::fleet::instance(
         b_backend.clone(),
         &Origin::default(),
         Duration::ZERO,

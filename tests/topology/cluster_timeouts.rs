@@ -5,14 +5,12 @@
 //! shares one rebuild, as on one server.
 #![cfg(feature = "redis-cluster")]
 
-mod common;
-
 use std::time::Duration;
 
-use common::cluster::Cluster;
-use common::fleet::{fleet, fleet_burst};
-use common::redis::RedisServer;
-use common::{get as get_req, Origin};
+use crate::common::cluster::Cluster;
+use crate::common::fleet::{fleet, fleet_burst};
+use crate::common::redis::RedisServer;
+use crate::common::{get as get_req, Origin};
 use stampede_guard::Backend;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

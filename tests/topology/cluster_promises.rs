@@ -1,6 +1,6 @@
-//! Redis Cluster under real faults, a second look (see also
-//! `attack_s22_sentinel.rs` for Sentinel): what docs/TOPOLOGY.md promises
-//! on a cluster, attacked on real processes.
+//! Redis Cluster under real faults (see `sentinel_promises.rs` for
+//! Sentinel): what docs/TOPOLOGY.md promises on a cluster, attacked on real
+//! processes.
 //!
 //! - A synced lock on a cluster asks only its own shard's replicas: a
 //!   replica frozen on another shard does not fail it, its own does, and
@@ -18,15 +18,13 @@
 //!   shard (known; see the test).
 #![cfg(feature = "redis-cluster")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::cluster::{wait_replicated, Cluster};
-use common::fleet::{fleet, fleet_burst, keys_like};
-use common::redis::RedisServer;
-use common::shards::{round, stats, uri_on};
-use common::{get as get_req, send, Origin, ROOMY_DEADLINE};
+use crate::common::cluster::{wait_replicated, Cluster};
+use crate::common::fleet::{fleet, fleet_burst, keys_like};
+use crate::common::redis::RedisServer;
+use crate::common::shards::{round, stats, uri_on};
+use crate::common::{get as get_req, send, Origin, ROOMY_DEADLINE};
 use stampede_guard::{Backend, FencingToken, Lock, LockError};
 
 const TTL: Duration = Duration::from_millis(300);
@@ -266,7 +264,7 @@ async fn a_frozen_membership_primary_keeps_other_shards_l1_hits() {
 /// expired `uri` runs (its rebuild holds the lease through the switch);
 /// returns the origin calls the burst cost, every answer a 200.
 async fn burst_through_failover(
-    instances: &[common::fleet::Instance],
+    instances: &[crate::common::fleet::Instance],
     origin: &Origin,
     uri: &str,
     replica: &RedisServer,
@@ -306,7 +304,7 @@ async fn a_graceful_failover_during_rebuilds_costs_nothing() {
         3,
         &origin,
         Duration::from_millis(100),
-        || common::shards::connect(&cluster, ROOMY_DEADLINE),
+        || crate::common::shards::connect(&cluster, ROOMY_DEADLINE),
         |g| {
             g.ttl(TTL)
                 .lease(Duration::from_secs(2))
@@ -369,7 +367,7 @@ async fn invalidations_on_a_healthy_primary_ignore_a_frozen_and_a_dead_one() {
         1,
         &origin,
         Duration::ZERO,
-        || common::shards::connect(&cluster, Duration::from_millis(250)),
+        || crate::common::shards::connect(&cluster, Duration::from_millis(250)),
         |g| g.ttl(Duration::from_secs(60)),
     )
     .await;

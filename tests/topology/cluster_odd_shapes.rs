@@ -5,16 +5,14 @@
 //! panic nor hang the backend.
 #![cfg(feature = "redis-cluster")]
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
-use common::cluster::Cluster;
-use common::fleet::fleet;
-use common::shards::{round, stats, uri_on};
-use common::{get as get_req, send, Origin};
+use crate::common::cluster::Cluster;
+use crate::common::fleet::fleet;
+use crate::common::shards::{round, stats, uri_on};
+use crate::common::{get as get_req, send, Origin};
 use stampede_guard::Backend;
 
 const TTL: Duration = Duration::from_millis(400);
@@ -119,7 +117,7 @@ async fn a_seed_answering_garbage_neither_panics_nor_hangs() {
     // serve: with it, requests are shared; garbage alone is an error.
     if let Ok(backend) = backend {
         let origin = Origin::default();
-        let i = common::fleet::instance(backend, &origin, Duration::ZERO, |g| g);
+        let i = crate::common::fleet::instance(backend, &origin, Duration::ZERO, |g| g);
         for _ in 0..3 {
             assert_eq!(send(&i.app, get_req("/report/1")).await.status, 200);
         }
@@ -145,7 +143,7 @@ async fn a_slot_owned_by_nobody_opens_one_circuit_that_does_not_flap() {
     };
     let origin = Origin::default();
     let configure = |g: stampede_guard::StampedeGuard| g.ttl(TTL);
-    let probe = common::fleet::instance(connect().await, &origin, Duration::ZERO, configure);
+    let probe = crate::common::fleet::instance(connect().await, &origin, Duration::ZERO, configure);
     // A URL whose slot every node forgets (`CLUSTER DELSLOTS`): nobody's.
     let orphan = "/report/orphan";
     let key = probe.guard.key_for(&get_req(orphan)).unwrap();
