@@ -3,23 +3,14 @@
 //! losses, and Redis's faults, for small fleets. The same checks on the
 //! protocol as it was before the fleet-fault fixes find each old bug.
 
-#[path = "model/cache.rs"]
 mod cache;
-#[path = "model/client.rs"]
 mod client;
-#[path = "model/flight.rs"]
 mod flight;
-#[path = "model/lock.rs"]
 mod lock;
-#[path = "model/lock_redis.rs"]
 mod lock_redis;
-#[path = "model/members.rs"]
 mod members;
-#[path = "model/redis.rs"]
 mod redis;
-#[path = "model/scripts.rs"]
 mod scripts;
-#[path = "model/tags.rs"]
 mod tags;
 
 /// Which protocol the model runs.
@@ -377,7 +368,7 @@ fn current_tag_invalidation_is_a_barrier_for_the_l1() {
 
 /// Before the fix: a new epoch was not counted as a move, and a rebuild
 /// that read its data before a purge landed on a lost table was stored
-/// under the epoch begun after the purge (tests/tags_epoch_race.rs).
+/// under the epoch begun after the purge (tests/tags/epoch_race.rs).
 #[test]
 fn old_tag_epoch_revives_a_rebuild_read_before_a_purge() {
     let c = check(
@@ -409,7 +400,7 @@ fn tag_mutations_are_caught() {
 /// Redis restarts empty on a host whose clock is behind the epoch the
 /// instances knew: the next table read starts an epoch at `floor + 1`,
 /// ahead of the clock. A purge moves its tag above that epoch (it moved it
-/// to the clock alone before: `BumpBelowEpoch`, tests/tags_epoch_ahead.rs).
+/// to the clock alone before: `BumpBelowEpoch`, tests/tags/epoch_ahead.rs).
 /// The tag was never purged before, so no instance remembers a generation
 /// above the new epoch (see the next test).
 #[test]
@@ -520,7 +511,7 @@ fn membership_mutations_are_caught() {
 /// membership renewal succeeded: with a renewal that fails (or lands after
 /// the barrier read the members), the instance trusted its L1 past its
 /// membership, and an invalidation in that window, with its subscription
-/// dropped unannounced, did not wait for it (tests/membership_renewal.rs).
+/// dropped unannounced, did not wait for it (tests/invalidation/membership_renewal.rs).
 #[test]
 fn old_keepalive_trusts_the_l1_past_the_membership() {
     let mut model = membership(Some(members::Mutation::ConfirmBeforeRenew));
