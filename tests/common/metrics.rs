@@ -1,6 +1,28 @@
-//! Reading the counters a test's recorder captured.
+//! The process's metrics recorder, and reading the counters it captured.
 
-use metrics_util::debugging::{DebugValue, Snapshotter};
+use std::sync::OnceLock;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use tokio::sync::{Mutex, MutexGuard};
+
+/// The process-wide debugging recorder, installed on first use, and the
+/// turn of the test using it: the recorder sees every guard of the process,
+/// so a test reads it only while it holds the turn, and every test of a
+/// binary that installs it takes the turn. The snapshot taken here empties
+/// what earlier tests left, so the test starts from nothing.
+pub async fn recorder() -> (&'static Snapshotter, MutexGuard<'static, ()>) {
+    static SNAPSHOTTER: OnceLock<Snapshotter> = OnceLock::new();
+    static TURN: Mutex<()> = Mutex::const_new(());
+    let turn = TURN.lock().await;
+    let snapshotter = SNAPSHOTTER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::set_global_recorder(recorder).expect("the only recorder in this binary");
+        snapshotter
+    });
+    let _ = snapshotter.snapshot();
+    (snapshotter, turn)
+}
 
 /// Every counter series in a snapshot, as (name, value); a name recorded
 /// with several label sets comes once per set.

@@ -118,6 +118,7 @@ pub async fn burst(app: &Router, n: usize, make: impl Fn() -> Request<Body>) -> 
 pub fn tally(answers: &[Answer], status: &str) -> usize {
     answers.iter().filter(|a| a.x_cache() == status).count()
 }
+pub mod child;
 pub mod cluster;
 pub mod counting;
 pub mod driver;

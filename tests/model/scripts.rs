@@ -2,7 +2,7 @@
 //! BLAKE3 hash as the model was last checked against it. A script whose text
 //! changes fails `scripts_match_the_model` until its model action (redis.rs,
 //! lock_redis.rs, tags.rs, members.rs) is brought in line and the hash here
-//! updated. Also run in the debug suite (tests/model_scripts.rs).
+//! updated. Also run in the debug suite (tests/fleet/model_scripts.rs).
 
 /// (script, BLAKE3 of its text, the model function that mirrors it).
 pub const MODELLED: [(&str, &str, &str); 14] = [
@@ -94,7 +94,7 @@ pub const NOT_MODELLED: [(&str, &str, &str); 2] = [
         "the model has no forger: an acknowledgement is the message of an instance \
          that handled the invalidation, and the barrier counts it as such; the \
          record this script adds is what lets the invalidator refuse forged ones \
-         (tests/acks.rs, tests/attack_s22_tags.rs on real Redis)",
+         (tests/invalidation/acks.rs, tests/tags/barrier.rs on real Redis)",
     ),
 ];
 

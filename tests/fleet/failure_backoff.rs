@@ -1,0 +1,433 @@
+//! Fleet-wide failure memory: a failed rebuild leaves a marker in Redis, and
+//! while its backoff runs no instance calls the origin for the key again.
+//! Counts only: origin calls are checked against the episode's own step
+//! count, which Redis keeps in the marker.
+#![cfg(feature = "redis")]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::driver::{connect, counted_app};
+use crate::common::fleet::keys_like;
+use crate::common::redis::RedisServer;
+use crate::common::{get, send, Answer, Origin};
+use axum::response::IntoResponse;
+use axum::Router;
+use http::header::CACHE_CONTROL;
+use http::StatusCode;
+use stampede_guard::StampedeGuard;
+use tokio::sync::Semaphore;
+
+/// The first backoff and its cap, as documented.
+const BASE: Duration = Duration::from_millis(250);
+const CAP: Duration = Duration::from_secs(10);
+
+struct Fleet {
+    apps: Vec<Router>,
+    guards: Vec<StampedeGuard>,
+    origin: Origin,
+    failing: Arc<AtomicBool>,
+    /// While set, each origin call waits for a permit of `gate` first.
+    hold: Arc<AtomicBool>,
+    gate: Arc<Semaphore>,
+}
+
+/// `k` instances of `/report` on one Redis (ttl 1 s, stale-if-error
+/// `stale_if_error` seconds): the origin answers `v<n>` while healthy, and a
+/// 503 (no-store) while `failing`.
+async fn fleet(redis: &RedisServer, k: usize, stale_if_error: u64) -> Fleet {
+    let origin = Origin::default();
+    let failing = Arc::new(AtomicBool::new(false));
+    let hold = Arc::new(AtomicBool::new(false));
+    let gate = Arc::new(Semaphore::new(0));
+    let (mut apps, mut guards) = (Vec::new(), Vec::new());
+    for _ in 0..k {
+        let guard = StampedeGuard::new(connect(redis).await)
+            .ttl(Duration::from_secs(1))
+            .stale_if_error(Duration::from_secs(stale_if_error));
+        guards.push(guard.clone());
+        let (failing, hold, gate) = (failing.clone(), hold.clone(), gate.clone());
+        apps.push(counted_app(&origin, guard, move |n| {
+            let held = hold.load(Ordering::SeqCst);
+            let gate = gate.clone();
+            let failing = failing.clone();
+            async move {
+                if held {
+                    let _ = gate.acquire().await;
+                }
+                let failing = failing.load(Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                if failing {
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [(CACHE_CONTROL, "no-store".to_owned())],
+                        "down".to_owned(),
+                    )
+                        .into_response();
+                }
+                // Tagged, for the purge by tag below.
+                (
+                    StatusCode::OK,
+                    [("surrogate-key", "report")],
+                    format!("v{n}"),
+                )
+                    .into_response()
+            }
+        }));
+    }
+    Fleet {
+        apps,
+        guards,
+        origin,
+        failing,
+        hold,
+        gate,
+    }
+}
+
+async fn burst(apps: &[Router], n: usize) -> Vec<Answer> {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let app = apps[i % apps.len()].clone();
+            tokio::spawn(async move { send(&app, get("/report")).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.expect("request task"));
+    }
+    out
+}
+
+/// The failure marker's key and its value (`<gen>:<code>:<step>`), if any.
+fn marker(redis: &RedisServer) -> Option<(String, String)> {
+    let key = keys_like(redis, "*:x").into_iter().next()?;
+    let value = redis.raw(&["GET", &key]);
+    Some((key, value))
+}
+
+/// The step count of the episode Redis remembers (0: no marker).
+fn step(redis: &RedisServer) -> usize {
+    marker(redis)
+        .and_then(|(_, v)| v.rsplit(':').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The generation of the `/report` group.
+fn generation(redis: &RedisServer) -> String {
+    let key = keys_like(redis, "*:g").into_iter().next().expect("gen key");
+    redis.raw(&["GET", &key])
+}
+
+/// The most origin calls an episode this long can cost: one per backoff
+/// that can have ended within `elapsed`, plus the first.
+fn most_calls(elapsed: Duration) -> usize {
+    let (mut calls, mut spent, mut backoff) = (1, Duration::ZERO, BASE);
+    while spent + backoff <= elapsed {
+        spent += backoff;
+        backoff = (backoff * 2).min(CAP);
+        calls += 1;
+    }
+    calls
+}
+
+/// Fills the entry, lets it go stale, and turns the origin off.
+async fn fill_then_fail(f: &Fleet) {
+    let first = send(&f.apps[0], get("/report")).await;
+    assert_eq!(first.status, StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    f.failing.store(true, Ordering::SeqCst);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_origin_costs_the_fleet_one_call_per_backoff_step_not_one_per_instance() {
+    let redis = RedisServer::start();
+    let f = fleet(&redis, 3, 0).await;
+    f.failing.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let mut answers = Vec::new();
+    for _ in 0..6 {
+        answers.extend(burst(&f.apps, 24).await);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let elapsed = started.elapsed();
+    let calls = f.origin.calls();
+    // Each call failed and counted one step of the same episode; nothing
+    // else reached the origin.
+    assert_eq!(calls, step(&redis), "every origin call is one backoff step");
+    assert!(
+        calls <= most_calls(elapsed),
+        "{calls} calls in {elapsed:?}: more than the backoff allows"
+    );
+    assert!(calls < 6, "{calls} calls for 6 bursts over 3 instances");
+    // Nobody got an entry: the starter its 503, everyone else the shared
+    // failure.
+    for a in &answers {
+        assert!(a.status.is_server_error(), "{:?}", a.status);
+    }
+    let shared = answers
+        .iter()
+        .filter(|a| a.status == StatusCode::BAD_GATEWAY)
+        .count();
+    assert!(
+        shared >= answers.len() - calls,
+        "the rest share the failure"
+    );
+    let (_, value) = marker(&redis).expect("a marker");
+    assert!(value.starts_with(&format!("{}:", generation(&redis))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_get_stale_if_error_during_the_backoff() {
+    let redis = RedisServer::start();
+    let f = fleet(&redis, 3, 60).await;
+    fill_then_fail(&f).await;
+    let mut answers = Vec::new();
+    for _ in 0..4 {
+        answers.extend(burst(&f.apps, 24).await);
+    }
+    let failed_calls = f.origin.calls() - 1;
+    assert!(failed_calls >= 1);
+    assert_eq!(failed_calls, step(&redis), "every failed call is one step");
+    assert!(failed_calls < 4, "{failed_calls} failed calls for 4 bursts");
+    for a in &answers {
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.text(), "v1", "the stale entry, never the 503");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_from_before_a_tag_purge_is_not_served_during_the_backoff() {
+    let redis = RedisServer::start();
+    let f = fleet(&redis, 3, 60).await;
+    fill_then_fail(&f).await;
+    // The episode starts: the stale v1 is served meanwhile.
+    for a in burst(&f.apps, 12).await {
+        assert_eq!(a.text(), "v1");
+    }
+    let calls = f.origin.calls();
+    f.guards[1].invalidate_tag("report").await.expect("purged");
+    // The tag purge leaves the URL's marker (and its generation) alone: make
+    // its backoff long, so that every request below meets it.
+    let (key, _) = marker(&redis).expect("a marker");
+    forge(&redis, &key, &format!("{}:1:9", generation(&redis)), CAP);
+    for a in burst(&f.apps, 12).await {
+        assert_ne!(a.text(), "v1", "a copy from before the tag purge");
+        assert_eq!(a.status, StatusCode::BAD_GATEWAY, "the shared failure");
+    }
+    assert_eq!(f.origin.calls(), calls, "no call while the backoff runs");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_commit_after_the_origin_heals_ends_the_episode() {
+    let redis = RedisServer::start();
+    let f = fleet(&redis, 3, 0).await;
+    f.failing.store(true, Ordering::SeqCst);
+    burst(&f.apps, 12).await;
+    let failed = f.origin.calls();
+    assert_eq!(failed, step(&redis));
+    f.failing.store(false, Ordering::SeqCst);
+    // Keep asking until the backoff ends and a rebuild succeeds (bounded).
+    let deadline = Instant::now() + CAP * 2;
+    let mut ok = None;
+    while Instant::now() < deadline {
+        let a = send(&f.apps[1], get("/report")).await;
+        if a.status == StatusCode::OK {
+            ok = Some(a);
+            break;
+        }
+        assert_eq!(a.status, StatusCode::BAD_GATEWAY, "the shared failure");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ok = ok.expect("the origin is called again once the backoff ends");
+    assert_eq!(f.origin.calls(), failed + 1, "one call after the backoff");
+    assert_eq!(ok.text(), format!("v{}", failed + 1));
+    assert!(marker(&redis).is_none(), "the commit removed the marker");
+    // The whole fleet is served the new entry without calling the origin.
+    for a in burst(&f.apps, 12).await {
+        assert_eq!(a.text(), ok.text());
+    }
+    assert_eq!(f.origin.calls(), failed + 1);
+    // A new failure starts a new episode at step 1.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    f.failing.store(true, Ordering::SeqCst);
+    burst(&f.apps, 6).await;
+    assert_eq!(step(&redis), f.origin.calls() - failed - 1);
+    assert_eq!(step(&redis), 1, "the backoff starts again from its base");
+}
+
+/// Writes a marker of the current generation with `left` of backoff.
+fn forge(redis: &RedisServer, key: &str, value: &str, left: Duration) {
+    let px = (left + CAP).as_millis().to_string();
+    assert_eq!(redis.raw(&["SET", key, value, "PX", &px]), "+OK");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalidation_clears_the_backoff() {
+    let redis = RedisServer::start();
+    let f = fleet(&redis, 3, 0).await;
+    f.failing.store(true, Ordering::SeqCst);
+    burst(&f.apps, 6).await;
+    let calls = f.origin.calls();
+    let (key, _) = marker(&redis).expect("a marker");
+    // The episode is long by now: the longest backoff.
+    let generation_now = generation(&redis);
+    forge(&redis, &key, &format!("{generation_now}:1:9"), CAP);
+    for a in burst(&f.apps, 12).await {
+        assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    }
+    assert_eq!(f.origin.calls(), calls, "no call while the backoff runs");
+    // The operator fixes the origin and purges the URL.
+    f.failing.store(false, Ordering::SeqCst);
+    f.guards[2]
+        .invalidate(&get("/report"))
+        .await
+        .expect("invalidated");
+    let a = send(&f.apps[0], get("/report")).await;
+    assert_eq!(a.status, StatusCode::OK, "retried at once");
+    assert_eq!(f.origin.calls(), calls + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_of_a_rebuild_begun_before_an_invalidation_does_not_back_off_the_new_url() {
+    let redis = RedisServer::start();
+    let f = fleet(&redis, 3, 0).await;
+    f.failing.store(true, Ordering::SeqCst);
+    f.hold.store(true, Ordering::SeqCst);
+    let app = f.apps[0].clone();
+    let pending = tokio::spawn(async move { send(&app, get("/report")).await });
+    for _ in 0..1000 {
+        if f.origin.calls() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(f.origin.calls(), 1, "the rebuild is under way");
+    let old = generation(&redis);
+    f.guards[1]
+        .invalidate(&get("/report"))
+        .await
+        .expect("invalidated");
+    // Now the old rebuild fails, and leaves its marker.
+    f.gate.add_permits(1);
+    assert!(pending.await.expect("answered").status.is_server_error());
+    let (_, value) = marker(&redis).expect("the failed rebuild left a marker");
+    assert!(value.starts_with(&format!("{old}:")));
+    assert_ne!(
+        generation(&redis),
+        old,
+        "the invalidation moved the generation"
+    );
+    // It is of the old generation: the purged URL is tried at once.
+    f.hold.store(false, Ordering::SeqCst);
+    f.failing.store(false, Ordering::SeqCst);
+    let a = send(&f.apps[2], get("/report")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert_eq!(f.origin.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_or_foreign_marker_is_harmless() {
+    let redis = RedisServer::start();
+    let f = fleet(&redis, 3, 0).await;
+    f.failing.store(true, Ordering::SeqCst);
+    send(&f.apps[0], get("/report")).await;
+    let (key, _) = marker(&redis).expect("a marker");
+    f.failing.store(false, Ordering::SeqCst);
+    // Each of these is not a backoff this version wrote: ignored, so the
+    // origin is called. (Redis's own wrong-type errors are not ours to
+    // test: a hash here would make every script fail, like a broken Redis.)
+    let ignored = |g: &str| {
+        [
+            ("garbage".to_owned(), Some(CAP)),
+            (format!("{g}:1:1"), None),          // no TTL
+            (format!("{g}:1:1"), Some(CAP * 5)), // longer than any backoff
+            (format!("{g}x:1:1"), Some(CAP)),
+            ("1:1:1".to_owned(), Some(CAP)), // another generation
+            (format!("{g}:1:-1"), Some(CAP)),
+            (format!("{g}:1234:1"), Some(CAP)),
+            (String::new(), Some(CAP)),
+        ]
+    };
+    for i in 0..ignored("").len() {
+        // A miss everywhere: the entry (and every copy in L1) is purged.
+        f.guards[0]
+            .invalidate(&get("/report"))
+            .await
+            .expect("purged");
+        let (value, left) = ignored(&generation(&redis))[i].clone();
+        match left {
+            Some(left) => forge(&redis, &key, &value, left),
+            None => assert_eq!(redis.raw(&["SET", &key, &value]), "+OK"),
+        }
+        let before = f.origin.calls();
+        let a = send(&f.apps[i % 3], get("/report")).await;
+        assert_eq!(a.status, StatusCode::OK, "marker {value:?} was honoured");
+        assert_eq!(f.origin.calls(), before + 1);
+        // The successful commit removed it.
+        assert!(marker(&redis).is_none());
+    }
+    // A marker of ours with a code this version does not know: a failure
+    // still (a plain 502), never a panic, and no origin call.
+    f.guards[0]
+        .invalidate(&get("/report"))
+        .await
+        .expect("purged");
+    let generation_now = generation(&redis);
+    forge(&redis, &key, &format!("{generation_now}:99:1"), CAP);
+    let before = f.origin.calls();
+    for a in burst(&f.apps, 6).await {
+        assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+    }
+    assert_eq!(f.origin.calls(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_empty_mid_episode_means_one_fresh_attempt() {
+    let mut redis = RedisServer::start();
+    let f = fleet(&redis, 3, 0).await;
+    f.failing.store(true, Ordering::SeqCst);
+    burst(&f.apps, 6).await;
+    let (key, value) = marker(&redis).expect("a marker");
+    let calls = f.origin.calls();
+    assert_eq!(calls, step(&redis));
+    // A long backoff, then Redis loses everything.
+    forge(&redis, &key, &value.replace(":1:1", ":1:9"), CAP);
+    redis.restart();
+    reconnect(&f).await;
+    // The episode is forgotten: one instance tries again, once.
+    for a in burst(&f.apps, 12).await {
+        assert!(a.status.is_server_error());
+    }
+    assert_eq!(
+        f.origin.calls(),
+        calls + 1,
+        "one fresh attempt for the fleet"
+    );
+    assert_eq!(step(&redis), 1, "a new episode");
+}
+
+/// Every instance's link to a restarted Redis works again (bounded).
+async fn reconnect(f: &Fleet) {
+    for guard in &f.guards {
+        let mut done = false;
+        for _ in 0..150 {
+            if guard.invalidate(&get("/other")).await.is_ok() {
+                done = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(done, "the instance reaches Redis again");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !f
+        .guards
+        .iter()
+        .all(|g| g.backend().stats().redis.is_some_and(|r| r.available))
+    {
+        assert!(Instant::now() < deadline, "the circuits closed again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,22 @@
+//! Fleet-wide protection on a real redis-server: one rebuild per key for
+//! K instances, the lease and its deadline, the entry a commit's wake-up
+//! carries, fleet failure memory, instances in separate OS processes, and
+//! Redis failing, slow or gone.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod carried;
+mod carried_forgery;
+mod config;
+mod driver;
+mod failure_backoff;
+mod failures;
+mod invalidation_faults;
+mod lease_deadline;
+mod model_scripts;
+mod processes;
+mod protection;
+mod real_faults;
+mod redis_down;
+mod refresh_ahead;

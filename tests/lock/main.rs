@@ -1,0 +1,11 @@
+//! The public lock: mutual exclusion across tasks and processes, fencing,
+//! loss reporting, reentrancy, fairness and wake-ups, and the faults
+//! (stopped holders, stalled links, open circuits, lost keys) it must
+//! survive.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod exclusion;
+mod faults;
+mod process_faults;

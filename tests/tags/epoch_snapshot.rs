@@ -1,0 +1,86 @@
+//! Redis restarted from an older snapshot (an RDB saved before a purge):
+//! the table, its epoch and the entries all go back in time. Instances that
+//! heard the purge never lower their generations; the question is what an
+//! instance started after the restart serves.
+#![cfg(feature = "redis")]
+
+use std::time::Duration;
+
+use crate::common::fleet::{backend_at, fleet, instance, Instance};
+use crate::common::redis::RedisServer;
+use crate::common::{get, send, Origin};
+use stampede_guard::StampedeGuard;
+
+fn tagged(guard: StampedeGuard) -> StampedeGuard {
+    guard
+        .ttl(Duration::from_secs(60))
+        .tags(|_req| vec!["product:42".to_owned()])
+}
+
+async fn answer(instance: &Instance) -> String {
+    for _ in 0..200 {
+        let answer = send(&instance.app, get("/report")).await;
+        if answer.status == 200 {
+            return answer.text();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no answer");
+}
+
+async fn from_a_snapshot(late_first: bool) {
+    let mut redis = RedisServer::start();
+    let origin = Origin::default();
+    let url = redis.url();
+    let instances = fleet(
+        2,
+        &origin,
+        Duration::ZERO,
+        || backend_at(&url, Duration::from_millis(500)),
+        tagged,
+    )
+    .await;
+    let old = answer(&instances[0]).await;
+    assert_eq!(answer(&instances[1]).await, old);
+    assert_eq!(redis.raw(&["SAVE"]), "+OK");
+    instances[0]
+        .guard
+        .invalidate_tag("product:42")
+        .await
+        .unwrap();
+    let new = answer(&instances[0]).await;
+    assert_ne!(new, old);
+    redis.restart(); // loads the snapshot: table, epoch and entries from before
+    assert_eq!(
+        redis.raw(&["EXISTS", "sg:tags"]),
+        ":1",
+        "the snapshot loaded"
+    );
+    let late = instance(
+        backend_at(&url, Duration::from_millis(500)).await,
+        &origin,
+        Duration::ZERO,
+        tagged,
+    );
+    if late_first {
+        assert_ne!(answer(&late).await, old, "a new instance, asked first");
+    }
+    for (i, instance) in instances.iter().enumerate() {
+        assert_ne!(answer(instance).await, old, "instance {i} lived through it");
+    }
+    assert_ne!(answer(&late).await, old, "a new instance");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_from_before_a_purge_brings_nothing_old_back() {
+    from_a_snapshot(false).await;
+}
+
+/// Broken: the restored table keeps its epoch and generations, and the
+/// restored entries match them, so an instance with no memory of the purge
+/// serves them until an instance that heard it reads the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known: Redis restarted from a snapshot older than a purge; a new instance that reads the table first serves the restored pre-purge entry"]
+async fn a_snapshot_from_before_a_purge_read_first_by_a_new_instance() {
+    from_a_snapshot(true).await;
+}
