@@ -12,9 +12,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::RedisError;
 
+use super::barrier::Barrier;
 use super::carried::{self, Holder};
+use super::connection::Conn;
+use super::connections::Connections;
 use super::notify::Event;
-use super::{Conn, Lease, RedisTier, TierError};
+use super::{Lease, RedisTier, TierError};
 use crate::key::Key;
 use crate::metrics::{self as m, count, Labels};
 use crate::store::millis;
@@ -72,25 +75,39 @@ pub(crate) enum Fetched {
     },
 }
 
-impl RedisTier {
+/// The entry / lease protocol of one tier: every call names the keys of one
+/// entry.
+pub(crate) struct Entries {
+    conns: Arc<Connections>,
+    /// Whose pending invalidations a fetch makes Redis hear first.
+    barrier: Arc<Barrier>,
+}
+
+impl Entries {
+    pub(super) fn new(conns: Arc<Connections>, barrier: Arc<Barrier>) -> Self {
+        Entries { conns, barrier }
+    }
+
     /// Returns the entry if fresh; otherwise tries to take the lease. With
     /// `early`, also takes the lease for a fresh entry that has no more than
     /// that much freshness left. One round trip.
+    /// A lease taken renews and is given back through `tier`.
     pub(crate) async fn fetch_or_lease(
         self: &Arc<Self>,
+        tier: &Arc<RedisTier>,
         key: &Key,
         lease_time: Duration,
         early: Option<Duration>,
     ) -> Result<Fetched, TierError> {
-        if let Some(invalidated) = self.shared.pending.get(&key.group()) {
+        if let Some(invalidated) = self.barrier.pending.get(&key.group()) {
             // This instance invalidated the group and Redis has not heard:
             // what Redis holds for it is old. Tell it now, or this is a
             // failed call (the caller rebuilds here, from the origin).
-            self.invalidate_once(&invalidated).await?;
+            self.barrier.invalidate_once(&invalidated).await?;
         }
-        let keys = self.keys(key);
+        let keys = self.conns.keys.entry(key);
         let (secret, token) = Lease::new_secret();
-        let mut invocation = self.shared.scripts.fetch_or_lease.prepare_invoke();
+        let mut invocation = self.conns.scripts.fetch_or_lease.prepare_invoke();
         for k in &keys {
             invocation.key(k);
         }
@@ -101,15 +118,15 @@ impl RedisTier {
             .arg(millis(FENCE_KEEP))
             .arg(millis(FAILURE_BACKOFF_CAP));
         let script = &invocation;
-        let run = move |mut conn: super::Conn| async move { script.invoke_async(&mut conn).await };
+        let run = move |mut conn: Conn| async move { script.invoke_async(&mut conn).await };
         // While the slot moves, the script (which names the lease key) is
         // refused; a fresh entry is read without it first, and only a key
         // that needs the lease waits for the move, within the deadline.
         let sent = std::time::Instant::now();
-        let reply = match self.call_once(&keys[2], run).await {
+        let reply = match self.conns.call_once(&keys[2], run).await {
             Err(e) if super::migrating(&e) => match self.fetch_fresh(&keys).await {
                 Ok(Some(entry)) => return Ok(Fetched::Fresh(entry)),
-                _ => self.call(&keys[2], run).await,
+                _ => self.conns.call(&keys[2], run).await,
             },
             reply => reply,
         };
@@ -152,7 +169,7 @@ impl RedisTier {
             2 => Fetched::Leased {
                 stale: remote(None),
                 lease: Box::new(Lease::new(
-                    self.clone(),
+                    tier.clone(),
                     *key,
                     (secret, token),
                     a.max(0) as u64,
@@ -183,10 +200,11 @@ impl RedisTier {
         keys: &[String; 6],
     ) -> Result<Option<Remote>, TierError> {
         let [value, fresh, _, _, generation, _] = keys;
-        let mut invocation = self.shared.scripts.fetch_fresh.prepare_invoke();
+        let mut invocation = self.conns.scripts.fetch_fresh.prepare_invoke();
         invocation.key(value).key(fresh).key(generation);
         let script = &invocation;
         let (status, value, fresh_pttl, value_pttl): (i64, Vec<u8>, i64, i64) = self
+            .conns
             .call(value, move |mut conn| async move {
                 script.invoke_async(&mut conn).await
             })
@@ -212,8 +230,8 @@ impl RedisTier {
         labels: Labels,
     ) -> Result<bool, TierError> {
         lease.settle();
-        let keys = self.keys(&lease.key);
-        let mut invocation = self.shared.scripts.commit.prepare_invoke();
+        let keys = self.conns.keys.entry(&lease.key);
+        let mut invocation = self.conns.scripts.commit.prepare_invoke();
         for k in &keys {
             invocation.key(k);
         }
@@ -231,14 +249,14 @@ impl RedisTier {
             .arg(millis(fresh))
             .arg(millis(keep).max(1))
             .arg(millis(FENCE_KEEP))
-            .arg(&self.shared.channel)
+            .arg(&self.conns.channel)
             .arg(woken)
             .arg(Event::Failed.message(&lease.key))
             .arg(&lease.generation);
         // Owed whatever the circuit says: the rebuilt value is stored if the
         // node answers within the deadline.
         let script = &invocation;
-        let commit = self.call_owed(&keys[2], move |mut conn| async move {
+        let commit = self.conns.call_owed(&keys[2], move |mut conn| async move {
             script.invoke_async(&mut conn).await
         });
         let stored: i64 = match commit.await {
@@ -251,7 +269,10 @@ impl RedisTier {
             }
         };
         if stored == 0 {
-            self.stats.fenced_writes.fetch_add(1, Ordering::Relaxed);
+            self.conns
+                .stats
+                .fenced_writes
+                .fetch_add(1, Ordering::Relaxed);
             count(m::FENCED_WRITES, labels);
             tracing::info!(key = %lease.key, fence = lease.fence.0, "late commit refused: a newer entry is stored");
         }
@@ -305,8 +326,8 @@ impl RedisTier {
         window: Duration,
         failure: Option<(u8, &str)>,
     ) -> Result<bool, TierError> {
-        let [_, _, route, ..] = self.keys(key);
-        let release = self.call_owed(&route, |conn| {
+        let [_, _, route, ..] = self.conns.keys.entry(key);
+        let release = self.conns.call_owed(&route, |conn| {
             self.release_script(conn, key, token, &message, failure)
         });
         match release.await {
@@ -331,18 +352,18 @@ impl RedisTier {
         message: &str,
         failure: Option<(u8, &str)>,
     ) -> Result<i64, RedisError> {
-        let [_, _, lease_key, _, _, failed] = self.keys(key);
+        let [_, _, lease_key, _, _, failed] = self.conns.keys.entry(key);
         let (code, generation) = match failure {
             Some((code, generation)) => (code.to_string(), generation),
             None => (String::new(), ""),
         };
-        self.shared
+        self.conns
             .scripts
             .release
             .key(lease_key)
             .key(failed)
             .arg(token)
-            .arg(&self.shared.channel)
+            .arg(&self.conns.channel)
             .arg(message)
             .arg(code)
             .arg(generation)
@@ -368,8 +389,9 @@ impl RedisTier {
         runtime.spawn(async move {
             let message = Event::Failed.message(&key);
             let (tier, key, token, message) = (&tier, &key, &token, &message);
-            let [_, _, route, ..] = tier.keys(key);
+            let [_, _, route, ..] = tier.conns.keys.entry(key);
             let released = tier
+                .conns
                 .call_owed_until(&route, until, |conn| {
                     tier.release_script(conn, key, token, message, None)
                 })
@@ -386,13 +408,14 @@ impl RedisTier {
         token: &str,
         time: Duration,
     ) -> Result<bool, TierError> {
-        let [_, _, lease_key, ..] = self.keys(key);
-        let mut invocation = self.shared.scripts.renew.key(&lease_key);
+        let [_, _, lease_key, ..] = self.conns.keys.entry(key);
+        let mut invocation = self.conns.scripts.renew.key(&lease_key);
         invocation.arg(token).arg(millis(time).max(1));
         let script = &invocation;
         // Owed like the commit it keeps possible: a circuit that opened
         // while the node answers again must not cost the lease.
         let renewed: i64 = self
+            .conns
             .call_owed(&lease_key, move |mut conn| async move {
                 script.invoke_async(&mut conn).await
             })
@@ -401,7 +424,10 @@ impl RedisTier {
     }
 
     pub(crate) fn count_corrupt(&self, key: &Key) {
-        self.stats.corrupt_entries.fetch_add(1, Ordering::Relaxed);
+        self.conns
+            .stats
+            .corrupt_entries
+            .fetch_add(1, Ordering::Relaxed);
         m::count_backend(m::CORRUPT_ENTRIES);
         tracing::warn!(key = %key, "unreadable entry in Redis; treating it as a miss");
     }
