@@ -26,8 +26,9 @@ use redis::{RedisError, Value};
 use tokio::sync::Notify;
 
 use super::breaker::{answered, migrating};
-use super::connection::{self, Conn, Link, Options, Sink, Topology};
-use super::health::{self, Address, Health};
+use super::client::{self, Options};
+use super::connection::{self, Conn, Link, Sink, Topology};
+use super::health::{Address, Health};
 use super::keys::Keys;
 use super::nodes::{self, moving, NodeConns};
 use super::notify::Notifier;
@@ -547,7 +548,7 @@ impl Connections {
         let until = tokio::time::Instant::now() + limit;
         let Some(address) = self.health.node(route) else {
             let call = call(self.link().conn.clone());
-            return connection::with_timeout(limit, "calling redis", call).await;
+            return client::with_timeout(limit, "calling redis", call).await;
         };
         let own = async {
             let conn = self.node_conns.get(&self.config, &address).await?;
@@ -560,7 +561,7 @@ impl Connections {
                 let call = call(self.link().conn.clone());
                 match tokio::time::timeout_at(until, call).await {
                     Ok(answer) => answer,
-                    Err(_) => Err(connection::timeout_error("calling redis")),
+                    Err(_) => Err(client::timeout_error("calling redis")),
                 }
             }
             Ok(Err(e)) => {
@@ -573,7 +574,7 @@ impl Connections {
             Err(_) => {
                 self.node_conns.forget(&address);
                 self.signals.slots_moved.notify_one();
-                Err(connection::timeout_error("calling redis"))
+                Err(client::timeout_error("calling redis"))
             }
         }
     }
@@ -637,7 +638,7 @@ impl Connections {
             #[cfg(feature = "redis-cluster")]
             Conn::Cluster(mut sub) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-                let slot = health::slot(self.channel.as_bytes());
+                let slot = super::health::slot(self.channel.as_bytes());
                 let route = Route::new(slot, SlotAddr::Master);
                 let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
                 sub.route_command(redis::cmd("PING"), to).await.map(drop)
@@ -733,7 +734,7 @@ async fn load_scripts(
         }
         Ok(())
     };
-    connection::with_timeout(config.connect_timeout, "loading the scripts", load).await
+    client::with_timeout(config.connect_timeout, "loading the scripts", load).await
 }
 
 #[cfg(test)]

@@ -16,17 +16,12 @@ use super::barrier::Barrier;
 use super::carried::{self, Holder};
 use super::connection::Conn;
 use super::connections::Connections;
+use super::keys::FENCE_KEEP;
 use super::notify::Event;
 use super::{Lease, RedisTier, TierError};
 use crate::key::Key;
 use crate::metrics::{self as m, count, Labels};
 use crate::store::millis;
-
-/// How long the fence hash outlives the last lease on its key, so idle keys
-/// cost Redis nothing. A hash that expired (or was evicted, or lost to a
-/// restart) starts again from Redis's clock in microseconds, above every
-/// number issued before: expiry never lets numbers go back.
-pub(super) const FENCE_KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// How long a lease may be held by a token whose release went unanswered,
 /// when the caller does not know the lease's own time.

@@ -28,10 +28,12 @@ mod acks;
 mod barrier;
 mod breaker;
 pub(crate) mod carried;
+mod client;
 pub(crate) mod config;
 pub(crate) mod connection;
 mod connections;
 mod entries;
+mod error;
 mod health;
 mod keys;
 pub(crate) mod lease;
@@ -53,7 +55,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use redis::{RedisError, RetryMethod};
+use redis::RedisError;
 
 use crate::key::Key;
 use crate::metrics::Labels;
@@ -65,6 +67,7 @@ use connection::{Conn, Topology};
 use connections::Connections;
 use entries::Entries;
 pub(crate) use entries::{Fetched, Remote};
+pub(crate) use error::{setup_error, Retryable, TierError};
 pub(crate) use lease::Lease;
 use lock::{Attempt, Locks};
 pub(crate) use notify::Invalidated;
@@ -80,40 +83,6 @@ pub(crate) struct TierConfig {
     pub deadline: Duration,
     pub connect_timeout: Duration,
     pub probe_interval: Duration,
-}
-
-/// Why a call to Redis gave no answer.
-#[derive(Debug)]
-pub(crate) enum TierError {
-    /// The circuit is open: Redis was not asked.
-    Open,
-    /// No answer within the deadline.
-    Timeout,
-    /// Redis answered with an error, or the connection failed.
-    Redis(RedisError),
-}
-
-impl TierError {
-    /// Whether the command may have run on the server although the caller
-    /// has no answer: it was sent, and the deadline passed or the
-    /// connection failed before the reply came.
-    pub(crate) fn may_have_run(&self) -> bool {
-        match self {
-            TierError::Open => false,
-            TierError::Timeout => true,
-            TierError::Redis(e) => e.is_timeout() || e.is_io_error() || e.is_connection_dropped(),
-        }
-    }
-}
-
-impl std::fmt::Display for TierError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TierError::Open => f.write_str("circuit open"),
-            TierError::Timeout => f.write_str("deadline passed"),
-            TierError::Redis(e) => write!(f, "{e}"),
-        }
-    }
 }
 
 /// Counters of the shared tier, for diagnostics and tests.
@@ -380,25 +349,6 @@ impl RedisTier {
     #[cfg(test)]
     pub(crate) fn instance(&self) -> &str {
         &self.notifier.instance
-    }
-}
-
-/// Whether trying again may help: the call may not have run, or the server
-/// is between states (loading, failing over, a moved slot).
-pub(crate) trait Retryable {
-    fn may_have_run_or_transient(&self) -> bool;
-}
-
-impl Retryable for RedisError {
-    fn may_have_run_or_transient(&self) -> bool {
-        self.is_timeout()
-            || self.is_io_error()
-            || self.is_connection_dropped()
-            || self.is_connection_refusal()
-            || !matches!(self.retry_method(), RetryMethod::NoRetry)
-            // Redis answered but is busy (a slow script, loading its data
-            // set, a replica syncing): it will take the call soon.
-            || matches!(self.code(), Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN"))
     }
 }
 

@@ -11,7 +11,8 @@ use redis::aio::MultiplexedConnection;
 use redis::RedisError;
 use tokio::sync::OnceCell;
 
-use super::connection::{client, Topology};
+use super::client::client;
+use super::connection::Topology;
 use super::health::Address;
 use super::TierConfig;
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use redis::{AsyncConnectionConfig, PushInfo, RedisError};
 use tokio::sync::mpsc;
 
-use super::connection::{client, with_timeout, Options};
+use super::client::{client, with_timeout, Options};
 
 /// The sentinels' URLs, in the order they are asked. Clones share the order.
 #[derive(Clone, Default)]

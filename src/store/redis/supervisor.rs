@@ -55,7 +55,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use super::barrier::Barrier;
-use super::connection::{self, Options, Topology};
+use super::client::Options;
+use super::connection::{self, Topology};
 use super::connections::Connections;
 use super::messages::AckDue;
 use super::sentinel;
