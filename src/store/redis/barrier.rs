@@ -81,11 +81,11 @@ use tokio::time::Instant;
 use super::acks::{all_acked, Acked};
 use super::connection::Conn;
 use super::connections::Connections;
-use super::error::classify;
+use super::error::ErrorMeaning;
 use super::keys::{self, FENCE_KEEP};
 use super::messages::{self, generation_subject, is_instance, recorded};
 use super::notify::Notifier;
-use super::{Retryable, TierError};
+use super::TierError;
 use crate::error::ErrorKind;
 use crate::key::Key;
 use crate::store::generations::{parse_generation, Field, BUCKETS};
@@ -157,11 +157,7 @@ impl Barrier {
             Err(error) => {
                 self.notifier.acks.forget(nonce);
                 tracing::warn!(key = %key, error = %error, "invalidation did not reach redis");
-                let retry = match &error {
-                    TierError::Redis(e) => e.may_have_run_or_transient(),
-                    TierError::Open | TierError::Timeout => true,
-                };
-                if retry && !self.pending.remember(key) {
+                if error.retry_may_help() && !self.pending.remember(key) {
                     tracing::error!(key = %key, "too many invalidations waiting for redis");
                 }
                 return Err(error);
@@ -575,7 +571,7 @@ impl Barrier {
             });
         match sent.await {
             Ok(_) => {}
-            Err(e) if classify(&e) == ErrorKind::Permission => tracing::warn!(
+            Err(e) if e.error_kind() == ErrorKind::Permission => tracing::warn!(
                 error = %e,
                 "cannot acknowledge an invalidation: the redis user needs +sadd (see the \
                  ACL in docs/TOPOLOGY.md); its sender waits a whole subscription lease"

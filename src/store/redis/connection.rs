@@ -19,6 +19,7 @@ use redis::{Cmd, Pipeline, PushInfo, RedisError, RedisFuture, Value};
 
 pub(crate) use super::client::Options;
 use super::client::{client, with_timeout};
+use super::error::ErrorMeaning;
 use super::sentinel::{resolve, resolve_by};
 pub(crate) use super::topology::Topology;
 
@@ -120,7 +121,8 @@ async fn open_link(
                 let ((host, port), named_by) = resolve_by(sentinels, service, options).await?;
                 let primary = Some((host.clone(), port));
                 match open_single(&master.at(&host, port), options, sink.clone(), primary).await {
-                    Err(e) if tries > 1 && stale_view(&e) => {
+                    // A node that hangs is not tried past: its time is spent.
+                    Err(e) if tries > 1 && e.is_stale_view() => {
                         tracing::debug!(error = %e, "a sentinel named no primary; asking the next");
                         sentinels.demote(&named_by);
                         tries -= 1;
@@ -140,15 +142,6 @@ async fn open_link(
             Ok(link)
         }
     }
-}
-
-/// Whether opening a link to the node a sentinel named failed in a way
-/// that says the sentinel's view is stale: the node answered that it is no
-/// primary, or refused the connection (a node that hangs is not tried
-/// past: its time is spent).
-fn stale_view(e: &RedisError) -> bool {
-    e.is_connection_refusal()
-        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
 }
 
 /// Whether the node behind `conn` says it is a primary (`ROLE`). A reply

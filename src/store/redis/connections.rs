@@ -25,15 +25,15 @@ use std::time::{Duration, Instant};
 use redis::{RedisError, Value};
 use tokio::sync::Notify;
 
-use super::breaker::{answered, migrating};
 use super::client::{self, Options};
 use super::connection::{self, Conn, Link, Sink, Topology};
+use super::error::ErrorMeaning;
 use super::health::{Address, Health};
 use super::keys::Keys;
-use super::nodes::{self, moving, NodeConns};
+use super::nodes::{self, NodeConns};
 use super::notify::Notifier;
 use super::scripts::Scripts;
-use super::{Retryable, TierConfig, TierError, TierStats};
+use super::{TierConfig, TierError, TierStats};
 use crate::metrics as m;
 
 /// Why the supervisor should act. The third reason, a lost subscriber
@@ -274,9 +274,8 @@ impl Connections {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
-            let moving = migrating(&error);
-            let permanent =
-                !moving && matches!(&error, TierError::Redis(e) if !e.may_have_run_or_transient());
+            let moving = error.is_moving();
+            let permanent = !moving && !error.retry_may_help();
             let left = until.saturating_duration_since(Instant::now());
             if permanent || left.is_zero() {
                 return Err(error);
@@ -340,7 +339,7 @@ impl Connections {
                 Err(_) => TierError::Timeout,
             };
             if let Some(address) = &node
-                && !answered(&error)
+                && !error.is_answer()
             {
                 // Dead, frozen or gone: the next call connects again, to
                 // whichever node the slot map names by then (a replica may
@@ -348,7 +347,7 @@ impl Connections {
                 shared.node_conns.forget(address);
                 shared.signals.slots_moved.notify_one();
             }
-            if !retry_moving || !migrating(&error) {
+            if !retry_moving || !error.is_moving() {
                 break error;
             }
             node = None;
@@ -364,7 +363,7 @@ impl Connections {
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
         m::count_backend(m::REDIS_ERRORS);
         tracing::debug!(error = %error, "redis call failed");
-        if answered(&error) {
+        if error.is_answer() {
             // Redis is up and answering (a script refused foreign bytes, a
             // key of the wrong type, a slot still on the move): nothing the
             // circuit could help with.
@@ -407,8 +406,7 @@ impl Connections {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
-            let permanent = matches!(&error, TierError::Redis(e)
-                if !e.may_have_run_or_transient());
+            let permanent = !error.retry_may_help();
             let left = until.saturating_duration_since(Instant::now());
             if permanent || left.is_zero() {
                 return Err(error);
@@ -488,7 +486,7 @@ impl Connections {
             };
             let reply = match tokio::time::timeout(self.config.deadline, ask).await {
                 Ok(Ok(reply)) => Some(reply),
-                Ok(Err(e)) if e.code().is_some() => None,
+                Ok(Err(e)) if e.is_server_reply() => None,
                 _ => {
                     // Silent or gone: the next use connects again.
                     if let Some(address) = &node {
@@ -556,7 +554,7 @@ impl Connections {
         };
         match tokio::time::timeout_at(until, own).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) if moving(&e) => {
+            Ok(Err(e)) if e.is_moving() => {
                 self.signals.slots_moved.notify_one();
                 let call = call(self.link().conn.clone());
                 match tokio::time::timeout_at(until, call).await {
@@ -565,7 +563,7 @@ impl Connections {
                 }
             }
             Ok(Err(e)) => {
-                if e.code().is_none() {
+                if !e.is_server_reply() {
                     self.node_conns.forget(&address);
                     self.signals.slots_moved.notify_one();
                 }

@@ -119,7 +119,7 @@ impl Entries {
         // that needs the lease waits for the move, within the deadline.
         let sent = std::time::Instant::now();
         let reply = match self.conns.call_once(&keys[2], run).await {
-            Err(e) if super::migrating(&e) => match self.fetch_fresh(&keys).await {
+            Err(e) if e.is_moving() => match self.fetch_fresh(&keys).await {
                 Ok(Some(entry)) => return Ok(Fetched::Fresh(entry)),
                 _ => self.conns.call(&keys[2], run).await,
             },
@@ -128,7 +128,7 @@ impl Entries {
         type Reply = (i64, Vec<u8>, i64, i64, String, i64);
         let (status, value, a, value_pttl, generation, foreign): Reply = match reply {
             Ok(reply) => reply,
-            Err(e) if super::migrating(&e) => {
+            Err(e) if e.is_moving() => {
                 // The slot is on the move and the script did not run: a
                 // fresh entry can still be read without the lease key.
                 return match self.fetch_fresh(&keys).await {

@@ -6,7 +6,7 @@
 //! never by searching the message text, which the client and the server are
 //! free to reword.
 
-use redis::{RedisError, RetryMethod};
+use redis::{ErrorKind as Client, RedisError, RetryMethod, ServerErrorKind as Server};
 
 use crate::error::{Error, ErrorKind};
 
@@ -29,8 +29,33 @@ impl TierError {
         match self {
             TierError::Open => false,
             TierError::Timeout => true,
-            TierError::Redis(e) => e.is_timeout() || e.is_io_error() || e.is_connection_dropped(),
+            TierError::Redis(e) => e.may_have_run(),
         }
+    }
+
+    /// Whether trying again may help: Redis was not asked, gave no answer,
+    /// or is between states (see [`ErrorMeaning::retry_may_help`]). False
+    /// for errors no retry can mend (a refused script, a permission).
+    pub(crate) fn retry_may_help(&self) -> bool {
+        match self {
+            TierError::Open | TierError::Timeout => true,
+            TierError::Redis(e) => e.retry_may_help(),
+        }
+    }
+
+    /// Whether the call met a cluster slot being migrated (`TRYAGAIN`, or a
+    /// redirection the client did not follow): trying again shortly, with
+    /// the same arguments, will do.
+    pub(crate) fn is_moving(&self) -> bool {
+        matches!(self, TierError::Redis(e) if e.is_moving())
+    }
+
+    /// Whether Redis answered the call with an error of the call's own (a
+    /// script error, a wrong type) or of a slot on the move: the server is
+    /// up, and the breaker, which guards against a server that is not,
+    /// does not count it.
+    pub(crate) fn is_answer(&self) -> bool {
+        matches!(self, TierError::Redis(e) if e.is_call_error()) || self.is_moving()
     }
 }
 
@@ -44,29 +69,125 @@ impl std::fmt::Display for TierError {
     }
 }
 
-/// Whether trying again may help: the call may not have run, or the server
-/// is between states (loading, failing over, a moved slot).
-pub(crate) trait Retryable {
-    fn may_have_run_or_transient(&self) -> bool;
+/// Whether the call met a cluster slot on the move: the lock's acquisition
+/// loop retries on it (see [`TierError::is_moving`]).
+pub(crate) fn migrating(error: &TierError) -> bool {
+    error.is_moving()
 }
 
-impl Retryable for RedisError {
-    fn may_have_run_or_transient(&self) -> bool {
-        self.is_timeout()
-            || self.is_io_error()
-            || self.is_connection_dropped()
+/// What a Redis client error means to the tier. Every question the tier
+/// asks of a [`RedisError`] is one of these.
+pub(crate) trait ErrorMeaning {
+    /// Whether the command may have run although no reply came: a timeout,
+    /// or the connection failed after it was sent.
+    fn may_have_run(&self) -> bool;
+    /// Whether trying again may help: the call may not have run, or the
+    /// server is between states (loading, failing over, a moved slot).
+    fn retry_may_help(&self) -> bool;
+    /// Whether the key's slot is on the move, or moved (`TRYAGAIN`,
+    /// `MOVED`, `ASK`).
+    fn is_moving(&self) -> bool;
+    /// Whether the server refused the call itself (`ERR`, `WRONGTYPE`): it
+    /// is up and answering.
+    fn is_call_error(&self) -> bool;
+    /// Whether the server answered with an error reply (it has a code), as
+    /// opposed to a connection that failed or went silent.
+    fn is_server_reply(&self) -> bool;
+    /// Whether a node a sentinel named is no primary or refuses
+    /// connections: that sentinel's view is stale.
+    fn is_stale_view(&self) -> bool;
+    /// Whether the server refused the credentials, or their permissions.
+    fn refuses_credentials(&self) -> bool;
+    /// The kind a user sees.
+    fn error_kind(&self) -> ErrorKind;
+}
+
+impl ErrorMeaning for RedisError {
+    fn may_have_run(&self) -> bool {
+        self.is_timeout() || self.is_io_error() || self.is_connection_dropped()
+    }
+
+    fn retry_may_help(&self) -> bool {
+        self.may_have_run()
             || self.is_connection_refusal()
+            // Loading, failing over, a slot on the move, a cluster down:
+            // the client's own retry method says so.
             || !matches!(self.retry_method(), RetryMethod::NoRetry)
-            // Redis answered but is busy (a slow script, loading its data
-            // set, a replica syncing): it will take the call soon.
-            || matches!(self.code(), Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN"))
+            // Busy running a slow script: it will take the call soon.
+            // (`BUSY` has no kind of its own in the client.)
+            || self.code() == Some("BUSY")
+    }
+
+    fn is_moving(&self) -> bool {
+        matches!(
+            self.kind(),
+            Client::Server(Server::TryAgain | Server::Moved | Server::Ask)
+        )
+    }
+
+    fn is_call_error(&self) -> bool {
+        // `WRONGTYPE` has no kind of its own in the client.
+        self.kind() == Client::Server(Server::ResponseError) || self.code() == Some("WRONGTYPE")
+    }
+
+    fn is_server_reply(&self) -> bool {
+        self.code().is_some()
+    }
+
+    fn is_stale_view(&self) -> bool {
+        self.is_connection_refusal() || self.kind() == Client::Server(Server::ReadOnly)
+    }
+
+    fn refuses_credentials(&self) -> bool {
+        self.kind() == Client::AuthenticationFailed
+            || self.kind() == Client::Server(Server::NoPerm)
+            // Codes the client has no kind for.
+            || matches!(self.code(), Some("NOAUTH" | "WRONGPASS"))
+    }
+
+    fn error_kind(&self) -> ErrorKind {
+        if is_tls(self) {
+            return ErrorKind::Tls;
+        }
+        match self.kind() {
+            Client::AuthenticationFailed => ErrorKind::Auth,
+            Client::Server(Server::NoPerm) => ErrorKind::Permission,
+            Client::InvalidClientConfig
+            | Client::EmptySentinelList
+            | Client::MasterNameNotFoundBySentinel
+            | Client::RESP3NotSupported => ErrorKind::InvalidConfig,
+            Client::Server(
+                Server::BusyLoading
+                | Server::TryAgain
+                | Server::ClusterDown
+                | Server::MasterDown
+                | Server::ReadOnly,
+            )
+            | Client::ClusterConnectionNotFound
+            | Client::NoValidReplicasFoundBySentinel => ErrorKind::Unavailable,
+            Client::Io if self.is_timeout() => ErrorKind::Timeout,
+            Client::Io => ErrorKind::Connect,
+            // Codes the client has no kind for: the server's own words for
+            // "who are you" and "not allowed".
+            _ => match self.code() {
+                Some("WRONGPASS" | "NOAUTH") => ErrorKind::Auth,
+                Some("NOPERM") => ErrorKind::Permission,
+                // A command a script runs that the user may not: Redis 7.0
+                // says so with a plain `ERR` ("The user executing the script
+                // can't run this command or subcommand"), later ones `NOPERM`.
+                Some("ERR") if self.to_string().contains("can't run this command") => {
+                    ErrorKind::Permission
+                }
+                _ => ErrorKind::Other,
+            },
+        }
     }
 }
 
 /// A failure to set up the Redis tier at `shown` (a URL without its
 /// password), with a hint for the causes people meet at start-up.
 pub(crate) fn setup_error(shown: &str, e: RedisError) -> Error {
-    let kind = classify(&e);
+    let kind = e.error_kind();
     let message = format!("could not set up Redis at {shown}: {e}{}", hint(kind));
     Error::with_source(kind, message, e)
 }
@@ -78,7 +199,7 @@ impl From<TierError> for Error {
             TierError::Open => Error::new(ErrorKind::Unavailable, message),
             TierError::Timeout => Error::new(ErrorKind::Timeout, message),
             TierError::Redis(e) => {
-                let kind = match classify(&e) {
+                let kind = match e.error_kind() {
                     // Past start-up, a server that cannot be reached is one
                     // that is failing: the tier runs without it.
                     ErrorKind::Connect => ErrorKind::Unavailable,
@@ -102,54 +223,13 @@ fn hint(kind: ErrorKind) -> &'static str {
     }
 }
 
-/// The kind of a Redis client error.
-pub(crate) fn classify(e: &redis::RedisError) -> ErrorKind {
-    use redis::{ErrorKind as Client, ServerErrorKind as Server};
-
-    if is_tls(e) {
-        return ErrorKind::Tls;
-    }
-    match e.kind() {
-        Client::AuthenticationFailed => ErrorKind::Auth,
-        Client::Server(Server::NoPerm) => ErrorKind::Permission,
-        Client::InvalidClientConfig
-        | Client::EmptySentinelList
-        | Client::MasterNameNotFoundBySentinel
-        | Client::RESP3NotSupported => ErrorKind::InvalidConfig,
-        Client::Server(
-            Server::BusyLoading
-            | Server::TryAgain
-            | Server::ClusterDown
-            | Server::MasterDown
-            | Server::ReadOnly,
-        )
-        | Client::ClusterConnectionNotFound
-        | Client::NoValidReplicasFoundBySentinel => ErrorKind::Unavailable,
-        Client::Io if e.is_timeout() => ErrorKind::Timeout,
-        Client::Io => ErrorKind::Connect,
-        // Codes the client has no kind for: the server's own words for
-        // "who are you" and "not allowed".
-        _ => match e.code() {
-            Some("WRONGPASS" | "NOAUTH") => ErrorKind::Auth,
-            Some("NOPERM") => ErrorKind::Permission,
-            // A command a script runs that the user may not: Redis 7.0
-            // says so with a plain `ERR` ("The user executing the script
-            // can't run this command or subcommand"), later ones `NOPERM`.
-            Some("ERR") if e.to_string().contains("can't run this command") => {
-                ErrorKind::Permission
-            }
-            _ => ErrorKind::Other,
-        },
-    }
-}
-
 /// Whether a TLS error (rustls's own type) is somewhere in the causes.
 ///
 /// Two wrappers hide it from a plain walk of `source()`: an I/O error skips
 /// the error it wraps (tokio-rustls wraps its error in one), and the client
 /// keeps that I/O error behind an `Arc`, which is what its `source()` returns.
 /// Both are looked through.
-fn is_tls(e: &redis::RedisError) -> bool {
+fn is_tls(e: &RedisError) -> bool {
     #[cfg(feature = "redis-tls")]
     {
         type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
@@ -180,6 +260,17 @@ fn is_tls(e: &redis::RedisError) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_slot_on_the_move_is_no_failing_server() {
+        for kind in [Server::TryAgain, Server::Moved, Server::Ask] {
+            let e = TierError::Redis(RedisError::from((Client::Server(kind), "slot")));
+            assert!(e.is_moving() && e.is_answer(), "{e}");
+        }
+        let down = RedisError::from((Client::Server(Server::ClusterDown), "down"));
+        assert!(!TierError::Redis(down).is_moving());
+        assert!(!TierError::Timeout.is_moving() && !TierError::Timeout.is_answer());
+    }
+
     use std::error::Error as _;
     use std::sync::Arc;
     use std::time::Duration;
@@ -207,7 +298,7 @@ mod tests {
             redis.port()
         };
         let e = connect_error(&format!("redis://127.0.0.1:{port}/")).await;
-        assert_eq!(classify(&e), ErrorKind::Connect, "{e}");
+        assert_eq!(e.error_kind(), ErrorKind::Connect, "{e}");
     }
 
     #[tokio::test]
@@ -215,9 +306,9 @@ mod tests {
         let redis = RedisServer::start_with(&["--requirepass", "right"]);
         let port = redis.port();
         let wrong = connect_error(&format!("redis://:wrong@127.0.0.1:{port}/")).await;
-        assert_eq!(classify(&wrong), ErrorKind::Auth, "{wrong}");
+        assert_eq!(wrong.error_kind(), ErrorKind::Auth, "{wrong}");
         let missing = connect_error(&format!("redis://127.0.0.1:{port}/")).await;
-        assert_eq!(classify(&missing), ErrorKind::Auth, "{missing}");
+        assert_eq!(missing.error_kind(), ErrorKind::Auth, "{missing}");
         let e = setup_error("redis://127.0.0.1/", wrong);
         assert_eq!(e.kind(), ErrorKind::Auth);
         assert!(e.to_string().contains("check the user name"), "{e}");
@@ -229,7 +320,7 @@ mod tests {
         let redis =
             RedisServer::start_with(&["--user", "app", "on", ">pw", "~*", "&other:*", "+@all"]);
         let e = connect_error(&format!("redis://app:pw@127.0.0.1:{}/", redis.port())).await;
-        assert_eq!(classify(&e), ErrorKind::Permission, "{e}");
+        assert_eq!(e.error_kind(), ErrorKind::Permission, "{e}");
     }
 
     #[tokio::test]
@@ -248,7 +339,7 @@ mod tests {
             .invoke_async::<i64>(&mut conn)
             .await
             .expect_err("SADD is refused to the user");
-        assert_eq!(classify(&e), ErrorKind::Permission, "{e}");
+        assert_eq!(e.error_kind(), ErrorKind::Permission, "{e}");
     }
 
     #[tokio::test]
@@ -257,7 +348,7 @@ mod tests {
         redis.freeze();
         let e = connect_error(&redis.url()).await;
         redis.thaw();
-        assert_eq!(classify(&e), ErrorKind::Timeout, "{e}");
+        assert_eq!(e.error_kind(), ErrorKind::Timeout, "{e}");
     }
 
     #[cfg(feature = "redis-tls")]
@@ -271,7 +362,7 @@ mod tests {
         let Err(e) = RedisTier::connect(config, Arc::new(|_| {})).await else {
             panic!("must not connect");
         };
-        assert_eq!(classify(&e), ErrorKind::InvalidConfig, "{e}");
+        assert_eq!(e.error_kind(), ErrorKind::InvalidConfig, "{e}");
     }
 
     #[tokio::test]

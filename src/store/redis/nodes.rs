@@ -80,19 +80,6 @@ pub(super) async fn own_connection(
         .await
 }
 
-/// Whether `e` says the key's slot is on the move (or moved).
-pub(super) fn moving(e: &RedisError) -> bool {
-    matches!(e.code(), Some("TRYAGAIN" | "MOVED" | "ASK"))
-        || matches!(
-            e.kind(),
-            redis::ErrorKind::Server(
-                redis::ServerErrorKind::TryAgain
-                    | redis::ServerErrorKind::Moved
-                    | redis::ServerErrorKind::Ask
-            )
-        )
-}
-
 /// A seed's URL (scheme, credentials, path) for another node.
 fn node_url(seed: &str, (host, port): &Address) -> String {
     let (scheme, rest) = seed.split_once("://").unwrap_or(("redis", seed));
