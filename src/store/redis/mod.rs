@@ -14,15 +14,39 @@
 //! | `…:f` | freshness marker | when the entry stops being fresh (Redis's clock) |
 //! | `…:l` | rebuild lease: the owner's token | after the lease time, unless renewed |
 //! | `…:n` | fence hash: numbers issued and committed | a day after the last lease (then reseeded from Redis's clock) |
-//! | `{prefix}:members` | the fleet's membership: each instance with the end of its subscription lease, and `born`, when this life of the set began (its own slot; see `members`) | two leases after the last renewal |
-//! | `{prefix}:tags` | the invalidation table: a generation for everything and one per tag bucket (its own slot; see `generations`) | never (a lost one starts again from Redis's clock) |
+//! | `{prefix}:members` | the fleet's membership: each instance with the end of its subscription lease, and `born`, when this life of the set began (its own slot; see `barrier.rs`) | two leases after the last renewal |
+//! | `{prefix}:tags` | the invalidation table: a generation for everything and one per tag bucket (its own slot; see `barrier.rs`) | never (a lost one starts again from Redis's clock) |
 //!
 //! Every call has a deadline. Failures feed a circuit breaker (on Redis
 //! Cluster, the one of the primary that serves the key; see [`health`]);
 //! while it is open the engine does not call Redis for those keys and
-//! protects the process with its in-process tier alone. The tier's one background task, its
-//! supervisor, closes the circuit again and repairs the connections; it
-//! lives and dies with the tier.
+//! protects the process with its in-process tier alone. The tier's one
+//! background task, its supervisor, closes the circuit again, repairs the
+//! connections, acknowledges other instances' invalidations and retries
+//! this one's pending ones; it lives and dies with the tier.
+//!
+//! # Where things are
+//!
+//! [`RedisTier`] (this file) is a facade: it connects, composes the
+//! components below, and is what the engine, the lock and the backend call.
+//!
+//! | file | holds |
+//! |---|---|
+//! | `connections.rs` | [`Connections`]: the link, the breakers, the scripts, the cluster's node connections, and the path every call takes (deadline, breaker, retry, redirect) |
+//! | `entries.rs` | [`Entries`]: fetch or lease, commit, release, renew: the entry / lease protocol |
+//! | `barrier.rs` | [`Barrier`]: invalidations, pending ones, the fleet's membership, recorded acknowledgements, the invalidation table |
+//! | `lock.rs` | [`Locks`]: the lease as a distributed lock |
+//! | `notify.rs` | [`Notifier`]: the subscriber's pushes, waiters' registrations, what the channel invalidated |
+//! | `supervisor.rs` | the one background task, owned by the tier |
+//! | `error.rs` | [`TierError`] and what every Redis error means (by kind) |
+//! | `keys.rs` | every key and channel name |
+//! | `messages.rs` | invalidation, generation and acknowledgement message formats |
+//! | `carried.rs` | a commit's wake-up that carries a small entry, and its proof |
+//! | `acks.rs`, `liveness.rs` | counting acknowledgements; the subscription lease |
+//! | `lease.rs`, `renew.rs` | a rebuild lease, and the renewer that keeps a lease or a lock |
+//! | `connection.rs`, `client.rs`, `topology.rs`, `sentinel.rs` | opening the link on one server, a cluster or behind Sentinel |
+//! | `health.rs`, `breaker.rs`, `nodes.rs` | the slot map and one breaker per primary; the cluster's own node connections |
+//! | `config.rs`, `scripts.rs`, `scripts/*.lua` | settings; the Lua scripts, each one atomic step |
 
 mod acks;
 mod barrier;
