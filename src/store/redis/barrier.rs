@@ -148,9 +148,9 @@ impl Barrier {
         let [_, _, route, ..] = self.conns.keys.entry(key);
         let purged = self
             .conns
-            .call_owed_until(&route, until, |conn| {
-                tier.invalidate_script(conn, key, nonce)
-            })
+            .call(&route)
+            .until(until)
+            .run(|conn| tier.invalidate_script(conn, key, nonce))
             .await;
         let receivers = match purged {
             Ok((_, receivers)) => receivers,
@@ -190,9 +190,8 @@ impl Barrier {
     pub(crate) async fn invalidate_once(&self, key: &Key) -> Result<(), TierError> {
         let [_, _, route, ..] = self.conns.keys.entry(key);
         self.conns
-            .call(&route, |conn| {
-                self.invalidate_script(conn, key, rand::random())
-            })
+            .call(&route)
+            .run(|conn| self.invalidate_script(conn, key, rand::random()))
             .await?;
         self.pending.forget(key);
         Ok(())
@@ -204,9 +203,9 @@ impl Barrier {
             let [_, _, route, ..] = self.conns.keys.entry(&key);
             let tried = self
                 .conns
-                .call_owed(&route, |conn| {
-                    self.invalidate_script(conn, &key, rand::random())
-                })
+                .call(&route)
+                .owed()
+                .run(|conn| self.invalidate_script(conn, &key, rand::random()))
                 .await;
             if tried.is_ok() {
                 self.pending.forget(&key);
@@ -254,7 +253,9 @@ impl Barrier {
         let table = self.conns.keys.table();
         let bumped = self
             .conns
-            .call_owed_until(&table, until, |conn| tier.bump_script(conn, field, nonce))
+            .call(&table)
+            .until(until)
+            .run(|conn| tier.bump_script(conn, field, nonce))
             .await;
         let (generation, receivers) = match bumped {
             Ok(reply) => reply,
@@ -347,15 +348,14 @@ impl Barrier {
         // A whole reload happens after a gap or at start-up, off any
         // request's path: its failure is not the breaker's business.
         let values: Vec<Option<Vec<u8>>> = if reload {
-            let mut conn = self.conns.conn();
             self.conns
-                .call_past_breaker(invocation.invoke_async(&mut conn))
+                .call_past_breaker()
+                .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
                 .await?
         } else {
             self.conns
-                .call(&table, move |mut conn| async move {
-                    script.invoke_async(&mut conn).await
-                })
+                .call(&table)
+                .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
                 .await?
         };
         let mut values = values.into_iter();
@@ -381,7 +381,8 @@ impl Barrier {
                     let nonce = rand::random();
                     let (generation, _) = self
                         .conns
-                        .call(&table, |conn| self.bump_script(conn, field, nonce))
+                        .call(&table)
+                        .run(|conn| self.bump_script(conn, field, nonce))
                         .await?;
                     loaded.push((field, generation));
                 }
@@ -401,10 +402,8 @@ impl Barrier {
         let script = &invocation;
         let members: Vec<Vec<u8>> = self
             .conns
-            .call_past_breaker(async move {
-                let mut conn = self.conns.conn();
-                script.invoke_async(&mut conn).await
-            })
+            .call_past_breaker()
+            .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
             .await?;
         let mut members = members.into_iter();
         let young = members

@@ -94,7 +94,7 @@ pub(crate) struct Connections {
     /// How requests ask the supervisor for help.
     pub(super) signals: Signals,
     /// On a cluster, a connection of its own to each primary that serves
-    /// keys (see [`Connections::call`]).
+    /// keys (see [`Call`]).
     node_conns: NodeConns,
     /// The tier's counters (calls that failed).
     pub(super) stats: Arc<TierStats>,
@@ -189,55 +189,33 @@ impl Connections {
         Ok(())
     }
 
-    /// Runs one call on the node that serves `route` (a Redis key) under
-    /// the deadline and that node's breaker. A failure signals the
-    /// supervisor; the call itself never waits for it.
-    pub(crate) async fn call<T, F, Fut>(&self, route: &str, call: F) -> Result<T, TierError>
-    where
-        F: FnMut(Conn) -> Fut,
-        Fut: Future<Output = Result<T, RedisError>>,
-    {
-        self.run(route, Gate::Breaker, true, self.config.deadline, call)
-            .await
+    /// A call on the node that serves `route` (a Redis key): by default
+    /// under the deadline and that node's breaker, tried again while the
+    /// key's slot is on the move (see [`Call`]).
+    pub(crate) fn call<'a>(&'a self, route: &'a str) -> Call<'a> {
+        Call {
+            conns: self,
+            route: Some(route),
+            gate: Gate::Breaker,
+            retry_moving: true,
+            limit: self.config.deadline,
+            until: None,
+        }
     }
 
-    /// [`call`](Self::call) that is not tried again when it meets a slot on
-    /// the move: the caller has something better to try first (a read that
-    /// does not name the lease key).
-    pub(crate) async fn call_once<T, F, Fut>(&self, route: &str, call: F) -> Result<T, TierError>
-    where
-        F: FnMut(Conn) -> Fut,
-        Fut: Future<Output = Result<T, RedisError>>,
-    {
-        self.run(route, Gate::Breaker, false, self.config.deadline, call)
-            .await
-    }
-
-    /// [`call`](Self::call) with a limit other than the deadline (a call
-    /// that waits on Redis's side, such as `WAIT`).
-    pub(crate) async fn call_within<T, F, Fut>(
-        &self,
-        route: &str,
-        limit: Duration,
-        call: F,
-    ) -> Result<T, TierError>
-    where
-        F: FnMut(Conn) -> Fut,
-        Fut: Future<Output = Result<T, RedisError>>,
-    {
-        self.run(route, Gate::Breaker, true, limit, call).await
-    }
-
-    /// A call the caller is owed whatever the breaker says (the commit of a
-    /// rebuilt value, a lease given back): made even while the node's
-    /// circuit is open, under the deadline, and counted like any call.
-    pub(crate) async fn call_owed<T, F, Fut>(&self, route: &str, call: F) -> Result<T, TierError>
-    where
-        F: FnMut(Conn) -> Fut,
-        Fut: Future<Output = Result<T, RedisError>>,
-    {
-        self.run(route, Gate::Owed, true, self.config.deadline, call)
-            .await
+    /// A call on the link's connection (through the cluster client on a
+    /// cluster), past the breaker, under the deadline: for calls that name
+    /// no key of an entry (the lock's, the membership's) or that the
+    /// caller is owed whatever the breaker says (see [`Call`]).
+    pub(crate) fn call_past_breaker(&self) -> Call<'_> {
+        Call {
+            conns: self,
+            route: None,
+            gate: Gate::Owed,
+            retry_moving: false,
+            limit: self.config.deadline,
+            until: None,
+        }
     }
 
     /// An owed call tried again until Redis answers or `until` passes (an
@@ -250,7 +228,7 @@ impl Connections {
     /// failed one (a slot on the move for long must not have every pending
     /// call ask again and again within its deadline). Errors that no retry
     /// can mend (a refused script, a permission) end it at once.
-    pub(crate) async fn call_owed_until<T, F, Fut>(
+    async fn owed_until<T, F, Fut>(
         &self,
         route: &str,
         until: Instant,
@@ -265,9 +243,9 @@ impl Connections {
         loop {
             let deadline = self.config.deadline;
             let tried = if through_client {
-                self.call_past_breaker(call(self.conn())).await
+                self.past_breaker(call(self.conn())).await
             } else {
-                self.run(route, Gate::Background, false, deadline, &mut call)
+                self.on_route(route, Gate::Background, false, deadline, &mut call)
                     .await
             };
             let error = match tried {
@@ -293,7 +271,10 @@ impl Connections {
         }
     }
 
-    async fn run<T, F, Fut>(
+    /// Tries on the node that serves `route` until it answers, `limit`
+    /// passes, or (with `retry_moving`) the slot stops moving. A failure
+    /// signals the supervisor; the call itself never waits for it.
+    async fn on_route<T, F, Fut>(
         &self,
         route: &str,
         gate: Gate,
@@ -384,14 +365,11 @@ impl Connections {
         Err(error)
     }
 
-    /// For the lock's calls the caller is owed whatever the breaker says (a
-    /// release, leaving the queue): tries `call` (on the link's connection,
-    /// through the cluster client on a cluster; a cache key's owed calls
-    /// use [`call_owed_until`](Self::call_owed_until)) until Redis answers
-    /// or `until` passes, at least once, each try under the deadline and
-    /// none through the circuit breaker. Errors that no retry can mend (a
-    /// refused script, a permission) end it at once.
-    pub(crate) async fn call_until<T, F, Fut>(
+    /// Tries `call` on the link's connection until Redis answers or `until`
+    /// passes, at least once, each try under the deadline and none through
+    /// the circuit breaker. Errors that no retry can mend (a refused
+    /// script, a permission) end it at once.
+    async fn past_breaker_until<T, F, Fut>(
         &self,
         until: Instant,
         mut call: F,
@@ -402,7 +380,7 @@ impl Connections {
     {
         let mut pause = Duration::from_millis(5);
         loop {
-            let error = match self.call_past_breaker(call(self.conn())).await {
+            let error = match self.past_breaker(call(self.conn())).await {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
@@ -419,7 +397,7 @@ impl Connections {
     /// One try under the deadline, past the breaker. A
     /// failure is counted, and tells the supervisor (which follows a moved
     /// primary), like any call's.
-    pub(crate) async fn call_past_breaker<T>(
+    async fn past_breaker<T>(
         &self,
         call: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, TierError> {
@@ -687,6 +665,96 @@ impl Connections {
                 conn.route_command(cmd, RoutingInfo::SingleNode(to)).await
             }
             (mut conn, _) => cmd.query_async(&mut conn).await,
+        }
+    }
+}
+
+/// One call to Redis, with its options; made by [`Connections::call`] or
+/// [`Connections::call_past_breaker`], and run by [`Call::run`]. Every call
+/// the tier makes for a request, a commit, an invalidation or a lock goes
+/// through it:
+///
+/// - `conns.call(route)`: on the node that serves `route`, under the
+///   deadline and its breaker (refused while the circuit is open; a failure
+///   counts towards opening it), tried again while the slot is on the move;
+///   [`once`](Call::once) not tried again, [`within`](Call::within) under
+///   another limit, [`owed`](Call::owed) made whatever the circuit says;
+///   [`until`](Call::until) tried again past the breaker until Redis
+///   answers or that instant passes (a try that meets a slot on the move is
+///   followed by one through the cluster client; its failures do not count
+///   towards opening the circuit);
+/// - `conns.call_past_breaker()`: on the link's connection, one try under
+///   the deadline, past the breaker; [`until`](Call::until) tried again
+///   until Redis answers or that instant passes.
+///
+/// Errors that no retry can mend (a refused script, a permission) end the
+/// retries at once. Every failure is counted.
+#[must_use]
+pub(crate) struct Call<'a> {
+    conns: &'a Connections,
+    /// The key whose node serves the call; `None`: the link's connection.
+    route: Option<&'a str>,
+    gate: Gate,
+    retry_moving: bool,
+    limit: Duration,
+    /// Tried again until then.
+    until: Option<Instant>,
+}
+
+impl Call<'_> {
+    /// Not tried again when it meets a slot on the move: the caller has
+    /// something better to try first (a read that does not name the lease
+    /// key).
+    pub(crate) fn once(mut self) -> Self {
+        self.retry_moving = false;
+        self
+    }
+
+    /// Under `limit` rather than the deadline (a call that waits on Redis's
+    /// side, such as `WAIT`).
+    pub(crate) fn within(mut self, limit: Duration) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Owed to the caller whatever the breaker says (the commit of a
+    /// rebuilt value, a lease given back): made even while the node's
+    /// circuit is open, and counted like any call.
+    pub(crate) fn owed(mut self) -> Self {
+        self.gate = Gate::Owed;
+        self
+    }
+
+    /// Tried again, past the breaker, each try under the deadline, until
+    /// Redis answers or `until` passes (an invalidation, a lease or a
+    /// lock given back).
+    pub(crate) fn until(mut self, until: Instant) -> Self {
+        self.until = Some(until);
+        self
+    }
+
+    /// Runs `call` with a connection as the options say.
+    pub(crate) async fn run<T, F, Fut>(self, call: F) -> Result<T, TierError>
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: Future<Output = Result<T, RedisError>>,
+    {
+        let Call {
+            conns,
+            route,
+            gate,
+            retry_moving,
+            limit,
+            until,
+        } = self;
+        match (route, until) {
+            (Some(route), None) => conns.on_route(route, gate, retry_moving, limit, call).await,
+            (Some(route), Some(until)) => conns.owed_until(route, until, call).await,
+            (None, None) => {
+                let mut call = call;
+                conns.past_breaker(call(conns.conn())).await
+            }
+            (None, Some(until)) => conns.past_breaker_until(until, call).await,
         }
     }
 }

@@ -118,10 +118,10 @@ impl Entries {
         // refused; a fresh entry is read without it first, and only a key
         // that needs the lease waits for the move, within the deadline.
         let sent = std::time::Instant::now();
-        let reply = match self.conns.call_once(&keys[2], run).await {
+        let reply = match self.conns.call(&keys[2]).once().run(run).await {
             Err(e) if e.is_moving() => match self.fetch_fresh(&keys).await {
                 Ok(Some(entry)) => return Ok(Fetched::Fresh(entry)),
-                _ => self.conns.call(&keys[2], run).await,
+                _ => self.conns.call(&keys[2]).run(run).await,
             },
             reply => reply,
         };
@@ -200,9 +200,8 @@ impl Entries {
         let script = &invocation;
         let (status, value, fresh_pttl, value_pttl): (i64, Vec<u8>, i64, i64) = self
             .conns
-            .call(value, move |mut conn| async move {
-                script.invoke_async(&mut conn).await
-            })
+            .call(value)
+            .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
             .await?;
         if status != 1 {
             return Ok(None);
@@ -251,9 +250,11 @@ impl Entries {
         // Owed whatever the circuit says: the rebuilt value is stored if the
         // node answers within the deadline.
         let script = &invocation;
-        let commit = self.conns.call_owed(&keys[2], move |mut conn| async move {
-            script.invoke_async(&mut conn).await
-        });
+        let commit = self
+            .conns
+            .call(&keys[2])
+            .owed()
+            .run(move |mut conn| async move { script.invoke_async(&mut conn).await });
         let stored: i64 = match commit.await {
             Ok(stored) => stored,
             Err(e) => {
@@ -322,9 +323,11 @@ impl Entries {
         failure: Option<(u8, &str)>,
     ) -> Result<bool, TierError> {
         let [_, _, route, ..] = self.conns.keys.entry(key);
-        let release = self.conns.call_owed(&route, |conn| {
-            self.release_script(conn, key, token, &message, failure)
-        });
+        let release = self
+            .conns
+            .call(&route)
+            .owed()
+            .run(|conn| self.release_script(conn, key, token, &message, failure));
         match release.await {
             Ok(released) => Ok(released == 1),
             Err(e) => {
@@ -387,9 +390,9 @@ impl Entries {
             let [_, _, route, ..] = tier.conns.keys.entry(key);
             let released = tier
                 .conns
-                .call_owed_until(&route, until, |conn| {
-                    tier.release_script(conn, key, token, message, None)
-                })
+                .call(&route)
+                .until(until)
+                .run(|conn| tier.release_script(conn, key, token, message, None))
                 .await;
             if let Ok(1) = released {
                 tracing::debug!(key = %key, "released a lease whose call had no answer");
@@ -411,9 +414,9 @@ impl Entries {
         // while the node answers again must not cost the lease.
         let renewed: i64 = self
             .conns
-            .call_owed(&lease_key, move |mut conn| async move {
-                script.invoke_async(&mut conn).await
-            })
+            .call(&lease_key)
+            .owed()
+            .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
             .await?;
         Ok(renewed == 1)
     }

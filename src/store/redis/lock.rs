@@ -90,7 +90,8 @@ impl Locks {
         let script = &invocation;
         let (won, a, b): (i64, i64, i64) = self
             .conns
-            .call(&keys[0], |_| {
+            .call(&keys[0])
+            .run(|_| {
                 let mut conn = conn.clone();
                 async move { script.invoke_async(&mut conn).await }
             })
@@ -134,7 +135,9 @@ impl Locks {
         let wait = &wait;
         let acked: i64 = self
             .conns
-            .call_within(route, limit, |_| {
+            .call(route)
+            .within(limit)
+            .run(|_| {
                 let conn = conn.clone();
                 async move { wait_on_slot(conn, route, wait).await }
             })
@@ -173,7 +176,9 @@ impl Locks {
         );
         let released: i64 = self
             .conns
-            .call_until(until, move |mut conn| async move {
+            .call_past_breaker()
+            .until(until)
+            .run(move |mut conn| async move {
                 script
                     .key(lock)
                     .key(receipt)
@@ -201,12 +206,13 @@ impl Locks {
         lease: Duration,
     ) -> Result<bool, TierError> {
         let [lock, ..] = self.conns.keys.lock(id);
-        let mut conn = self.conns.conn();
         let mut invocation = self.conns.scripts.lock_renew.key(lock);
         invocation.arg(token).arg(fence).arg(millis(lease).max(1));
+        let script = &invocation;
         let renewed: i64 = self
             .conns
-            .call_past_breaker(invocation.invoke_async(&mut conn))
+            .call_past_breaker()
+            .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
             .await?;
         Ok(renewed == 1)
     }
@@ -233,7 +239,9 @@ impl Locks {
         );
         let _: i64 = self
             .conns
-            .call_until(until, move |mut conn| async move {
+            .call_past_breaker()
+            .until(until)
+            .run(move |mut conn| async move {
                 // The attempt may still arrive after this (its bytes held on
                 // a connection the tier since replaced): remember it as
                 // abandoned until the undo would have given up anyway.
