@@ -456,7 +456,7 @@ impl RedisBackendBuilder {
         };
         let tier = RedisTier::connect(tier_config, on_invalidate)
             .await
-            .map_err(|e| Error::setup(&shown, e))?;
+            .map_err(|e| crate::store::redis::setup_error(&shown, e))?;
         engine.attach(tier.clone());
         engine.load_tags(&tier).await;
         Ok(Backend {

@@ -1,102 +1,131 @@
-//! Acknowledgements an invalidator can tell from forged ones.
+//! The acknowledgements of this process's invalidations, counted as they
+//! arrive on its acknowledgement channel.
 //!
-//! An acknowledgement published on the channel proves nothing by itself: a
-//! client that may publish there can name any instance, and the channel
-//! tells it the names and the nonces. So an instance acknowledges with
-//! `ack.lua`, which first adds its name to the invalidation's own set,
-//! `{prefix}:acks:<sender>:<nonce>`, then publishes. The name comes with
-//! what the message it handled invalidated (`<instance>:<subject>`, the
-//! subject a group's key, or a table field and its new generation): a
-//! message of its own that copies a purge's nonce (on a cluster it may
-//! reach an instance before the purge does, which crosses the cluster bus)
-//! gets an acknowledgement of what it named, not of the purge. The sender
-//! counts the published acknowledgements as they come (see
-//! [`super::barrier`]); once they cover the fleet, it reads that set once
-//! and accepts them only if it names every member it waits for, with the
-//! purge's subject. Otherwise (a forged acknowledgement, an
-//! instance of an earlier version that acknowledged by a bare `PUBLISH`,
-//! the read failing) it waits out the subscription lease, as for an
-//! instance that never acknowledged. Adding to the set takes write access
-//! to the crate's keys: a client that has it can do worse anyway.
+//! `PUBLISH` says how many subscribers received an invalidation; its sender
+//! waits for that many acknowledgements, and for one from every member of
+//! the fleet (see [`super::barrier`]). An acknowledgement names the
+//! instance that sent it, so the members can be told apart from strangers.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
 
-use super::barrier::{ack_channel, ack_message};
-use super::Shared;
-use crate::error::{classify, ErrorKind};
-use crate::store::millis;
+use tokio::sync::watch;
 
-/// How many subscription leases an acknowledgement set is kept: its sender
-/// reads it within one lease of its message.
-const ACKS_KEPT: u32 = 3;
+use super::messages::is_instance;
 
-impl Shared {
-    /// The set of the instances that acknowledged `sender`'s invalidation
-    /// `nonce`.
-    fn acks_key(&self, sender: &str, nonce: u64) -> String {
-        format!("{}:acks:{sender}:{nonce}", self.config.prefix)
+/// The acknowledgements of one invalidation so far: how many, and from
+/// which instances (those that named themselves).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Acked {
+    pub count: u64,
+    pub by: HashSet<String>,
+}
+
+/// The most acknowledging instances remembered per invalidation: past it,
+/// acknowledgements are only counted.
+const ACKERS_MAX: usize = 10_000;
+
+impl Acked {
+    /// Whether `want` acknowledgements came, among them one from every
+    /// instance of `members`.
+    pub(crate) fn covers(&self, want: u64, members: &[String]) -> bool {
+        self.count >= want && members.iter().all(|m| self.by.contains(m))
+    }
+}
+
+/// Invalidations of this process waiting for their acknowledgements.
+#[derive(Default)]
+pub(crate) struct Acks {
+    waiting: Mutex<HashMap<u64, watch::Sender<Acked>>>,
+}
+
+impl Acks {
+    /// Starts counting acknowledgements of `nonce`.
+    pub(crate) fn expect(&self, nonce: u64) -> watch::Receiver<Acked> {
+        let (tx, rx) = watch::channel(Acked::default());
+        self.waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(nonce, tx);
+        rx
     }
 
-    /// Acknowledges `sender`'s invalidation `nonce`, of `subject`: records
-    /// this instance in the invalidation's set, then publishes on
-    /// `sender`'s channel. On
-    /// a cluster it runs on the set's primary (the published message
-    /// reaches every node). Best effort: an acknowledgement that fails
-    /// makes the sender wait out its lease.
-    pub(super) async fn acknowledge(&self, sender: &str, nonce: u64, subject: &str) {
-        let key = self.acks_key(sender, nonce);
-        let mut invocation = self.scripts.ack.key(&key);
-        invocation
-            .arg(recorded(&self.notifier.instance, subject))
-            .arg(millis(self.notifier.liveness.lease() * ACKS_KEPT).max(1))
-            .arg(ack_channel(&self.channel, sender))
-            .arg(ack_message(nonce, &self.notifier.instance));
-        let invocation = &invocation;
-        let sent = self.routed(&key, self.config.deadline, |mut conn| async move {
-            invocation.invoke_async::<i64>(&mut conn).await
-        });
-        match sent.await {
-            Ok(_) => {}
-            Err(e) if classify(&e) == ErrorKind::Permission => tracing::warn!(
-                error = %e,
-                "cannot acknowledge an invalidation: the redis user needs +sadd (see the \
-                 ACL in docs/TOPOLOGY.md); its sender waits a whole subscription lease"
-            ),
-            Err(e) => tracing::debug!(error = %e, "cannot acknowledge an invalidation"),
-        }
+    /// Stops counting acknowledgements of `nonce`.
+    pub(crate) fn forget(&self, nonce: u64) {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&nonce);
     }
 
-    /// Whether every one of `members` recorded its acknowledgement of this
-    /// instance's invalidation `nonce`, of `subject`: one read, under the
-    /// deadline. False if it cannot be read.
-    pub(super) async fn recorded_by(&self, nonce: u64, subject: &str, members: &[String]) -> bool {
-        if members.is_empty() {
-            return true;
-        }
-        let key = self.acks_key(&self.notifier.instance, nonce);
-        let key = &key;
-        let read = self.routed(key, self.config.deadline, |mut conn| async move {
-            let mut cmd = redis::cmd("SMEMBERS");
-            cmd.arg(key);
-            cmd.query_async::<Vec<Vec<u8>>>(&mut conn).await
-        });
-        match read.await {
-            Ok(ackers) => {
-                let ackers: HashSet<&[u8]> = ackers.iter().map(Vec::as_slice).collect();
-                members
-                    .iter()
-                    .all(|m| ackers.contains(recorded(m, subject).as_bytes()))
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot read an invalidation's acknowledgements");
-                false
-            }
+    /// One acknowledgement of `nonce` arrived, from `by` if it said.
+    pub(crate) fn acked(&self, nonce: u64, by: Option<&str>) {
+        let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = waiting.get(&nonce) {
+            tx.send_modify(|acked| {
+                acked.count = acked.count.saturating_add(1);
+                if let Some(by) = by
+                    && is_instance(by)
+                    && acked.by.len() < ACKERS_MAX
+                {
+                    acked.by.insert(by.to_owned());
+                }
+            });
         }
     }
 }
 
-/// How `instance`'s acknowledgement of a message invalidating `subject` is
-/// recorded.
-fn recorded(instance: &str, subject: &str) -> String {
-    format!("{instance}:{subject}")
+/// Waits until `want` acknowledgements were counted on `rx`, one of them
+/// from every instance of `members`, at most until `until`. Returns whether
+/// they all came.
+pub(crate) async fn all_acked(
+    rx: &mut watch::Receiver<Acked>,
+    want: u64,
+    members: &[String],
+    until: tokio::time::Instant,
+) -> bool {
+    matches!(
+        tokio::time::timeout_at(until, rx.wait_for(|a| a.covers(want, members))).await,
+        Ok(Ok(_))
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn soon() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_millis(10)
+    }
+
+    #[tokio::test]
+    async fn acks_are_counted_per_nonce() {
+        let acks = Acks::default();
+        let mut rx = acks.expect(7);
+        acks.acked(7, None);
+        acks.acked(8, None);
+        assert!(!all_acked(&mut rx, 2, &[], soon()).await);
+        acks.acked(7, None);
+        assert!(all_acked(&mut rx, 2, &[], soon()).await);
+        acks.forget(7);
+    }
+
+    #[tokio::test]
+    async fn every_member_must_acknowledge_whatever_the_count() {
+        let acks = Acks::default();
+        let mut rx = acks.expect(7);
+        let (a, b) = ("0123456789abcdef".to_owned(), "fedcba9876543210".to_owned());
+        let members = [a.clone(), b.clone()];
+        // Enough acknowledgements, but anonymous or from strangers.
+        acks.acked(7, None);
+        acks.acked(7, Some("not an instance"));
+        acks.acked(7, Some(&a));
+        acks.acked(7, Some(&a));
+        assert!(!all_acked(&mut rx, 1, &members, soon()).await);
+        acks.acked(7, Some(&b));
+        assert!(all_acked(&mut rx, 1, &members, soon()).await);
+        assert!(!rx.borrow().covers(6, &members), "and the count too");
+    }
 }

@@ -1,183 +1,613 @@
-//! What makes an invalidation a fleet barrier: acknowledgements, and the
-//! subscription lease that bounds how long an instance that cannot hear the
-//! channel keeps trusting its in-process tier.
+//! The invalidation barrier: an invalidation returns only once every
+//! instance that may still trust what it read before has dropped it, or has
+//! stopped trusting its in-process tier.
+//!
+//! [`Barrier`] holds everything that makes that so: the invalidations that
+//! did not reach Redis yet ([`Pending`]), the fleet's membership (whom an
+//! invalidation waits for), the acknowledgements and their proof, and the
+//! namespace's invalidation table (tag and whole-namespace generations),
+//! whose moves wait for the fleet exactly as a group's invalidation does.
+//! What bounds the wait is the subscription lease (see
+//! [`super::liveness`]).
 //!
 //! **Acknowledgements.** An invalidation message carries its sender and a
 //! nonce. Every instance that receives it first drops its copies (detaches
-//! the group's flights, removes the group from its L1), then publishes an
-//! acknowledgement on the sender's own channel, `{channel}:ack:<instance>`.
-//! The sender acknowledges its own echo locally. `PUBLISH` says how many
-//! subscribers received the message; the sender waits for that many, and
-//! for one from every member of the fleet (see [`super::members`]): an
-//! acknowledgement names its sender, `a:<nonce>:<instance>`.
+//! the group's flights, removes the group from its L1), then acknowledges
+//! on the sender's own channel, `{channel}:ack:<instance>`. The sender
+//! acknowledges its own echo locally, and counts the others as they come
+//! (see the module doc).
 //!
-//! **The subscription lease.** Every [`KEEPALIVE`](super::supervisor) the
-//! supervisor pings the subscriber connection. A PONG arrives after every
-//! message published before its PING was served, so once it is in, every
-//! invalidation published before the PING was sent has been handled. The
-//! in-process tier is trusted for [`Liveness::lease`] after the PING was
-//! sent. Once that has run out (a frozen link, a dead connection), the L1 is
-//! dropped and flights detached, and from then on an entry is kept at most
-//! one lease: a value is only served if it was built after the last drop.
-//! So an instance that did not acknowledge within one lease of the publish
-//! has either handled the message or serves nothing read before it.
+//! **Acknowledgements an invalidator can tell from forged ones.**
+//! An acknowledgement published on the channel proves nothing by itself: a
+//! client that may publish there can name any instance, and the channel
+//! tells it the names and the nonces. So an instance acknowledges with
+//! `ack.lua`, which first adds its name to the invalidation's own set,
+//! `{prefix}:acks:<sender>:<nonce>`, then publishes. The name comes with
+//! what the message it handled invalidated (`<instance>:<subject>`, the
+//! subject a group's key, or a table field and its new generation): a
+//! message of its own that copies a purge's nonce (on a cluster it may
+//! reach an instance before the purge does, which crosses the cluster bus)
+//! gets an acknowledgement of what it named, not of the purge. The sender
+//! counts the published acknowledgements as they come (see
+//! the module doc); once they cover the fleet, it reads that set once
+//! and accepts them only if it names every member it waits for, with the
+//! purge's subject. Otherwise (a forged acknowledgement, an
+//! instance of an earlier version that acknowledged by a bare `PUBLISH`,
+//! the read failing) it waits out the subscription lease, as for an
+//! instance that never acknowledged. Adding to the set takes write access
+//! to the crate's keys: a client that has it can do worse anyway.
 //!
-//! **Pending invalidations.** One that did not reach Redis at all is
-//! remembered here, per group, and retried until Redis has it.
+//! **Membership.**
+//! `PUBLISH` counts only the subscribers it reached. An instance whose
+//! subscriber connection Redis dropped a moment before (or one Redis is slow
+//! to deliver to) is not counted, yet may still trust its in-process tier
+//! until its subscription lease runs out. So every instance keeps itself in
+//! one sorted set, `{prefix}:members` (its own cluster slot), scored with the
+//! end of its lease on Redis's clock, and renews it only right after its
+//! subscription was confirmed live (a keepalive PONG): an instance that
+//! cannot hear the channel stops renewing and drops out once its own lease,
+//! which began earlier on its own clock, has lapsed. A clean shutdown leaves
+//! the set at once.
+//!
+//! An invalidation, once Redis has it, reads the members and waits until
+//! every one of them (and as many instances as `PUBLISH` counted) has
+//! acknowledged, and every member recorded its acknowledgement (see
+//! the module doc), at most one subscription lease from the moment Redis
+//! answered. A member not read has lapsed before the read; one that did not
+//! acknowledge in time has lapsed by the end of the wait: either way it
+//! serves nothing it read before the invalidation (see the module doc).
+//!
+//! **Group invalidations.** The script removes the entry's keys, moves the
+//! group's generation and publishes the purge; it is retried while Redis
+//! does not have it, and one that never reached Redis is remembered here,
+//! per group, and retried by the supervisor until Redis has it.
+//!
+//! **The invalidation table.** One hash, `{prefix}:tags`, with a generation
+//! for everything (`all`) and one per tag bucket (`b<n>`). It is one key, in
+//! its own cluster slot, apart from every entry: no script touches it
+//! together with an entry's keys. Entries record the generations they were
+//! built under; each instance keeps the table in memory, moved by the
+//! messages [`bump`](Barrier::bump_generation) publishes and reloaded after
+//! any gap in its subscription, and compares on every read.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use redis::RedisError;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
+use super::acks::{all_acked, Acked};
+use super::connection::Conn;
+use super::connections::Connections;
+use super::error::ErrorMeaning;
+use super::keys::{self, FENCE_KEEP};
+use super::messages::{self, generation_subject, is_instance, recorded};
+use super::notify::Notifier;
+use super::TierError;
+use crate::error::ErrorKind;
 use crate::key::Key;
+use crate::store::generations::{parse_generation, Field, BUCKETS};
+use crate::store::millis;
 
-/// The subscription lease: how long after a confirmed PING the in-process
-/// tier is trusted.
-pub(crate) struct Liveness {
-    base: Instant,
-    lease: Duration,
-    /// Milliseconds since `base` until which the subscription is confirmed.
-    until: AtomicU64,
-    /// Milliseconds since `base` (plus one; zero: never) of the last drop of
-    /// the in-process tier for want of a live subscription.
-    dropped: AtomicU64,
+/// How many subscription leases an acknowledgement set is kept: its sender
+/// reads it within one lease of its message.
+const ACKS_KEPT: u32 = 3;
+
+/// The most members an invalidation waits for by name. With more in Redis,
+/// it waits a whole lease instead (some members would go unread).
+const MEMBERS_MAX: usize = 1_000;
+
+/// How long, in deadlines, an invalidation is tried before its caller is
+/// told it failed (a few tries, with growing pauses between them).
+const INVALIDATE_TRIES: u32 = 4;
+
+/// How long, in deadlines, a bump is tried before its caller is told it
+/// failed (as an invalidation).
+const BUMP_TRIES: u32 = 4;
+
+/// The invalidation barrier of one tier (see the module doc).
+pub(crate) struct Barrier {
+    conns: Arc<Connections>,
+    notifier: Arc<Notifier>,
+    /// Invalidations that did not reach Redis, retried until they do.
+    pub(super) pending: Pending,
 }
 
-impl Liveness {
-    pub(crate) fn new(lease: Duration) -> Self {
-        Liveness {
-            base: Instant::now(),
-            lease,
-            until: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
+impl Barrier {
+    pub(super) fn new(conns: Arc<Connections>, notifier: Arc<Notifier>) -> Self {
+        Barrier {
+            conns,
+            notifier,
+            pending: Pending::default(),
         }
     }
 
-    pub(crate) fn lease(&self) -> Duration {
-        self.lease
-    }
-
-    fn ms(&self, at: Instant) -> u64 {
-        u64::try_from(at.saturating_duration_since(self.base).as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// A PING sent at `sent` was answered: every message published before
-    /// it has been handled.
-    pub(crate) fn confirm(&self, sent: Instant) {
-        let until = self.ms(sent).saturating_add(self.ms_lease());
-        self.until.fetch_max(until, Ordering::AcqRel);
-    }
-
-    /// Whether the subscription is confirmed live at `now`.
-    pub(crate) fn is_live(&self, now: Instant) -> bool {
-        self.ms(now) < self.until.load(Ordering::Acquire)
-    }
-
-    fn ms_lease(&self) -> u64 {
-        u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
-    }
-
-    /// The in-process tier was dropped at `now` (the subscription was seen
-    /// to fail).
-    pub(crate) fn dropped(&self, now: Instant) {
-        self.dropped
-            .fetch_max(self.ms(now).saturating_add(1), Ordering::AcqRel);
-    }
-
-    /// Whether the in-process tier must be dropped before it serves at
-    /// `now`: the lease ran out and it was not dropped since, or it was
-    /// dropped more than one lease ago and the subscription is still not
-    /// confirmed. True for one caller only; that caller drops it.
-    pub(crate) fn must_drop(&self, now: Instant) -> bool {
-        let now = self.ms(now);
-        let until = self.until.load(Ordering::Acquire);
-        if now < until {
-            return false;
-        }
-        let dropped = self.dropped.load(Ordering::Acquire);
-        let last = dropped.saturating_sub(1);
-        if dropped != 0 && last >= until && now < last.saturating_add(self.ms_lease()) {
-            return false;
-        }
-        self.dropped
-            .compare_exchange(
-                dropped,
-                now.saturating_add(1),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-    }
-}
-
-/// The acknowledgements of one invalidation so far: how many, and from
-/// which instances (those that named themselves).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct Acked {
-    pub count: u64,
-    pub by: HashSet<String>,
-}
-
-/// The most acknowledging instances remembered per invalidation: past it,
-/// acknowledgements are only counted.
-const ACKERS_MAX: usize = 10_000;
-
-impl Acked {
-    /// Whether `want` acknowledgements came, among them one from every
-    /// instance of `members`.
-    pub(crate) fn covers(&self, want: u64, members: &[String]) -> bool {
-        self.count >= want && members.iter().all(|m| self.by.contains(m))
-    }
-}
-
-/// Invalidations of this process waiting for their acknowledgements.
-#[derive(Default)]
-pub(crate) struct Acks {
-    waiting: Mutex<HashMap<u64, watch::Sender<Acked>>>,
-}
-
-impl Acks {
-    /// Starts counting acknowledgements of `nonce`.
-    pub(crate) fn expect(&self, nonce: u64) -> watch::Receiver<Acked> {
-        let (tx, rx) = watch::channel(Acked::default());
-        self.waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(nonce, tx);
-        rx
-    }
-
-    /// Stops counting acknowledgements of `nonce`.
-    pub(crate) fn forget(&self, nonce: u64) {
-        self.waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&nonce);
-    }
-
-    /// One acknowledgement of `nonce` arrived, from `by` if it said.
-    pub(crate) fn acked(&self, nonce: u64, by: Option<&str>) {
-        let waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(tx) = waiting.get(&nonce) {
-            tx.send_modify(|acked| {
-                acked.count = acked.count.saturating_add(1);
-                if let Some(by) = by
-                    && is_instance(by)
-                    && acked.by.len() < ACKERS_MAX
-                {
-                    acked.by.insert(by.to_owned());
+    /// Drops the key's whole group (every variant of its URL) from Redis and
+    /// from every instance's L1, in one step whatever the number of variants:
+    /// the group's generation moves.
+    ///
+    /// An invalidation is a write the caller is owed, not a read the cache
+    /// can do without: it goes to Redis even while the circuit is open, and
+    /// is tried for [`INVALIDATE_TRIES`] deadlines (each try under the
+    /// deadline, with growing pauses) before the caller is told it did not
+    /// reach Redis. Then this instance remembers it (see [`Pending`]) and
+    /// the supervisor retries it until Redis has it.
+    ///
+    /// Once Redis has it, this waits for the acknowledgements of every
+    /// instance that received the message and of every member of the fleet
+    /// (see the module doc), at most one subscription lease: an
+    /// instance that has not acknowledged by then has stopped trusting
+    /// anything it read before the message.
+    pub(crate) async fn invalidate(&self, key: &Key) -> Result<(), TierError> {
+        let nonce = rand::random::<u64>();
+        let mut acks = self.notifier.acks.expect(nonce);
+        let until = std::time::Instant::now() + self.conns.config.deadline * INVALIDATE_TRIES;
+        let tier = self;
+        let [_, _, route, ..] = self.conns.keys.entry(key);
+        let purged = self
+            .conns
+            .call(&route)
+            .until(until)
+            .run(|conn| tier.invalidate_script(conn, key, nonce))
+            .await;
+        let receivers = match purged {
+            Ok((_, receivers)) => receivers,
+            Err(error) => {
+                self.notifier.acks.forget(nonce);
+                tracing::warn!(key = %key, error = %error, "invalidation did not reach redis");
+                if error.retry_may_help() && !self.pending.remember(key) {
+                    tracing::error!(key = %key, "too many invalidations waiting for redis");
                 }
-            });
+                return Err(error);
+            }
+        };
+        // A newer invalidation of the group supersedes a pending one.
+        self.pending.forget(key);
+        let receivers = u64::try_from(receivers).unwrap_or(0);
+        let subject = messages::key_subject(&key.group());
+        let acked = self
+            .await_fleet(&mut acks, receivers, nonce, &subject)
+            .await;
+        self.notifier.acks.forget(nonce);
+        if !acked {
+            self.conns
+                .stats
+                .unconfirmed_invalidations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(
+                key = %key,
+                "not every instance acknowledged the invalidation within a subscription \
+                 lease: those have stopped trusting their in-process tier"
+            );
+        }
+        Ok(())
+    }
+
+    /// One try of a pending invalidation, under the deadline and the
+    /// breaker, without waiting for acknowledgements. Forgets it once done.
+    pub(crate) async fn invalidate_once(&self, key: &Key) -> Result<(), TierError> {
+        let [_, _, route, ..] = self.conns.keys.entry(key);
+        self.conns
+            .call(&route)
+            .run(|conn| self.invalidate_script(conn, key, rand::random()))
+            .await?;
+        self.pending.forget(key);
+        Ok(())
+    }
+
+    /// Retries the pending invalidations, once each, past the breaker.
+    pub(crate) async fn retry_pending(&self) {
+        for key in self.pending.all() {
+            let [_, _, route, ..] = self.conns.keys.entry(&key);
+            let tried = self
+                .conns
+                .call(&route)
+                .owed()
+                .run(|conn| self.invalidate_script(conn, &key, rand::random()))
+                .await;
+            if tried.is_ok() {
+                self.pending.forget(&key);
+                tracing::info!(key = %key, "a pending invalidation reached redis");
+            }
         }
     }
-}
 
-/// Whether `name` looks like an instance's signature (16 hex digits).
-pub(crate) fn is_instance(name: &str) -> bool {
-    name.len() == 16 && name.bytes().all(|b| b.is_ascii_hexdigit())
+    /// The invalidation script: (entry keys removed, instances that
+    /// received the message).
+    async fn invalidate_script(
+        &self,
+        mut conn: Conn,
+        key: &Key,
+        nonce: u64,
+    ) -> Result<(i64, i64), RedisError> {
+        let [value, fresh, _, fence, generation, failed] = self.conns.keys.entry(key);
+        // The message names the group: each instance drops all its variants.
+        let message = self.notifier.invalidation(&key.group(), nonce);
+        let mut invocation = self.conns.scripts.invalidate.key(value);
+        invocation
+            .key(fresh)
+            .key(fence)
+            .key(generation)
+            .key(failed)
+            .arg(&self.conns.channel)
+            .arg(message)
+            .arg(millis(FENCE_KEEP));
+        invocation.invoke_async(&mut conn).await
+    }
+
+    /// Moves `field`'s generation in Redis and tells every instance, then
+    /// waits for their acknowledgements (and every fleet member's) exactly
+    /// as an invalidation does (at most one subscription lease). `here` gets the new generation as soon
+    /// as Redis has it, before the wait.
+    pub(crate) async fn bump_generation(
+        &self,
+        field: Field,
+        here: impl FnOnce(u64),
+    ) -> Result<(), TierError> {
+        let nonce = rand::random::<u64>();
+        let mut acks = self.notifier.acks.expect(nonce);
+        let until = std::time::Instant::now() + self.conns.config.deadline * BUMP_TRIES;
+        let tier = self;
+        let table = self.conns.keys.table();
+        let bumped = self
+            .conns
+            .call(&table)
+            .until(until)
+            .run(|conn| tier.bump_script(conn, field, nonce))
+            .await;
+        let (generation, receivers) = match bumped {
+            Ok(reply) => reply,
+            Err(error) => {
+                self.notifier.acks.forget(nonce);
+                tracing::warn!(field = ?field, error = %error, "tag invalidation did not reach redis");
+                return Err(error);
+            }
+        };
+        here(generation);
+        let subject = generation_subject(&field.name(), generation);
+        let acked = self
+            .await_fleet(&mut acks, receivers, nonce, &subject)
+            .await;
+        self.notifier.acks.forget(nonce);
+        if !acked {
+            self.conns
+                .stats
+                .unconfirmed_invalidations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::info!(
+                field = ?field,
+                "not every instance acknowledged the tag invalidation within a subscription \
+                 lease: those have stopped trusting their in-process tier"
+            );
+        }
+        Ok(())
+    }
+
+    /// One run of the bump script: (the new generation, instances that
+    /// received the message).
+    async fn bump_script(
+        &self,
+        mut conn: Conn,
+        field: Field,
+        nonce: u64,
+    ) -> Result<(u64, u64), RedisError> {
+        let signed = self.notifier.signature(nonce);
+        let (generation, receivers): (Vec<u8>, i64) = self
+            .conns
+            .scripts
+            .bump_generation
+            .key(self.conns.keys.table())
+            .arg(field.name())
+            .arg(&self.conns.channel)
+            .arg(signed)
+            .invoke_async(&mut conn)
+            .await?;
+        let generation = parse_generation(&generation).ok_or_else(|| {
+            RedisError::from((
+                redis::ErrorKind::Client,
+                "unexpected generation from a stampede-guard script",
+            ))
+        })?;
+        Ok((generation, u64::try_from(receivers).unwrap_or(0)))
+    }
+
+    /// The table's epoch and generations as Redis holds them now: `fields`,
+    /// or the whole table (every field by name: one script, no command
+    /// beyond the other scripts' own). `floor` is the epoch the caller
+    /// knows: a table without an epoch, or one behind it, starts a new one
+    /// (see the script). A field holding anything but a number this crate
+    /// wrote, or one below the epoch (no script writes one), is treated as
+    /// invalidated: it is moved (from Redis's clock, which the fleet hears)
+    /// and its new generation returned. Fields Redis does not have are left
+    /// out (never invalidated in this epoch).
+    pub(crate) async fn load_generations(
+        &self,
+        fields: Option<&[Field]>,
+        floor: u64,
+    ) -> Result<(u64, Vec<(Field, u64)>), TierError> {
+        let all: Vec<Field>;
+        let reload = fields.is_none();
+        let fields = match fields {
+            Some(fields) => fields,
+            None => {
+                all = std::iter::once(Field::All)
+                    .chain((0..BUCKETS).map(Field::Bucket))
+                    .collect();
+                &all
+            }
+        };
+        let table = self.conns.keys.table();
+        let mut invocation = self.conns.scripts.load_generations.key(&table);
+        invocation.arg(floor);
+        for field in fields {
+            invocation.arg(field.name());
+        }
+        let script = &invocation;
+        // A whole reload happens after a gap or at start-up, off any
+        // request's path: its failure is not the breaker's business.
+        let values: Vec<Option<Vec<u8>>> = if reload {
+            self.conns
+                .call_past_breaker()
+                .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
+                .await?
+        } else {
+            self.conns
+                .call(&table)
+                .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
+                .await?
+        };
+        let mut values = values.into_iter();
+        let epoch = values
+            .next()
+            .flatten()
+            .as_deref()
+            .and_then(parse_generation)
+            .ok_or_else(|| {
+                TierError::Redis(RedisError::from((
+                    redis::ErrorKind::Client,
+                    "unexpected epoch from a stampede-guard script",
+                )))
+            })?;
+        let raw = fields.iter().copied().zip(values);
+        let mut loaded = Vec::new();
+        for (field, value) in raw {
+            let Some(value) = value else { continue };
+            match parse_generation(&value) {
+                Some(generation) if generation >= epoch => loaded.push((field, generation)),
+                _ => {
+                    tracing::warn!(field = ?field, "unreadable generation in redis; invalidating its tags");
+                    let nonce = rand::random();
+                    let (generation, _) = self
+                        .conns
+                        .call(&table)
+                        .run(|conn| self.bump_script(conn, field, nonce))
+                        .await?;
+                    loaded.push((field, generation));
+                }
+            }
+        }
+        Ok((epoch, loaded))
+    }
+
+    /// The members an invalidation must hear from: those Redis holds
+    /// unexpired, in the form an instance signs with, but this one (its
+    /// own half is done before the message is sent).
+    /// Also how long until the membership is one lease old: a younger one
+    /// (lost and started again) may miss an instance whose lease still runs.
+    async fn members(&self) -> Result<(Vec<String>, Duration), TierError> {
+        let mut invocation = self.conns.scripts.members.key(self.conns.keys.members());
+        invocation.arg(self.lease_millis()).arg(MEMBERS_MAX + 1);
+        let script = &invocation;
+        let members: Vec<Vec<u8>> = self
+            .conns
+            .call_past_breaker()
+            .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
+            .await?;
+        let mut members = members.into_iter();
+        let young = members
+            .next()
+            .and_then(|y| std::str::from_utf8(&y).ok()?.parse::<u64>().ok())
+            .map_or(self.notifier.liveness.lease(), Duration::from_millis);
+        let members: Vec<Vec<u8>> = members.collect();
+        if members.len() > MEMBERS_MAX {
+            return Err(TierError::Redis(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "more fleet members than an invalidation waits for by name",
+            ))));
+        }
+        let members = members
+            .into_iter()
+            .filter_map(|m| String::from_utf8(m).ok())
+            .filter(|m| is_instance(m) && *m != self.notifier.instance)
+            .collect();
+        Ok((members, young.min(self.notifier.liveness.lease())))
+    }
+
+    /// After Redis answered the invalidation `nonce` (of `subject`: see
+    /// the module doc) that `PUBLISH` delivered to `receivers`
+    /// subscribers: waits for their acknowledgements and every member's,
+    /// at most one subscription lease from now, then checks once that
+    /// every member recorded its own. Returns whether they all came and
+    /// were recorded; if not, it returns only once the lease is over. If
+    /// the membership cannot be read (or has more than [`MEMBERS_MAX`]
+    /// members), waits the whole lease: whoever did not hear the message
+    /// has lapsed by then.
+    pub(super) async fn await_fleet(
+        &self,
+        acks: &mut watch::Receiver<Acked>,
+        receivers: u64,
+        nonce: u64,
+        subject: &str,
+    ) -> bool {
+        let until = Instant::now() + self.notifier.liveness.lease();
+        match self.members().await {
+            Ok((members, young)) => {
+                // A membership younger than a lease may not name an instance
+                // that still trusts its in-process tier: wait a whole lease
+                // from the read, as for a membership that cannot be read.
+                // (Waiting only until the set is a lease old misses an
+                // instance whose renewal lands just after the read, its
+                // subscription dropped unannounced: the model's trace in
+                // docs/MODEL.md.)
+                let grown = Instant::now()
+                    + if young.is_zero() {
+                        Duration::ZERO
+                    } else {
+                        self.notifier.liveness.lease()
+                    };
+                let mut acked = all_acked(acks, receivers, &members, until).await;
+                // The acknowledgements heard name every member: each must
+                // also have recorded its own (see the module doc), or the
+                // names may be forged.
+                if acked && !self.recorded_by(nonce, subject, &members).await {
+                    tracing::warn!(
+                        "acknowledgements of an invalidation name members that did not \
+                         record them (forged, or an instance of an earlier version): the \
+                         invalidation waits a whole subscription lease"
+                    );
+                    tokio::time::sleep_until(until).await;
+                    acked = false;
+                }
+                if !young.is_zero() {
+                    tracing::debug!(
+                        "the fleet membership is younger than a subscription lease; the \
+                         invalidation waits a whole lease"
+                    );
+                    tokio::time::sleep_until(grown).await;
+                }
+                acked
+            }
+            Err(error) => {
+                tracing::warn!(
+                    error = %error,
+                    "cannot read the fleet membership; the invalidation waits a whole \
+                     subscription lease"
+                );
+                tokio::time::sleep_until(until).await;
+                false
+            }
+        }
+    }
+
+    fn lease_millis(&self) -> u64 {
+        u64::try_from(self.notifier.liveness.lease().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// Keeps this instance a member for one more lease. Call only right
+    /// after the subscription was confirmed live, and extend the
+    /// subscription lease only if it returns true: an instance that is not
+    /// a member is not waited for, so it must not trust its in-process tier
+    /// past its membership. Best effort: a renewal that fails leaves the
+    /// member to lapse, as a dead one would.
+    pub(super) async fn renew_membership(&self) -> bool {
+        let route = self.conns.keys.members();
+        let mut invocation = self.conns.scripts.member_renew.key(&route);
+        invocation
+            .arg(&self.notifier.instance)
+            .arg(self.lease_millis());
+        let invocation = &invocation;
+        // On a cluster, on the tier's own connection to the set's primary:
+        // through the cluster client, a rebuild of its connections (a lock
+        // call met a dead node while another is frozen) would fail the
+        // renewal, and this instance would drop its in-process tier for
+        // every shard's keys.
+        let renew = self
+            .conns
+            .routed(&route, self.conns.config.deadline, |mut conn| async move {
+                invocation.invoke_async::<i64>(&mut conn).await
+            });
+        match renew.await {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot renew the fleet membership");
+                false
+            }
+        }
+    }
+
+    /// Leaves the membership (a clean shutdown): invalidations stop
+    /// waiting for this instance at once. Best effort: if it fails, the
+    /// membership lapses within a lease.
+    pub(super) async fn leave(&self) {
+        let mut conn = self.conns.conn();
+        let mut cmd = redis::cmd("ZREM");
+        cmd.arg(self.conns.keys.members())
+            .arg(&self.notifier.instance);
+        let leave = cmd.query_async::<i64>(&mut conn);
+        if !matches!(
+            tokio::time::timeout(self.conns.config.deadline, leave).await,
+            Ok(Ok(_))
+        ) {
+            tracing::debug!("cannot leave the fleet membership; it lapses within a lease");
+        }
+    }
+
+    /// The set of the instances that acknowledged `sender`'s invalidation
+    /// `nonce`.
+    /// Acknowledges `sender`'s invalidation `nonce`, of `subject`: records
+    /// this instance in the invalidation's set, then publishes on
+    /// `sender`'s channel. On
+    /// a cluster it runs on the set's primary (the published message
+    /// reaches every node). Best effort: an acknowledgement that fails
+    /// makes the sender wait out its lease.
+    pub(super) async fn acknowledge(&self, sender: &str, nonce: u64, subject: &str) {
+        let key = self.conns.keys.acks(sender, nonce);
+        let mut invocation = self.conns.scripts.ack.key(&key);
+        invocation
+            .arg(recorded(&self.notifier.instance, subject))
+            .arg(millis(self.notifier.liveness.lease() * ACKS_KEPT).max(1))
+            .arg(keys::ack_channel(&self.conns.channel, sender))
+            .arg(messages::ack_message(nonce, &self.notifier.instance));
+        let invocation = &invocation;
+        let sent = self
+            .conns
+            .routed(&key, self.conns.config.deadline, |mut conn| async move {
+                invocation.invoke_async::<i64>(&mut conn).await
+            });
+        match sent.await {
+            Ok(_) => {}
+            Err(e) if e.error_kind() == ErrorKind::Permission => tracing::warn!(
+                error = %e,
+                "cannot acknowledge an invalidation: the redis user needs +sadd (see the \
+                 ACL in docs/TOPOLOGY.md); its sender waits a whole subscription lease"
+            ),
+            Err(e) => tracing::debug!(error = %e, "cannot acknowledge an invalidation"),
+        }
+    }
+
+    /// Whether every one of `members` recorded its acknowledgement of this
+    /// instance's invalidation `nonce`, of `subject`: one read, under the
+    /// deadline. False if it cannot be read.
+    pub(super) async fn recorded_by(&self, nonce: u64, subject: &str, members: &[String]) -> bool {
+        if members.is_empty() {
+            return true;
+        }
+        let key = self.conns.keys.acks(&self.notifier.instance, nonce);
+        let key = &key;
+        let read = self
+            .conns
+            .routed(key, self.conns.config.deadline, |mut conn| async move {
+                let mut cmd = redis::cmd("SMEMBERS");
+                cmd.arg(key);
+                cmd.query_async::<Vec<Vec<u8>>>(&mut conn).await
+            });
+        match read.await {
+            Ok(ackers) => {
+                let ackers: HashSet<&[u8]> = ackers.iter().map(Vec::as_slice).collect();
+                members
+                    .iter()
+                    .all(|m| ackers.contains(recorded(m, subject).as_bytes()))
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read an invalidation's acknowledgements");
+                false
+            }
+        }
+    }
 }
 
 /// The most invalidations an instance remembers as not yet in Redis (one per
@@ -223,65 +653,12 @@ impl Pending {
     }
 }
 
-/// Waits until `want` acknowledgements were counted on `rx`, one of them
-/// from every instance of `members`, at most until `until`. Returns whether
-/// they all came.
-pub(crate) async fn all_acked(
-    rx: &mut watch::Receiver<Acked>,
-    want: u64,
-    members: &[String],
-    until: tokio::time::Instant,
-) -> bool {
-    matches!(
-        tokio::time::timeout_at(until, rx.wait_for(|a| a.covers(want, members))).await,
-        Ok(Ok(_))
-    )
-}
-
-/// An acknowledgement to send: the invalidator, its nonce, and what the
-/// message that was handled invalidated (see [`super::acks`]).
-pub(crate) type AckDue = (String, u64, String);
-
-/// What an invalidation of `group` invalidated, as its acknowledgement
-/// records it.
-pub(crate) fn key_subject(group: &Key) -> String {
-    group.to_string()
-}
-
-/// What a generation message invalidated, as its acknowledgement records
-/// it: the field and its new generation.
-pub(crate) fn generation_subject(field: &str, generation: u64) -> String {
-    format!("{field}:{generation}")
-}
-
-/// The channel on which `instance` hears acknowledgements.
-pub(crate) fn ack_channel(channel: &str, instance: &str) -> String {
-    format!("{channel}:ack:{instance}")
-}
-
-/// The acknowledgement of the invalidation `nonce`, signed by `instance`.
-pub(crate) fn ack_message(nonce: u64, instance: &str) -> String {
-    format!("a:{nonce}:{instance}")
-}
-
-pub(crate) fn parse_nonce(bytes: &[u8]) -> Option<u64> {
-    std::str::from_utf8(bytes).ok()?.parse().ok()
-}
-
-/// An acknowledgement (after its `a:`): its nonce and, if signed, the
-/// instance that sent it.
-pub(crate) fn parse_ack(bytes: &[u8]) -> Option<(u64, Option<&str>)> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    let (nonce, by) = match text.split_once(':') {
-        Some((nonce, by)) => (nonce, Some(by)),
-        None => (text, None),
-    };
-    Some((nonce.parse().ok()?, by))
-}
-
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+    use crate::store::redis::testing::{connect, RedisServer};
 
     #[test]
     fn pending_invalidations_are_bounded_and_kept_per_group() {
@@ -299,66 +676,23 @@ mod tests {
         assert_eq!(pending.all().len(), PENDING_MAX - 1);
     }
 
-    #[test]
-    fn a_lapsed_lease_drops_once_per_lease() {
-        let live = Liveness::new(Duration::from_millis(100));
-        let t0 = live.base;
-        live.confirm(t0);
-        assert!(!live.must_drop(t0 + Duration::from_millis(50)));
-        let lapsed = t0 + Duration::from_millis(150);
-        assert!(live.must_drop(lapsed));
-        assert!(!live.must_drop(lapsed), "once");
-        assert!(!live.must_drop(lapsed + Duration::from_millis(50)));
-        assert!(
-            live.must_drop(lapsed + Duration::from_millis(120)),
-            "again a lease later"
-        );
-        live.confirm(lapsed + Duration::from_millis(130));
-        assert!(!live.must_drop(lapsed + Duration::from_millis(200)));
-    }
-
-    fn soon() -> tokio::time::Instant {
-        tokio::time::Instant::now() + Duration::from_millis(10)
-    }
-
     #[tokio::test]
-    async fn acks_are_counted_per_nonce() {
-        let acks = Acks::default();
-        let mut rx = acks.expect(7);
-        acks.acked(7, None);
-        acks.acked(8, None);
-        assert!(!all_acked(&mut rx, 2, &[], soon()).await);
-        acks.acked(7, None);
-        assert!(all_acked(&mut rx, 2, &[], soon()).await);
-        acks.forget(7);
-    }
-
-    #[tokio::test]
-    async fn every_member_must_acknowledge_whatever_the_count() {
-        let acks = Acks::default();
-        let mut rx = acks.expect(7);
-        let (a, b) = ("0123456789abcdef".to_owned(), "fedcba9876543210".to_owned());
-        let members = [a.clone(), b.clone()];
-        // Enough acknowledgements, but anonymous or from strangers.
-        acks.acked(7, None);
-        acks.acked(7, Some("not an instance"));
-        acks.acked(7, Some(&a));
-        acks.acked(7, Some(&a));
-        assert!(!all_acked(&mut rx, 1, &members, soon()).await);
-        acks.acked(7, Some(&b));
-        assert!(all_acked(&mut rx, 1, &members, soon()).await);
-        assert!(!rx.borrow().covers(6, &members), "and the count too");
-    }
-
-    #[test]
-    fn acknowledgements_parse_signed_or_not() {
-        assert_eq!(parse_ack(b"9"), Some((9, None)));
+    async fn a_tier_is_a_member_from_its_start_until_it_is_dropped() {
+        let redis = RedisServer::start();
+        let a = connect(&redis).await;
+        let b = connect(&redis).await;
         assert_eq!(
-            parse_ack(&ack_message(9, "0123456789abcdef").as_bytes()[2..]),
-            Some((9, Some("0123456789abcdef")))
+            a.barrier.members().await.unwrap().0,
+            [b.instance().to_owned()],
+            "the others, not itself"
         );
-        for foreign in [&b""[..], b"x", b"-1", b"\xff:1", b"99999999999999999999999"] {
-            assert_eq!(parse_ack(foreign), None, "{foreign:?}");
+        drop(b);
+        for _ in 0..300 {
+            if a.barrier.members().await.unwrap().0.is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        panic!("a dropped tier stays a member");
     }
 }

@@ -8,7 +8,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
-use super::TierError;
 use crate::metrics::CIRCUIT_OPEN;
 
 /// Consecutive failures that open the circuit.
@@ -65,24 +64,6 @@ impl Drop for Breaker {
     }
 }
 
-/// Whether Redis answered the call with an error of the call's own (a
-/// script error, a wrong type) or of a slot on the move: the server is up,
-/// and the breaker, which guards against a server that is not, does not
-/// count it.
-pub(super) fn answered(error: &TierError) -> bool {
-    matches!(error, TierError::Redis(e) if matches!(e.code(), Some("ERR" | "WRONGTYPE")))
-        || migrating(error)
-}
-
-/// Whether the call met a cluster slot being migrated (`TRYAGAIN`, or a
-/// redirection the client did not follow): trying again shortly, with the
-/// same arguments, will do.
-pub(crate) fn migrating(error: &TierError) -> bool {
-    matches!(error, TierError::Redis(e) if matches!(e.code(), Some("TRYAGAIN" | "MOVED" | "ASK"))
-        || matches!(e.kind(), redis::ErrorKind::Server(
-            redis::ServerErrorKind::TryAgain | redis::ServerErrorKind::Moved | redis::ServerErrorKind::Ask)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,21 +116,5 @@ mod tests {
             drop(a);
             assert_eq!(gauge(), 0.0, "a closed one dropped changes nothing");
         });
-    }
-
-    #[test]
-    fn a_slot_on_the_move_is_no_failing_server() {
-        use redis::{ErrorKind, RedisError, ServerErrorKind};
-        for kind in [
-            ServerErrorKind::TryAgain,
-            ServerErrorKind::Moved,
-            ServerErrorKind::Ask,
-        ] {
-            let e = TierError::Redis(RedisError::from((ErrorKind::Server(kind), "slot")));
-            assert!(migrating(&e) && answered(&e), "{e}");
-        }
-        let down = RedisError::from((ErrorKind::Server(ServerErrorKind::ClusterDown), "down"));
-        assert!(!migrating(&TierError::Redis(down)));
-        assert!(!migrating(&TierError::Timeout) && !answered(&TierError::Timeout));
     }
 }

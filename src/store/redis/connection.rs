@@ -15,14 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::{
-    Client, Cmd, ConnectionAddr, IntoConnectionInfo, Pipeline, ProtocolVersion, PushInfo,
-    RedisError, RedisFuture, Value,
-};
+use redis::{Cmd, Pipeline, PushInfo, RedisError, RedisFuture, Value};
 
-use super::config::TlsPem;
+pub(crate) use super::client::Options;
+use super::client::{client, with_timeout};
+use super::error::ErrorMeaning;
 use super::sentinel::{resolve, resolve_by};
-
 pub(crate) use super::topology::Topology;
 
 /// A command connection on any topology. Cheap to clone; clones share it.
@@ -81,16 +79,6 @@ pub(crate) struct Link {
     pub retired: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// What opening a link needs besides the topology.
-pub(crate) struct Options<'a> {
-    pub connect_timeout: Duration,
-    pub deadline: Duration,
-    pub tls: &'a TlsPem,
-    pub channel: &'a str,
-    /// This process's acknowledgement channel, on the same subscriber.
-    pub ack_channel: &'a str,
-}
-
 /// Receives the subscriber's pushes.
 pub(crate) type Sink = Arc<dyn Fn(PushInfo) + Send + Sync>;
 
@@ -133,7 +121,8 @@ async fn open_link(
                 let ((host, port), named_by) = resolve_by(sentinels, service, options).await?;
                 let primary = Some((host.clone(), port));
                 match open_single(&master.at(&host, port), options, sink.clone(), primary).await {
-                    Err(e) if tries > 1 && stale_view(&e) => {
+                    // A node that hangs is not tried past: its time is spent.
+                    Err(e) if tries > 1 && e.is_stale_view() => {
                         tracing::debug!(error = %e, "a sentinel named no primary; asking the next");
                         sentinels.demote(&named_by);
                         tries -= 1;
@@ -155,15 +144,6 @@ async fn open_link(
     }
 }
 
-/// Whether opening a link to the node a sentinel named failed in a way
-/// that says the sentinel's view is stale: the node answered that it is no
-/// primary, or refused the connection (a node that hangs is not tried
-/// past: its time is spent).
-fn stale_view(e: &RedisError) -> bool {
-    e.is_connection_refusal()
-        || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ReadOnly)
-}
-
 /// Whether the node behind `conn` says it is a primary (`ROLE`). A reply
 /// of any other shape is no primary's; a refusal is an error.
 pub(crate) async fn is_primary(conn: &Conn) -> Result<bool, RedisError> {
@@ -173,99 +153,6 @@ pub(crate) async fn is_primary(conn: &Conn) -> Result<bool, RedisError> {
         Value::Array(role) => matches!(role.first(), Some(Value::BulkString(r)) if r == b"master"),
         _ => false,
     })
-}
-
-pub(crate) fn client(url: &str, tls: &TlsPem) -> Result<Client, RedisError> {
-    let info = url.into_connection_info()?;
-    // RESP3 lets the subscriber receive pushes on a connection that the
-    // client reconnects and resubscribes by itself.
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP3);
-    let info = info.set_redis_settings(settings);
-    let secure = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
-    if secure {
-        require_crypto_provider()?;
-    }
-    if tls.ca.is_some() || tls.client.is_some() {
-        // Nothing has been sent yet: any failure here is in the settings
-        // (a PEM that does not parse), and says so by its kind.
-        #[cfg(feature = "redis-tls")]
-        return Client::build_with_tls(info, certificates(tls)).map_err(|e| {
-            RedisError::from((
-                redis::ErrorKind::InvalidClientConfig,
-                "unusable TLS certificate or key",
-                e.to_string(),
-            ))
-        });
-        #[cfg(not(feature = "redis-tls"))]
-        return Err(no_tls());
-    }
-    Client::open(info)
-}
-
-#[cfg(feature = "redis-tls")]
-fn certificates(tls: &TlsPem) -> redis::TlsCertificates {
-    redis::TlsCertificates {
-        client_tls: tls
-            .client
-            .as_ref()
-            .map(|(cert, key)| redis::ClientTlsConfig {
-                client_cert: cert.clone(),
-                client_key: key.clone(),
-            }),
-        root_cert: tls.ca.clone(),
-    }
-}
-
-#[cfg(not(feature = "redis-tls"))]
-fn no_tls() -> RedisError {
-    RedisError::from((
-        redis::ErrorKind::InvalidClientConfig,
-        "TLS support is not compiled in (enable the `redis-tls` feature)",
-    ))
-}
-
-/// rustls needs a process-wide crypto provider, and choosing it is the
-/// application's call (ring, aws-lc-rs, a FIPS build): the crate never
-/// installs one. Without one, the Redis client's rustls would panic while
-/// building its configuration; this says what to do instead, as a settings
-/// error, before anything is sent.
-fn require_crypto_provider() -> Result<(), RedisError> {
-    #[cfg(feature = "redis-tls")]
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        return Err(no_crypto_provider());
-    }
-    Ok(())
-}
-
-#[cfg(feature = "redis-tls")]
-fn no_crypto_provider() -> RedisError {
-    RedisError::from((
-        redis::ErrorKind::InvalidClientConfig,
-        "no rustls crypto provider is installed",
-        "a rediss:// URL needs one: call rustls::crypto::ring::default_provider().install_default() \
-         (or aws_lc_rs's) once at start-up, before the backend connects"
-            .to_owned(),
-    ))
-}
-
-pub(crate) async fn with_timeout<T>(
-    limit: Duration,
-    what: &'static str,
-    future: impl std::future::Future<Output = Result<T, RedisError>>,
-) -> Result<T, RedisError> {
-    tokio::time::timeout(limit, future)
-        .await
-        .map_err(|_| timeout_error(what))?
-}
-
-pub(crate) fn timeout_error(what: &'static str) -> RedisError {
-    RedisError::from(std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        format!("timed out {what}"),
-    ))
 }
 
 async fn open_single(
@@ -340,11 +227,11 @@ async fn open_cluster(
     use redis::cluster::ClusterClientBuilder;
 
     if nodes.iter().any(|n| n.starts_with("rediss:")) {
-        require_crypto_provider()?;
+        super::client::require_crypto_provider()?;
     }
     let builder = |push: Option<Sink>| -> Result<redis::cluster::ClusterClient, RedisError> {
         let mut b = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
-            .use_protocol(ProtocolVersion::RESP3)
+            .use_protocol(redis::ProtocolVersion::RESP3)
             .connection_timeout(options.connect_timeout)
             .response_timeout(options.deadline)
             .retries(2)
@@ -357,10 +244,10 @@ async fn open_cluster(
         if options.tls.ca.is_some() || options.tls.client.is_some() {
             #[cfg(feature = "redis-tls")]
             {
-                b = b.certs(certificates(options.tls));
+                b = b.certs(super::client::certificates(options.tls));
             }
             #[cfg(not(feature = "redis-tls"))]
-            return Err(no_tls());
+            return Err(super::client::no_tls());
         }
         if let Some(sink) = push {
             b = b.push_sender(move |push| -> Result<(), redis::aio::SendError> {

@@ -12,18 +12,16 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::RedisError;
 
+use super::barrier::Barrier;
 use super::carried::{self, Holder};
+use super::connection::Conn;
+use super::connections::Connections;
+use super::keys::FENCE_KEEP;
 use super::notify::Event;
-use super::{Conn, Lease, RedisTier, TierError};
+use super::{Lease, RedisTier, TierError};
 use crate::key::Key;
 use crate::metrics::{self as m, count, Labels};
 use crate::store::millis;
-
-/// How long the fence hash outlives the last lease on its key, so idle keys
-/// cost Redis nothing. A hash that expired (or was evicted, or lost to a
-/// restart) starts again from Redis's clock in microseconds, above every
-/// number issued before: expiry never lets numbers go back.
-pub(super) const FENCE_KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// How long a lease may be held by a token whose release went unanswered,
 /// when the caller does not know the lease's own time.
@@ -72,25 +70,39 @@ pub(crate) enum Fetched {
     },
 }
 
-impl RedisTier {
+/// The entry / lease protocol of one tier: every call names the keys of one
+/// entry.
+pub(crate) struct Entries {
+    conns: Arc<Connections>,
+    /// Whose pending invalidations a fetch makes Redis hear first.
+    barrier: Arc<Barrier>,
+}
+
+impl Entries {
+    pub(super) fn new(conns: Arc<Connections>, barrier: Arc<Barrier>) -> Self {
+        Entries { conns, barrier }
+    }
+
     /// Returns the entry if fresh; otherwise tries to take the lease. With
     /// `early`, also takes the lease for a fresh entry that has no more than
     /// that much freshness left. One round trip.
+    /// A lease taken renews and is given back through `tier`.
     pub(crate) async fn fetch_or_lease(
         self: &Arc<Self>,
+        tier: &Arc<RedisTier>,
         key: &Key,
         lease_time: Duration,
         early: Option<Duration>,
     ) -> Result<Fetched, TierError> {
-        if let Some(invalidated) = self.shared.pending.get(&key.group()) {
+        if let Some(invalidated) = self.barrier.pending.get(&key.group()) {
             // This instance invalidated the group and Redis has not heard:
             // what Redis holds for it is old. Tell it now, or this is a
             // failed call (the caller rebuilds here, from the origin).
-            self.invalidate_once(&invalidated).await?;
+            self.barrier.invalidate_once(&invalidated).await?;
         }
-        let keys = self.keys(key);
+        let keys = self.conns.keys.entry(key);
         let (secret, token) = Lease::new_secret();
-        let mut invocation = self.shared.scripts.fetch_or_lease.prepare_invoke();
+        let mut invocation = self.conns.scripts.fetch_or_lease.prepare_invoke();
         for k in &keys {
             invocation.key(k);
         }
@@ -101,22 +113,22 @@ impl RedisTier {
             .arg(millis(FENCE_KEEP))
             .arg(millis(FAILURE_BACKOFF_CAP));
         let script = &invocation;
-        let run = move |mut conn: super::Conn| async move { script.invoke_async(&mut conn).await };
+        let run = move |mut conn: Conn| async move { script.invoke_async(&mut conn).await };
         // While the slot moves, the script (which names the lease key) is
         // refused; a fresh entry is read without it first, and only a key
         // that needs the lease waits for the move, within the deadline.
         let sent = std::time::Instant::now();
-        let reply = match self.call_once(&keys[2], run).await {
-            Err(e) if super::migrating(&e) => match self.fetch_fresh(&keys).await {
+        let reply = match self.conns.call(&keys[2]).once().run(run).await {
+            Err(e) if e.is_moving() => match self.fetch_fresh(&keys).await {
                 Ok(Some(entry)) => return Ok(Fetched::Fresh(entry)),
-                _ => self.call(&keys[2], run).await,
+                _ => self.conns.call(&keys[2]).run(run).await,
             },
             reply => reply,
         };
         type Reply = (i64, Vec<u8>, i64, i64, String, i64);
         let (status, value, a, value_pttl, generation, foreign): Reply = match reply {
             Ok(reply) => reply,
-            Err(e) if super::migrating(&e) => {
+            Err(e) if e.is_moving() => {
                 // The slot is on the move and the script did not run: a
                 // fresh entry can still be read without the lease key.
                 return match self.fetch_fresh(&keys).await {
@@ -152,7 +164,7 @@ impl RedisTier {
             2 => Fetched::Leased {
                 stale: remote(None),
                 lease: Box::new(Lease::new(
-                    self.clone(),
+                    tier.clone(),
                     *key,
                     (secret, token),
                     a.max(0) as u64,
@@ -183,13 +195,13 @@ impl RedisTier {
         keys: &[String; 6],
     ) -> Result<Option<Remote>, TierError> {
         let [value, fresh, _, _, generation, _] = keys;
-        let mut invocation = self.shared.scripts.fetch_fresh.prepare_invoke();
+        let mut invocation = self.conns.scripts.fetch_fresh.prepare_invoke();
         invocation.key(value).key(fresh).key(generation);
         let script = &invocation;
         let (status, value, fresh_pttl, value_pttl): (i64, Vec<u8>, i64, i64) = self
-            .call(value, move |mut conn| async move {
-                script.invoke_async(&mut conn).await
-            })
+            .conns
+            .call(value)
+            .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
             .await?;
         if status != 1 {
             return Ok(None);
@@ -212,8 +224,8 @@ impl RedisTier {
         labels: Labels,
     ) -> Result<bool, TierError> {
         lease.settle();
-        let keys = self.keys(&lease.key);
-        let mut invocation = self.shared.scripts.commit.prepare_invoke();
+        let keys = self.conns.keys.entry(&lease.key);
+        let mut invocation = self.conns.scripts.commit.prepare_invoke();
         for k in &keys {
             invocation.key(k);
         }
@@ -231,16 +243,18 @@ impl RedisTier {
             .arg(millis(fresh))
             .arg(millis(keep).max(1))
             .arg(millis(FENCE_KEEP))
-            .arg(&self.shared.channel)
+            .arg(&self.conns.channel)
             .arg(woken)
             .arg(Event::Failed.message(&lease.key))
             .arg(&lease.generation);
         // Owed whatever the circuit says: the rebuilt value is stored if the
         // node answers within the deadline.
         let script = &invocation;
-        let commit = self.call_owed(&keys[2], move |mut conn| async move {
-            script.invoke_async(&mut conn).await
-        });
+        let commit = self
+            .conns
+            .call(&keys[2])
+            .owed()
+            .run(move |mut conn| async move { script.invoke_async(&mut conn).await });
         let stored: i64 = match commit.await {
             Ok(stored) => stored,
             Err(e) => {
@@ -251,7 +265,10 @@ impl RedisTier {
             }
         };
         if stored == 0 {
-            self.stats.fenced_writes.fetch_add(1, Ordering::Relaxed);
+            self.conns
+                .stats
+                .fenced_writes
+                .fetch_add(1, Ordering::Relaxed);
             count(m::FENCED_WRITES, labels);
             tracing::info!(key = %lease.key, fence = lease.fence.0, "late commit refused: a newer entry is stored");
         }
@@ -305,10 +322,12 @@ impl RedisTier {
         window: Duration,
         failure: Option<(u8, &str)>,
     ) -> Result<bool, TierError> {
-        let [_, _, route, ..] = self.keys(key);
-        let release = self.call_owed(&route, |conn| {
-            self.release_script(conn, key, token, &message, failure)
-        });
+        let [_, _, route, ..] = self.conns.keys.entry(key);
+        let release = self
+            .conns
+            .call(&route)
+            .owed()
+            .run(|conn| self.release_script(conn, key, token, &message, failure));
         match release.await {
             Ok(released) => Ok(released == 1),
             Err(e) => {
@@ -331,18 +350,18 @@ impl RedisTier {
         message: &str,
         failure: Option<(u8, &str)>,
     ) -> Result<i64, RedisError> {
-        let [_, _, lease_key, _, _, failed] = self.keys(key);
+        let [_, _, lease_key, _, _, failed] = self.conns.keys.entry(key);
         let (code, generation) = match failure {
             Some((code, generation)) => (code.to_string(), generation),
             None => (String::new(), ""),
         };
-        self.shared
+        self.conns
             .scripts
             .release
             .key(lease_key)
             .key(failed)
             .arg(token)
-            .arg(&self.shared.channel)
+            .arg(&self.conns.channel)
             .arg(message)
             .arg(code)
             .arg(generation)
@@ -368,11 +387,12 @@ impl RedisTier {
         runtime.spawn(async move {
             let message = Event::Failed.message(&key);
             let (tier, key, token, message) = (&tier, &key, &token, &message);
-            let [_, _, route, ..] = tier.keys(key);
+            let [_, _, route, ..] = tier.conns.keys.entry(key);
             let released = tier
-                .call_owed_until(&route, until, |conn| {
-                    tier.release_script(conn, key, token, message, None)
-                })
+                .conns
+                .call(&route)
+                .until(until)
+                .run(|conn| tier.release_script(conn, key, token, message, None))
                 .await;
             if let Ok(1) = released {
                 tracing::debug!(key = %key, "released a lease whose call had no answer");
@@ -386,22 +406,26 @@ impl RedisTier {
         token: &str,
         time: Duration,
     ) -> Result<bool, TierError> {
-        let [_, _, lease_key, ..] = self.keys(key);
-        let mut invocation = self.shared.scripts.renew.key(&lease_key);
+        let [_, _, lease_key, ..] = self.conns.keys.entry(key);
+        let mut invocation = self.conns.scripts.renew.key(&lease_key);
         invocation.arg(token).arg(millis(time).max(1));
         let script = &invocation;
         // Owed like the commit it keeps possible: a circuit that opened
         // while the node answers again must not cost the lease.
         let renewed: i64 = self
-            .call_owed(&lease_key, move |mut conn| async move {
-                script.invoke_async(&mut conn).await
-            })
+            .conns
+            .call(&lease_key)
+            .owed()
+            .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
             .await?;
         Ok(renewed == 1)
     }
 
     pub(crate) fn count_corrupt(&self, key: &Key) {
-        self.stats.corrupt_entries.fetch_add(1, Ordering::Relaxed);
+        self.conns
+            .stats
+            .corrupt_entries
+            .fetch_add(1, Ordering::Relaxed);
         m::count_backend(m::CORRUPT_ENTRIES);
         tracing::warn!(key = %key, "unreadable entry in Redis; treating it as a miss");
     }

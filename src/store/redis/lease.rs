@@ -48,9 +48,10 @@ impl Lease {
         sent: Instant,
     ) -> Self {
         // The lease's validity counts from when the request that took it was
-        // first sent, never from the reply. (It counted from one deadline
-        // before the reply: with a deadline at or above the lease, every
-        // lease was over when taken, and every instance rebuilt.)
+        // first sent, never from the reply nor from any moment before the
+        // send: Redis cannot have started the lease's time earlier, so the
+        // holder never counts on time Redis does not give it, and a lease is
+        // usable when taken whatever the deadline.
         Lease {
             key,
             fence: FencingToken(fence),

@@ -12,6 +12,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::connection::Conn;
+use super::connections::Connections;
 use super::notify::Event;
 use super::{RedisTier, TierError};
 use crate::key::Key;
@@ -41,20 +43,14 @@ pub(crate) fn new_attempt() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
-impl RedisTier {
-    fn lock_base(&self, id: &Key) -> String {
-        format!("{}:lock:{{{id}}}", self.shared.config.prefix)
-    }
+/// The lock protocol of one tier.
+pub(crate) struct Locks {
+    conns: Arc<Connections>,
+}
 
-    fn lock_keys(&self, id: &Key) -> [String; 5] {
-        let base = self.lock_base(id);
-        [
-            format!("{base}:l"),
-            format!("{base}:n"),
-            format!("{base}:q"),
-            format!("{base}:b"),
-            format!("{base}:t"),
-        ]
+impl Locks {
+    pub(super) fn new(conns: Arc<Connections>) -> Self {
+        Locks { conns }
     }
 
     /// One attempt: take the lock, or (if `beat` is set) keep a place in its
@@ -64,8 +60,8 @@ impl RedisTier {
     /// acknowledged it (`WAIT`); if fewer did, the attempt fails, and the
     /// caller's undo gives the hold back.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn lock_acquire(
-        self: &Arc<Self>,
+    pub(crate) async fn acquire(
+        &self,
         id: &Key,
         token: &str,
         attempt: &str,
@@ -74,9 +70,9 @@ impl RedisTier {
         reenter: bool,
         synced: Option<(u32, Duration)>,
     ) -> Result<Attempt, TierError> {
-        let conn = self.conn();
-        let mut invocation = self.shared.scripts.lock_acquire.prepare_invoke();
-        let keys = self.lock_keys(id);
+        let conn = self.conns.conn();
+        let mut invocation = self.conns.scripts.lock_acquire.prepare_invoke();
+        let keys = self.conns.keys.lock(id);
         for key in &keys {
             invocation.key(key);
         }
@@ -87,13 +83,15 @@ impl RedisTier {
             .arg(millis(COUNTERS_KEEP))
             .arg(if reenter { "1" } else { "0" })
             .arg(attempt)
-            .arg(&self.shared.channel)
+            .arg(&self.conns.channel)
             .arg(Event::Released.message(id));
         // Every try on the one connection that a synced acquisition's
         // `WAIT` then asks about.
         let script = &invocation;
         let (won, a, b): (i64, i64, i64) = self
-            .call(&keys[0], |_| {
+            .conns
+            .call(&keys[0])
+            .run(|_| {
                 let mut conn = conn.clone();
                 async move { script.invoke_async(&mut conn).await }
             })
@@ -105,7 +103,7 @@ impl RedisTier {
             // of the failure, so the lock is free for the others at
             // once; the caller's undo tries again in the background if
             // this one try goes unanswered.
-            let _ = self.lock_leave(id, token, attempt, Instant::now()).await;
+            let _ = self.leave(id, token, attempt, Instant::now()).await;
             return Err(e);
         }
         Ok(if won == 1 {
@@ -125,18 +123,21 @@ impl RedisTier {
     /// the same connection as the write: it counts the acknowledgements of
     /// that connection's writes. Fewer acknowledgements are an error.
     async fn wait_replicas(
-        self: &Arc<Self>,
+        &self,
         route: &str,
-        conn: super::Conn,
+        conn: Conn,
         replicas: u32,
         timeout: Duration,
     ) -> Result<(), TierError> {
         let mut wait = redis::cmd("WAIT");
         wait.arg(replicas).arg(millis(timeout).max(1));
-        let limit = self.shared.config.deadline.saturating_add(timeout);
+        let limit = self.conns.config.deadline.saturating_add(timeout);
         let wait = &wait;
         let acked: i64 = self
-            .call_within(route, limit, |_| {
+            .conns
+            .call(route)
+            .within(limit)
+            .run(|_| {
                 let conn = conn.clone();
                 async move { wait_on_slot(conn, route, wait).await }
             })
@@ -154,27 +155,30 @@ impl RedisTier {
     /// Releases the hold taken by `attempt`, if the lock is still the
     /// caller's under `fence`. `Ok(true)` if it was; retried past the
     /// circuit breaker until `until` (when the hold lapses by itself).
-    pub(crate) async fn lock_release(
-        self: &Arc<Self>,
+    pub(crate) async fn release(
+        &self,
         id: &Key,
         token: &str,
         fence: u64,
         attempt: &str,
         until: Instant,
     ) -> Result<bool, TierError> {
-        let [lock, ..] = self.lock_keys(id);
-        let receipt = format!("{}:r:{attempt}", self.lock_base(id));
+        let [lock, ..] = self.conns.keys.lock(id);
+        let receipt = self.conns.keys.lock_receipt(id, attempt);
         let message = Event::Released.message(id);
         let keep = millis(until.saturating_duration_since(Instant::now())).max(1);
         let (script, lock, receipt, channel, message) = (
-            &self.shared.scripts.lock_release,
+            &self.conns.scripts.lock_release,
             &lock,
             &receipt,
-            &self.shared.channel,
+            &self.conns.channel,
             &message,
         );
         let released: i64 = self
-            .call_until(until, move |mut conn| async move {
+            .conns
+            .call_past_breaker()
+            .until(until)
+            .run(move |mut conn| async move {
                 script
                     .key(lock)
                     .key(receipt)
@@ -194,19 +198,21 @@ impl RedisTier {
     /// One renewal try under the deadline, past the circuit breaker (the
     /// renewer decides when to try again). `Ok(false)` if the lock is no
     /// longer the caller's under `fence`.
-    pub(crate) async fn lock_renew(
-        self: &Arc<Self>,
+    pub(crate) async fn renew(
+        &self,
         id: &Key,
         token: &str,
         fence: u64,
         lease: Duration,
     ) -> Result<bool, TierError> {
-        let [lock, ..] = self.lock_keys(id);
-        let mut conn = self.conn();
-        let mut invocation = self.shared.scripts.lock_renew.key(lock);
+        let [lock, ..] = self.conns.keys.lock(id);
+        let mut invocation = self.conns.scripts.lock_renew.key(lock);
         invocation.arg(token).arg(fence).arg(millis(lease).max(1));
+        let script = &invocation;
         let renewed: i64 = self
-            .call_past_breaker(invocation.invoke_async(&mut conn))
+            .conns
+            .call_past_breaker()
+            .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
             .await?;
         Ok(renewed == 1)
     }
@@ -214,25 +220,28 @@ impl RedisTier {
     /// Leaves the queue and gives back the hold `attempt` may have taken (a
     /// waiter that gives up, or an attempt abandoned without an answer).
     /// Retried past the circuit breaker until `until`.
-    pub(crate) async fn lock_leave(
-        self: &Arc<Self>,
+    pub(crate) async fn leave(
+        &self,
         id: &Key,
         token: &str,
         attempt: &str,
         until: Instant,
     ) -> Result<(), TierError> {
-        let [lock, _, queue, beats, _] = self.lock_keys(id);
+        let [lock, _, queue, beats, _] = self.conns.keys.lock(id);
         let message = Event::Released.message(id);
         let (script, lock, queue, beats, channel, message) = (
-            &self.shared.scripts.lock_leave,
+            &self.conns.scripts.lock_leave,
             &lock,
             &queue,
             &beats,
-            &self.shared.channel,
+            &self.conns.channel,
             &message,
         );
         let _: i64 = self
-            .call_until(until, move |mut conn| async move {
+            .conns
+            .call_past_breaker()
+            .until(until)
+            .run(move |mut conn| async move {
                 // The attempt may still arrive after this (its bytes held on
                 // a connection the tier since replaced): remember it as
                 // abandoned until the undo would have given up anyway.
@@ -253,14 +262,14 @@ impl RedisTier {
         Ok(())
     }
 
-    /// [`lock_leave`](Self::lock_leave) on its own task, for an attempt
+    /// [`leave`](Self::leave) on its own task, for an attempt
     /// whose caller is gone or had no answer: the script may still run (or
     /// have run) after the caller stopped waiting, and only this token and
     /// attempt id can give back what it took. The leave may reach Redis
     /// before the attempt (the attempt held on a connection that was since
     /// replaced): it then leaves a tombstone, and the late attempt takes
     /// nothing.
-    pub(crate) fn lock_abandon(
+    pub(crate) fn abandon(
         self: &Arc<Self>,
         id: Key,
         token: String,
@@ -270,10 +279,10 @@ impl RedisTier {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let tier = self.clone();
+        let locks = self.clone();
         let until = Instant::now() + lease.max(QUEUE_HEARTBEAT);
         runtime.spawn(async move {
-            if tier.lock_leave(&id, &token, &attempt, until).await.is_err() {
+            if locks.leave(&id, &token, &attempt, until).await.is_err() {
                 tracing::warn!(lock = %id, "an abandoned lock attempt could not be undone; what it took lapses by itself");
             }
         });
@@ -288,13 +297,13 @@ impl RedisTier {
 /// replicas counted are the lock's shard's).
 #[cfg_attr(not(feature = "redis-cluster"), allow(unused_variables))]
 async fn wait_on_slot(
-    conn: super::Conn,
+    conn: Conn,
     route: &str,
     wait: &redis::Cmd,
 ) -> Result<i64, redis::RedisError> {
     match conn {
         #[cfg(feature = "redis-cluster")]
-        super::Conn::Cluster(mut conn) => {
+        Conn::Cluster(mut conn) => {
             use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
             let slot = super::health::slot(route.as_bytes());
             let to = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));

@@ -14,30 +14,56 @@
 //! | `…:f` | freshness marker | when the entry stops being fresh (Redis's clock) |
 //! | `…:l` | rebuild lease: the owner's token | after the lease time, unless renewed |
 //! | `…:n` | fence hash: numbers issued and committed | a day after the last lease (then reseeded from Redis's clock) |
-//! | `{prefix}:members` | the fleet's membership: each instance with the end of its subscription lease, and `born`, when this life of the set began (its own slot; see `members`) | two leases after the last renewal |
-//! | `{prefix}:tags` | the invalidation table: a generation for everything and one per tag bucket (its own slot; see `generations`) | never (a lost one starts again from Redis's clock) |
+//! | `{prefix}:members` | the fleet's membership: each instance with the end of its subscription lease, and `born`, when this life of the set began (its own slot; see `barrier.rs`) | two leases after the last renewal |
+//! | `{prefix}:tags` | the invalidation table: a generation for everything and one per tag bucket (its own slot; see `barrier.rs`) | never (a lost one starts again from Redis's clock) |
 //!
 //! Every call has a deadline. Failures feed a circuit breaker (on Redis
 //! Cluster, the one of the primary that serves the key; see [`health`]);
 //! while it is open the engine does not call Redis for those keys and
-//! protects the process with its in-process tier alone. The tier's one background task, its
-//! supervisor, closes the circuit again and repairs the connections; it
-//! lives and dies with the tier.
+//! protects the process with its in-process tier alone. The tier's one
+//! background task, its supervisor, closes the circuit again, repairs the
+//! connections, acknowledges other instances' invalidations and retries
+//! this one's pending ones; it lives and dies with the tier.
+//!
+//! # Where things are
+//!
+//! [`RedisTier`] (this file) is a facade: it connects, composes the
+//! components below, and is what the engine, the lock and the backend call.
+//!
+//! | file | holds |
+//! |---|---|
+//! | `connections.rs` | [`Connections`]: the link, the breakers, the scripts, the cluster's node connections, and the path every call takes (deadline, breaker, retry, redirect) |
+//! | `entries.rs` | [`Entries`]: fetch or lease, commit, release, renew: the entry / lease protocol |
+//! | `barrier.rs` | [`Barrier`]: invalidations, pending ones, the fleet's membership, recorded acknowledgements, the invalidation table |
+//! | `lock.rs` | [`Locks`]: the lease as a distributed lock |
+//! | `notify.rs` | [`Notifier`]: the subscriber's pushes, waiters' registrations, what the channel invalidated |
+//! | `supervisor.rs` | the one background task, owned by the tier |
+//! | `error.rs` | [`TierError`] and what every Redis error means (by kind) |
+//! | `keys.rs` | every key and channel name |
+//! | `messages.rs` | invalidation, generation and acknowledgement message formats |
+//! | `carried.rs` | a commit's wake-up that carries a small entry, and its proof |
+//! | `acks.rs`, `liveness.rs` | counting acknowledgements; the subscription lease |
+//! | `lease.rs`, `renew.rs` | a rebuild lease, and the renewer that keeps a lease or a lock |
+//! | `connection.rs`, `client.rs`, `topology.rs`, `sentinel.rs` | opening the link on one server, a cluster or behind Sentinel |
+//! | `health.rs`, `breaker.rs`, `nodes.rs` | the slot map and one breaker per primary; the cluster's own node connections |
+//! | `config.rs`, `scripts.rs`, `scripts/*.lua` | settings; the Lua scripts, each one atomic step |
 
 mod acks;
 mod barrier;
 mod breaker;
-mod calls;
 pub(crate) mod carried;
+mod client;
 pub(crate) mod config;
 pub(crate) mod connection;
+mod connections;
 mod entries;
-mod generations;
+mod error;
 mod health;
-mod invalidate;
+mod keys;
 pub(crate) mod lease;
+mod liveness;
 pub(crate) mod lock;
-mod members;
+mod messages;
 mod nodes;
 pub(crate) mod notify;
 pub(crate) mod renew;
@@ -48,25 +74,28 @@ mod supervisor;
 pub(crate) mod testing;
 mod topology;
 
-use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::{RedisError, RetryMethod};
+use bytes::Bytes;
+use redis::RedisError;
 
 use crate::key::Key;
-use crate::metrics as m;
-pub(crate) use breaker::migrating;
+use crate::metrics::Labels;
+use crate::store::generations::Field;
+use barrier::Barrier;
 use config::TlsPem;
-use connection::{Conn, Link, Options, Sink, Topology};
+use connection::{Conn, Topology};
+use connections::Connections;
+use entries::Entries;
 pub(crate) use entries::{Fetched, Remote};
-use health::Health;
+pub(crate) use error::{migrating, setup_error, TierError};
 pub(crate) use lease::Lease;
+use lock::{Attempt, Locks};
 pub(crate) use notify::Invalidated;
 use notify::{Notifier, OnInvalidate};
-use scripts::Scripts;
-use supervisor::{Signals, SupervisorGuard};
+use supervisor::SupervisorGuard;
 
 /// Settings of the Redis tier.
 #[derive(Clone, Debug)]
@@ -77,43 +106,6 @@ pub(crate) struct TierConfig {
     pub deadline: Duration,
     pub connect_timeout: Duration,
     pub probe_interval: Duration,
-}
-
-/// The longest pause between tries of a call made past the breaker.
-const RETRY_PAUSE_MAX: Duration = Duration::from_millis(200);
-
-/// Why a call to Redis gave no answer.
-#[derive(Debug)]
-pub(crate) enum TierError {
-    /// The circuit is open: Redis was not asked.
-    Open,
-    /// No answer within the deadline.
-    Timeout,
-    /// Redis answered with an error, or the connection failed.
-    Redis(RedisError),
-}
-
-impl TierError {
-    /// Whether the command may have run on the server although the caller
-    /// has no answer: it was sent, and the deadline passed or the
-    /// connection failed before the reply came.
-    pub(crate) fn may_have_run(&self) -> bool {
-        match self {
-            TierError::Open => false,
-            TierError::Timeout => true,
-            TierError::Redis(e) => e.is_timeout() || e.is_io_error() || e.is_connection_dropped(),
-        }
-    }
-}
-
-impl std::fmt::Display for TierError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            TierError::Open => f.write_str("circuit open"),
-            TierError::Timeout => f.write_str("deadline passed"),
-            TierError::Redis(e) => write!(f, "{e}"),
-        }
-    }
 }
 
 /// Counters of the shared tier, for diagnostics and tests.
@@ -127,40 +119,24 @@ pub(crate) struct TierStats {
     pub unconfirmed_invalidations: AtomicU64,
 }
 
+/// The shared tier: a facade over its components, each with its own state
+/// and calls (see the module doc).
 pub(crate) struct RedisTier {
-    /// What requests and the supervisor both use.
-    shared: Arc<Shared>,
+    /// The connections and the call path every component uses.
+    conns: Arc<Connections>,
+    /// Entries, rebuild leases, commits.
+    entries: Arc<Entries>,
+    /// Invalidations: pending, membership, acknowledgements, the table.
+    barrier: Arc<Barrier>,
+    /// The lease as a distributed lock.
+    locks: Arc<Locks>,
     /// Fleet-wide wake-ups: waiters register here.
     pub(crate) notifier: Arc<Notifier>,
-    pub(crate) stats: TierStats,
+    pub(crate) stats: Arc<TierStats>,
     /// The eviction policy read at start-up, when Redis may evict our keys.
     eviction: Option<String>,
     /// Stops the supervisor when the tier is dropped.
     _supervisor: SupervisorGuard,
-}
-
-/// The tier's state that its supervisor needs too. Only the tier and its
-/// supervisor task hold it, so it goes when both have.
-pub(crate) struct Shared {
-    /// The connections; replaced when a Sentinel-managed primary moves or a
-    /// cluster subscription is opened again.
-    link: RwLock<Arc<Link>>,
-    config: TierConfig,
-    channel: String,
-    /// The circuit breakers (one per cluster primary): requests read their
-    /// flags; only the supervisor closes them.
-    health: Health,
-    notifier: Arc<Notifier>,
-    scripts: Scripts,
-    /// How requests ask the supervisor for help.
-    signals: Signals,
-    /// This process's acknowledgement channel.
-    ack_channel: String,
-    /// Invalidations that did not reach Redis, retried until they do.
-    pending: barrier::Pending,
-    /// On a cluster, a connection of its own to each primary that serves
-    /// keys (see [`calls`]).
-    node_conns: nodes::NodeConns,
 }
 
 impl RedisTier {
@@ -173,17 +149,11 @@ impl RedisTier {
         on_invalidate: OnInvalidate,
     ) -> Result<Arc<Self>, RedisError> {
         let notifier = Arc::new(Notifier::new(on_invalidate, supervisor::SUBSCRIPTION_LEASE));
-        let channel = format!("{}:events", config.prefix);
-        let ack_channel = notifier.ack_channel(&channel);
-        let scripts = Scripts::new();
+        let stats = Arc::new(TierStats::default());
         let started = Instant::now();
-        let retired = Arc::default();
-        let link = open(&config, &channel, &ack_channel, &notifier, retired).await?;
-        // Scripts are not replicated with the data: loading them now spares
-        // a request a NOSCRIPT retry inside its deadline, and tells a user
-        // the server refuses them at once.
-        load_scripts(&config, &link, &scripts).await?;
-        let eviction = eviction_policy(&link.conn, config.connect_timeout).await;
+        let connect_timeout = config.connect_timeout;
+        let conns = Connections::connect(config, notifier.clone(), stats.clone()).await?;
+        let eviction = eviction_policy(&conns.conn(), connect_timeout).await;
         if let Some(policy) = &eviction {
             tracing::warn!(
                 policy = %policy,
@@ -192,34 +162,25 @@ impl RedisTier {
                  lock; keep locks on a Redis with maxmemory-policy noeviction"
             );
         }
-        let health = Health::new(matches!(config.topology, Topology::Cluster(_)));
-        let shared = Arc::new(Shared {
-            link: RwLock::new(Arc::new(link)),
-            config,
-            channel,
-            health,
-            notifier: notifier.clone(),
-            scripts,
-            signals: Signals::default(),
-            ack_channel,
-            pending: barrier::Pending::default(),
-            node_conns: nodes::NodeConns::default(),
-        });
-        shared.refresh_slots().await;
+        let conns = Arc::new(conns);
+        conns.refresh_slots().await;
+        let barrier = Arc::new(Barrier::new(conns.clone(), notifier.clone()));
         let tier = Arc::new(RedisTier {
-            _supervisor: supervisor::start(shared.clone()),
-            shared,
+            _supervisor: supervisor::start(conns.clone(), barrier.clone()),
+            entries: Arc::new(Entries::new(conns.clone(), barrier.clone())),
+            locks: Arc::new(Locks::new(conns.clone())),
+            barrier,
+            conns,
             notifier,
-            stats: TierStats::default(),
+            stats,
             eviction,
         });
         // A member from the start: a subscription confirmed just now.
         // Subscribed, every message published from `started` on is heard;
         // the in-process tier is trusted once the membership holds.
-        if tier.shared.renew_membership().await {
+        if tier.barrier.renew_membership().await {
             tier.notifier.liveness.confirm(started);
         }
-        supervisor::retry_pending(&tier);
         Ok(tier)
     }
 
@@ -228,230 +189,190 @@ impl RedisTier {
         self.eviction.as_deref()
     }
 
-    /// The command connection (a cheap clone).
-    pub(crate) fn conn(&self) -> Conn {
-        self.shared.link().conn.clone()
-    }
-
     /// Whether every circuit lets calls through.
     pub(crate) fn is_available(&self) -> bool {
-        self.shared.health.all_closed()
+        self.conns.health.all_closed()
     }
 
     /// Circuits open now.
     pub(crate) fn open_circuits(&self) -> u64 {
-        self.shared.health.open_circuits()
+        self.conns.health.open_circuits()
     }
 
     /// Circuits opened since the tier connected.
     pub(crate) fn circuit_openings(&self) -> u64 {
-        self.shared.health.openings.load(Ordering::Relaxed)
-    }
-
-    /// The Redis keys of an entry: value, freshness marker, lease, fence
-    /// hash, and its group's generation. All carry the group's hash tag, so
-    /// every variant of a URL shares one cluster slot with the generation.
-    fn keys(&self, key: &Key) -> [String; 6] {
-        let prefix = &self.shared.config.prefix;
-        let group = key.group();
-        let generation = format!("{prefix}:{{{group}}}:g");
-        let base = if key.is_group() {
-            format!("{prefix}:{{{key}}}")
-        } else {
-            format!("{prefix}:{{{group}}}:{key}")
-        };
-        [
-            format!("{base}:v"),
-            format!("{base}:f"),
-            format!("{base}:l"),
-            format!("{base}:n"),
-            generation,
-            format!("{base}:x"),
-        ]
+        self.conns.health.openings.load(Ordering::Relaxed)
     }
 
     /// Whether the circuit of the node that serves `key` lets calls
     /// through (on one server or behind Sentinel, the one circuit).
     pub(crate) fn is_available_for(&self, key: &Key) -> bool {
-        self.shared.health.breaker(&route(key)).is_closed()
+        self.conns.health.breaker(&keys::route(key)).is_closed()
     }
-}
 
-/// A Redis key in the slot of every key of `key`'s entry (its hash tag).
-fn route(key: &Key) -> String {
-    if key.is_group() {
-        format!("{{{key}}}")
-    } else {
-        format!("{{{}}}", key.group())
-    }
-}
+    // Entries and rebuild leases (see [`entries`]).
 
-impl RedisTier {
-    /// For the lock's calls the caller is owed whatever the breaker says (a
-    /// release, leaving the queue): tries `call` (on the link's connection,
-    /// through the cluster client on a cluster; a cache key's owed calls
-    /// use [`call_owed_until`](Self::call_owed_until)) until Redis answers
-    /// or `until` passes, at least once, each try under the deadline and
-    /// none through the circuit breaker. Errors that no retry can mend (a
-    /// refused script, a permission) end it at once.
-    pub(crate) async fn call_until<T, F, Fut>(
+    /// Returns the entry if fresh; otherwise tries to take the lease. With
+    /// `early`, also takes the lease for a fresh entry that has no more than
+    /// that much freshness left. One round trip.
+    pub(crate) async fn fetch_or_lease(
         self: &Arc<Self>,
+        key: &Key,
+        lease_time: Duration,
+        early: Option<Duration>,
+    ) -> Result<Fetched, TierError> {
+        self.entries
+            .fetch_or_lease(self, key, lease_time, early)
+            .await
+    }
+
+    /// Stores a rebuilt entry under the lease's fence, releases the lease and
+    /// wakes the fleet. Returns false if a newer entry won.
+    pub(crate) async fn commit(
+        self: &Arc<Self>,
+        lease: &mut Lease,
+        entry: Bytes,
+        fresh: Duration,
+        keep: Duration,
+        labels: Labels,
+    ) -> Result<bool, TierError> {
+        self.entries.commit(lease, entry, fresh, keep, labels).await
+    }
+
+    /// Gives the lease up without storing, telling waiters to retry now
+    /// (`failure` `None`) or to share the rebuild's failure, with its code.
+    /// Returns false if it was no longer ours.
+    pub(crate) async fn release(
+        self: &Arc<Self>,
+        lease: &mut Lease,
+        failure: Option<u8>,
+    ) -> Result<bool, TierError> {
+        self.entries.release(lease, failure).await
+    }
+
+    /// Gives back the rebuild lease `token` holds on `key`.
+    pub(crate) async fn release_token(
+        self: &Arc<Self>,
+        key: &Key,
+        token: &str,
+    ) -> Result<bool, TierError> {
+        self.entries.release_token(key, token).await
+    }
+
+    /// Renews the rebuild lease `token` holds on `key` for `time`.
+    pub(crate) async fn renew(
+        self: &Arc<Self>,
+        key: &Key,
+        token: &str,
+        time: Duration,
+    ) -> Result<bool, TierError> {
+        self.entries.renew(key, token, time).await
+    }
+
+    /// Counts an entry Redis holds that this version cannot read.
+    pub(crate) fn count_corrupt(&self, key: &Key) {
+        self.entries.count_corrupt(key)
+    }
+
+    // Invalidations (see [`barrier`]).
+
+    /// Drops the key's whole group from Redis and from every instance's L1,
+    /// and waits for the fleet (see [`Barrier::invalidate`]).
+    pub(crate) async fn invalidate(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
+        self.barrier.invalidate(key).await
+    }
+
+    /// Moves `field`'s generation in Redis and tells every instance (see
+    /// [`Barrier::bump_generation`]).
+    pub(crate) async fn bump_generation(
+        self: &Arc<Self>,
+        field: Field,
+        here: impl FnOnce(u64),
+    ) -> Result<(), TierError> {
+        self.barrier.bump_generation(field, here).await
+    }
+
+    /// The invalidation table as Redis holds it now (see
+    /// [`Barrier::load_generations`]).
+    pub(crate) async fn load_generations(
+        self: &Arc<Self>,
+        fields: Option<&[Field]>,
+        floor: u64,
+    ) -> Result<(u64, Vec<(Field, u64)>), TierError> {
+        self.barrier.load_generations(fields, floor).await
+    }
+
+    // The lease as a distributed lock (see [`lock`]).
+
+    /// One acquisition attempt (see [`Locks::acquire`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn lock_acquire(
+        self: &Arc<Self>,
+        id: &Key,
+        token: &str,
+        attempt: &str,
+        lease: Duration,
+        beat: Option<Duration>,
+        reenter: bool,
+        synced: Option<(u32, Duration)>,
+    ) -> Result<Attempt, TierError> {
+        self.locks
+            .acquire(id, token, attempt, lease, beat, reenter, synced)
+            .await
+    }
+
+    /// Releases the hold taken by `attempt` (see [`Locks::release`]).
+    pub(crate) async fn lock_release(
+        self: &Arc<Self>,
+        id: &Key,
+        token: &str,
+        fence: u64,
+        attempt: &str,
         until: Instant,
-        mut call: F,
-    ) -> Result<T, TierError>
-    where
-        F: FnMut(Conn) -> Fut,
-        Fut: Future<Output = Result<T, RedisError>>,
-    {
-        let mut pause = Duration::from_millis(5);
-        loop {
-            let error = match self.call_past_breaker(call(self.conn())).await {
-                Ok(value) => return Ok(value),
-                Err(error) => error,
-            };
-            let permanent = matches!(&error, TierError::Redis(e)
-                if !e.may_have_run_or_transient());
-            let left = until.saturating_duration_since(Instant::now());
-            if permanent || left.is_zero() {
-                return Err(error);
-            }
-            tokio::time::sleep(pause.min(left)).await;
-            pause = (pause * 2).min(RETRY_PAUSE_MAX);
-        }
+    ) -> Result<bool, TierError> {
+        self.locks.release(id, token, fence, attempt, until).await
     }
 
-    /// One try under the deadline, past the breaker. A
-    /// failure is counted, and tells the supervisor (which follows a moved
-    /// primary), like any call's.
-    pub(crate) async fn call_past_breaker<T>(
+    /// One renewal try (see [`Locks::renew`]).
+    pub(crate) async fn lock_renew(
         self: &Arc<Self>,
-        call: impl Future<Output = Result<T, RedisError>>,
-    ) -> Result<T, TierError> {
-        let shared = &self.shared;
-        let error = match tokio::time::timeout(shared.config.deadline, call).await {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(e)) => TierError::Redis(e),
-            Err(_) => TierError::Timeout,
-        };
-        self.stats.errors.fetch_add(1, Ordering::Relaxed);
-        m::count_backend(m::REDIS_ERRORS);
-        tracing::debug!(error = %error, "redis call past the breaker failed");
-        if shared.config.topology.needs_resolve() {
-            shared.signals.call_failed.notify_one();
-        }
-        Err(error)
-    }
-}
-
-/// Whether trying again may help: the call may not have run, or the server
-/// is between states (loading, failing over, a moved slot).
-pub(crate) trait Retryable {
-    fn may_have_run_or_transient(&self) -> bool;
-}
-
-impl Retryable for RedisError {
-    fn may_have_run_or_transient(&self) -> bool {
-        self.is_timeout()
-            || self.is_io_error()
-            || self.is_connection_dropped()
-            || self.is_connection_refusal()
-            || !matches!(self.retry_method(), RetryMethod::NoRetry)
-            // Redis answered but is busy (a slow script, loading its data
-            // set, a replica syncing): it will take the call soon.
-            || matches!(self.code(), Some("BUSY" | "LOADING" | "MASTERDOWN" | "TRYAGAIN"))
-    }
-}
-
-impl Shared {
-    fn link(&self) -> Arc<Link> {
-        self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
+        id: &Key,
+        token: &str,
+        fence: u64,
+        lease: Duration,
+    ) -> Result<bool, TierError> {
+        self.locks.renew(id, token, fence, lease).await
     }
 
-    /// Opens new connections and swaps them in. Waiters are woken: messages
-    /// sent while the old ones failed were lost.
-    async fn reopen(&self) -> Result<(), RedisError> {
-        // Messages published before the new subscription are not heard,
-        // and a link that fails after subscribing leaves the gap open.
-        let retired = Arc::new(AtomicBool::new(false));
-        let opening = self.notifier.opening(retired.clone());
-        let before = self.link();
-        let link = open(
-            &self.config,
-            &self.channel,
-            &self.ack_channel,
-            &self.notifier,
-            retired,
-        )
-        .await?;
-        let old = {
-            let mut current = self.link.write().unwrap_or_else(|p| p.into_inner());
-            opening.swapped_in();
-            if !Arc::ptr_eq(&current, &before) {
-                // Another reopen, begun later (a failover announced while
-                // this one waited on the old primary), swapped in first:
-                // keep it.
-                link.retired.store(true, Ordering::Release);
-                return Ok(());
-            }
-            std::mem::replace(&mut *current, Arc::new(link))
-        };
-        old.retired.store(true, Ordering::Release);
-        self.notifier.wake_all();
-        // Only once the new subscription is in use: on a new primary the
-        // scripts spare requests a NOSCRIPT retry, but a load that fails or
-        // hangs (a node frozen on a cluster, `SCRIPT LOAD` refused to the
-        // user) only leaves them to that retry. Had it kept the link from
-        // being swapped in, the gap would stay open, and the in-process
-        // tier untrusted, for as long as the load failed.
-        if let Err(e) = load_scripts(&self.config, &self.link(), &self.scripts).await {
-            tracing::debug!(error = %e, "cannot load the scripts on the new connections yet");
-        }
-        Ok(())
+    /// Leaves the queue and gives back what `attempt` took (see
+    /// [`Locks::leave`]).
+    pub(crate) async fn lock_leave(
+        self: &Arc<Self>,
+        id: &Key,
+        token: &str,
+        attempt: &str,
+        until: Instant,
+    ) -> Result<(), TierError> {
+        self.locks.leave(id, token, attempt, until).await
     }
-}
 
-/// Opens both connections and subscribes. The scripts are loaded after
-/// (see [`load_scripts`]).
-async fn open(
-    config: &TierConfig,
-    channel: &str,
-    ack_channel: &str,
-    notifier: &Arc<Notifier>,
-    retired: Arc<AtomicBool>,
-) -> Result<Link, RedisError> {
-    let options = Options {
-        connect_timeout: config.connect_timeout,
-        deadline: config.deadline,
-        tls: &config.tls,
-        channel,
-        ack_channel,
-    };
-    // Pushes from a link that has been replaced (closing down), or that
-    // failed to open, are ignored.
-    let sink = notifier.clone();
-    let gone = retired.clone();
-    let sink: Sink = Arc::new(move |push| {
-        if !gone.load(Ordering::Acquire) {
-            sink.on_push(push);
-        }
-    });
-    connection::open(&config.topology, &options, sink, retired).await
-}
+    /// [`lock_leave`](Self::lock_leave) on its own task (see
+    /// [`Locks::abandon`]).
+    pub(crate) fn lock_abandon(
+        self: &Arc<Self>,
+        id: Key,
+        token: String,
+        attempt: String,
+        lease: Duration,
+    ) {
+        self.locks.abandon(id, token, attempt, lease)
+    }
 
-/// Loads every script on `link`'s primaries (on a cluster, each of them).
-async fn load_scripts(
-    config: &TierConfig,
-    link: &Link,
-    scripts: &Scripts,
-) -> Result<(), RedisError> {
-    let mut loader = link.conn.clone();
-    let load = async {
-        for script in scripts.all() {
-            script.load_async(&mut loader).await?;
-        }
-        Ok(())
-    };
-    connection::with_timeout(config.connect_timeout, "loading the scripts", load).await
+    /// This instance's name in the membership.
+    #[cfg(test)]
+    pub(crate) fn instance(&self) -> &str {
+        &self.notifier.instance
+    }
 }
 
 /// Redis's eviction policy, if a `maxmemory` is set and the policy may evict

@@ -14,17 +14,20 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::watch;
 
-#[cfg(test)]
-use super::barrier::ack_message;
-use super::barrier::{
-    ack_channel, is_instance, key_subject, parse_ack, parse_nonce, AckDue, Acks, Liveness,
-};
+use super::acks::Acks;
 use super::carried::{self, Carried};
+use super::keys::ack_channel;
+use super::liveness::Liveness;
+#[cfg(test)]
+use super::messages::ack_message;
+use super::messages::{
+    generation_subject, is_instance, key_subject, parse_ack, parse_moved, parse_nonce, AckDue,
+};
 use crate::key::Key;
 use crate::store::generations::Field;
 
@@ -146,7 +149,7 @@ pub(crate) struct Notifier {
     /// invalidation, a moved generation, a gap): a carried entry is taken
     /// only by a waiter that registered after the last of them.
     heard: AtomicU64,
-    pub(super) on_invalidate: OnInvalidate,
+    on_invalidate: OnInvalidate,
     /// This process's signature on the invalidations it sends. Its own come
     /// back on the channel; the sender already did the local half before it
     /// returned, and doing it again later could stop a rebuild that began
@@ -159,12 +162,12 @@ pub(crate) struct Notifier {
     pub(crate) acks: Acks,
     /// Acknowledgements to publish (see [`AckDue`]). The
     /// supervisor publishes them; the subscriber's reader only queues.
-    pub(super) ack_queue: tokio::sync::mpsc::UnboundedSender<AckDue>,
+    ack_queue: tokio::sync::mpsc::UnboundedSender<AckDue>,
     ack_out: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<AckDue>>>,
     /// Set while the subscription may be missing messages: from a lost
     /// connection (or a link about to be replaced) until it is confirmed
     /// again.
-    pub(super) gap: std::sync::atomic::AtomicBool,
+    gap: AtomicBool,
     /// Signalled when the subscriber lost a connection, for the tier's
     /// supervisor (a cluster subscription must then be opened again).
     pub(crate) disconnected: tokio::sync::Notify,
@@ -187,6 +190,43 @@ impl Notifier {
             ack_out: Mutex::new(Some(ack_out)),
             gap: Default::default(),
             disconnected: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Whether every message published until now has been heard, or will
+    /// be: no gap in the subscription, and its lease confirmed at `now`.
+    pub(crate) fn hears_everything(&self, now: Instant) -> bool {
+        !self.in_gap() && self.liveness.is_live(now)
+    }
+
+    /// Whether the subscription may be missing messages now.
+    pub(crate) fn in_gap(&self) -> bool {
+        self.gap.load(Ordering::Acquire)
+    }
+
+    /// This process's signature on a message whose acknowledgements name
+    /// `nonce`: `<instance>:<nonce>`.
+    pub(super) fn signature(&self, nonce: u64) -> String {
+        format!("{}:{nonce}", self.instance)
+    }
+
+    /// A generation of the invalidation table moved (the message after its
+    /// `g:`): handled here first, then acknowledged to its sender, like an
+    /// invalidation. This process's own echo was handled before it was
+    /// sent: it is only acknowledged, locally.
+    pub(super) fn on_generation(&self, message: &[u8]) {
+        let Some((field, generation, sender, nonce)) = parse_moved(message) else {
+            tracing::debug!("ignoring a malformed generation message");
+            return;
+        };
+        if sender == self.instance {
+            self.acks.acked(nonce, Some(&self.instance));
+            return;
+        }
+        (self.on_invalidate)(Invalidated::Generation(field, generation));
+        if is_instance(sender) {
+            let subject = generation_subject(&field.name(), generation);
+            let _ = self.ack_queue.send((sender.to_owned(), nonce, subject));
         }
     }
 

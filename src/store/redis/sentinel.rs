@@ -17,7 +17,8 @@ use std::time::Duration;
 use redis::{AsyncConnectionConfig, PushInfo, RedisError};
 use tokio::sync::mpsc;
 
-use super::connection::{client, with_timeout, Options};
+use super::client::{client, with_timeout, Options};
+use super::error::ErrorMeaning;
 
 /// The sentinels' URLs, in the order they are asked. Clones share the order.
 #[derive(Clone, Default)]
@@ -171,9 +172,7 @@ pub(crate) async fn resolve_by(
 /// nodes': say which is which, so the hint does not send a person to check
 /// the URL's credentials.
 fn sentinel_error(e: RedisError) -> RedisError {
-    let refused = e.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS" | "NOPERM"));
-    if !refused {
+    if !e.refuses_credentials() {
         return e;
     }
     RedisError::from((

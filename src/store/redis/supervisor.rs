@@ -23,15 +23,15 @@
 //!
 //! - pings the subscriber every [`KEEPALIVE`]. An answer outside a gap in
 //!   the subscription renews the subscription lease (see
-//!   [`super::barrier`]); one during a gap renews nothing and asks for a
+//!   [`super::liveness`]); one during a gap renews nothing and asks for a
 //!   resubscription; no answer within the
 //!   deadline (a frozen link, a dead connection) means invalidations may go
 //!   unheard from now on: the in-process tier is dropped at once, and the
 //!   subscription opened again (then dropped again, since messages may
 //!   have been missed meanwhile);
 //!   An answer also renews this instance's fleet membership (see
-//!   [`super::members`]), which it leaves when the tier is dropped;
-//! - acknowledges other instances' invalidations (see [`super::acks`]);
+//!   [`super::barrier`]), which it leaves when the tier is dropped;
+//! - acknowledges other instances' invalidations (see [`super::barrier`]);
 //! - retries, every probe interval, the invalidations that did not reach
 //!   Redis, until they do;
 //! - behind Sentinel, follows a failover a sentinel announces
@@ -39,39 +39,27 @@
 //!   the primary is and the primary its role, so an instance whose calls
 //!   keep succeeding on a replaced primary leaves it all the same.
 //!
-//! Requests and the subscriber only *signal* (a [`Notify`] keeps one permit,
+//! Requests and the subscriber only *signal* (a [`Notify`](tokio::sync::Notify) keeps one permit,
 //! so a signal sent while the supervisor is busy is seen on its next turn,
 //! and a burst folds into one). The task is owned: the tier holds its
 //! [`SupervisorGuard`], and dropping the tier stops it, whatever it was
 //! waiting on, in the manner of mini-redis's `DbDropGuard`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::PushKind;
 
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::barrier::AckDue;
-use super::connection::{self, Options, Topology};
+use super::barrier::Barrier;
+use super::client::Options;
+use super::connection::{self, Topology};
+use super::connections::Connections;
+use super::messages::AckDue;
 use super::sentinel;
-use super::{RedisTier, Shared};
-
-/// Why the supervisor should act. The third reason, a lost subscriber
-/// connection, is signalled by the notifier, which sees the push.
-#[derive(Default)]
-pub(crate) struct Signals {
-    /// The breaker opened: probe until Redis answers.
-    pub circuit_opened: Notify,
-    /// A call failed behind Sentinel: ask where the primary is.
-    pub call_failed: Notify,
-    /// On a cluster, a call met a slot on the move: read the slot map.
-    pub slots_moved: Notify,
-    /// Behind Sentinel: the node said it is no primary; leave it.
-    pub demoted: AtomicBool,
-}
 
 /// Stops the supervisor when dropped. The tier holds it, so the task lives
 /// exactly as long as the tier.
@@ -85,8 +73,8 @@ impl Drop for SupervisorGuard {
     }
 }
 
-/// Starts the supervisor of `shared` on the current runtime.
-pub(crate) fn start(shared: Arc<Shared>) -> SupervisorGuard {
+/// Starts the supervisor of `shared` and `barrier` on the current runtime.
+pub(crate) fn start(shared: Arc<Connections>, barrier: Arc<Barrier>) -> SupervisorGuard {
     let (stop, mut stopped) = watch::channel(false);
     let acks = shared.notifier.take_ack_queue();
     tokio::spawn(async move {
@@ -95,35 +83,28 @@ pub(crate) fn start(shared: Arc<Shared>) -> SupervisorGuard {
             // A closed channel (the guard gone without a word) means the same.
             _ = stop => true,
             () = supervise(&shared) => false,
-            () = keepalive(&shared) => false,
-            () = acknowledge(&shared, acks) => false,
+            () = keepalive(&shared, &barrier) => false,
+            () = acknowledge(&barrier, acks) => false,
             () = watch_primary(&shared) => false,
+            () = retry_pending(&shared, &barrier) => false,
         };
         // A clean stop leaves the fleet's membership, so invalidations stop
         // waiting for this instance at once.
         if stopped_cleanly {
-            shared.leave().await;
+            barrier.leave().await;
         }
     });
     SupervisorGuard { stop }
 }
 
-/// Starts retrying the tier's pending invalidations every probe interval,
-/// for as long as the tier lives.
-pub(crate) fn retry_pending(tier: &Arc<RedisTier>) {
-    let weak = Arc::downgrade(tier);
-    let every = tier
-        .shared
-        .config
-        .probe_interval
-        .max(Duration::from_millis(10));
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(every).await;
-            let Some(tier) = weak.upgrade() else { return };
-            tier.retry_pending().await;
-        }
-    });
+/// Retries the pending invalidations every probe interval, until they
+/// reach Redis.
+async fn retry_pending(shared: &Connections, barrier: &Barrier) {
+    let every = shared.config.probe_interval.max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        barrier.retry_pending().await;
+    }
 }
 
 /// How often the supervisor checks that the subscriber still answers.
@@ -140,7 +121,7 @@ pub(crate) const SUBSCRIPTION_LEASE: Duration = Duration::from_secs(3);
 
 /// Pings the subscriber every [`KEEPALIVE`]: an answer renews the
 /// subscription lease; none means the subscription is lost.
-async fn keepalive(shared: &Shared) {
+async fn keepalive(shared: &Connections, barrier: &Barrier) {
     let mut tick = tokio::time::interval(KEEPALIVE);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -168,7 +149,7 @@ async fn keepalive(shared: &Shared) {
                      the subscription lease is not renewed"
                 );
                 shared.notifier.disconnected.notify_one();
-            } else if shared.renew_membership().await {
+            } else if barrier.renew_membership().await {
                 shared.notifier.liveness.confirm(sent);
             }
         } else {
@@ -184,12 +165,12 @@ async fn keepalive(shared: &Shared) {
 
 /// Acknowledges other instances' invalidations, in order (see
 /// [`super::acks`]).
-async fn acknowledge(shared: &Shared, queue: Option<mpsc::UnboundedReceiver<AckDue>>) {
+async fn acknowledge(barrier: &Barrier, queue: Option<mpsc::UnboundedReceiver<AckDue>>) {
     let Some(mut queue) = queue else {
         return std::future::pending().await;
     };
     while let Some((sender, nonce, subject)) = queue.recv().await {
-        shared.acknowledge(&sender, nonce, &subject).await;
+        barrier.acknowledge(&sender, nonce, &subject).await;
     }
     std::future::pending().await
 }
@@ -203,7 +184,7 @@ struct Work {
     slots: bool,
 }
 
-async fn supervise(shared: &Shared) {
+async fn supervise(shared: &Connections) {
     let mut work = Work::default();
     loop {
         // A job that failed is tried again one probe interval later; a lone
@@ -256,7 +237,7 @@ async fn supervise(shared: &Shared) {
 
 /// Collects signals: until the first one if `pause` is `None` (then false
 /// if a whole [`KEEPALIVE`] passed without one), else for the whole pause.
-async fn gather(shared: &Shared, work: &mut Work, pause: Option<Duration>) -> bool {
+async fn gather(shared: &Connections, work: &mut Work, pause: Option<Duration>) -> bool {
     let until = Instant::now() + pause.unwrap_or(KEEPALIVE);
     loop {
         tokio::select! {
@@ -279,14 +260,14 @@ async fn gather(shared: &Shared, work: &mut Work, pause: Option<Duration>) -> bo
 /// lost subscription (the lease, not this limit, bounds how long a silent
 /// one is trusted), and dropping the in-process tier for one costs the
 /// whole fleet's L1 hits here.
-async fn ping_subscriber(shared: &Shared) -> bool {
+async fn ping_subscriber(shared: &Connections) -> bool {
     let ping = shared.ping_subscription();
     let limit = shared.config.deadline.max(KEEPALIVE / 4);
     matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(())))
 }
 
 /// One probe: true once Redis answered and the circuit is closed.
-async fn probe_once(shared: &Shared) -> bool {
+async fn probe_once(shared: &Connections) -> bool {
     if shared.health.is_cluster() {
         return shared.probe_nodes().await;
     }
@@ -326,7 +307,7 @@ async fn probe_once(shared: &Shared) -> bool {
 /// Otherwise new connections, at once: a connection that died without a
 /// word (a dropped NAT entry, a half-open socket) only times out, and a
 /// timeout does not make the client reconnect.
-async fn resubscribe_once(shared: &Shared) -> bool {
+async fn resubscribe_once(shared: &Connections) -> bool {
     if !shared.notifier.in_gap() && ping_subscriber(shared).await {
         tracing::info!("redis subscription re-established on its own connection");
         return true;
@@ -351,7 +332,7 @@ async fn resubscribe_once(shared: &Shared) -> bool {
 /// reconnected to) is left as well, even while the sentinels still name it.
 /// The sentinels are asked outside the reopen's time limit: each has its
 /// own short one, so a hung sentinel costs only its own turn.
-async fn follow_primary(shared: &Shared) {
+async fn follow_primary(shared: &Connections) {
     let Topology::Sentinel {
         sentinels, service, ..
     } = &shared.config.topology
@@ -378,7 +359,7 @@ async fn follow_primary(shared: &Shared) {
     }
 }
 
-fn options(shared: &Shared) -> Options<'_> {
+fn options(shared: &Connections) -> Options<'_> {
     Options {
         connect_timeout: shared.config.connect_timeout,
         deadline: shared.config.deadline,
@@ -401,7 +382,7 @@ const SWITCH_PACE: Duration = Duration::from_millis(100);
 /// Behind Sentinel: follows a failover as soon as a sentinel announces it
 /// (`+switch-master`), and checks the role every [`ROLE_CHECK`] in case the
 /// announcement was missed (the sentinel watched is hung or gone).
-async fn watch_primary(shared: &Shared) {
+async fn watch_primary(shared: &Connections) {
     let Topology::Sentinel { sentinels, .. } = &shared.config.topology else {
         return std::future::pending().await;
     };

@@ -8,8 +8,8 @@ use crate::key::Key;
 use crate::store::redis::testing::{connect, RedisServer};
 use crate::store::redis::RedisTier;
 
-fn shared(tier: &Arc<RedisTier>) -> Weak<Shared> {
-    Arc::downgrade(&tier.shared)
+fn shared(tier: &Arc<RedisTier>) -> Weak<Connections> {
+    Arc::downgrade(&tier.conns)
 }
 
 async fn eventually(mut done: impl FnMut() -> bool) -> bool {
@@ -42,7 +42,8 @@ async fn the_supervisor_stops_when_an_idle_tier_is_dropped() {
     let redis = RedisServer::start();
     let tier = connect(&redis).await;
     let state = shared(&tier);
-    assert_eq!(state.strong_count(), 2, "the tier and its supervisor");
+    // The tier itself, its entries, barrier and locks, and its supervisor.
+    assert_eq!(state.strong_count(), 5, "the tier and its supervisor");
     drop(tier);
     assert!(
         eventually(|| state.strong_count() == 0).await,

@@ -1,0 +1,118 @@
+//! The subscription lease: how long an instance that cannot hear the
+//! channel keeps trusting its in-process tier.
+//!
+//! Every [`KEEPALIVE`](super::supervisor::KEEPALIVE) the supervisor pings
+//! the subscriber connection. A PONG arrives after every message published
+//! before its PING was served, so once it is in, every invalidation
+//! published before the PING was sent has been handled. The in-process tier
+//! is trusted for [`Liveness::lease`] after the PING was sent. Once that has
+//! run out (a frozen link, a dead connection), the L1 is dropped and flights
+//! detached, and from then on an entry is kept at most one lease: a value is
+//! only served if it was built after the last drop. So an instance that did
+//! not acknowledge an invalidation within one lease of its publish has
+//! either handled the message or serves nothing read before it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The subscription lease: how long after a confirmed PING the in-process
+/// tier is trusted.
+pub(crate) struct Liveness {
+    base: Instant,
+    lease: Duration,
+    /// Milliseconds since `base` until which the subscription is confirmed.
+    until: AtomicU64,
+    /// Milliseconds since `base` (plus one; zero: never) of the last drop of
+    /// the in-process tier for want of a live subscription.
+    dropped: AtomicU64,
+}
+
+impl Liveness {
+    pub(crate) fn new(lease: Duration) -> Self {
+        Liveness {
+            base: Instant::now(),
+            lease,
+            until: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    fn ms(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// A PING sent at `sent` was answered: every message published before
+    /// it has been handled.
+    pub(crate) fn confirm(&self, sent: Instant) {
+        let until = self.ms(sent).saturating_add(self.ms_lease());
+        self.until.fetch_max(until, Ordering::AcqRel);
+    }
+
+    /// Whether the subscription is confirmed live at `now`.
+    pub(crate) fn is_live(&self, now: Instant) -> bool {
+        self.ms(now) < self.until.load(Ordering::Acquire)
+    }
+
+    fn ms_lease(&self) -> u64 {
+        u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The in-process tier was dropped at `now` (the subscription was seen
+    /// to fail).
+    pub(crate) fn dropped(&self, now: Instant) {
+        self.dropped
+            .fetch_max(self.ms(now).saturating_add(1), Ordering::AcqRel);
+    }
+
+    /// Whether the in-process tier must be dropped before it serves at
+    /// `now`: the lease ran out and it was not dropped since, or it was
+    /// dropped more than one lease ago and the subscription is still not
+    /// confirmed. True for one caller only; that caller drops it.
+    pub(crate) fn must_drop(&self, now: Instant) -> bool {
+        let now = self.ms(now);
+        let until = self.until.load(Ordering::Acquire);
+        if now < until {
+            return false;
+        }
+        let dropped = self.dropped.load(Ordering::Acquire);
+        let last = dropped.saturating_sub(1);
+        if dropped != 0 && last >= until && now < last.saturating_add(self.ms_lease()) {
+            return false;
+        }
+        self.dropped
+            .compare_exchange(
+                dropped,
+                now.saturating_add(1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lapsed_lease_drops_once_per_lease() {
+        let live = Liveness::new(Duration::from_millis(100));
+        let t0 = live.base;
+        live.confirm(t0);
+        assert!(!live.must_drop(t0 + Duration::from_millis(50)));
+        let lapsed = t0 + Duration::from_millis(150);
+        assert!(live.must_drop(lapsed));
+        assert!(!live.must_drop(lapsed), "once");
+        assert!(!live.must_drop(lapsed + Duration::from_millis(50)));
+        assert!(
+            live.must_drop(lapsed + Duration::from_millis(120)),
+            "again a lease later"
+        );
+        live.confirm(lapsed + Duration::from_millis(130));
+        assert!(!live.must_drop(lapsed + Duration::from_millis(200)));
+    }
+}
