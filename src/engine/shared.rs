@@ -13,10 +13,14 @@ use std::time::Instant;
 
 #[cfg(feature = "redis")]
 use super::codec;
-use super::entry::{CacheValue, Entry, Held};
-use super::{Engine, FailureKind, FlightPolicy};
+#[cfg(feature = "redis")]
+use super::entry::CacheValue;
+use super::entry::Entry;
+use super::FailureKind;
+#[cfg(feature = "redis")]
+use super::{Engine, FlightPolicy};
+#[cfg(feature = "redis")]
 use crate::key::Key;
-use crate::metrics::Labels;
 #[cfg(feature = "redis")]
 use crate::metrics::{self as m, count};
 #[cfg(feature = "redis")]
@@ -80,91 +84,13 @@ pub(crate) enum Plan {
     },
 }
 
-impl Engine {
-    pub(super) async fn plan<V: CacheValue>(
-        &self,
-        key: Key,
-        stale: Option<Arc<Entry>>,
-        policy: &FlightPolicy,
-        start: Start,
-    ) -> Plan {
-        #[cfg(feature = "redis")]
-        if let Some(shared) = self.shared().filter(|_| V::SHARED) {
-            return plan_shared::<V>(self, shared, key, stale, policy, start).await;
-        }
-        // Values that cannot travel (`V::SHARED` false) never reach Redis.
-        let _ = (key, policy, start, V::SHARED);
-        Plan::Rebuild { lease: None, stale }
-    }
-
-    /// Stores a rebuilt entry in Redis under the lease's fence, and wakes
-    /// the fleet.
-    pub(super) async fn commit<V: CacheValue>(
-        &self,
-        lease: Option<Lease>,
-        held: &Held<V>,
-        labels: Labels,
-    ) {
-        let Some(lease) = lease else { return };
-        #[cfg(feature = "redis")]
-        {
-            let mut lease = lease;
-            let Some(shared) = self.shared() else { return };
-            let entry = held.entry();
-            let fresh = entry.fresh_for(Instant::now());
-            match held.value().encode() {
-                Some(payload) if !fresh.is_zero() => {
-                    let bytes = codec::encode(&entry.envelope(), entry.stamp(), &payload);
-                    let committed = shared
-                        .commit(&mut lease, bytes, fresh, entry.keep_for(fresh), labels)
-                        .await;
-                    if let Ok(false) = committed {
-                        // Fenced off: a newer entry, or an invalidation, came
-                        // after this rebuild began. Its copy here is no
-                        // better than Redis's: drop it (only if it is still
-                        // this one), and the next request reads Redis.
-                        self.l1.remove_if_same(&lease.key, entry);
-                    }
-                }
-                _ => {
-                    let _ = shared.release(&mut lease, None).await;
-                }
-            }
-        }
-        #[cfg(not(feature = "redis"))]
-        {
-            let _ = (held, labels);
-            match lease {}
-        }
-    }
-
-    /// Gives the lease up without storing. The instances waiting for it
-    /// retry at once, or, when the rebuild `failed`, share that failure.
-    pub(super) async fn give_up(&self, lease: Option<Lease>, failed: Option<FailureKind>) {
-        let Some(lease) = lease else { return };
-        #[cfg(feature = "redis")]
-        {
-            let mut lease = lease;
-            if let Some(shared) = self.shared() {
-                let _ = shared
-                    .release(&mut lease, failed.map(FailureKind::code))
-                    .await;
-            }
-        }
-        #[cfg(not(feature = "redis"))]
-        let _ = failed;
-        #[cfg(not(feature = "redis"))]
-        match lease {}
-    }
-}
-
 /// The plan with Redis. `Start::Miss` may hand back a stale entry inside
 /// stale-while-revalidate at once instead of waiting; `Start::Early` takes
 /// the lease even for a fresh entry, as long as the one in Redis has no more
 /// freshness left than the one judged due (if it has more, another instance
 /// already refreshed it: that is a hit).
 #[cfg(feature = "redis")]
-async fn plan_shared<V: CacheValue>(
+pub(super) async fn plan_shared<V: CacheValue>(
     engine: &Engine,
     shared: &Arc<RedisTier>,
     key: Key,
