@@ -13,9 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[cfg(feature = "redis")]
-use super::codec::Envelope;
-
 use super::tags::Stamp;
 use crate::store::local::{Stored, SLOT_OVERHEAD as ENTRY_OVERHEAD};
 
@@ -59,6 +56,15 @@ pub(crate) struct Lifetime {
     pub stale_while_revalidate: Duration,
     /// After `ttl`, served when a rebuild fails.
     pub stale_if_error: Duration,
+}
+
+/// An entry's metadata, as the shared tier writes it beside the value (see
+/// [`super::codec`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Envelope {
+    pub lifetime: Lifetime,
+    pub initial_age: Duration,
+    pub rebuild_cost: Duration,
 }
 
 /// Where an entry stands at a given instant.
