@@ -89,31 +89,6 @@ pub(crate) enum FailureKind {
     WaitTimeout,
 }
 
-#[cfg(feature = "redis")]
-impl FailureKind {
-    /// The kind's code in the shared tier's failure notice.
-    pub(crate) fn code(self) -> u8 {
-        match self {
-            FailureKind::Error => 1,
-            FailureKind::Panic => 2,
-            FailureKind::Timeout => 3,
-            FailureKind::WaitTimeout => 4,
-        }
-    }
-
-    /// The kind a notice's code names; `None` for a code this version does
-    /// not know (the notice then only wakes, as a plain one does).
-    pub(crate) fn from_code(code: u8) -> Option<Self> {
-        Some(match code {
-            1 => FailureKind::Error,
-            2 => FailureKind::Panic,
-            3 => FailureKind::Timeout,
-            4 => FailureKind::WaitTimeout,
-            _ => return None,
-        })
-    }
-}
-
 /// A failed flight's outcome, as every waiter shares it.
 #[derive(Clone)]
 pub(crate) struct Failure {

@@ -57,10 +57,10 @@ mod answer;
 pub(crate) mod codec;
 pub(crate) mod early;
 pub(crate) mod entry;
+pub(crate) mod fleet;
 pub(crate) mod flight;
 #[cfg(test)]
 mod flight_stress;
-mod shared;
 pub(crate) mod tags;
 mod value;
 
@@ -81,8 +81,8 @@ pub(crate) use tags::TagSet;
 
 use answer::Served;
 use entry::Freshness;
+use fleet::{Ask, Fleet, Lease, Plan, Start};
 use flight::{wait_deadline, Flights, Joined, Leader, Outcome};
-use shared::{Lease, Plan, Start};
 
 use crate::key::Key;
 use crate::metrics::{self as m, count, count_hit, Labels};
@@ -92,8 +92,6 @@ use crate::store::local;
 /// The L1 as the engine uses it.
 pub(crate) type LocalTier = local::LocalTier<Entry>;
 type Slot = local::Slot<Entry>;
-#[cfg(feature = "redis")]
-use crate::store::redis::RedisTier;
 
 /// An error shared with every waiter of a failed flight (the generic cache's
 /// `Arc<E>`), downcast back by the adapter that knows its type.
@@ -104,7 +102,6 @@ pub(crate) type SharedError = Arc<dyn Any + Send + Sync>;
 pub(crate) struct FlightPolicy {
     /// Lease time in the shared tier; renewed every third of it while the
     /// rebuild runs.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub lease: Duration,
     /// The longest a request waits for a rebuild it did not start (and the
     /// longest a flight waits for another instance's rebuild).
@@ -133,10 +130,8 @@ pub(crate) struct Engine {
     flights: Arc<Flights>,
     /// The generations of tags and of everything, checked on every read.
     tags: Arc<tags::TagTable>,
-    /// Set once, right after the tier connects: its invalidation messages
-    /// call back into this engine, so the engine exists first.
-    #[cfg(feature = "redis")]
-    shared: std::sync::OnceLock<Arc<RedisTier>>,
+    /// The shared tier, if any: every call to it goes through this seam.
+    pub(crate) fleet: Fleet,
 }
 
 /// What the L1 says about a key.
@@ -169,20 +164,8 @@ impl Engine {
             l1,
             flights: Arc::new(Flights::new()),
             tags: Arc::default(),
-            #[cfg(feature = "redis")]
-            shared: std::sync::OnceLock::new(),
+            fleet: Fleet::new(),
         }
-    }
-
-    /// Puts the shared tier behind this engine (once).
-    #[cfg(feature = "redis")]
-    pub(crate) fn attach(&self, shared: Arc<RedisTier>) {
-        let _ = self.shared.set(shared);
-    }
-
-    #[cfg(feature = "redis")]
-    pub(crate) fn shared(&self) -> Option<&Arc<RedisTier>> {
-        self.shared.get()
     }
 
     pub(crate) fn l1(&self) -> &LocalTier {
@@ -192,11 +175,7 @@ impl Engine {
     /// The most an entry may weigh to be kept, when the in-process tier is
     /// the only one that keeps entries (no Redis); `None` with Redis.
     pub(crate) fn keep_bound(&self) -> Option<u64> {
-        #[cfg(feature = "redis")]
-        if self.shared().is_some() {
-            return None;
-        }
-        Some(self.l1.max_bytes())
+        self.fleet.is_embedded().then(|| self.l1.max_bytes())
     }
 
     /// Step 1: the L1. Never waits; a hit costs one L1 read. An entry of
@@ -270,13 +249,13 @@ impl Engine {
         // At most eight draws per rebuild time for this entry: enough that a
         // hot key is refreshed about two rebuild times before it expires,
         // however many requests it gets.
-        if !entry.claim_draw(now, entry.rebuild_cost() / 8) {
+        if !entry.claim_draw(now, entry.envelope().rebuild_cost / 8) {
             return None;
         }
         if !early::due(
             now,
             entry.fresh_until(),
-            entry.rebuild_cost(),
+            entry.envelope().rebuild_cost,
             beta,
             early::draw(),
         ) {
@@ -309,7 +288,7 @@ impl Engine {
         // the rebuilds after it) would refresh each new entry at its first
         // hit, that is on nearly every request.
         let margin = ahead
-            .margin(entry.rebuild_cost())
+            .margin(entry.envelope().rebuild_cost)
             .min(entry.freshness_lifetime() / 2);
         if left > margin {
             return None;
@@ -347,11 +326,8 @@ impl Engine {
     /// and again every lease for as long as it is not confirmed. Without
     /// Redis the L1 still protects the origin, with what was built after
     /// the last drop.
-    fn confirm_l1(&self, _now: Instant) {
-        #[cfg(feature = "redis")]
-        if let Some(shared) = self.shared()
-            && shared.notifier.liveness.must_drop(_now)
-        {
+    fn confirm_l1(&self, now: Instant) {
+        if self.fleet.must_drop_l1(now) {
             tracing::info!(
                 "the redis subscription is not confirmed live; the in-process tier is dropped"
             );
@@ -371,13 +347,7 @@ impl Engine {
         // local half below; one that reads after the purge finds nothing
         // old. The other way round, a flight could fetch the old value after
         // the local half and put it back in the L1.
-        #[cfg(feature = "redis")]
-        let purged = match self.shared() {
-            Some(shared) => shared.invalidate(key).await.map_err(crate::Error::from),
-            None => Ok(()),
-        };
-        #[cfg(not(feature = "redis"))]
-        let purged = Ok(());
+        let purged = self.fleet.invalidate(key).await;
         self.invalidate_here(key);
         purged
     }
@@ -392,13 +362,11 @@ impl Engine {
     /// Drops everything this process holds, and keeps every running flight
     /// from storing: after a gap in the shared tier's event channel, any of
     /// it may have been invalidated unheard.
-    #[cfg(feature = "redis")]
     pub(crate) fn invalidate_everything_here(&self) {
         self.flights.detach_all();
         self.l1.clear();
         // Tag invalidations may have been missed too.
-        self.tags.lost();
-        self.reload_tags();
+        self.fleet.table_lost(self);
     }
 
     /// Step 2 onwards, for a caller that missed in the L1: the flight, and
@@ -712,7 +680,7 @@ impl Engine {
                     tracing::debug!(key = %key, "rebuild answered with an error; serving stale");
                     let answer =
                         self.fail(leader, Failure::new(FailureKind::Error), stale.as_ref());
-                    self.give_up(lease, Some(FailureKind::Error)).await;
+                    self.fleet.give_up(lease, Some(FailureKind::Error)).await;
                     starter.send(|| answer);
                     return;
                 }
@@ -723,7 +691,6 @@ impl Engine {
                     started.elapsed(),
                     Instant::now(),
                 );
-                #[cfg(feature = "redis")]
                 if store {
                     self.learn_epoch().await;
                 }
@@ -749,10 +716,14 @@ impl Engine {
                 // heavier than the L1's bound is in Redis alone).
                 let kept = kept || lease.is_some();
                 match (stored, &held) {
-                    (true, Some(held)) => self.commit(lease, held, policy.labels).await,
+                    (true, Some(held)) => {
+                        self.fleet
+                            .commit(&self.l1, key, lease, held, policy.labels)
+                            .await
+                    }
                     _ => {
                         let failed = failure.then_some(FailureKind::Error);
-                        self.give_up(lease, failed).await
+                        self.fleet.give_up(lease, failed).await
                     }
                 }
                 if let Some(held) = held {
@@ -768,7 +739,7 @@ impl Engine {
             }
             Ok(Built::Unshared { private, waiters }) => {
                 self.end_unshared(leader, waiters);
-                self.give_up(lease, None).await;
+                self.fleet.give_up(lease, None).await;
                 starter.send(|| Answer::Private(private));
             }
             Ok(Built::Failed { shared, private }) => {
@@ -777,7 +748,7 @@ impl Engine {
                     error: shared,
                 };
                 let answer = self.fail(leader, failure, stale.as_ref());
-                self.give_up(lease, Some(FailureKind::Error)).await;
+                self.fleet.give_up(lease, Some(FailureKind::Error)).await;
                 starter.send(|| match (answer, private) {
                     (Answer::Failed(..), Some(private)) => Answer::Private(private),
                     (answer, _) => answer,
@@ -793,7 +764,7 @@ impl Engine {
                     tracing::error!(key = %key, "rebuild panicked");
                 }
                 let answer = self.fail(leader, Failure::new(kind), stale.as_ref());
-                self.give_up(lease, Some(kind)).await;
+                self.fleet.give_up(lease, Some(kind)).await;
                 starter.send(|| match (answer, panic) {
                     (Answer::Failed(..), Some(payload)) => Answer::Panicked(payload),
                     (answer, _) => answer,
@@ -958,80 +929,34 @@ impl Engine {
         }
     }
 
-    pub(super) async fn plan<V: CacheValue>(
+    /// Step 3: one call down to the fleet for the flight's plan.
+    async fn plan<V: CacheValue>(
         &self,
         key: Key,
         stale: Option<Arc<Entry>>,
         policy: &FlightPolicy,
         start: Start,
     ) -> Plan {
-        #[cfg(feature = "redis")]
-        if let Some(shared) = self.shared().filter(|_| V::SHARED) {
-            return shared::plan_shared::<V>(self, shared, key, stale, policy, start).await;
-        }
-        // Values that cannot travel (`V::SHARED` false) never reach Redis.
-        let _ = (key, policy, start, V::SHARED);
-        Plan::Rebuild { lease: None, stale }
-    }
-
-    /// Stores a rebuilt entry in Redis under the lease's fence, and wakes
-    /// the fleet.
-    pub(super) async fn commit<V: CacheValue>(
-        &self,
-        lease: Option<Lease>,
-        held: &Held<V>,
-        labels: Labels,
-    ) {
-        let Some(lease) = lease else { return };
-        #[cfg(feature = "redis")]
-        {
-            let mut lease = lease;
-            let Some(shared) = self.shared() else { return };
-            let entry = held.entry();
-            let fresh = entry.fresh_for(Instant::now());
-            match held.value().encode() {
-                Some(payload) if !fresh.is_zero() => {
-                    let bytes = codec::encode(&entry.envelope(), entry.stamp(), &payload);
-                    let committed = shared
-                        .commit(&mut lease, bytes, fresh, entry.keep_for(fresh), labels)
-                        .await;
-                    if let Ok(false) = committed {
-                        // Fenced off: a newer entry, or an invalidation, came
-                        // after this rebuild began. Its copy here is no
-                        // better than Redis's: drop it (only if it is still
-                        // this one), and the next request reads Redis.
-                        self.l1.remove_if_same(&lease.key, entry);
-                    }
-                }
-                _ => {
-                    let _ = shared.release(&mut lease, None).await;
-                }
-            }
-        }
-        #[cfg(not(feature = "redis"))]
-        {
-            let _ = (held, labels);
-            match lease {}
-        }
-    }
-
-    /// Gives the lease up without storing. The instances waiting for it
-    /// retry at once, or, when the rebuild `failed`, share that failure.
-    pub(super) async fn give_up(&self, lease: Option<Lease>, failed: Option<FailureKind>) {
-        let Some(lease) = lease else { return };
-        #[cfg(feature = "redis")]
-        {
-            let mut lease = lease;
-            if let Some(shared) = self.shared() {
-                let _ = shared
-                    .release(&mut lease, failed.map(FailureKind::code))
-                    .await;
-            }
-        }
-        #[cfg(not(feature = "redis"))]
-        let _ = failed;
-        #[cfg(not(feature = "redis"))]
-        match lease {}
+        // Failing open, a flight waits for another instance's rebuild as long
+        // as that rebuild may run (its timeout, plus a lease for its failure
+        // notice or its lease to lapse): the holder then commits, shares its
+        // failure, or is gone. Giving up sooner would send every instance to
+        // an origin that is merely slow. Failing closed, the budget is the
+        // route's answer.
+        let patience = if policy.fail_open {
+            policy
+                .wait_budget
+                .max(policy.rebuild_timeout.saturating_add(policy.lease))
+        } else {
+            policy.wait_budget
+        };
+        let ask = Ask {
+            start,
+            lease: policy.lease,
+            patience,
+            labels: policy.labels,
+        };
+        self.fleet.plan::<V>(self, key, stale, ask).await
     }
 
     /// Moves `field`'s generation: every entry that recorded an older one is
@@ -1040,12 +965,9 @@ impl Engine {
     /// nothing, and a request that starts after this returns does not join
     /// it.
     pub(crate) async fn invalidate_field(&self, field: Field) -> Result<(), crate::Error> {
-        #[cfg(feature = "redis")]
-        if let Some(shared) = self.shared() {
-            return shared
-                .bump_generation(field, |generation| self.generation_moved(field, generation))
-                .await
-                .map_err(crate::Error::from);
+        let moved = |generation| self.generation_moved(field, generation);
+        if let Some(moved) = self.fleet.move_generation(field, moved).await {
+            return moved;
         }
         let generation = self.tags.bump_here(field);
         self.generation_moved(field, generation);
@@ -1080,84 +1002,18 @@ impl Engine {
         }
     }
 
-    /// Another instance's move of a generation, as heard on the channel.
-    /// A number ahead of this process's clock by more than
-    /// [`HEARD_AHEAD_MICROS`] is not taken: anyone who may publish on the
-    /// channel could otherwise raise a generation above the ones Redis's
-    /// clock hands out, and the real invalidations that follow would not
-    /// pass it until that clock did. Then nothing held here is trusted and
-    /// the table is read again from Redis, which has the real number (a
-    /// table Redis really holds ahead of the clocks costs a reload per
-    /// message, never a stale answer).
-    #[cfg(feature = "redis")]
-    pub(crate) fn generation_heard(&self, field: Field, generation: u64) {
-        let ceiling = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-            .saturating_add(HEARD_AHEAD_MICROS);
-        if generation > ceiling {
-            tracing::warn!(
-                field = ?field,
-                "a generation from the future on the event channel; reloading the table from redis"
-            );
-            self.invalidate_everything_here();
-            return;
-        }
-        self.generation_moved(field, generation);
-    }
-
-    /// Whether an entry read from Redis may be served: none of the
-    /// generations it recorded has moved, under the table's current epoch.
-    /// While the table may have missed a move (a gap, an unconfirmed
-    /// subscription, not reloaded since), or the entry names another epoch
-    /// than the one known here (the table was lost and started again since
-    /// one of the two was read), the entry's generations and the epoch are
-    /// read from Redis first; failing that it is not served.
-    #[cfg(feature = "redis")]
-    pub(crate) async fn admits_remote(&self, shared: &Arc<RedisTier>, entry: &Entry) -> bool {
-        let now = std::time::Instant::now();
-        let trusted = self.trusts_table(shared, now);
-        if !trusted || entry.stamp().epoch != self.tags.table_epoch() {
-            let fields = entry.stamp().fields();
-            match shared
-                .load_generations(Some(&fields), self.tags.table_epoch())
-                .await
-            {
-                Ok((epoch, loaded)) => self.apply(epoch, loaded),
-                Err(_) => return false,
-            }
-            if !trusted {
-                self.reload_tags();
-            }
-        }
-        self.tags.admits(entry.stamp())
-    }
-
-    /// Whether an entry read from Redis may be served without asking Redis
-    /// for its generations (a stale copy that is not worth the round trip).
-    #[cfg(feature = "redis")]
-    pub(crate) fn admits_remote_now(&self, shared: &Arc<RedisTier>, entry: &Entry) -> bool {
-        self.trusts_table(shared, std::time::Instant::now()) && self.tags.admits(entry.stamp())
-    }
-
-    #[cfg(feature = "redis")]
-    fn trusts_table(&self, shared: &RedisTier, now: std::time::Instant) -> bool {
-        self.tags.is_loaded() && shared.notifier.hears_everything(now)
-    }
-
     /// Before a rebuilt entry is stamped while the table is not trusted
     /// (Redis may have lost it and started a new epoch unseen here), reads
     /// the epoch from Redis: an entry stamped under an epoch the table no
     /// longer has would be a miss on every instance that knows the new one.
     /// Failing that, the entry is stamped under the epoch known here (at
-    /// worst a miss elsewhere).
-    #[cfg(feature = "redis")]
-    pub(super) async fn learn_epoch(&self) {
-        let Some(shared) = self.shared() else { return };
-        if self.trusts_table(shared, std::time::Instant::now()) {
+    /// worst a miss elsewhere). Without a shared tier the table is trusted.
+    async fn learn_epoch(&self) {
+        if self.fleet.trusts_table(Instant::now()) {
             return;
         }
-        if let Ok((epoch, _)) = shared
+        if let Some((epoch, _)) = self
+            .fleet
             .load_generations(Some(&[]), self.tags.table_epoch())
             .await
         {
@@ -1168,52 +1024,8 @@ impl Engine {
     /// What a read of the table found: its epoch (a new one makes every
     /// entry of an older one a miss; the L1's are dropped at once) and
     /// generations (a move detaches every flight).
-    #[cfg(feature = "redis")]
     fn apply(&self, epoch: u64, loaded: Vec<(Field, u64)>) {
         apply_to(&self.tags, &self.flights, &self.l1, epoch, loaded);
-    }
-
-    /// Reloads the whole table from Redis in the background (one at a time),
-    /// unless the subscription is in a gap: then the end of the gap does.
-    #[cfg(feature = "redis")]
-    pub(crate) fn reload_tags(&self) {
-        let Some(shared) = self.shared().cloned() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        if !self.tags.begin_reload() {
-            return;
-        }
-        let (tags, flights, l1) = (self.tags.clone(), self.flights.clone(), self.l1.clone());
-        runtime.spawn(async move {
-            let epoch = tags.epoch();
-            if shared.notifier.in_gap() {
-                tags.end_reload();
-                return;
-            }
-            match shared.load_generations(None, tags.table_epoch()).await {
-                Ok((table, loaded)) => {
-                    apply_to(&tags, &flights, &l1, table, loaded);
-                    tags.loaded(epoch);
-                }
-                Err(error) => {
-                    tracing::debug!(error = %error, "could not reload the tag generations");
-                }
-            }
-            tags.end_reload();
-        });
-    }
-
-    /// Loads the table once, at start-up.
-    #[cfg(feature = "redis")]
-    pub(crate) async fn load_tags(&self, shared: &Arc<RedisTier>) {
-        let epoch = self.tags.epoch();
-        if let Ok((table, loaded)) = shared.load_generations(None, self.tags.table_epoch()).await {
-            self.apply(table, loaded);
-            self.tags.loaded(epoch);
-        }
     }
 }
 
@@ -1236,12 +1048,6 @@ enum Ended {
     /// Its task was cancelled: the runtime is shutting down.
     Cancelled,
 }
-
-/// How far ahead of this process's clock, in microseconds, a generation
-/// heard on the channel may be (clock skew between hosts, and the few
-/// generations a burst of invalidations moves past Redis's clock).
-#[cfg(feature = "redis")]
-const HEARD_AHEAD_MICROS: u64 = 1_000_000;
 
 fn served<R: Rebuild>(held: Held<R::Value>, status: Status) -> Answer<R> {
     Answer::Served(Served {
@@ -1293,7 +1099,8 @@ fn tally<R: Rebuild>(answer: &Answer<R>, unserved: Status, labels: Labels, began
     count(name, labels);
 }
 
-#[cfg(feature = "redis")]
+/// Applies a read of the tag table (see [`Engine::apply`]) to the parts of
+/// an engine, for a reload that runs on its own task.
 fn apply_to(
     tags: &tags::TagTable,
     flights: &Flights,
