@@ -1,5 +1,19 @@
 //! The one machine that owns a miss. It knows no HTTP.
 //!
+//! | file | what it holds |
+//! |---|---|
+//! | `mod.rs` | [`Engine`] and all its steps: `lookup` (1), `resolve` and `fly` (2), the one call down to the fleet (3), `rebuild` and `settle` (4); invalidation by key, tag and everything |
+//! | `early.rs` | step 1's early refresh: XFetch and refresh-ahead |
+//! | `flight.rs` | step 2: in-process single flight (`Flights`, `Leader`, `Follower`, `Outcome`) |
+//! | `fleet.rs` | step 3: the seam to the shared tier (`Fleet`, `Plan`, `Lease`); the one file that knows Redis |
+//! | `rebuild.rs` | step 4's contract with the adapters (`Rebuild`, `Built`, `Waiters`, `Overtaken`) |
+//! | `outcome.rs` | what a caller gets (`Miss`, `Answer`, `Served`, `Status`, `Failure`) |
+//! | `entry.rs` | a cached value and its clock (`Entry`, `Envelope`, `Lifetime`, `Held`) |
+//! | `value.rs` | what the cache can hold (`CacheValue`) |
+//! | `codec.rs` | the versioned binary form of entries in the shared tier |
+//! | `tags.rs` | invalidation by tag: generations checked on read (`TagTable`, `Stamp`) |
+//! | `flight_stress.rs` | tests: the real flight map under real scheduling, leaders finishing, panicking or cancelled at random |
+//!
 //! A request for a key goes down the tiers once and comes back up once:
 //!
 //! 1. **L1** ([`Engine::lookup`], synchronous): a fresh entry answers at once
@@ -11,9 +25,11 @@
 //!    engine, not by the request that started it: that request is only its
 //!    first waiter, and the rebuild finishes (bounded by the rebuild timeout)
 //!    and fills the tiers even if every waiter has gone.
-//! 3. **Shared tier** (with Redis): the flight asks Redis, in one round trip,
-//!    for the entry or the key's rebuild lease; it gets an entry another
-//!    instance built, or the lease, or waits for the holder's publish.
+//! 3. **Fleet** (with Redis): the flight asks the shared tier once, and
+//!    Redis, in one round trip, gives the entry or the key's rebuild lease;
+//!    the flight gets an entry another instance built, or the lease, or
+//!    waits for the holder's publish. After the rebuild, one call commits
+//!    under the lease or gives it up.
 //! 4. **Rebuild and settle**: the flight runs the adapter's [`Rebuild`] once,
 //!    then ends in one place whatever happened (a value, an answer that may
 //!    not be shared, an error, a panic, a timeout): its waiters share that
@@ -53,7 +69,6 @@
 //! they say how to rebuild and how to present what comes back, and every
 //! counter is kept here, so the two agree by construction.
 
-mod answer;
 pub(crate) mod codec;
 pub(crate) mod early;
 pub(crate) mod entry;
@@ -61,6 +76,8 @@ pub(crate) mod fleet;
 pub(crate) mod flight;
 #[cfg(test)]
 mod flight_stress;
+mod outcome;
+mod rebuild;
 pub(crate) mod tags;
 mod value;
 
@@ -71,18 +88,17 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tracing::Instrument;
 
-pub(crate) use answer::{
-    Answer, Built, Failure, FailureKind, Miss, Overtaken, Rebuild, Status, Waiters,
-};
 pub(crate) use early::RefreshAhead;
 pub use entry::CacheValue;
 pub(crate) use entry::{Held, Lifetime, MAX_DELTA};
+pub(crate) use outcome::{Answer, Failure, FailureKind, Miss, Status};
+pub(crate) use rebuild::{Built, Overtaken, Rebuild, Waiters};
 pub(crate) use tags::TagSet;
 
-use answer::Served;
 use entry::Freshness;
 use fleet::{Ask, Fleet, Lease, Plan, Start};
 use flight::{wait_deadline, Flights, Joined, Leader, Outcome};
+use outcome::Served;
 
 use crate::key::Key;
 use crate::metrics::{self as m, count, count_hit, Labels};
