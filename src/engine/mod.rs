@@ -670,14 +670,17 @@ impl Engine {
         // can abandon it.
         let overtaken = Overtaken::new(self.tags.clone(), since, Some(leader.watch()));
         let mut task = tokio::spawn(rebuild.rebuild(stale.clone().and_then(Held::new), overtaken));
+        // A rebuild that gave nothing failed with a kind, and a panic keeps
+        // its payload for the request that started it.
         let built = match tokio::time::timeout(policy.rebuild_timeout, &mut task).await {
             Ok(Ok(built)) => Ok(built),
-            Ok(Err(e)) if e.is_panic() => Err(Ended::Panicked(e.into_panic())),
-            Ok(Err(_)) => Err(Ended::Cancelled),
+            Ok(Err(e)) if e.is_panic() => Err((FailureKind::Panic, Some(e.into_panic()))),
+            // Its task was cancelled: the runtime is shutting down.
+            Ok(Err(_)) => Err((FailureKind::Error, None)),
             Err(_) => {
                 task.abort();
                 tracing::warn!(key = %leader.key(), timeout = ?policy.rebuild_timeout, "rebuild timed out");
-                Err(Ended::TimedOut)
+                Err((FailureKind::Timeout, None))
             }
         };
         m::record(m::REBUILD_DURATION, policy.labels, started.elapsed());
@@ -770,12 +773,7 @@ impl Engine {
                     (answer, _) => answer,
                 });
             }
-            Err(ended) => {
-                let (kind, panic) = match ended {
-                    Ended::Panicked(payload) => (FailureKind::Panic, Some(payload)),
-                    Ended::TimedOut => (FailureKind::Timeout, None),
-                    Ended::Cancelled => (FailureKind::Error, None),
-                };
+            Err((kind, panic)) => {
                 if kind == FailureKind::Panic {
                     tracing::error!(key = %key, "rebuild panicked");
                 }
@@ -1055,14 +1053,6 @@ impl<R: Rebuild> Starter<R> {
             let _ = tx.send(answer());
         }
     }
-}
-
-/// How a rebuild ended when it gave nothing.
-enum Ended {
-    Panicked(Box<dyn Any + Send>),
-    TimedOut,
-    /// Its task was cancelled: the runtime is shutting down.
-    Cancelled,
 }
 
 fn served<R: Rebuild>(held: Held<R::Value>, status: Status) -> Answer<R> {
