@@ -10,6 +10,7 @@
 //! crate was built without Redis or the backend has none: the plan is always
 //! "rebuild", and the in-process flight is the only protection), or with the
 //! Redis tier attached once it connected.
+//!
 //! This is the one file of the engine that knows whether the crate was built
 //! with Redis, and the one that knows the tier's types; everything else in
 //! the engine calls the methods below.
