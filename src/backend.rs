@@ -24,7 +24,7 @@ pub use crate::store::redis::config::{RedisConfig, TlsFiles};
 #[cfg(feature = "redis")]
 use crate::store::redis::connection::Topology;
 #[cfg(feature = "redis")]
-use crate::store::redis::{Invalidated, RedisTier, TierConfig};
+use crate::store::redis::TierConfig;
 
 pub use crate::store::DEFAULT_L1_MAX_BYTES;
 
@@ -192,7 +192,7 @@ impl Backend {
         BackendStats {
             l1_bytes: self.l1_weighted_size(),
             #[cfg(feature = "redis")]
-            redis: self.engine.shared().map(|l2| RedisStats {
+            redis: self.engine.fleet.tier().map(|l2| RedisStats {
                 available: l2.is_available(),
                 open_circuits: l2.open_circuits(),
                 circuit_openings: l2.circuit_openings(),
@@ -437,28 +437,9 @@ impl RedisBackendBuilder {
             connect_timeout: config.connect_timeout,
             probe_interval: config.probe_interval,
         };
-        let engine = Arc::new(Engine::new(l1));
-        // Another instance's invalidation is this engine's too: the L1 copy
-        // goes, and a flight running for the key may no longer store.
-        let on_invalidate = {
-            let engine = Arc::downgrade(&engine);
-            Arc::new(move |what| {
-                if let Some(engine) = engine.upgrade() {
-                    match what {
-                        Invalidated::Key(key) => engine.invalidate_here(&key),
-                        Invalidated::Everything => engine.invalidate_everything_here(),
-                        Invalidated::Generation(field, generation) => {
-                            engine.generation_heard(field, generation)
-                        }
-                    }
-                }
-            })
-        };
-        let tier = RedisTier::connect(tier_config, on_invalidate)
+        let engine = crate::engine::fleet::connect(l1, tier_config)
             .await
             .map_err(|e| crate::store::redis::setup_error(&shown, e))?;
-        engine.attach(tier.clone());
-        engine.load_tags(&tier).await;
         Ok(Backend {
             engine,
             locks: Arc::default(),

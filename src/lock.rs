@@ -280,7 +280,7 @@ impl Lock {
     ) -> Result<Option<LockGuard>, LockError> {
         let id = Self::id(name);
         #[cfg(feature = "redis")]
-        if let Some(l2) = self.backend.engine.shared() {
+        if let Some(l2) = self.backend.engine.fleet.tier() {
             return self.acquire_redis(l2, id, owner, wait, reenter).await;
         }
         let locks = &self.backend.locks;

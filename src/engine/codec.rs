@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+pub(crate) use super::entry::Envelope;
 use super::entry::{Lifetime, MAX_DELTA};
 use super::tags::{Stamp, MAX_TAGS};
 use crate::store::generations::BUCKETS;
@@ -24,14 +25,6 @@ const VERSION_1: u8 = 1;
 const VERSION_2: u8 = 2;
 const VERSION: u8 = 3;
 const HEADER_LEN: usize = 2 + 1 + 5 * 8;
-
-/// An entry's metadata, as written beside its value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Envelope {
-    pub lifetime: Lifetime,
-    pub initial_age: Duration,
-    pub rebuild_cost: Duration,
-}
 
 pub(crate) fn encode(envelope: &Envelope, stamp: &Stamp, payload: &[u8]) -> Bytes {
     let stamp_len = 8 + 8 + 2 + stamp.tags.len() * 10;

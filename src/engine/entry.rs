@@ -13,9 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-#[cfg(feature = "redis")]
-use super::codec::Envelope;
-
 use super::tags::Stamp;
 use crate::store::local::{Stored, SLOT_OVERHEAD as ENTRY_OVERHEAD};
 
@@ -30,24 +27,8 @@ pub(crate) const MAX_DELTA: Duration = Duration::from_secs(1 << 31);
 /// `at + by`, with `by` clamped to [`MAX_DELTA`]; an instant past what the
 /// clock can hold saturates at `at` (the value is then simply not fresh:
 /// failing safe).
-fn later(at: Instant, by: Duration) -> Instant {
+pub(crate) fn later(at: Instant, by: Duration) -> Instant {
     at.checked_add(by.min(MAX_DELTA)).unwrap_or(at)
-}
-
-/// The stale windows left to a value `initial_age` old: counted, like its
-/// freshness, from when the origin made it (older than ttl plus a window:
-/// past that window on arrival). An age at the ceiling (2^31 s, which is also
-/// what an unreadable `Age` becomes) is past every window: ttl and windows are
-/// each clamped to that ceiling, so their sum could otherwise outlast it.
-fn windows_left(lifetime: &Lifetime, initial_age: Duration) -> (Duration, Duration) {
-    if initial_age >= MAX_DELTA {
-        return (Duration::ZERO, Duration::ZERO);
-    }
-    let overdue = initial_age.saturating_sub(lifetime.ttl);
-    (
-        lifetime.stale_while_revalidate.saturating_sub(overdue),
-        lifetime.stale_if_error.saturating_sub(overdue),
-    )
 }
 
 /// How long a freshly built value may be used, counted from when it was stored.
@@ -59,6 +40,34 @@ pub(crate) struct Lifetime {
     pub stale_while_revalidate: Duration,
     /// After `ttl`, served when a rebuild fails.
     pub stale_if_error: Duration,
+}
+
+/// An entry's metadata, as the shared tier writes it beside the value (see
+/// [`super::codec`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Envelope {
+    pub lifetime: Lifetime,
+    pub initial_age: Duration,
+    pub rebuild_cost: Duration,
+}
+
+impl Envelope {
+    /// The stale windows (stale-while-revalidate, stale-if-error) left to
+    /// the value: counted, like its freshness, from when the origin made it
+    /// (older than ttl plus a window: past that window on arrival). An age
+    /// at the ceiling (2^31 s, which is also what an unreadable `Age`
+    /// becomes) is past every window: ttl and windows are each clamped to
+    /// that ceiling, so their sum could otherwise outlast it.
+    pub(crate) fn windows(&self) -> (Duration, Duration) {
+        if self.initial_age >= MAX_DELTA {
+            return (Duration::ZERO, Duration::ZERO);
+        }
+        let overdue = self.initial_age.saturating_sub(self.lifetime.ttl);
+        (
+            self.lifetime.stale_while_revalidate.saturating_sub(overdue),
+            self.lifetime.stale_if_error.saturating_sub(overdue),
+        )
+    }
 }
 
 /// Where an entry stands at a given instant.
@@ -78,17 +87,14 @@ pub(crate) enum Freshness {
 pub(crate) struct Entry {
     value: Arc<dyn Any + Send + Sync>,
     weight: u32,
-    /// Written beside the value in the shared tier.
-    #[cfg(feature = "redis")]
-    lifetime: Lifetime,
+    /// Its lifetime, the age the value had when stored (an origin's `Age`
+    /// header) and how long the rebuild took (the delta of probabilistic
+    /// early refresh): what the shared tier writes beside the value.
+    envelope: Envelope,
     stored_at: Instant,
-    /// Age the value already had when stored (an origin's `Age` header).
-    initial_age: Duration,
     fresh_until: Instant,
     revalidate_until: Instant,
     if_error_until: Instant,
-    /// How long the rebuild took; the delta of probabilistic early refresh.
-    rebuild_cost: Duration,
     /// When this process last drew for an early refresh of this entry, in
     /// milliseconds after `stored_at` (plus one; 0: never).
     last_draw: AtomicU64,
@@ -104,21 +110,36 @@ impl Entry {
         rebuild_cost: Duration,
         now: Instant,
     ) -> Self {
-        let weight = value.weight().saturating_add(ENTRY_OVERHEAD);
         let initial_age = initial_age.min(MAX_DELTA);
         let fresh_until = later(now, lifetime.ttl.saturating_sub(initial_age));
-        let (revalidate, if_error) = windows_left(&lifetime, initial_age);
+        let envelope = Envelope {
+            lifetime,
+            initial_age,
+            rebuild_cost,
+        };
+        Self::placed(value, envelope, now, fresh_until)
+    }
+
+    /// An entry stored at `stored_at` and fresh until `fresh_until`; its
+    /// stale windows follow from the envelope. A freshly built entry is
+    /// placed from this process's clock ([`new`](Self::new)); one read from
+    /// the shared tier, from what Redis's clock says is left.
+    pub(crate) fn placed<V: CacheValue>(
+        value: V,
+        envelope: Envelope,
+        stored_at: Instant,
+        fresh_until: Instant,
+    ) -> Self {
+        let weight = value.weight().saturating_add(ENTRY_OVERHEAD);
+        let (revalidate, if_error) = envelope.windows();
         Entry {
             value: Arc::new(value),
             weight: u32::try_from(weight).unwrap_or(u32::MAX),
-            #[cfg(feature = "redis")]
-            lifetime,
-            stored_at: now,
-            initial_age,
+            envelope,
+            stored_at,
             fresh_until,
             revalidate_until: later(fresh_until, revalidate),
             if_error_until: later(fresh_until, if_error),
-            rebuild_cost,
             last_draw: AtomicU64::new(0),
             stamp: Stamp::default(),
         }
@@ -135,69 +156,14 @@ impl Entry {
         &self.stamp
     }
 
-    #[cfg(feature = "redis")]
-    /// An entry read from the shared tier. Redis's clock decides: `fresh` is
-    /// the freshness Redis says is left (`None`: stale), `remaining` the time
-    /// until Redis drops the value. Instants are placed so that this instance
-    /// agrees with every other one, whatever their clocks say.
-    pub(crate) fn from_remote<V: CacheValue>(
-        value: V,
-        envelope: &Envelope,
-        fresh: Option<Duration>,
-        remaining: Option<Duration>,
-        now: Instant,
-    ) -> Self {
-        let lifetime = envelope.lifetime;
-        let (revalidate, if_error) = windows_left(&lifetime, envelope.initial_age);
-        let windows = revalidate.max(if_error);
-        let fresh_until = match (fresh, remaining) {
-            (Some(left), _) => later(now, left),
-            // Stale: the value was kept for `windows` past the end of freshness.
-            (None, Some(left)) => now
-                .checked_sub(windows.saturating_sub(left))
-                .unwrap_or(now)
-                .min(now),
-            (None, None) => now,
-        };
-        let fresh_span = lifetime.ttl.saturating_sub(envelope.initial_age);
-        let stored_at = fresh_until.checked_sub(fresh_span).unwrap_or(now).min(now);
-        let weight = value.weight().saturating_add(ENTRY_OVERHEAD);
-        Entry {
-            value: Arc::new(value),
-            weight: u32::try_from(weight).unwrap_or(u32::MAX),
-            lifetime,
-            stored_at,
-            initial_age: envelope.initial_age,
-            fresh_until,
-            revalidate_until: later(fresh_until, revalidate),
-            if_error_until: later(fresh_until, if_error),
-            rebuild_cost: envelope.rebuild_cost,
-            last_draw: AtomicU64::new(0),
-            stamp: Stamp::default(),
-        }
-    }
-
-    #[cfg(feature = "redis")]
-    /// What the shared tier stores beside the value.
-    pub(crate) fn envelope(&self) -> Envelope {
-        Envelope {
-            lifetime: self.lifetime,
-            initial_age: self.initial_age,
-            rebuild_cost: self.rebuild_cost,
-        }
+    /// Its lifetime, initial age and rebuild cost.
+    pub(crate) fn envelope(&self) -> &Envelope {
+        &self.envelope
     }
 
     /// Freshness left at `now`.
     pub(crate) fn fresh_for(&self, now: Instant) -> Duration {
         self.fresh_until.saturating_duration_since(now)
-    }
-
-    #[cfg(feature = "redis")]
-    /// How long the shared tier keeps the value once fresh time `fresh` is
-    /// left: freshness plus the longer stale window.
-    pub(crate) fn keep_for(&self, fresh: Duration) -> Duration {
-        let (revalidate, if_error) = windows_left(&self.lifetime, self.initial_age);
-        fresh.saturating_add(revalidate.max(if_error))
     }
 
     /// Whether a stale-while-revalidate window covers `now` (fresh counts too).
@@ -208,7 +174,8 @@ impl Entry {
     /// Its whole freshness lifetime (RFC 9111 §4.2.1), counted from the
     /// origin's answer, however old the value was when stored here.
     pub(crate) fn freshness_lifetime(&self) -> Duration {
-        self.initial_age
+        self.envelope
+            .initial_age
             .saturating_add(self.fresh_until.saturating_duration_since(self.stored_at))
     }
 
@@ -247,7 +214,8 @@ impl Entry {
 
     /// How old the value is, for the `Age` header.
     pub(crate) fn age(&self, now: Instant) -> Duration {
-        self.initial_age
+        self.envelope
+            .initial_age
             .saturating_add(now.saturating_duration_since(self.stored_at))
     }
 
@@ -267,10 +235,6 @@ impl Entry {
         self.last_draw
             .compare_exchange(last, at, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
-    }
-
-    pub(crate) fn rebuild_cost(&self) -> Duration {
-        self.rebuild_cost
     }
 }
 

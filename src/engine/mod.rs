@@ -1,5 +1,19 @@
 //! The one machine that owns a miss. It knows no HTTP.
 //!
+//! | file | what it holds |
+//! |---|---|
+//! | `mod.rs` | [`Engine`] and all its steps: `lookup` (1), `resolve` and `fly` (2), the one call down to the fleet (3), `rebuild` and `settle` (4); invalidation by key, tag and everything |
+//! | `early.rs` | step 1's early refresh: XFetch and refresh-ahead |
+//! | `flight.rs` | step 2: in-process single flight (`Flights`, `Leader`, `Follower`, `Outcome`) |
+//! | `fleet.rs` | step 3: the seam to the shared tier (`Fleet`, `Plan`, `Lease`); the one file that knows Redis |
+//! | `rebuild.rs` | step 4's contract with the adapters (`Rebuild`, `Built`, `Waiters`, `Overtaken`) |
+//! | `outcome.rs` | what a caller gets (`Miss`, `Answer`, `Served`, `Status`, `Failure`) |
+//! | `entry.rs` | a cached value and its clock (`Entry`, `Envelope`, `Lifetime`, `Held`) |
+//! | `value.rs` | what the cache can hold (`CacheValue`) |
+//! | `codec.rs` | the versioned binary form of entries in the shared tier |
+//! | `tags.rs` | invalidation by tag: generations checked on read (`TagTable`, `Stamp`) |
+//! | `flight_stress.rs` | tests: the real flight map under real scheduling, leaders finishing, panicking or cancelled at random |
+//!
 //! A request for a key goes down the tiers once and comes back up once:
 //!
 //! 1. **L1** ([`Engine::lookup`], synchronous): a fresh entry answers at once
@@ -11,56 +25,89 @@
 //!    engine, not by the request that started it: that request is only its
 //!    first waiter, and the rebuild finishes (bounded by the rebuild timeout)
 //!    and fills the tiers even if every waiter has gone.
-//! 3. **Shared tier** (with Redis): the flight asks Redis, in one round trip,
-//!    for the entry or the key's rebuild lease; it gets an entry another
-//!    instance built, or the lease, or waits for the holder's publish.
+//! 3. **Fleet** (with Redis): the flight asks the shared tier once, and
+//!    Redis, in one round trip, gives the entry or the key's rebuild lease;
+//!    the flight gets an entry another instance built, or the lease, or
+//!    waits for the holder's publish. After the rebuild, one call commits
+//!    under the lease or gives it up.
 //! 4. **Rebuild and settle**: the flight runs the adapter's [`Rebuild`] once,
 //!    then ends in one place whatever happened (a value, an answer that may
 //!    not be shared, an error, a panic, a timeout): its waiters share that
 //!    outcome, or stale-if-error stands in for a failure.
 //!
+//! [`Engine::resolve`] is the waiter's side: join the key's flight or start
+//! it, then wait for what it gives. `Engine::fly` is the flight's side, on
+//! its own task: shared tier, lease, rebuild, settle. A flight ends in
+//! exactly one place (`Engine::settle`) whatever happened, and its waiters
+//! share that outcome:
+//!
+//! | the rebuild gave | waiters get | the request that started it gets |
+//! |---|---|---|
+//! | a value | the value (stored if storable) | the value, and its private extras |
+//! | an answer for one client: a refusal (403, 429…) | one of them leads again, the others wait on it | that answer |
+//! | an answer for one client: per-client content (a cookie, `private`) | the origin, each on its own (hit-for-miss) | that answer |
+//! | an error, a panic, a timeout | stale-if-error, else the shared failure | stale-if-error, else its own error or panic |
+//!
+//! No failure sends the waiters to the origin: a failing origin is called
+//! once per flight, not once per waiter. Nor does the end of a wait: failing
+//! closed, a waiter whose budget runs out is answered by the layer; failing
+//! open, it keeps waiting on its own process's flight, which is bounded.
+//!
+//! A refusal (a 403 or 429 for one caller) says nothing about the key: the
+//! waiters of its flight lead again (a second refusal in a row is taken for
+//! the key's own answer). A per-client answer (a cookie, `private`) opens a
+//! hit-for-miss window in which requests go to the origin side by side; the
+//! first shareable answer in the window is stored and closes it, so the key
+//! is coalesced and hit again.
+//!
+//! Invalidation by key drops the key's group here and in the fleet;
+//! invalidation by tag and of everything moves a generation (see [`tags`]),
+//! here and, with Redis, in the fleet, whose moves this engine hears and
+//! whose table it reloads when some may have gone unheard.
+//!
 //! The HTTP layer and [`Cache`](crate::Cache) are thin adapters over this:
 //! they say how to rebuild and how to present what comes back, and every
 //! counter is kept here, so the two agree by construction.
 
-mod answer;
 pub(crate) mod codec;
-mod drive;
 pub(crate) mod early;
 pub(crate) mod entry;
+pub(crate) mod fleet;
 pub(crate) mod flight;
 #[cfg(test)]
 mod flight_stress;
-mod purge;
-mod shared;
+mod outcome;
+mod rebuild;
 pub(crate) mod tags;
-mod uncoalesced;
 mod value;
 
 use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub(crate) use answer::{
-    Answer, Built, Failure, FailureKind, Miss, Overtaken, Rebuild, Status, Waiters,
-};
+use tokio::sync::oneshot;
+use tracing::Instrument;
+
 pub(crate) use early::RefreshAhead;
 pub use entry::CacheValue;
 pub(crate) use entry::{Held, Lifetime, MAX_DELTA};
+pub(crate) use outcome::{Answer, Failure, FailureKind, Miss, Status};
+pub(crate) use rebuild::{Built, Overtaken, Rebuild, Waiters};
 pub(crate) use tags::TagSet;
 
 use entry::Freshness;
-use flight::{Flights, Leader};
+use fleet::{Ask, Fleet, Lease, Plan, Start};
+use flight::{wait_deadline, Flights, Joined, Leader, Outcome};
+use outcome::Served;
 
 use crate::key::Key;
 use crate::metrics::{self as m, count, count_hit, Labels};
+use crate::store::generations::Field;
 use crate::store::local;
 
 /// The L1 as the engine uses it.
 pub(crate) type LocalTier = local::LocalTier<Entry>;
 type Slot = local::Slot<Entry>;
-#[cfg(feature = "redis")]
-use crate::store::redis::RedisTier;
 
 /// An error shared with every waiter of a failed flight (the generic cache's
 /// `Arc<E>`), downcast back by the adapter that knows its type.
@@ -71,7 +118,6 @@ pub(crate) type SharedError = Arc<dyn Any + Send + Sync>;
 pub(crate) struct FlightPolicy {
     /// Lease time in the shared tier; renewed every third of it while the
     /// rebuild runs.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub lease: Duration,
     /// The longest a request waits for a rebuild it did not start (and the
     /// longest a flight waits for another instance's rebuild).
@@ -100,10 +146,8 @@ pub(crate) struct Engine {
     flights: Arc<Flights>,
     /// The generations of tags and of everything, checked on every read.
     tags: Arc<tags::TagTable>,
-    /// Set once, right after the tier connects: its invalidation messages
-    /// call back into this engine, so the engine exists first.
-    #[cfg(feature = "redis")]
-    shared: std::sync::OnceLock<Arc<RedisTier>>,
+    /// The shared tier, if any: every call to it goes through this seam.
+    pub(crate) fleet: Fleet,
 }
 
 /// What the L1 says about a key.
@@ -136,20 +180,8 @@ impl Engine {
             l1,
             flights: Arc::new(Flights::new()),
             tags: Arc::default(),
-            #[cfg(feature = "redis")]
-            shared: std::sync::OnceLock::new(),
+            fleet: Fleet::new(),
         }
-    }
-
-    /// Puts the shared tier behind this engine (once).
-    #[cfg(feature = "redis")]
-    pub(crate) fn attach(&self, shared: Arc<RedisTier>) {
-        let _ = self.shared.set(shared);
-    }
-
-    #[cfg(feature = "redis")]
-    pub(crate) fn shared(&self) -> Option<&Arc<RedisTier>> {
-        self.shared.get()
     }
 
     pub(crate) fn l1(&self) -> &LocalTier {
@@ -159,11 +191,7 @@ impl Engine {
     /// The most an entry may weigh to be kept, when the in-process tier is
     /// the only one that keeps entries (no Redis); `None` with Redis.
     pub(crate) fn keep_bound(&self) -> Option<u64> {
-        #[cfg(feature = "redis")]
-        if self.shared().is_some() {
-            return None;
-        }
-        Some(self.l1.max_bytes())
+        self.fleet.is_embedded().then(|| self.l1.max_bytes())
     }
 
     /// Step 1: the L1. Never waits; a hit costs one L1 read. An entry of
@@ -237,13 +265,13 @@ impl Engine {
         // At most eight draws per rebuild time for this entry: enough that a
         // hot key is refreshed about two rebuild times before it expires,
         // however many requests it gets.
-        if !entry.claim_draw(now, entry.rebuild_cost() / 8) {
+        if !entry.claim_draw(now, entry.envelope().rebuild_cost / 8) {
             return None;
         }
         if !early::due(
             now,
             entry.fresh_until(),
-            entry.rebuild_cost(),
+            entry.envelope().rebuild_cost,
             beta,
             early::draw(),
         ) {
@@ -276,7 +304,7 @@ impl Engine {
         // the rebuilds after it) would refresh each new entry at its first
         // hit, that is on nearly every request.
         let margin = ahead
-            .margin(entry.rebuild_cost())
+            .margin(entry.envelope().rebuild_cost)
             .min(entry.freshness_lifetime() / 2);
         if left > margin {
             return None;
@@ -314,11 +342,8 @@ impl Engine {
     /// and again every lease for as long as it is not confirmed. Without
     /// Redis the L1 still protects the origin, with what was built after
     /// the last drop.
-    fn confirm_l1(&self, _now: Instant) {
-        #[cfg(feature = "redis")]
-        if let Some(shared) = self.shared()
-            && shared.notifier.liveness.must_drop(_now)
-        {
+    fn confirm_l1(&self, now: Instant) {
+        if self.fleet.must_drop_l1(now) {
             tracing::info!(
                 "the redis subscription is not confirmed live; the in-process tier is dropped"
             );
@@ -338,13 +363,7 @@ impl Engine {
         // local half below; one that reads after the purge finds nothing
         // old. The other way round, a flight could fetch the old value after
         // the local half and put it back in the L1.
-        #[cfg(feature = "redis")]
-        let purged = match self.shared() {
-            Some(shared) => shared.invalidate(key).await.map_err(crate::Error::from),
-            None => Ok(()),
-        };
-        #[cfg(not(feature = "redis"))]
-        let purged = Ok(());
+        let purged = self.fleet.invalidate(key).await;
         self.invalidate_here(key);
         purged
     }
@@ -359,13 +378,749 @@ impl Engine {
     /// Drops everything this process holds, and keeps every running flight
     /// from storing: after a gap in the shared tier's event channel, any of
     /// it may have been invalidated unheard.
-    #[cfg(feature = "redis")]
     pub(crate) fn invalidate_everything_here(&self) {
         self.flights.detach_all();
         self.l1.clear();
         // Tag invalidations may have been missed too.
-        self.tags.lost();
-        self.reload_tags();
+        self.fleet.table_lost(self);
+    }
+
+    /// Step 2 onwards, for a caller that missed in the L1: the flight, and
+    /// what it gives.
+    pub(crate) async fn resolve<R: Rebuild>(
+        self: &Arc<Self>,
+        miss: Miss,
+        policy: FlightPolicy,
+        rebuild: R,
+    ) -> Answer<R> {
+        let labels = policy.labels;
+        let Some(key) = miss.key else {
+            return alone(rebuild, labels);
+        };
+        if miss.hit_for_miss {
+            let leader = self.flights.try_lead(key);
+            return self.uncoalesced(key, leader, rebuild, labels).await;
+        }
+        let began = Instant::now();
+        let stale = miss.stale;
+        let deadline = wait_deadline(&policy, Instant::now());
+        let mut releading = false;
+        loop {
+            let follower = match self.flights.join(key) {
+                Joined::Follow(follower) => follower,
+                Joined::Lead(mut leader) => {
+                    if releading {
+                        leader.mark_relead();
+                    }
+                    // The previous flight may have ended between the L1 read
+                    // and the join: read again, or its value is rebuilt at once.
+                    // (Only while the L1 is still trusted, as on the hit path.)
+                    let now = Instant::now();
+                    self.confirm_l1(now);
+                    match self.l1.get(&key) {
+                        Some(Slot::Value(entry))
+                            if entry.freshness(now) == Freshness::Fresh
+                                && self.tags.admits(entry.stamp()) =>
+                        {
+                            if let Some(held) = Held::new(entry.clone()) {
+                                leader.finish(
+                                    Outcome::Value {
+                                        entry,
+                                        stale: false,
+                                    },
+                                    || {},
+                                );
+                                count_hit(labels);
+                                return served(held, Status::Hit);
+                            }
+                        }
+                        Some(Slot::HitForMiss(until)) if now < until => {
+                            return self.uncoalesced(key, Some(leader), rebuild, labels).await;
+                        }
+                        _ => {}
+                    }
+                    let (tx, rx) = oneshot::channel();
+                    self.spawn_flight(leader, rebuild, stale, policy, Start::Miss, Some(tx));
+                    let answer = rx.await.unwrap_or(Answer::Failed(
+                        Failure::new(FailureKind::Error),
+                        Status::Miss,
+                    ));
+                    tally(&answer, Status::Miss, labels, began);
+                    return answer;
+                }
+            };
+            let budget = deadline.map_or(Duration::MAX, |deadline| {
+                deadline.saturating_duration_since(Instant::now())
+            });
+            let span = tracing::debug_span!("stampede_guard.wait", key = %key);
+            let outcome = follower.wait(budget).instrument(span).await;
+            let answer = match outcome {
+                Some(Outcome::Value { entry, stale }) => match Held::new(entry) {
+                    Some(held) if stale => served(held, Status::Stale),
+                    Some(held) => served(held, Status::Coalesced),
+                    None => return alone(rebuild, labels),
+                },
+                Some(Outcome::Unshared) => {
+                    let leader = self.flights.try_lead(key);
+                    return self.uncoalesced(key, leader, rebuild, labels).await;
+                }
+                Some(Outcome::Failed(failure)) => {
+                    stale_or(&stale, Answer::Failed(failure, Status::Coalesced))
+                }
+                // The flight ended without an outcome: look again, perhaps lead.
+                Some(Outcome::Abandoned) => continue,
+                // Its answer was for its starter alone: the same, and a
+                // flight this request leads is a re-lead.
+                Some(Outcome::Relead) => {
+                    releading = true;
+                    continue;
+                }
+                None => {
+                    count(m::WAIT_TIMEOUTS, labels);
+                    tracing::debug!(key = %key, budget = ?policy.wait_budget, "wait budget ran out");
+                    stale_or(
+                        &stale,
+                        Answer::Failed(Failure::new(FailureKind::WaitTimeout), Status::Coalesced),
+                    )
+                }
+            };
+            tally(&answer, Status::Coalesced, labels, began);
+            return answer;
+        }
+    }
+
+    /// Starts a background refresh with the right a lookup handed out.
+    pub(crate) fn refresh<R: Rebuild>(
+        self: &Arc<Self>,
+        refresh: Refresh,
+        policy: FlightPolicy,
+        rebuild: R,
+    ) {
+        let start = match refresh.early {
+            Some(left) => Start::Early(left),
+            None => Start::Refresh,
+        };
+        self.spawn_flight(refresh.leader, rebuild, refresh.stale, policy, start, None);
+    }
+
+    fn spawn_flight<R: Rebuild>(
+        self: &Arc<Self>,
+        leader: Leader,
+        rebuild: R,
+        stale: Option<Arc<Entry>>,
+        policy: FlightPolicy,
+        start: Start,
+        starter: Option<oneshot::Sender<Answer<R>>>,
+    ) {
+        // Without a runtime nobody can run the flight; dropping the leader
+        // abandons it, and the next request tries again.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if !matches!(start, Start::Miss) {
+            count(m::REFRESHES, policy.labels);
+        }
+        let span = tracing::debug_span!("stampede_guard.flight", key = %leader.key());
+        let engine = self.clone();
+        runtime.spawn(
+            async move {
+                engine
+                    .fly(leader, rebuild, stale, policy, start, Starter(starter))
+                    .await
+            }
+            .instrument(span),
+        );
+    }
+
+    /// The flight's task: the shared tier, then the rebuild if it is ours.
+    async fn fly<R: Rebuild>(
+        self: Arc<Self>,
+        leader: Leader,
+        rebuild: R,
+        stale: Option<Arc<Entry>>,
+        policy: FlightPolicy,
+        start: Start,
+        mut starter: Starter<R>,
+    ) {
+        let key = leader.key();
+        let (lease, stale) = match self.plan::<R::Value>(key, stale, &policy, start).await {
+            Plan::Hit { entry, waited } => {
+                let held = Held::new(entry.clone());
+                let stored = entry.clone();
+                leader.finish(
+                    Outcome::Value {
+                        entry,
+                        stale: false,
+                    },
+                    || {
+                        self.l1.insert(key, Slot::Value(stored));
+                    },
+                );
+                if let Some(held) = held {
+                    let status = if waited {
+                        Status::Coalesced
+                    } else {
+                        Status::Hit
+                    };
+                    starter.send(|| served(held, status));
+                }
+                return;
+            }
+            Plan::StaleNow { entry, lease } => {
+                // Everyone in this process gets the stale entry now, while
+                // the refresh goes on in the background.
+                let stored = entry.clone();
+                leader.answer_meanwhile(
+                    Outcome::Value {
+                        entry: entry.clone(),
+                        stale: true,
+                    },
+                    || self.l1.insert_unless_newer(key, stored),
+                );
+                if let Some(held) = Held::new(entry.clone()) {
+                    starter.send(|| served(held, Status::Stale));
+                }
+                count(m::REFRESHES, policy.labels);
+                match lease {
+                    Some(lease) => (Some(lease), Some(entry)),
+                    // Another instance refreshes it: wait for its commit.
+                    None => match self
+                        .plan::<R::Value>(key, Some(entry), &policy, Start::Refresh)
+                        .await
+                    {
+                        Plan::Hit { entry, .. } => {
+                            self.settle(
+                                leader,
+                                Outcome::Value {
+                                    entry,
+                                    stale: false,
+                                },
+                                true,
+                            );
+                            return;
+                        }
+                        Plan::Rebuild { lease, stale } => (lease, stale),
+                        _ => {
+                            self.settle(
+                                leader,
+                                Outcome::Failed(Failure::new(FailureKind::WaitTimeout)),
+                                false,
+                            );
+                            return;
+                        }
+                    },
+                }
+            }
+            Plan::Rebuild { lease, stale } => (lease, stale),
+            Plan::Failed { kind, stale } => {
+                let failure = Failure::new(kind);
+                match start {
+                    Start::Miss => {
+                        let answer = self.fail(leader, failure, stale.as_ref());
+                        starter.send(|| answer);
+                    }
+                    Start::Refresh | Start::Early(_) => {
+                        self.settle(leader, Outcome::Failed(failure), false);
+                    }
+                }
+                return;
+            }
+            Plan::TimedOut { stale } => {
+                count(m::WAIT_TIMEOUTS, policy.labels);
+                match start {
+                    // Nobody else's rebuild came in time: rebuild here, for
+                    // this process, without the lease.
+                    Start::Miss if policy.fail_open => (None, stale),
+                    Start::Miss => {
+                        let failure = Failure::new(FailureKind::WaitTimeout);
+                        let answer = self.fail(leader, failure, stale.as_ref());
+                        starter.send(|| answer);
+                        return;
+                    }
+                    // A refresh nobody waits for: the entry stays as it is.
+                    Start::Refresh | Start::Early(_) => {
+                        let failure = Failure::new(FailureKind::WaitTimeout);
+                        self.settle(leader, Outcome::Failed(failure), false);
+                        return;
+                    }
+                }
+            }
+        };
+        self.rebuild(leader, rebuild, stale, lease, policy, starter)
+            .await;
+    }
+
+    /// Runs the rebuild on its own task, bounded by the rebuild timeout, and
+    /// settles the flight with what it gave.
+    async fn rebuild<R: Rebuild>(
+        &self,
+        leader: Leader,
+        rebuild: R,
+        stale: Option<Arc<Entry>>,
+        lease: Option<Lease>,
+        policy: FlightPolicy,
+        mut starter: Starter<R>,
+    ) {
+        count(m::ORIGIN_CALLS, policy.labels);
+        let started = Instant::now();
+        // Before the origin is asked: an invalidation from now on keeps
+        // what it answers out of the tiers.
+        let since = self.tags.start();
+        // Its own task, so that a panic is caught as an outcome and a timeout
+        // can abandon it.
+        let overtaken = Overtaken::new(self.tags.clone(), since, Some(leader.watch()));
+        let mut task = tokio::spawn(rebuild.rebuild(stale.clone().and_then(Held::new), overtaken));
+        // A rebuild that gave nothing failed with a kind, and a panic keeps
+        // its payload for the request that started it.
+        let built = match tokio::time::timeout(policy.rebuild_timeout, &mut task).await {
+            Ok(Ok(built)) => Ok(built),
+            Ok(Err(e)) if e.is_panic() => Err((FailureKind::Panic, Some(e.into_panic()))),
+            // Its task was cancelled: the runtime is shutting down.
+            Ok(Err(_)) => Err((FailureKind::Error, None)),
+            Err(_) => {
+                task.abort();
+                tracing::warn!(key = %leader.key(), timeout = ?policy.rebuild_timeout, "rebuild timed out");
+                Err((FailureKind::Timeout, None))
+            }
+        };
+        m::record(m::REBUILD_DURATION, policy.labels, started.elapsed());
+        let key = leader.key();
+        match built {
+            Ok(Built::Value {
+                value,
+                lifetime,
+                initial_age,
+                store,
+                failure,
+                private,
+                tags,
+            }) => {
+                if failure && usable_on_error(stale.as_ref()).is_some() {
+                    tracing::debug!(key = %key, "rebuild answered with an error; serving stale");
+                    let answer =
+                        self.fail(leader, Failure::new(FailureKind::Error), stale.as_ref());
+                    self.fleet.give_up(lease, Some(FailureKind::Error)).await;
+                    starter.send(|| answer);
+                    return;
+                }
+                let entry = Entry::new(
+                    value,
+                    lifetime,
+                    initial_age,
+                    started.elapsed(),
+                    Instant::now(),
+                );
+                if store {
+                    self.learn_epoch().await;
+                }
+                let (entry, store) = self.stamped(entry, &tags, since, store);
+                let held = Held::new(entry.clone());
+                let (stored, kept) = self.settle(
+                    leader,
+                    Outcome::Value {
+                        entry: entry.clone(),
+                        stale: false,
+                    },
+                    store,
+                );
+                // The local waiters have it; the starter is answered once the
+                // fleet has it too, so that what its client saw is what any
+                // instance serves next.
+                // A server error shared with the waiters but not stored is
+                // still a failed rebuild for the fleet: its lease leaves the
+                // failure marker, so that the other instances back off
+                // rather than each try the failing origin (a refresh ahead
+                // of expiry has no stale entry to take this path above).
+                // Stored where: the L1, or Redis under the lease (an entry
+                // heavier than the L1's bound is in Redis alone).
+                let kept = kept || lease.is_some();
+                match (stored, &held) {
+                    (true, Some(held)) => {
+                        self.fleet
+                            .commit(&self.l1, key, lease, held, policy.labels)
+                            .await
+                    }
+                    _ => {
+                        let failed = failure.then_some(FailureKind::Error);
+                        self.fleet.give_up(lease, failed).await
+                    }
+                }
+                if let Some(held) = held {
+                    starter.send(|| {
+                        Answer::Served(Served {
+                            held,
+                            status: Status::Miss,
+                            stored: stored && kept,
+                            private,
+                        })
+                    });
+                }
+            }
+            Ok(Built::Unshared { private, waiters }) => {
+                self.end_unshared(leader, waiters);
+                self.fleet.give_up(lease, None).await;
+                starter.send(|| Answer::Private(private));
+            }
+            Ok(Built::Failed { shared, private }) => {
+                let failure = Failure {
+                    kind: FailureKind::Error,
+                    error: shared,
+                };
+                let answer = self.fail(leader, failure, stale.as_ref());
+                self.fleet.give_up(lease, Some(FailureKind::Error)).await;
+                starter.send(|| match (answer, private) {
+                    (Answer::Failed(..), Some(private)) => Answer::Private(private),
+                    (answer, _) => answer,
+                });
+            }
+            Err((kind, panic)) => {
+                if kind == FailureKind::Panic {
+                    tracing::error!(key = %key, "rebuild panicked");
+                }
+                let answer = self.fail(leader, Failure::new(kind), stale.as_ref());
+                self.fleet.give_up(lease, Some(kind)).await;
+                starter.send(|| match (answer, panic) {
+                    (Answer::Failed(..), Some(payload)) => Answer::Panicked(payload),
+                    (answer, _) => answer,
+                });
+            }
+        }
+    }
+
+    /// Ends a failed flight: stale-if-error for everyone if the entry allows
+    /// it, else the failure. Returns what the starter gets.
+    fn fail<R: Rebuild>(
+        &self,
+        leader: Leader,
+        failure: Failure,
+        stale: Option<&Arc<Entry>>,
+    ) -> Answer<R> {
+        match usable_on_error(stale) {
+            Some(entry) => {
+                let held = Held::new(entry.clone());
+                self.settle(leader, Outcome::Value { entry, stale: true }, false);
+                match held {
+                    Some(held) => served(held, Status::Stale),
+                    None => Answer::Failed(failure, Status::Miss),
+                }
+            }
+            None => {
+                self.settle(leader, Outcome::Failed(failure.clone()), false);
+                Answer::Failed(failure, Status::Miss)
+            }
+        }
+    }
+
+    /// The one place a flight ends: the L1 (if `store` and no invalidation
+    /// detached the flight), then the waiters. Returns whether it is to be
+    /// stored (in the L1, and in Redis by the caller), and whether the L1
+    /// kept it (not an entry heavier than its whole bound).
+    pub(super) fn settle(&self, leader: Leader, outcome: Outcome, store: bool) -> (bool, bool) {
+        let key = leader.key();
+        let entry = match (&outcome, store) {
+            (
+                Outcome::Value {
+                    entry,
+                    stale: false,
+                },
+                true,
+            ) => Some(entry.clone()),
+            _ => None,
+        };
+        let stored = entry.is_some();
+        let mut kept = false;
+        let attached = leader.finish(outcome, || {
+            if let Some(entry) = entry {
+                kept = self.l1.insert(key, Slot::Value(entry));
+            }
+        });
+        (stored && attached, stored && attached && kept)
+    }
+
+    /// A miss in a hit-for-miss window: this request goes to the origin on
+    /// its own, without waiting for anyone (Varnish's hit-for-miss, not its
+    /// hit-for-pass). If it holds the key's flight (`leader`: the first such
+    /// request), a shareable answer it gets is stored in the L1, ending the
+    /// window, and given to any request that joined meanwhile; an answer for
+    /// it alone renews the window. The shared tier is not written here: the
+    /// next flight of the key does that, under its lease.
+    pub(super) async fn uncoalesced<R: Rebuild>(
+        self: &Arc<Self>,
+        key: Key,
+        leader: Option<Leader>,
+        rebuild: R,
+        labels: Labels,
+    ) -> Answer<R> {
+        m::count_bypass("hit-for-miss", labels);
+        count(m::ORIGIN_CALLS, labels);
+        tracing::debug!(key = %key, leads = leader.is_some(), "hit-for-miss: not coalesced");
+        let started = Instant::now();
+        let since = self.tags.start();
+        // A panic unwinds to this request, as without the layer, and drops
+        // the leader: whoever joined it takes over.
+        let overtaken =
+            Overtaken::new(self.tags.clone(), since, leader.as_ref().map(Leader::watch));
+        match rebuild.rebuild(None, overtaken).await {
+            Built::Value {
+                value,
+                lifetime,
+                initial_age,
+                store,
+                failure,
+                private,
+                tags,
+            } => {
+                let entry = Entry::new(
+                    value,
+                    lifetime,
+                    initial_age,
+                    started.elapsed(),
+                    Instant::now(),
+                );
+                let (entry, store) = self.stamped(entry, &tags, since, store);
+                let held = Held::new(entry.clone());
+                let stored = leader.is_some_and(|leader| {
+                    let outcome = Outcome::Value {
+                        entry,
+                        stale: false,
+                    };
+                    // No lease, no commit: stored only if the L1 kept it.
+                    self.settle(leader, outcome, store && !failure).1
+                });
+                match held {
+                    Some(held) => Answer::Served(Served {
+                        held,
+                        status: Status::Miss,
+                        stored,
+                        private,
+                    }),
+                    None => Answer::Failed(Failure::new(FailureKind::Error), Status::Miss),
+                }
+            }
+            Built::Unshared { private, waiters } => {
+                if let Some(leader) = leader {
+                    self.end_unshared(leader, waiters);
+                }
+                Answer::Private(private)
+            }
+            Built::Failed { shared, private } => {
+                let failure = Failure {
+                    kind: FailureKind::Error,
+                    error: shared,
+                };
+                if let Some(leader) = leader {
+                    self.settle(leader, Outcome::Failed(failure.clone()), false);
+                }
+                match private {
+                    Some(private) => Answer::Private(private),
+                    None => Answer::Failed(failure, Status::Miss),
+                }
+            }
+        }
+    }
+
+    /// Ends a flight whose answer was for its starter alone.
+    pub(super) fn end_unshared(&self, leader: Leader, waiters: Waiters) {
+        let key = leader.key();
+        match waiters {
+            // A refusal says nothing about the key: no marker, and whatever
+            // the L1 holds for it (a stale-if-error copy) stays.
+            Waiters::Relead(_) if !leader.is_relead() => {
+                leader.finish(Outcome::Relead, || {});
+            }
+            // A second in a row: the key's answers are not shareable.
+            Waiters::Relead(window) | Waiters::HitForMiss(window) => {
+                let marker = Some(window)
+                    .filter(|w| !w.is_zero())
+                    .and_then(|w| Instant::now().checked_add(w));
+                leader.finish(Outcome::Unshared, || match marker {
+                    Some(until) => {
+                        self.l1.insert(key, Slot::HitForMiss(until));
+                    }
+                    None => self.l1.remove(&key),
+                });
+            }
+        }
+    }
+
+    /// Step 3: one call down to the fleet for the flight's plan.
+    async fn plan<V: CacheValue>(
+        &self,
+        key: Key,
+        stale: Option<Arc<Entry>>,
+        policy: &FlightPolicy,
+        start: Start,
+    ) -> Plan {
+        // Failing open, a flight waits for another instance's rebuild as long
+        // as that rebuild may run (its timeout, plus a lease for its failure
+        // notice or its lease to lapse): the holder then commits, shares its
+        // failure, or is gone. Giving up sooner would send every instance to
+        // an origin that is merely slow. Failing closed, the budget is the
+        // route's answer.
+        let patience = if policy.fail_open {
+            policy
+                .wait_budget
+                .max(policy.rebuild_timeout.saturating_add(policy.lease))
+        } else {
+            policy.wait_budget
+        };
+        let ask = Ask {
+            start,
+            lease: policy.lease,
+            patience,
+            labels: policy.labels,
+        };
+        self.fleet.plan::<V>(self, key, stale, ask).await
+    }
+
+    /// Moves `field`'s generation: every entry that recorded an older one is
+    /// a miss from now on, here and (with Redis) on every instance. A
+    /// barrier like [`Engine::invalidate`]: a rebuild already running stores
+    /// nothing, and a request that starts after this returns does not join
+    /// it.
+    pub(crate) async fn invalidate_field(&self, field: Field) -> Result<(), crate::Error> {
+        let moved = |generation| self.generation_moved(field, generation);
+        if let Some(moved) = self.fleet.move_generation(field, moved).await {
+            return moved;
+        }
+        let generation = self.tags.bump_here(field);
+        self.generation_moved(field, generation);
+        Ok(())
+    }
+
+    /// A rebuilt entry with the generations it was built under, and whether
+    /// it may be stored: not if any generation moved since its rebuild
+    /// began at `since` (it may hold data from before that invalidation),
+    /// nor with tags in more buckets than an entry may record.
+    pub(super) fn stamped(
+        &self,
+        entry: Entry,
+        tags: &TagSet,
+        since: u64,
+        store: bool,
+    ) -> (Arc<Entry>, bool) {
+        let stamp = self.tags.stamp(tags, since);
+        let store = store && stamp.is_some() && !tags.overflowed();
+        (Arc::new(entry.with_stamp(stamp.unwrap_or_default())), store)
+    }
+
+    /// The in-process half of a moved generation. Which flights build
+    /// entries with which tags is known only once they end, so every flight
+    /// running is detached: it may answer its waiters, and stores nothing.
+    pub(crate) fn generation_moved(&self, field: Field, generation: u64) {
+        self.tags.raise(field, generation);
+        self.flights.detach_all();
+        if field == Field::All {
+            // Nothing in it can be served any more: free the memory now.
+            self.l1.clear();
+        }
+    }
+
+    /// Before a rebuilt entry is stamped while the table is not trusted
+    /// (Redis may have lost it and started a new epoch unseen here), reads
+    /// the epoch from Redis: an entry stamped under an epoch the table no
+    /// longer has would be a miss on every instance that knows the new one.
+    /// Failing that, the entry is stamped under the epoch known here (at
+    /// worst a miss elsewhere). Without a shared tier the table is trusted.
+    async fn learn_epoch(&self) {
+        if self.fleet.trusts_table(Instant::now()) {
+            return;
+        }
+        if let Some((epoch, _)) = self
+            .fleet
+            .load_generations(Some(&[]), self.tags.table_epoch())
+            .await
+        {
+            self.apply(epoch, Vec::new());
+        }
+    }
+
+    /// What a read of the table found: its epoch (a new one makes every
+    /// entry of an older one a miss; the L1's are dropped at once) and
+    /// generations (a move detaches every flight).
+    fn apply(&self, epoch: u64, loaded: Vec<(Field, u64)>) {
+        apply_to(&self.tags, &self.flights, &self.l1, epoch, loaded);
+    }
+}
+
+/// Where the flight sends the answer of the request that started it. Gone
+/// when that request gave up; the flight goes on without it.
+struct Starter<R: Rebuild>(Option<oneshot::Sender<Answer<R>>>);
+
+impl<R: Rebuild> Starter<R> {
+    fn send(&mut self, answer: impl FnOnce() -> Answer<R>) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(answer());
+        }
+    }
+}
+
+fn served<R: Rebuild>(held: Held<R::Value>, status: Status) -> Answer<R> {
+    Answer::Served(Served {
+        held,
+        status,
+        stored: false,
+        private: None,
+    })
+}
+
+/// For a caller that may not coalesce: counted here, run by the adapter.
+fn alone<R: Rebuild>(rebuild: R, labels: Labels) -> Answer<R> {
+    m::count_bypass("hit-for-miss", labels);
+    count(m::ORIGIN_CALLS, labels);
+    Answer::Alone(rebuild)
+}
+
+fn usable_on_error(stale: Option<&Arc<Entry>>) -> Option<Arc<Entry>> {
+    stale.filter(|e| e.usable_on_error(Instant::now())).cloned()
+}
+
+fn stale_or<R: Rebuild>(stale: &Option<Arc<Entry>>, otherwise: Answer<R>) -> Answer<R> {
+    match usable_on_error(stale.as_ref()).and_then(Held::new) {
+        Some(held) => served(held, Status::Stale),
+        None => otherwise,
+    }
+}
+
+/// Counts a caller once, by how it was answered; `unserved` is how a caller
+/// that got no entry counts (its rebuild's miss, or a coalesced failure).
+/// A caller that waited on a rebuild it did not run (here or on another
+/// instance) has its wait since `began` recorded.
+fn tally<R: Rebuild>(answer: &Answer<R>, unserved: Status, labels: Labels, began: Instant) {
+    let status = match answer {
+        Answer::Served(served) => served.status,
+        Answer::Failed(_, status) => *status,
+        Answer::Private(_) | Answer::Panicked(_) => unserved,
+        Answer::Alone(_) => return,
+    };
+    if unserved == Status::Coalesced || status == Status::Coalesced {
+        m::record(m::WAIT_DURATION, labels, began.elapsed());
+    }
+    let name = match status {
+        Status::Hit => m::HITS,
+        Status::Stale => m::STALE,
+        Status::Miss => m::MISSES,
+        Status::Coalesced => m::COALESCED,
+    };
+    count(name, labels);
+}
+
+/// Applies a read of the tag table (see [`Engine::apply`]) to the parts of
+/// an engine, for a reload that runs on its own task.
+fn apply_to(
+    tags: &tags::TagTable,
+    flights: &Flights,
+    l1: &LocalTier,
+    epoch: u64,
+    loaded: Vec<(Field, u64)>,
+) {
+    if tags.adopt(epoch) {
+        l1.clear();
+    }
+    for (field, generation) in loaded {
+        if tags.raise(field, generation) {
+            flights.detach_all();
+        }
     }
 }
 

@@ -15,7 +15,7 @@
 //! checks each entry it takes from Redis against Redis itself. Without
 //! Redis they are this process's own.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::store::generations::{Field, BUCKETS};
@@ -88,14 +88,6 @@ impl Stamp {
             overflow: false,
         }
     }
-
-    /// The fields whose generations it recorded.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn fields(&self) -> Vec<Field> {
-        std::iter::once(Field::All)
-            .chain(self.tags.iter().map(|&(b, _)| Field::Bucket(b)))
-            .collect()
-    }
 }
 
 /// The current generations, in memory.
@@ -108,14 +100,6 @@ pub(crate) struct TagTable {
     /// Moved before any generation is: a rebuild that saw it move between
     /// its start and its end may have read data from before the move.
     changes: AtomicU64,
-    /// Times the process may have missed a message (each gap, each lapse of
-    /// the subscription lease), and the count a full reload last covered.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    lost: AtomicU64,
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    loaded: AtomicU64,
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    reloading: AtomicBool,
 }
 
 impl Default for TagTable {
@@ -125,10 +109,6 @@ impl Default for TagTable {
             all: AtomicU64::new(0),
             buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             changes: AtomicU64::new(0),
-            // Not loaded until the first load.
-            lost: AtomicU64::new(1),
-            loaded: AtomicU64::new(0),
-            reloading: AtomicBool::new(false),
         }
     }
 }
@@ -147,7 +127,7 @@ impl TagTable {
     /// (or one this process has not read yet): which invalidations it
     /// missed is unknown, so it is a miss.
     pub(crate) fn admits(&self, stamp: &Stamp) -> bool {
-        stamp.epoch == self.epoch.load(Ordering::Acquire)
+        stamp.epoch == self.table_epoch()
             && stamp.all >= self.all.load(Ordering::Acquire)
             && stamp
                 .tags
@@ -156,7 +136,6 @@ impl TagTable {
     }
 
     /// The epoch of the table as this process knows it.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn table_epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
     }
@@ -169,7 +148,6 @@ impl TagTable {
     /// epoch (every generation counts as at least the epoch), that data
     /// would pass for newer than the purge. Returns whether the epoch
     /// changed.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn adopt(&self, epoch: u64) -> bool {
         if self.epoch.load(Ordering::SeqCst) >= epoch {
             return false;
@@ -236,41 +214,6 @@ impl TagTable {
                 .collect(),
         };
         (self.changes.load(Ordering::SeqCst) == since).then_some(stamp)
-    }
-
-    /// The process may have missed messages from now on.
-    #[cfg(feature = "redis")]
-    pub(crate) fn lost(&self) -> u64 {
-        self.lost.fetch_add(1, Ordering::SeqCst).saturating_add(1)
-    }
-
-    /// A full reload that began when [`lost`](Self::lost) was at `epoch`
-    /// has been applied.
-    #[cfg(feature = "redis")]
-    pub(crate) fn loaded(&self, epoch: u64) {
-        self.loaded.fetch_max(epoch, Ordering::SeqCst);
-    }
-
-    /// Whether the whole table was reloaded since the last possible miss.
-    #[cfg(feature = "redis")]
-    pub(crate) fn is_loaded(&self) -> bool {
-        self.loaded.load(Ordering::SeqCst) >= self.lost.load(Ordering::SeqCst)
-    }
-
-    #[cfg(feature = "redis")]
-    pub(crate) fn epoch(&self) -> u64 {
-        self.lost.load(Ordering::SeqCst)
-    }
-
-    /// Takes the right to run the one full reload; `false` if one runs.
-    #[cfg(feature = "redis")]
-    pub(crate) fn begin_reload(&self) -> bool {
-        !self.reloading.swap(true, Ordering::AcqRel)
-    }
-
-    #[cfg(feature = "redis")]
-    pub(crate) fn end_reload(&self) {
-        self.reloading.store(false, Ordering::Release);
     }
 }
 

@@ -1,0 +1,779 @@
+//! Step 3: the seam to the shared tier. The engine asks it once per step
+//! and gets one answer back: before the rebuild, a [`Plan`] (the entry
+//! another instance built, the key's rebuild lease, or a wait for the
+//! holder's publish, which may carry the entry); after it, a commit under
+//! the lease's fence or the lease given up; for an invalidation, the fleet's
+//! half of it; for the tag table, whether it may be trusted and what Redis
+//! holds.
+//!
+//! [`Fleet`] works in one of two ways: embedded (no shared tier, because the
+//! crate was built without Redis or the backend has none: the plan is always
+//! "rebuild", and the in-process flight is the only protection), or with the
+//! Redis tier attached once it connected.
+//!
+//! This is the one file of the engine that knows whether the crate was built
+//! with Redis, and the one that knows the tier's types; everything else in
+//! the engine calls the methods below.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::entry::{CacheValue, Entry, Held};
+use super::{Engine, FailureKind, LocalTier};
+use crate::key::Key;
+use crate::metrics::Labels;
+use crate::store::generations::Field;
+
+#[cfg(feature = "redis")]
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[cfg(feature = "redis")]
+use std::sync::OnceLock;
+
+#[cfg(feature = "redis")]
+use super::apply_to;
+#[cfg(feature = "redis")]
+use super::codec;
+#[cfg(feature = "redis")]
+use super::entry::{later, Freshness};
+#[cfg(feature = "redis")]
+use crate::metrics::{self as m, count};
+#[cfg(feature = "redis")]
+use crate::store::redis::carried::Holder;
+#[cfg(feature = "redis")]
+use crate::store::redis::notify::{Event, Registration};
+#[cfg(feature = "redis")]
+pub(crate) use crate::store::redis::Lease;
+#[cfg(feature = "redis")]
+use crate::store::redis::{Fetched, Invalidated, RedisTier, Remote, TierConfig};
+
+/// A rebuild lease: the fleet-wide right to rebuild a key. On the embedded
+/// backend there is no such thing, and the type is empty.
+#[cfg(not(feature = "redis"))]
+pub(crate) enum Lease {}
+
+/// Why a flight was started.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Start {
+    /// A request missed: it waits for the answer.
+    Miss,
+    /// A stale entry is being served: refresh it, nobody waits.
+    Refresh,
+    /// An early refresh of an entry with this much freshness left: refresh
+    /// it unless another instance already did or is doing so (only the
+    /// shared tier can tell).
+    Early(#[cfg_attr(not(feature = "redis"), allow(dead_code))] Duration),
+}
+
+/// What a flight tells the fleet when it asks for its plan.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) struct Ask {
+    pub start: Start,
+    /// The lease to take, if the flight takes one.
+    pub lease: Duration,
+    /// How long to wait for another instance's rebuild.
+    pub patience: Duration,
+    /// The labels of the counters the plan moves.
+    pub labels: Labels,
+}
+
+/// What the flight does next, after asking the shared tier. Without the
+/// shared tier it is always `Rebuild`.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) enum Plan {
+    /// A fresh entry from Redis. `waited`: another instance's rebuild was
+    /// waited for to get it.
+    Hit { entry: Arc<Entry>, waited: bool },
+    /// Rebuild now, with this lease (`None`: no shared tier, or it is down).
+    Rebuild {
+        lease: Option<Lease>,
+        stale: Option<Arc<Entry>>,
+    },
+    /// Serve this stale entry at once (stale-while-revalidate) and refresh
+    /// it in the background, with the lease if one was taken.
+    StaleNow {
+        entry: Arc<Entry>,
+        lease: Option<Lease>,
+    },
+    /// Waited the whole budget for another instance's rebuild.
+    TimedOut { stale: Option<Arc<Entry>> },
+    /// The instance that held the lease failed to rebuild, while this one
+    /// waited for it, or the key's failure backoff runs: share its failure
+    /// rather than call the origin again.
+    Failed {
+        kind: FailureKind,
+        stale: Option<Arc<Entry>>,
+    },
+}
+
+/// The shared tier behind one engine, if any.
+pub(crate) struct Fleet {
+    /// Set once, right after the tier connects: its invalidation messages
+    /// call back into the engine, so the engine exists first.
+    #[cfg(feature = "redis")]
+    tier: OnceLock<Arc<RedisTier>>,
+    /// Whether the tag table was reloaded since a message may have been
+    /// missed.
+    #[cfg(feature = "redis")]
+    reloads: Arc<Reloads>,
+}
+
+impl Fleet {
+    pub(crate) fn new() -> Self {
+        Fleet {
+            #[cfg(feature = "redis")]
+            tier: OnceLock::new(),
+            #[cfg(feature = "redis")]
+            reloads: Arc::new(Reloads::default()),
+        }
+    }
+
+    /// The Redis tier, for the parts of the crate that call it directly
+    /// (locks, counters).
+    #[cfg(feature = "redis")]
+    pub(crate) fn tier(&self) -> Option<&Arc<RedisTier>> {
+        self.tier.get()
+    }
+
+    /// Whether entries are kept in this process alone.
+    pub(crate) fn is_embedded(&self) -> bool {
+        #[cfg(feature = "redis")]
+        if self.tier.get().is_some() {
+            return false;
+        }
+        true
+    }
+
+    /// With a shared tier, the L1 is trusted only while the subscription to
+    /// its invalidations is confirmed live (the subscription lease): once
+    /// that ran out, everything held in the process is to be dropped before
+    /// anything is served, and again every lease for as long as it is not
+    /// confirmed.
+    pub(crate) fn must_drop_l1(&self, now: Instant) -> bool {
+        #[cfg(feature = "redis")]
+        if let Some(tier) = self.tier.get() {
+            return tier.notifier.liveness.must_drop(now);
+        }
+        let _ = now;
+        false
+    }
+
+    /// Step 3: the entry, the lease, or a wait. Values that cannot travel
+    /// (`V::SHARED` false) never reach Redis.
+    pub(crate) async fn plan<V: CacheValue>(
+        &self,
+        engine: &Engine,
+        key: Key,
+        stale: Option<Arc<Entry>>,
+        ask: Ask,
+    ) -> Plan {
+        #[cfg(feature = "redis")]
+        if let Some(tier) = self.tier.get().filter(|_| V::SHARED) {
+            return plan_shared::<V>(engine, tier, &self.reloads, key, stale, ask).await;
+        }
+        let _ = (engine, key, ask, V::SHARED);
+        Plan::Rebuild { lease: None, stale }
+    }
+
+    /// Stores a rebuilt entry in Redis under the lease's fence, and wakes
+    /// the fleet; without a lease, nothing.
+    pub(crate) async fn commit<V: CacheValue>(
+        &self,
+        l1: &LocalTier,
+        key: Key,
+        lease: Option<Lease>,
+        held: &Held<V>,
+        labels: Labels,
+    ) {
+        let Some(lease) = lease else { return };
+        #[cfg(feature = "redis")]
+        {
+            let mut lease = lease;
+            let Some(tier) = self.tier() else { return };
+            let entry = held.entry();
+            let fresh = entry.fresh_for(Instant::now());
+            match held.value().encode() {
+                Some(payload) if !fresh.is_zero() => {
+                    let bytes = codec::encode(entry.envelope(), entry.stamp(), &payload);
+                    let (revalidate, if_error) = entry.envelope().windows();
+                    // Kept for its freshness plus the longer stale window.
+                    let keep = fresh.saturating_add(revalidate.max(if_error));
+                    let committed = tier.commit(&mut lease, bytes, fresh, keep, labels).await;
+                    if let Ok(false) = committed {
+                        // Fenced off: a newer entry, or an invalidation, came
+                        // after this rebuild began. Its copy here is no
+                        // better than Redis's: drop it (only if it is still
+                        // this one), and the next request reads Redis.
+                        l1.remove_if_same(&key, entry);
+                    }
+                }
+                _ => {
+                    let _ = tier.release(&mut lease, None).await;
+                }
+            }
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            let _ = (l1, key, held, labels);
+            match lease {}
+        }
+    }
+
+    /// Gives the lease up without storing. The instances waiting for it
+    /// retry at once, or, when the rebuild `failed`, share that failure.
+    pub(crate) async fn give_up(&self, lease: Option<Lease>, failed: Option<FailureKind>) {
+        let Some(lease) = lease else { return };
+        #[cfg(feature = "redis")]
+        {
+            let mut lease = lease;
+            if let Some(tier) = self.tier() {
+                let _ = tier.release(&mut lease, failed.map(code)).await;
+            }
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            let _ = failed;
+            match lease {}
+        }
+    }
+
+    /// The fleet's half of invalidating a key's group: Redis and every
+    /// other instance. Nothing to do without a shared tier.
+    pub(crate) async fn invalidate(&self, key: &Key) -> Result<(), crate::Error> {
+        #[cfg(feature = "redis")]
+        if let Some(tier) = self.tier.get() {
+            return tier.invalidate(key).await.map_err(crate::Error::from);
+        }
+        let _ = key;
+        Ok(())
+    }
+
+    /// Moves `field`'s generation in Redis, calling `moved` with the new
+    /// one once Redis has it. `None` without a shared tier: the generation
+    /// is the process's own.
+    pub(crate) async fn move_generation(
+        &self,
+        field: Field,
+        moved: impl Fn(u64),
+    ) -> Option<Result<(), crate::Error>> {
+        #[cfg(feature = "redis")]
+        if let Some(tier) = self.tier.get() {
+            let moved = tier.bump_generation(field, moved).await;
+            return Some(moved.map_err(crate::Error::from));
+        }
+        let _ = (field, moved);
+        None
+    }
+
+    /// Whether the in-process tag table may be trusted as it stands: it was
+    /// reloaded since a message may have been missed, and the subscription
+    /// hears everything. Always without a shared tier.
+    pub(crate) fn trusts_table(&self, now: Instant) -> bool {
+        #[cfg(feature = "redis")]
+        if let Some(tier) = self.tier.get() {
+            return trusts_table(tier, &self.reloads, now);
+        }
+        let _ = now;
+        true
+    }
+
+    /// Reads the table's epoch and the generations of `fields` (all of them
+    /// for `None`) from Redis, if there is a shared tier and it answers.
+    pub(crate) async fn load_generations(
+        &self,
+        fields: Option<&[Field]>,
+        known_epoch: u64,
+    ) -> Option<(u64, Vec<(Field, u64)>)> {
+        #[cfg(feature = "redis")]
+        if let Some(tier) = self.tier.get() {
+            return tier.load_generations(fields, known_epoch).await.ok();
+        }
+        let _ = (fields, known_epoch);
+        None
+    }
+
+    /// Messages may have been missed from now on: the tag table is not
+    /// trusted until it is read again from Redis (in the background).
+    pub(crate) fn table_lost(&self, engine: &Engine) {
+        #[cfg(feature = "redis")]
+        {
+            self.reloads.lost();
+            if let Some(tier) = self.tier.get() {
+                reload_tags(engine, tier, &self.reloads);
+            }
+        }
+        let _ = engine;
+    }
+}
+
+/// Connects the Redis tier behind a new engine: the tier's invalidation
+/// messages reach the engine, and the tag table is loaded once.
+#[cfg(feature = "redis")]
+pub(crate) async fn connect(
+    l1: LocalTier,
+    config: TierConfig,
+) -> Result<Arc<Engine>, redis::RedisError> {
+    let engine = Arc::new(Engine::new(l1));
+    // Another instance's invalidation is this engine's too: the L1 copy
+    // goes, and a flight running for the key may no longer store.
+    let on_invalidate = {
+        let engine = Arc::downgrade(&engine);
+        Arc::new(move |what| {
+            if let Some(engine) = engine.upgrade() {
+                match what {
+                    Invalidated::Key(key) => engine.invalidate_here(&key),
+                    Invalidated::Everything => engine.invalidate_everything_here(),
+                    Invalidated::Generation(field, generation) => {
+                        generation_heard(&engine, field, generation)
+                    }
+                }
+            }
+        })
+    };
+    let tier = RedisTier::connect(config, on_invalidate).await?;
+    let fleet = &engine.fleet;
+    let _ = fleet.tier.set(tier.clone());
+    // Loads the table once, at start-up.
+    let mark = fleet.reloads.mark();
+    if let Ok((table, loaded)) = tier.load_generations(None, engine.tags.table_epoch()).await {
+        engine.apply(table, loaded);
+        fleet.reloads.loaded(mark);
+    }
+    Ok(engine)
+}
+
+/// How far ahead of this process's clock, in microseconds, a generation
+/// heard on the channel may be (clock skew between hosts, and the few
+/// generations a burst of invalidations moves past Redis's clock).
+#[cfg(feature = "redis")]
+const HEARD_AHEAD_MICROS: u64 = 1_000_000;
+
+/// Another instance's move of a generation, as heard on the channel. A
+/// number ahead of this process's clock by more than [`HEARD_AHEAD_MICROS`]
+/// is not taken: anyone who may publish on the channel could otherwise
+/// raise a generation above the ones Redis's clock hands out, and the real
+/// invalidations that follow would not pass it until that clock did. Then
+/// nothing held here is trusted and the table is read again from Redis,
+/// which has the real number (a table Redis really holds ahead of the clocks
+/// costs a reload per message, never a stale answer).
+#[cfg(feature = "redis")]
+fn generation_heard(engine: &Engine, field: Field, generation: u64) {
+    let ceiling = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .saturating_add(HEARD_AHEAD_MICROS);
+    if generation > ceiling {
+        tracing::warn!(
+            field = ?field,
+            "a generation from the future on the event channel; reloading the table from redis"
+        );
+        engine.invalidate_everything_here();
+        return;
+    }
+    engine.generation_moved(field, generation);
+}
+
+/// The kind's code in the shared tier's failure notice.
+#[cfg(feature = "redis")]
+fn code(kind: FailureKind) -> u8 {
+    match kind {
+        FailureKind::Error => 1,
+        FailureKind::Panic => 2,
+        FailureKind::Timeout => 3,
+        FailureKind::WaitTimeout => 4,
+    }
+}
+
+/// The kind a notice's code names; `None` for a code this version does not
+/// know (the notice then only wakes, as a plain one does).
+#[cfg(feature = "redis")]
+fn kind(code: u8) -> Option<FailureKind> {
+    Some(match code {
+        1 => FailureKind::Error,
+        2 => FailureKind::Panic,
+        3 => FailureKind::Timeout,
+        4 => FailureKind::WaitTimeout,
+        _ => return None,
+    })
+}
+
+/// Times the process may have missed a message (each gap, each lapse of the
+/// subscription lease), the count a full reload of the tag table last
+/// covered, and whether one runs.
+#[cfg(feature = "redis")]
+struct Reloads {
+    lost: AtomicU64,
+    loaded: AtomicU64,
+    running: AtomicBool,
+}
+
+#[cfg(feature = "redis")]
+impl Default for Reloads {
+    fn default() -> Self {
+        Reloads {
+            // Not loaded until the first load.
+            lost: AtomicU64::new(1),
+            loaded: AtomicU64::new(0),
+            running: AtomicBool::new(false),
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl Reloads {
+    /// The process may have missed messages from now on.
+    fn lost(&self) -> u64 {
+        self.lost.fetch_add(1, Ordering::SeqCst).saturating_add(1)
+    }
+
+    /// A full reload that began at `mark` has been applied.
+    fn loaded(&self, mark: u64) {
+        self.loaded.fetch_max(mark, Ordering::SeqCst);
+    }
+
+    /// Whether the whole table was reloaded since the last possible miss.
+    fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::SeqCst) >= self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Where a reload that begins now stands: pass it to
+    /// [`loaded`](Self::loaded).
+    fn mark(&self) -> u64 {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Takes the right to run the one full reload; `false` if one runs.
+    fn begin(&self) -> bool {
+        !self.running.swap(true, Ordering::AcqRel)
+    }
+
+    fn end(&self) {
+        self.running.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(feature = "redis")]
+fn trusts_table(tier: &RedisTier, reloads: &Reloads, now: Instant) -> bool {
+    reloads.is_loaded() && tier.notifier.hears_everything(now)
+}
+
+/// Reloads the whole table from Redis in the background (one at a time),
+/// unless the subscription is in a gap: then the end of the gap does.
+#[cfg(feature = "redis")]
+fn reload_tags(engine: &Engine, tier: &Arc<RedisTier>, reloads: &Arc<Reloads>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    if !reloads.begin() {
+        return;
+    }
+    let (tags, flights, l1) = (
+        engine.tags.clone(),
+        engine.flights.clone(),
+        engine.l1.clone(),
+    );
+    let (tier, reloads) = (tier.clone(), reloads.clone());
+    runtime.spawn(async move {
+        let mark = reloads.mark();
+        if tier.notifier.in_gap() {
+            reloads.end();
+            return;
+        }
+        match tier.load_generations(None, tags.table_epoch()).await {
+            Ok((table, loaded)) => {
+                apply_to(&tags, &flights, &l1, table, loaded);
+                reloads.loaded(mark);
+            }
+            Err(error) => {
+                tracing::debug!(error = %error, "could not reload the tag generations");
+            }
+        }
+        reloads.end();
+    });
+}
+
+/// Whether an entry read from Redis may be served: none of the generations
+/// it recorded has moved, under the table's current epoch. While the table
+/// may have missed a move (a gap, an unconfirmed subscription, not reloaded
+/// since), or the entry names another epoch than the one known here (the
+/// table was lost and started again since one of the two was read), the
+/// entry's generations and the epoch are read from Redis first; failing
+/// that it is not served.
+#[cfg(feature = "redis")]
+async fn admits_remote(
+    engine: &Engine,
+    tier: &Arc<RedisTier>,
+    reloads: &Arc<Reloads>,
+    entry: &Entry,
+) -> bool {
+    let trusted = trusts_table(tier, reloads, Instant::now());
+    let stamp = entry.stamp();
+    if !trusted || stamp.epoch != engine.tags.table_epoch() {
+        // The fields whose generations it recorded.
+        let fields: Vec<Field> = std::iter::once(Field::All)
+            .chain(stamp.tags.iter().map(|&(b, _)| Field::Bucket(b)))
+            .collect();
+        match tier
+            .load_generations(Some(&fields), engine.tags.table_epoch())
+            .await
+        {
+            Ok((epoch, loaded)) => engine.apply(epoch, loaded),
+            Err(_) => return false,
+        }
+        if !trusted {
+            reload_tags(engine, tier, reloads);
+        }
+    }
+    engine.tags.admits(entry.stamp())
+}
+
+/// Whether an entry read from Redis may be served without asking Redis for
+/// its generations (a stale copy that is not worth the round trip).
+#[cfg(feature = "redis")]
+fn admits_remote_now(engine: &Engine, tier: &RedisTier, reloads: &Reloads, entry: &Entry) -> bool {
+    trusts_table(tier, reloads, Instant::now()) && engine.tags.admits(entry.stamp())
+}
+
+/// The plan with Redis. `Start::Miss` may hand back a stale entry inside
+/// stale-while-revalidate at once instead of waiting; `Start::Early` takes
+/// the lease even for a fresh entry, as long as the one in Redis has no more
+/// freshness left than the one judged due (if it has more, another instance
+/// already refreshed it: that is a hit).
+#[cfg(feature = "redis")]
+async fn plan_shared<V: CacheValue>(
+    engine: &Engine,
+    shared: &Arc<RedisTier>,
+    reloads: &Arc<Reloads>,
+    key: Key,
+    mut stale: Option<Arc<Entry>>,
+    ask: Ask,
+) -> Plan {
+    let give_up = Instant::now() + ask.patience;
+    let serve_stale = matches!(ask.start, Start::Miss);
+    let mut early = match ask.start {
+        Start::Early(left) => Some(left),
+        _ => None,
+    };
+    // Set once an unreadable entry was counted, so the same bytes seen again
+    // beside our lease are not counted twice.
+    let mut corrupt = false;
+    let mut waited = false;
+    // Set when Redis's fresh entry was built before an invalidation of its
+    // tags: take the lease over it, once.
+    let mut invalidated = false;
+    loop {
+        if !shared.is_available_for(&key) {
+            return Plan::Rebuild { lease: None, stale };
+        }
+        // Listen before asking, so a publish between the answer and the wait
+        // still wakes us.
+        let mut registration = shared.notifier.register(key);
+        // Redis's remaining freshness is counted from when the question was
+        // sent: the reply may come late, and counting from its arrival would
+        // call an entry fresh after Redis's own freshness has ended.
+        let now = Instant::now();
+        let early_ask = if invalidated {
+            Some(Duration::MAX)
+        } else {
+            early
+        };
+        let fetched = match shared.fetch_or_lease(&key, ask.lease, early_ask).await {
+            Ok(fetched) => fetched,
+            Err(_) => return Plan::Rebuild { lease: None, stale },
+        };
+        let (lease, lease_pttl, old, holder) = match fetched {
+            Fetched::Fresh(remote) => match decode::<V>(remote, now) {
+                Some(entry) if !admits_remote(engine, shared, reloads, &entry).await => {
+                    invalidated = true;
+                    continue;
+                }
+                Some(entry) => {
+                    count(m::L2_HITS, ask.labels);
+                    return Plan::Hit {
+                        entry: Arc::new(entry),
+                        waited,
+                    };
+                }
+                None => {
+                    shared.count_corrupt(&key);
+                    corrupt = true;
+                    // Take the lease over the unreadable entry.
+                    early = Some(Duration::MAX);
+                    continue;
+                }
+            },
+            Fetched::Leased { lease, stale } => (Some(*lease), Duration::ZERO, stale, None),
+            Fetched::Held {
+                lease_pttl,
+                stale,
+                holder,
+            } => (None, lease_pttl, stale, holder),
+            Fetched::Failing {
+                code,
+                backoff,
+                stale: old,
+            } => {
+                // As below: a copy from before a purge of its tags is none.
+                let old = old
+                    .and_then(|r| decode_or_count::<V>(shared, &key, r, now, corrupt))
+                    .filter(|e| admits_remote_now(engine, shared, reloads, e));
+                stale = newer(stale, old);
+                tracing::debug!(key = %key, ?backoff, "the last rebuild failed: backing off");
+                if serve_stale
+                    && let Some(entry) = stale
+                        .as_ref()
+                        .filter(|e| e.servable_while_revalidating(now))
+                {
+                    return Plan::StaleNow {
+                        entry: entry.clone(),
+                        lease: None,
+                    };
+                }
+                // A code this version does not know is a plain error.
+                let kind = kind(code).unwrap_or(FailureKind::Error);
+                return Plan::Failed { kind, stale };
+            }
+        };
+        // A copy from before an invalidation of its tags is none at all.
+        let old = old
+            .and_then(|r| decode_or_count::<V>(shared, &key, r, now, corrupt))
+            .filter(|e| admits_remote_now(engine, shared, reloads, e));
+        stale = newer(stale, old);
+        if serve_stale
+            && let Some(entry) = stale
+                .as_ref()
+                .filter(|e| e.servable_while_revalidating(now))
+        {
+            return Plan::StaleNow {
+                entry: entry.clone(),
+                lease,
+            };
+        }
+        if let Some(lease) = lease {
+            return Plan::Rebuild {
+                lease: Some(lease),
+                stale,
+            };
+        }
+        // Another instance holds the lease. (An early refresh that finds one
+        // already refreshing waits for its commit too, and so loads the new
+        // entry before its own copy expires.)
+        let left = give_up.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Plan::TimedOut { stale };
+        }
+        // Woken by the holder's commit or failure notice; failing that, by
+        // the lease running out (its holder died), or the budget.
+        let woke = registration
+            .wait(left.min(lease_pttl + Duration::from_millis(2)))
+            .await;
+        // The holder's entry is built after the invalidation.
+        invalidated = false;
+        if let Some(Event::FailedWith(code)) = woke
+            && let Some(kind) = kind(code)
+        {
+            return Plan::Failed { kind, stale };
+        }
+        waited = true;
+        if woke == Some(Event::Committed)
+            && let Some(entry) =
+                carried::<V>(engine, shared, reloads, &registration, holder, now).await
+        {
+            shared
+                .notifier
+                .stats
+                .carried
+                .fetch_add(1, Ordering::Relaxed);
+            count(m::L2_HITS, ask.labels);
+            return Plan::Hit {
+                entry: Arc::new(entry),
+                waited,
+            };
+        }
+    }
+}
+
+/// The entry the holder's commit carried, if it passes every check a
+/// fetched entry passes: the commit is of the lease this waiter saw held
+/// (its fence and token), nothing was invalidated on the channel since the
+/// waiter asked Redis, the codec reads it, and its tags admit it. Its
+/// freshness counts from `asked`, before the commit ran. Anything else is
+/// a plain wake-up: the caller fetches.
+#[cfg(feature = "redis")]
+async fn carried<V: CacheValue>(
+    engine: &Engine,
+    shared: &Arc<RedisTier>,
+    reloads: &Arc<Reloads>,
+    registration: &Registration,
+    holder: Option<Holder>,
+    asked: Instant,
+) -> Option<Entry> {
+    let carried = registration.carried()?;
+    if !holder?.proves(carried) {
+        tracing::debug!("a commit's wake-up that is not of the lease waited for");
+        return None;
+    }
+    let remote = Remote {
+        bytes: carried.entry()?,
+        fresh: Some(carried.fresh).filter(|d| !d.is_zero()),
+        remaining: Some(carried.keep).filter(|d| !d.is_zero()),
+    };
+    let entry = decode::<V>(remote, asked)?;
+    // Checked again after the tags' possible read: an invalidation heard
+    // meanwhile wins.
+    (entry.freshness(Instant::now()) == Freshness::Fresh
+        && admits_remote(engine, shared, reloads, &entry).await
+        && registration.carried().is_some())
+    .then_some(entry)
+}
+
+/// An entry read from the shared tier. Redis's clock decides: `remote.fresh`
+/// is the freshness Redis says is left (`None`: stale), `remote.remaining`
+/// the time until Redis drops the value. Instants are placed so that this
+/// instance agrees with every other one, whatever their clocks say.
+#[cfg(feature = "redis")]
+fn decode<V: CacheValue>(remote: Remote, now: Instant) -> Option<Entry> {
+    let (envelope, stamp, payload) = codec::decode(remote.bytes)?;
+    let value = V::decode(payload)?;
+    let (revalidate, if_error) = envelope.windows();
+    let windows = revalidate.max(if_error);
+    let fresh_until = match (remote.fresh, remote.remaining) {
+        (Some(left), _) => later(now, left),
+        // Stale: the value was kept for `windows` past the end of freshness.
+        (None, Some(left)) => now
+            .checked_sub(windows.saturating_sub(left))
+            .unwrap_or(now)
+            .min(now),
+        (None, None) => now,
+    };
+    let fresh_span = envelope.lifetime.ttl.saturating_sub(envelope.initial_age);
+    let stored_at = fresh_until.checked_sub(fresh_span).unwrap_or(now).min(now);
+    Some(Entry::placed(value, envelope, stored_at, fresh_until).with_stamp(stamp))
+}
+
+#[cfg(feature = "redis")]
+fn decode_or_count<V: CacheValue>(
+    shared: &RedisTier,
+    key: &Key,
+    remote: Remote,
+    now: Instant,
+    counted: bool,
+) -> Option<Arc<Entry>> {
+    let entry = decode::<V>(remote, now);
+    if entry.is_none() && !counted {
+        shared.count_corrupt(key);
+    }
+    entry.map(Arc::new)
+}
+
+/// The later of two stale entries.
+#[cfg(feature = "redis")]
+fn newer(a: Option<Arc<Entry>>, b: Option<Arc<Entry>>) -> Option<Arc<Entry>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b.fresh_until() >= a.fresh_until() {
+            b
+        } else {
+            a
+        }),
+        (a, b) => a.or(b),
+    }
+}
