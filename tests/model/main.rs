@@ -1,7 +1,8 @@
 //! An exhaustive model check of the fleet protocol (see docs/MODEL.md): the
 //! Redis scripts as atomic actions, the clients' steps, pub/sub with its
-//! losses, and Redis's faults, for small fleets. The same checks on the
-//! protocol as it was before the fleet-fault fixes find each old bug.
+//! losses, and Redis's faults, for small fleets. The same checks run on an
+//! earlier, flawed form of the protocol (`Protocol::Old`) find each of its
+//! bugs, which shows they guard against them.
 
 mod cache;
 mod client;
@@ -18,7 +19,7 @@ mod tags;
 pub enum Protocol {
     /// The scripts and client steps as they are now.
     Current,
-    /// As they were before the fleet-fault fixes.
+    /// An earlier form, without the fixes for Redis's faults.
     Old,
 }
 

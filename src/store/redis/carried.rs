@@ -3,7 +3,7 @@
 //! A commit publishes `c:<key>` on the namespace's channel; instances whose
 //! requests wait for the key then read it from Redis. When the encoded
 //! entry is at most [`CARRY_LIMIT`], the message carries it, so a woken
-//! instance answers its waiters without that second round trip:
+//! instance answers its waiters without reading Redis again:
 //!
 //! ```text
 //! c:<key hex>:1:<secret>:<fence>:<fresh ms>:<keep ms>:<entry, base64>
