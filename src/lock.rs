@@ -326,7 +326,7 @@ impl Lock {
         let mut abandon = AbandonOnDrop::new(l2, id, &owner.token, &attempt, self.lease);
         loop {
             // Listen before asking, so a release in between still wakes us.
-            let mut registration = l2.notifier.register(id);
+            let mut registration = l2.listen(id);
             let sent = Instant::now();
             let reply = match l2
                 .lock_acquire(

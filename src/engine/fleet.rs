@@ -151,7 +151,7 @@ impl Fleet {
     pub(crate) fn must_drop_l1(&self, now: Instant) -> bool {
         #[cfg(feature = "redis")]
         if let Some(tier) = self.tier.get() {
-            return tier.notifier.liveness.must_drop(now);
+            return tier.must_drop_l1(now);
         }
         let _ = now;
         false
@@ -453,7 +453,7 @@ impl Reloads {
 
 #[cfg(feature = "redis")]
 fn trusts_table(tier: &RedisTier, reloads: &Reloads, now: Instant) -> bool {
-    reloads.is_loaded() && tier.notifier.hears_everything(now)
+    reloads.is_loaded() && tier.hears_everything(now)
 }
 
 /// Reloads the whole table from Redis in the background (one at a time),
@@ -474,7 +474,7 @@ fn reload_tags(engine: &Engine, tier: &Arc<RedisTier>, reloads: &Arc<Reloads>) {
     let (tier, reloads) = (tier.clone(), reloads.clone());
     runtime.spawn(async move {
         let mark = reloads.mark();
-        if tier.notifier.in_gap() {
+        if tier.in_gap() {
             reloads.end();
             return;
         }
@@ -566,7 +566,7 @@ async fn plan_shared<V: CacheValue>(
         }
         // Listen before asking, so a publish between the answer and the wait
         // still wakes us.
-        let mut registration = shared.notifier.register(key);
+        let mut registration = shared.listen(key);
         // Redis's remaining freshness is counted from when the question was
         // sent: the reply may come late, and counting from its arrival would
         // call an entry fresh after Redis's own freshness has ended.
@@ -678,11 +678,7 @@ async fn plan_shared<V: CacheValue>(
             && let Some(entry) =
                 carried::<V>(engine, shared, reloads, &registration, holder, now).await
         {
-            shared
-                .notifier
-                .stats
-                .carried
-                .fetch_add(1, Ordering::Relaxed);
+            shared.count_carried();
             count(m::L2_HITS, ask.labels);
             return Plan::Hit {
                 entry: Arc::new(entry),

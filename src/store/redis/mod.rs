@@ -94,7 +94,7 @@ pub(crate) use error::{migrating, setup_error, TierError};
 pub(crate) use lease::Lease;
 use lock::{Attempt, Locks};
 pub(crate) use notify::Invalidated;
-use notify::{Notifier, OnInvalidate};
+use notify::{Notifier, OnInvalidate, Registration};
 use supervisor::SupervisorGuard;
 
 /// Settings of the Redis tier.
@@ -182,6 +182,35 @@ impl RedisTier {
             tier.notifier.liveness.confirm(started);
         }
         Ok(tier)
+    }
+
+    /// Whether the in-process tier must be dropped before anything is
+    /// served: the subscription's lease ran out, so a purge may have gone
+    /// unheard.
+    pub(crate) fn must_drop_l1(&self, now: Instant) -> bool {
+        self.notifier.liveness.must_drop(now)
+    }
+
+    /// Whether every message published on the channel up to `now` has been
+    /// heard (no gap in the subscription, its lease running).
+    pub(crate) fn hears_everything(&self, now: Instant) -> bool {
+        self.notifier.hears_everything(now)
+    }
+
+    /// Whether the subscription is between a lost link and its resubscription.
+    pub(crate) fn in_gap(&self) -> bool {
+        self.notifier.in_gap()
+    }
+
+    /// Listens for `key`'s wake-ups; register before asking Redis, so a
+    /// publish between the answer and the wait still wakes the waiter.
+    pub(crate) fn listen(&self, key: Key) -> Registration {
+        self.notifier.register(key)
+    }
+
+    /// Counts a wait answered by the entry its wake-up carried.
+    pub(crate) fn count_carried(&self) {
+        self.notifier.stats.carried.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Redis's `maxmemory-policy` as read at start-up, if it may evict keys.
