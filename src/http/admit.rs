@@ -13,14 +13,14 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::Body as HttpBody;
 use tokio::sync::oneshot;
 
-use super::body::{hidden, GuardBody as Body, OriginError};
-use super::cache_control::initial_age;
-use super::cache_status::{Forward, Fwd, CACHE_STATUS};
+use super::body::GuardBody as Body;
+use super::cache_status::{CacheStatus, Forward, Fwd, CACHE_STATUS};
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
-use super::respond::{tag_with, CacheStatus};
+use super::respond::tag_with;
 use super::response::{CachedBody, CachedResponse};
-use super::spool::{Filling, Hold, Spool};
+use super::rfc::cache_control::initial_age;
+use super::spool::{hidden, Filling, Hold, OriginError, Spool};
 use crate::engine::{Built, TagSet, Waiters};
 use crate::metrics::Labels;
 
@@ -85,7 +85,7 @@ where
         }
         Built::Unshared {
             private: Private::Response(response),
-            waiters: Waiters::HitForMiss(policy.hit_for_miss),
+            waiters: Waiters::HitForMiss(policy.store.hit_for_miss),
         }
     };
 
@@ -103,12 +103,12 @@ where
     // lead again. It may depend on who asked, so the key gets no hit-for-miss
     // window, whatever its headers (a bot challenge sets a cookie). A server
     // error is a failed rebuild.
-    if !parts.status.is_server_error() && !policy.statuses.contains(&parts.status) {
+    if !parts.status.is_server_error() && !policy.store.statuses.contains(&parts.status) {
         tracing::debug!(status = %parts.status, "response not stored: for its requester alone");
         let response = Response::from_parts(parts, Body::stream_hiding(body, policy.tags.hidden()));
         return Built::Unshared {
             private: Private::Response(tag_with(policy, response, CacheStatus::Miss, missed)),
-            waiters: Waiters::Relead(policy.hit_for_miss),
+            waiters: Waiters::Relead(policy.store.hit_for_miss),
         };
     }
     let (lifetime, store) = match classify(policy, parts.status, &parts.headers, keyed) {
@@ -130,7 +130,7 @@ where
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let mut over_cap = declared.is_some_and(|n| n > policy.max_body_bytes as u64);
+    let mut over_cap = declared.is_some_and(|n| n > policy.store.max_body_bytes as u64);
     // The starter's answer may leave before the body is read: it says
     // `stored` only when its length, declared or known to the body, already
     // tells it fits (a body streamed without one may still outgrow the cap).
@@ -139,8 +139,8 @@ where
     let told = Forward {
         stored: store
             && declared.or(body.size_hint().exact()).is_some_and(|n| {
-                n <= policy.max_body_bytes as u64
-                    && policy.keep_bound.is_none_or(|bound| {
+                n <= policy.store.max_body_bytes as u64
+                    && policy.store.keep_bound.is_none_or(|bound| {
                         weight_at_most(parts.status, &parts.headers, n) <= bound
                     })
             }),
@@ -149,7 +149,7 @@ where
 
     strip_hop_by_hop(&mut parts.headers);
     // At most four times the cap held for readers that lag (see `Spool`).
-    let spool = Spool::new(declared, policy.max_body_bytes.saturating_mul(4));
+    let spool = Spool::new(declared, policy.store.max_body_bytes.saturating_mul(4));
     // The start is kept for the waiters until they have their readers.
     let hold = Hold::new(&spool);
     let filling = Filling::new(&spool);
@@ -200,7 +200,7 @@ where
                         // Past its declared length.
                         break;
                     }
-                    over_cap = spool.len() > policy.max_body_bytes;
+                    over_cap = spool.len() > policy.store.max_body_bytes;
                 }
                 Err(frame) => {
                     let frame = hidden(frame, policy.tags.hidden().as_deref());
@@ -233,7 +233,7 @@ where
     let initial_age = initial_age(&parts.headers, SystemTime::now());
     parts.headers.remove(header::AGE);
     let mut cookies = Vec::new();
-    if policy.strip_set_cookie {
+    if policy.store.strip_set_cookie {
         // The stored copy loses every cookie; the starter's own answer keeps them.
         cookies.extend(
             parts
@@ -282,7 +282,7 @@ where
         return Built::Unshared {
             // Already streaming to the starter if `None`.
             private: private(&parts).unwrap_or(Private::Headers(Vec::new())),
-            waiters: Waiters::HitForMiss(policy.hit_for_miss),
+            waiters: Waiters::HitForMiss(policy.store.hit_for_miss),
         };
     };
 
@@ -298,7 +298,7 @@ where
     // Upstream caches' members told how this one request was handled: not
     // stored, so no hit replays them (each hit gets this layer's own).
     headers.remove(CACHE_STATUS);
-    if policy.cache_status.is_some() {
+    if policy.presentation.cache_status.is_some() {
         headers.insert(CACHE_STATUS, HeaderValue::from_static(""));
     }
     Built::Value {

@@ -25,7 +25,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn respect_cache_control(self, on: bool) -> Self {
-        self.with(|p| p.respect_cache_control = on)
+        self.with(|p| p.store.respect_cache_control = on)
     }
 
     /// Opt in to caching requests that carry `Authorization`, `Cookie` or
@@ -41,7 +41,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn allow_credentials(self, on: bool) -> Self {
-        self.with(|p| p.allow_credentials = on)
+        self.with(|p| p.store.allow_credentials = on)
     }
 
     /// Opt in to storing responses that set cookies, with the `Set-Cookie`
@@ -54,7 +54,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn strip_set_cookie(self, on: bool) -> Self {
-        self.with(|p| p.strip_set_cookie = on)
+        self.with(|p| p.store.strip_set_cookie = on)
     }
 
     /// Opt in to storing responses marked `private`, `no-store` or `no-cache`.
@@ -65,7 +65,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn cache_private(self, on: bool) -> Self {
-        self.with(|p| p.cache_private = on)
+        self.with(|p| p.store.cache_private = on)
     }
 
     /// Opt in to storing responses whose `Vary` is `*` or names headers the
@@ -77,7 +77,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn ignore_vary(self, on: bool) -> Self {
-        self.with(|p| p.ignore_vary = on)
+        self.with(|p| p.store.ignore_vary = on)
     }
 
     /// How long a key whose answer could not be shared skips coalescing
@@ -91,7 +91,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn hit_for_miss(self, window: Duration) -> Self {
-        self.with(|p| p.hit_for_miss = window.min(MAX_DELTA))
+        self.with(|p| p.store.hit_for_miss = window.min(MAX_DELTA))
     }
 
     /// How long the fleet-wide rebuild lease lasts before it must be renewed
@@ -105,7 +105,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn lease(self, lease: Duration) -> Self {
-        self.with(|p| p.lease = lease.min(MAX_DELTA))
+        self.with(|p| p.flight.lease = lease.min(MAX_DELTA))
     }
 
     /// The longest a rebuild may run (default 30 s). A rebuild runs on its
@@ -121,7 +121,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn rebuild_timeout(self, timeout: Duration) -> Self {
-        self.with(|p| p.rebuild_timeout = timeout.min(MAX_DELTA))
+        self.with(|p| p.flight.rebuild_timeout = timeout.min(MAX_DELTA))
     }
 
     /// Probabilistic early refresh (XFetch): a fresh entry is refreshed in
@@ -137,7 +137,7 @@ impl StampedeGuard {
     #[must_use]
     pub fn early_refresh(self, beta: f64) -> Self {
         let beta = (beta.is_finite() && beta > 0.0).then_some(beta);
-        self.with(|p| p.early_refresh = beta)
+        self.with(|p| p.flight.early_refresh = beta)
     }
 
     /// Lease-based refresh-ahead, deterministic where
@@ -175,7 +175,7 @@ impl StampedeGuard {
             0.0
         };
         let ahead = crate::engine::RefreshAhead { multiple, floor };
-        self.with(|p| p.refresh_ahead = Some(ahead))
+        self.with(|p| p.flight.refresh_ahead = Some(ahead))
     }
 
     /// Whether a successful (2xx or 3xx) answer to an unsafe method (any
@@ -193,7 +193,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn invalidate_on_unsafe(self, on: bool) -> Self {
-        self.with(|p| p.invalidate_on_unsafe = on)
+        self.with(|p| p.store.invalidate_on_unsafe = on)
     }
 
     /// Prefix for every key, to keep apart services or versions that share a
@@ -206,6 +206,6 @@ impl StampedeGuard {
     #[must_use]
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace: Arc<str> = Arc::from(namespace.into());
-        self.with(|p| p.namespace = namespace)
+        self.with(|p| p.keys.namespace = namespace)
     }
 }

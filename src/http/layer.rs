@@ -7,12 +7,15 @@ use http::{HeaderName, Request, StatusCode};
 use tower_layer::Layer;
 
 use super::cache_status::Rfc9211;
-use super::key::{request_key, KeyRules, Keyed};
-use super::policy::{KeyFn, Policy, WaitTimeout};
+use super::flight::WaitTimeout;
+use super::key::{request_key, KeyFn, KeyRules, Keyed};
+use super::policy::Policy;
 use super::service::GuardService;
+use super::tags::TagFn;
 use crate::backend::Backend;
 use crate::engine::MAX_DELTA;
 use crate::key::Key;
+use crate::store::generations::Field;
 
 /// A tower layer that caches responses and lets only one request per key
 /// rebuild an expired entry while the others wait for it or are served stale.
@@ -79,10 +82,8 @@ impl StampedeGuard {
     #[must_use]
     pub fn new(backend: Backend) -> Self {
         crate::metrics::describe_once();
-        let policy = Policy {
-            keep_bound: backend.engine.keep_bound(),
-            ..Policy::default()
-        };
+        let mut policy = Policy::default();
+        policy.store.keep_bound = backend.engine.keep_bound();
         StampedeGuard {
             backend,
             policy: Arc::new(policy),
@@ -102,7 +103,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|p| p.lifetime.ttl = ttl)
+        self.with(|p| p.store.lifetime.ttl = ttl)
     }
 
     /// After the ttl, how long an entry is still served at once while one
@@ -116,7 +117,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn stale_while_revalidate(self, window: Duration) -> Self {
-        self.with(|p| p.lifetime.stale_while_revalidate = window)
+        self.with(|p| p.store.lifetime.stale_while_revalidate = window)
     }
 
     /// After the ttl, how long an entry may stand in for a failed rebuild: an
@@ -128,7 +129,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn stale_if_error(self, window: Duration) -> Self {
-        self.with(|p| p.lifetime.stale_if_error = window)
+        self.with(|p| p.store.lifetime.stale_if_error = window)
     }
 
     /// How long a request waits for a rebuild it did not start before
@@ -147,7 +148,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn wait_budget(self, budget: Duration) -> Self {
-        self.with(|p| p.wait_budget = budget.min(MAX_DELTA))
+        self.with(|p| p.flight.wait_budget = budget.min(MAX_DELTA))
     }
 
     /// What a waiter does when its wait budget runs out (default: keep
@@ -164,7 +165,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn on_wait_timeout(self, action: WaitTimeout) -> Self {
-        self.with(|p| p.on_wait_timeout = action)
+        self.with(|p| p.flight.on_wait_timeout = action)
     }
 
     /// Largest body stored (default 4 MiB). A larger response is not stored:
@@ -178,7 +179,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn max_body_bytes(self, bytes: usize) -> Self {
-        self.with(|p| p.max_body_bytes = bytes)
+        self.with(|p| p.store.max_body_bytes = bytes)
     }
 
     /// Statuses that may be stored (default 200, 203, 204, 300, 301, 308, 404,
@@ -194,7 +195,7 @@ impl StampedeGuard {
     #[must_use]
     pub fn cacheable_statuses(self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
         let statuses: Arc<[StatusCode]> = statuses.into_iter().collect();
-        self.with(|p| p.statuses = statuses)
+        self.with(|p| p.store.statuses = statuses)
     }
 
     /// Request headers whose values select different responses (for example
@@ -222,7 +223,7 @@ impl StampedeGuard {
     #[must_use]
     pub fn vary(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let vary: Arc<[HeaderName]> = headers.into_iter().collect();
-        self.with(|p| p.vary = vary)
+        self.with(|p| p.keys.vary = vary)
     }
 
     /// The forwarding headers this deployment's handlers may read the host,
@@ -253,7 +254,7 @@ impl StampedeGuard {
     #[must_use]
     pub fn forwarded_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let forwarded: Arc<[HeaderName]> = headers.into_iter().collect();
-        self.with(|p| p.forwarded = forwarded)
+        self.with(|p| p.keys.forwarded = forwarded)
     }
 
     /// The route's own key, in place of host, path and query. Return `None` to
@@ -274,7 +275,7 @@ impl StampedeGuard {
         F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
     {
         let key_fn: KeyFn = Arc::new(key_fn);
-        self.with(|p| p.key_fn = Some(key_fn))
+        self.with(|p| p.keys.key_fn = Some(key_fn))
     }
 
     /// Response header that tells how a response was answered (`HIT`, `STALE`,
@@ -288,7 +289,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn cache_status_header(self, header: Option<HeaderName>) -> Self {
-        self.with(|p| p.status_header = header)
+        self.with(|p| p.presentation.status_header = header)
     }
 
     /// Whether responses carry this layer's member of the RFC 9211
@@ -318,9 +319,9 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn cache_status(self, on: bool) -> Self {
-        self.with(|p| match (on, &p.cache_status) {
-            (false, _) => p.cache_status = None,
-            (true, None) => p.cache_status = Some(Rfc9211::default_name()),
+        self.with(|p| match (on, &p.presentation.cache_status) {
+            (false, _) => p.presentation.cache_status = None,
+            (true, None) => p.presentation.cache_status = Some(Rfc9211::default_name()),
             (true, Some(_)) => {}
         })
     }
@@ -337,7 +338,7 @@ impl StampedeGuard {
     #[must_use]
     pub fn cache_status_name(self, name: impl AsRef<str>) -> Self {
         let members = Rfc9211::new(name.as_ref());
-        self.with(|p| p.cache_status = Some(members))
+        self.with(|p| p.presentation.cache_status = Some(members))
     }
 
     /// The `route` label of this route's metrics. Without one, a route is
@@ -354,6 +355,83 @@ impl StampedeGuard {
     pub fn route_name(self, name: impl Into<String>) -> Self {
         let name: Arc<str> = Arc::from(name.into());
         self.with(|p| p.route_name = Some(name))
+    }
+
+    /// Tags every entry of the route with what `tag_fn` returns for the
+    /// request that built it, beside the tags of the response's
+    /// [tag headers](Self::tag_headers). Invalidate them with
+    /// [`invalidate_tag`](Self::invalidate_tag). Tags are compared exactly
+    /// (case matters), without surrounding whitespace; an empty one is none.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// // `/products/42` is tagged `product:42`.
+    /// let guard = StampedeGuard::new(Backend::local()).tags(|req| {
+    ///     let id = req.uri.path().strip_prefix("/products/").unwrap_or("");
+    ///     vec![format!("product:{id}"), "products".to_owned()]
+    /// });
+    /// # let _ = guard;
+    /// ```
+    pub fn tags<F>(self, tag_fn: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> Vec<String> + Send + Sync + 'static,
+    {
+        let tag_fn: TagFn = Arc::new(tag_fn);
+        self.with(|p| p.tags.tag_fn = Some(tag_fn))
+    }
+
+    /// Response headers whose values tag the entry (default `Surrogate-Key`
+    /// and `Cache-Tag`; an empty list reads none). Tags are separated by
+    /// commas or whitespace (a tag in UTF-8 is read as such; bytes that are
+    /// not text never hide the other tags of their line); an answer with
+    /// tags in more than 256 of the
+    /// 4096 tag buckets is served but not stored.
+    pub fn tag_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        let headers: Arc<[HeaderName]> = headers.into_iter().collect();
+        self.with(|p| p.tags.headers = headers)
+    }
+
+    /// Leave the tag headers on the answer of the request that rebuilt the
+    /// entry (default: removed, as a CDN removes `Surrogate-Key`). They are
+    /// never stored, so hits never carry them.
+    pub fn expose_tag_headers(self, on: bool) -> Self {
+        self.with(|p| p.tags.expose = on)
+    }
+
+    /// Drops every entry tagged `tag` (by any route on this backend, or by
+    /// [`tags`](Self::tags)), here and, with a Redis backend, in Redis and
+    /// on every instance: O(1), whatever the number of entries (a generation
+    /// moves; entries recorded the older one).
+    ///
+    /// The same barrier as [`invalidate`](Self::invalidate): once it returns
+    /// `Ok`, no request that starts afterwards, on any instance, is answered
+    /// with a value built before it. Every rebuild running when it is called
+    /// (whatever its tags: they are known only when it ends) stores nothing
+    /// and answers only the requests already waiting for it.
+    ///
+    /// Tags share 4096 buckets: invalidating one also drops the entries of
+    /// the tags that share its bucket (more misses, never a stale answer).
+    ///
+    /// # Errors
+    ///
+    /// When the backend has a Redis tier and the invalidation did not reach
+    /// it (Redis down, the deadline passed; it was tried for four
+    /// deadlines). It may have reached Redis without an answer, or not at
+    /// all: nothing is promised then, and this process holds no memory of
+    /// it. Call it again.
+    pub async fn invalidate_tag(&self, tag: &str) -> Result<(), crate::Error> {
+        self.backend
+            .engine
+            .invalidate_field(Field::of_tag(tag.trim()))
+            .await
+    }
+
+    /// Drops every entry of the backend (every route and every
+    /// [`Cache`](crate::Cache) on it), here and on every instance: the same
+    /// barrier and errors as [`invalidate_tag`](Self::invalidate_tag).
+    pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
+        self.backend.engine.invalidate_field(Field::All).await
     }
 
     #[cfg(test)]
@@ -381,11 +459,11 @@ impl StampedeGuard {
         if let Some(original) = request.extensions().get::<axum::extract::OriginalUri>() {
             parts.extensions.insert(original.clone());
         }
-        let custom = match &self.policy.key_fn {
+        let custom = match &self.policy.keys.key_fn {
             Some(key_fn) => Some(key_fn(&parts)?),
             None => None,
         };
-        let rules = KeyRules::of(&self.policy, Keyed::now(&self.policy));
+        let rules = KeyRules::of(&self.policy.keys, Keyed::now(&self.policy.keys));
         Some(request_key(&rules, &parts, custom.as_deref()))
     }
 

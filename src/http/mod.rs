@@ -10,10 +10,9 @@
 
 mod admit;
 mod body;
-mod cache_control;
 mod cache_status;
+mod flight;
 mod future;
-mod headers;
 pub(crate) mod key;
 mod knobs;
 mod labels;
@@ -21,14 +20,13 @@ mod layer;
 mod passes;
 mod policy;
 mod range;
-mod reference;
 mod respond;
 pub(crate) mod response;
 mod revalidate;
+mod rfc;
 mod route_config;
 mod service;
 mod spool;
-mod structured;
 mod tags;
 mod unsafe_methods;
 mod vary;
@@ -36,11 +34,13 @@ mod vary;
 #[doc(inline)]
 pub use body::{BoxError, GuardBody, SharedBodyError};
 #[doc(inline)]
+pub use flight::WaitTimeout;
+#[doc(inline)]
 pub use future::ResponseFuture;
 #[doc(inline)]
-pub use layer::StampedeGuard;
+pub use key::KeyFn;
 #[doc(inline)]
-pub use policy::{KeyFn, WaitTimeout};
+pub use layer::StampedeGuard;
 pub use route_config::RouteConfig;
 #[doc(inline)]
 pub use service::GuardService;

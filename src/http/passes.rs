@@ -28,6 +28,12 @@ pub(crate) struct PassLog {
     warned: AtomicU32,
 }
 
+impl std::fmt::Debug for PassLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PassLog")
+    }
+}
+
 impl Clone for PassLog {
     /// A guard built from another warns afresh: it may be another route.
     fn clone(&self) -> Self {

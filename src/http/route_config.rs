@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use http::{HeaderName, StatusCode};
 
+use super::flight::WaitTimeout;
 use super::layer::StampedeGuard;
-use super::policy::WaitTimeout;
 
 /// The data knobs of a route's policy, in one value a service can load from
 /// its own configuration (with the `serde` feature: any serde format,
@@ -302,25 +302,34 @@ mod tests {
         config.invalidate_on_unsafe = Some(false);
         let guard = base.with_config(&config);
         let p = guard.policy();
-        assert_eq!(p.lifetime.ttl, Duration::from_secs(7), "ttl left out: kept");
-        assert_eq!(&*p.namespace, "kept");
-        assert_eq!(p.lifetime.stale_while_revalidate, Duration::from_secs(60));
-        assert_eq!(p.lifetime.stale_if_error, Duration::from_secs(120));
-        assert_eq!(p.wait_budget, Duration::from_secs(2));
         assert_eq!(
-            p.on_wait_timeout,
+            p.store.lifetime.ttl,
+            Duration::from_secs(7),
+            "ttl left out: kept"
+        );
+        assert_eq!(&*p.keys.namespace, "kept");
+        assert_eq!(
+            p.store.lifetime.stale_while_revalidate,
+            Duration::from_secs(60)
+        );
+        assert_eq!(p.store.lifetime.stale_if_error, Duration::from_secs(120));
+        assert_eq!(p.flight.wait_budget, Duration::from_secs(2));
+        assert_eq!(
+            p.flight.on_wait_timeout,
             WaitTimeout::Respond(StatusCode::GATEWAY_TIMEOUT)
         );
-        assert_eq!(p.lease, Duration::from_secs(3));
-        assert_eq!(p.rebuild_timeout, Duration::from_secs(9));
-        assert_eq!(p.hit_for_miss, Duration::from_secs(1));
-        assert_eq!(p.early_refresh, Some(2.0));
-        assert_eq!(p.max_body_bytes, 1024);
-        assert_eq!(&*p.statuses, &[StatusCode::OK]);
-        assert_eq!(&*p.vary, &[http::header::ACCEPT_LANGUAGE]);
-        assert!(p.forwarded.is_empty());
-        assert!(p.respect_cache_control && p.allow_credentials && p.strip_set_cookie);
-        assert!(p.cache_private && p.ignore_vary && !p.invalidate_on_unsafe);
+        assert_eq!(p.flight.lease, Duration::from_secs(3));
+        assert_eq!(p.flight.rebuild_timeout, Duration::from_secs(9));
+        assert_eq!(p.store.hit_for_miss, Duration::from_secs(1));
+        assert_eq!(p.flight.early_refresh, Some(2.0));
+        assert_eq!(p.store.max_body_bytes, 1024);
+        assert_eq!(&*p.store.statuses, &[StatusCode::OK]);
+        assert_eq!(&*p.keys.vary, &[http::header::ACCEPT_LANGUAGE]);
+        assert!(p.keys.forwarded.is_empty());
+        assert!(
+            p.store.respect_cache_control && p.store.allow_credentials && p.store.strip_set_cookie
+        );
+        assert!(p.store.cache_private && p.store.ignore_vary && !p.store.invalidate_on_unsafe);
     }
 
     #[test]
@@ -333,7 +342,7 @@ mod tests {
         let guard = StampedeGuard::new(Backend::local())
             .early_refresh(1.0)
             .with_config(&config);
-        assert_eq!(guard.policy().lease, crate::engine::MAX_DELTA);
-        assert_eq!(guard.policy().early_refresh, None);
+        assert_eq!(guard.policy().flight.lease, crate::engine::MAX_DELTA);
+        assert_eq!(guard.policy().flight.early_refresh, None);
     }
 }

@@ -20,12 +20,12 @@ use tower_service::Service;
 
 use super::admit::{admit, Admitted, Early, Private};
 use super::body::GuardBody as Body;
-use super::cache_status::{forward_of, Forward, Forwarded, Fwd};
+use super::cache_status::{forward_of, CacheStatus, Forward, Forwarded, Fwd, StatusHeaders};
 use super::future::ResponseFuture;
 use super::key::{align_host, request_key, KeyRules, Keyed};
 use super::labels::RouteLabels;
 use super::policy::{request_bypass, Policy};
-use super::respond::{failure, present, tag_with, CacheStatus, Conditions, Tags};
+use super::respond::{failure, present, tag_with, Conditions};
 use super::response::CachedResponse;
 use super::revalidate::{ask_conditionally, renew};
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
@@ -105,14 +105,14 @@ where
         if let Err(reason) = align_host(&mut parts) {
             return self.pass_through(Request::from_parts(parts, body), reason, labels);
         }
-        if policy.invalidate_on_unsafe && is_unsafe(&parts.method) {
+        if policy.store.invalidate_on_unsafe && is_unsafe(&parts.method) {
             return self.unsafe_method(Request::from_parts(parts, body), labels);
         }
-        let bypass = request_bypass(policy, &parts.method, &parts.headers);
+        let bypass = request_bypass(&policy.store, &parts.method, &parts.headers);
         if let Some(reason) = bypass.or_else(|| body_pending(&body)) {
             return self.pass_through(Request::from_parts(parts, body), reason, labels);
         }
-        let custom = match &policy.key_fn {
+        let custom = match &policy.keys.key_fn {
             Some(key_fn) => match key_fn(&parts) {
                 Some(custom) => Some(custom),
                 None => {
@@ -123,11 +123,15 @@ where
             None => None,
         };
         // Read once: the rebuild judges the origin's Vary against this key.
-        let keyed = Keyed::now(policy);
-        let key = request_key(&KeyRules::of(policy, keyed), &parts, custom.as_deref());
+        let keyed = Keyed::now(&policy.keys);
+        let key = request_key(
+            &KeyRules::of(&policy.keys, keyed),
+            &parts,
+            custom.as_deref(),
+        );
         let request = Request::from_parts(parts, body);
         let conditions = Conditions::of(&request);
-        let flight = policy.flight(labels);
+        let flight = policy.flight.policy(labels);
         let now = Instant::now();
         let engine = &self.backend.engine;
         match engine.lookup::<CachedResponse>(key, &flight, now) {
@@ -219,8 +223,13 @@ impl<S> GuardService<S> {
             detail: (reason != "method").then_some(reason),
             ..Forward::new(Fwd::of_bypass(reason))
         };
-        let tags = Tags::new(&self.policy, CacheStatus::Bypass, forward);
-        ResponseFuture::passthrough(self.inner.call(request), tags)
+        let status = StatusHeaders::new(
+            &self.policy.presentation,
+            &self.policy.tags,
+            CacheStatus::Bypass,
+            forward,
+        );
+        ResponseFuture::passthrough(self.inner.call(request), status)
     }
 }
 
@@ -263,7 +272,7 @@ where
     let (early, mut streamed) = oneshot::channel();
     let mut origin = origin;
     origin.early = plain.then_some(early);
-    let flight = policy.flight(origin.labels);
+    let flight = policy.flight.policy(origin.labels);
     let forwarded = origin.forwarded.clone();
     let had_stale = miss.has_stale();
     let mut answer = Box::pin(async move { engine.resolve(miss, flight, origin).await });
