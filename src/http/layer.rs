@@ -1,4 +1,6 @@
-//! [`StampedeGuard`]: the layer, and the per-route policy it carries.
+//! [`StampedeGuard`]: the layer, the per-route policy it carries, and every
+//! method that configures it (each builder, [`RouteConfig`] applied whole,
+//! tags) or acts on its backend (invalidation by request, tag or all).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +12,7 @@ use super::cache_status::Rfc9211;
 use super::flight::WaitTimeout;
 use super::key::{request_key, KeyFn, KeyRules, Keyed};
 use super::policy::Policy;
+use super::route_config::RouteConfig;
 use super::service::GuardService;
 use super::tags::TagFn;
 use crate::backend::Backend;
@@ -90,7 +93,7 @@ impl StampedeGuard {
         }
     }
 
-    pub(super) fn with(mut self, change: impl FnOnce(&mut Policy)) -> Self {
+    fn with(mut self, change: impl FnOnce(&mut Policy)) -> Self {
         change(Arc::make_mut(&mut self.policy));
         self
     }
@@ -357,6 +360,206 @@ impl StampedeGuard {
         self.with(|p| p.route_name = Some(name))
     }
 
+    /// Take freshness from the origin's `Cache-Control` (`s-maxage`, then
+    /// `max-age`, `stale-while-revalidate`, `stale-if-error`) or, without
+    /// those, from `Expires` minus `Date`, falling back to the route's
+    /// settings where the origin says nothing.
+    ///
+    /// On every route, respected or not: `s-maxage`, `must-revalidate` and
+    /// `proxy-revalidate` forbid serving stale (the route's stale windows are
+    /// zeroed for that response), and an `Expires` already past or invalid
+    /// (`0`) keeps the response out of the cache.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).respect_cache_control(true);
+    /// ```
+    #[must_use]
+    pub fn respect_cache_control(self, on: bool) -> Self {
+        self.with(|p| p.store.respect_cache_control = on)
+    }
+
+    /// Opt in to caching requests that carry `Authorization`, `Cookie` or
+    /// `Proxy-Authorization`. Only for routes whose answer does not depend on
+    /// who asks (or that key on the credential with [`vary`](Self::vary)).
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, StampedeGuard};
+    /// // The answer depends on who asks: key on the credential.
+    /// let guard = StampedeGuard::new(Backend::local())
+    ///     .allow_credentials(true)
+    ///     .vary([http::header::AUTHORIZATION]);
+    /// ```
+    #[must_use]
+    pub fn allow_credentials(self, on: bool) -> Self {
+        self.with(|p| p.store.allow_credentials = on)
+    }
+
+    /// Opt in to storing responses that set cookies, with the `Set-Cookie`
+    /// headers removed from the stored copy: the client that caused the
+    /// rebuild gets its cookie, nobody else does.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).strip_set_cookie(true);
+    /// ```
+    #[must_use]
+    pub fn strip_set_cookie(self, on: bool) -> Self {
+        self.with(|p| p.store.strip_set_cookie = on)
+    }
+
+    /// Opt in to storing responses marked `private`, `no-store` or `no-cache`.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).cache_private(true);
+    /// ```
+    #[must_use]
+    pub fn cache_private(self, on: bool) -> Self {
+        self.with(|p| p.store.cache_private = on)
+    }
+
+    /// Opt in to storing responses whose `Vary` is `*` or names headers the
+    /// route does not key on.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).ignore_vary(true);
+    /// ```
+    #[must_use]
+    pub fn ignore_vary(self, on: bool) -> Self {
+        self.with(|p| p.store.ignore_vary = on)
+    }
+
+    /// How long a key whose answer could not be shared skips coalescing
+    /// (default 5 s), so its requests run side by side, not one after another.
+    /// The window does not block the key: the first shareable answer one of
+    /// those requests gets is stored, and the key is coalesced and hit again.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).hit_for_miss(Duration::from_secs(1));
+    /// ```
+    #[must_use]
+    pub fn hit_for_miss(self, window: Duration) -> Self {
+        self.with(|p| p.store.hit_for_miss = window.min(MAX_DELTA))
+    }
+
+    /// How long the fleet-wide rebuild lease lasts before it must be renewed
+    /// (default 5 s). While the handler runs, a watchdog renews it every third
+    /// of this; if the instance dies, another may rebuild after at most this
+    /// long. Only used with a Redis backend.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).lease(Duration::from_secs(2));
+    /// ```
+    #[must_use]
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with(|p| p.flight.lease = lease.min(MAX_DELTA))
+    }
+
+    /// The longest a rebuild may run (default 30 s). A rebuild runs on its
+    /// own task and finishes even if every request waiting for it has gone;
+    /// past this it is abandoned, and its waiters get stale-if-error or
+    /// `504 Gateway Timeout`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// let guard = StampedeGuard::new(Backend::local()).rebuild_timeout(Duration::from_secs(5));
+    /// ```
+    #[must_use]
+    pub fn rebuild_timeout(self, timeout: Duration) -> Self {
+        self.with(|p| p.flight.rebuild_timeout = timeout.min(MAX_DELTA))
+    }
+
+    /// Probabilistic early refresh (XFetch): a fresh entry is refreshed in
+    /// the background, by one request in the fleet, with a chance that grows
+    /// as its expiry nears and with how long it took to build. `beta` scales
+    /// how early (1.0 is the usual choice; larger refreshes earlier). A hot key
+    /// then rarely expires at all.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).early_refresh(1.0);
+    /// ```
+    #[must_use]
+    pub fn early_refresh(self, beta: f64) -> Self {
+        let beta = (beta.is_finite() && beta > 0.0).then_some(beta);
+        self.with(|p| p.flight.early_refresh = beta)
+    }
+
+    /// Lease-based refresh-ahead, deterministic where
+    /// [`early_refresh`](Self::early_refresh) draws: once a fresh entry has
+    /// no more than `multiple` times its last rebuild time left before it
+    /// expires (and never less than `floor`), the first request to see it
+    /// refreshes it in the background, with the process's flight and, on
+    /// Redis, the fleet's lease; every request meanwhile, that one included,
+    /// is served the entry, which is still fresh. An instance tries each
+    /// entry it holds at most once per half margin (a copy read afresh from
+    /// Redis counts anew), so a failing refresh is not retried by every
+    /// request; a failed one also leaves the fleet's failure backoff. Set,
+    /// it replaces `early_refresh`.
+    ///
+    /// `multiple` is headroom for a rebuild slower than the last: `2.0` with
+    /// a `floor` of 50 ms is a good start. A `multiple` that is not a finite
+    /// number of at least 0 counts as 0 (the floor alone). The margin is
+    /// never more than half the entry's freshness lifetime, so a margin as
+    /// long as the ttl refreshes an entry halfway, not at its first hit.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// let guard = StampedeGuard::new(Backend::local())
+    ///     .ttl(Duration::from_secs(1))
+    ///     .refresh_ahead(2.0, Duration::from_millis(50));
+    /// # let _ = guard;
+    /// ```
+    #[must_use]
+    pub fn refresh_ahead(self, multiple: f64, floor: Duration) -> Self {
+        let multiple = if multiple.is_finite() && multiple > 0.0 {
+            multiple
+        } else {
+            0.0
+        };
+        let ahead = crate::engine::RefreshAhead { multiple, floor };
+        self.with(|p| p.flight.refresh_ahead = Some(ahead))
+    }
+
+    /// Whether a successful (2xx or 3xx) answer to an unsafe method (any
+    /// but GET, HEAD, OPTIONS and TRACE) drops, on every instance and before
+    /// the response is returned, every variant of the request's URI and of
+    /// the same-host URIs in its `Location` and `Content-Location` (RFC 9111
+    /// §4.4). On by default.
+    ///
+    /// Anyone who can make the origin accept a write can so make the fleet
+    /// rebuild that URI once: the rebuild is still coalesced.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).invalidate_on_unsafe(false);
+    /// ```
+    #[must_use]
+    pub fn invalidate_on_unsafe(self, on: bool) -> Self {
+        self.with(|p| p.store.invalidate_on_unsafe = on)
+    }
+
+    /// Prefix for every key, to keep apart services or versions that share a
+    /// backend.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).namespace("catalog-v2");
+    /// ```
+    #[must_use]
+    pub fn namespace(self, namespace: impl Into<String>) -> Self {
+        let namespace: Arc<str> = Arc::from(namespace.into());
+        self.with(|p| p.keys.namespace = namespace)
+    }
+
     /// Tags every entry of the route with what `tag_fn` returns for the
     /// request that built it, beside the tags of the response's
     /// [tag headers](Self::tag_headers). Invalidate them with
@@ -432,6 +635,53 @@ impl StampedeGuard {
     /// barrier and errors as [`invalidate_tag`](Self::invalidate_tag).
     pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
         self.backend.engine.invalidate_field(Field::All).await
+    }
+
+    /// This guard with every field `config` sets applied, through the method
+    /// of the same name (so with the same bounds); fields left out keep this
+    /// guard's settings.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::{Backend, RouteConfig, StampedeGuard};
+    ///
+    /// let mut config = RouteConfig::default();
+    /// config.ttl = Some(Duration::from_secs(30));
+    /// let guard = StampedeGuard::new(Backend::local()).with_config(&config);
+    /// ```
+    #[must_use]
+    pub fn with_config(self, config: &RouteConfig) -> Self {
+        fn apply<T: Clone>(
+            guard: StampedeGuard,
+            value: &Option<T>,
+            set: impl FnOnce(StampedeGuard, T) -> StampedeGuard,
+        ) -> StampedeGuard {
+            match value {
+                Some(value) => set(guard, value.clone()),
+                None => guard,
+            }
+        }
+        let c = config;
+        let g = apply(self, &c.ttl, Self::ttl);
+        let g = apply(g, &c.stale_while_revalidate, Self::stale_while_revalidate);
+        let g = apply(g, &c.stale_if_error, Self::stale_if_error);
+        let g = apply(g, &c.wait_budget, Self::wait_budget);
+        let g = apply(g, &c.on_wait_timeout, Self::on_wait_timeout);
+        let g = apply(g, &c.lease, Self::lease);
+        let g = apply(g, &c.rebuild_timeout, Self::rebuild_timeout);
+        let g = apply(g, &c.hit_for_miss, Self::hit_for_miss);
+        let g = apply(g, &c.early_refresh, Self::early_refresh);
+        let g = apply(g, &c.max_body_bytes, Self::max_body_bytes);
+        let g = apply(g, &c.cacheable_statuses, Self::cacheable_statuses);
+        let g = apply(g, &c.vary, Self::vary);
+        let g = apply(g, &c.forwarded_headers, Self::forwarded_headers);
+        let g = apply(g, &c.namespace, Self::namespace);
+        let g = apply(g, &c.respect_cache_control, Self::respect_cache_control);
+        let g = apply(g, &c.allow_credentials, Self::allow_credentials);
+        let g = apply(g, &c.strip_set_cookie, Self::strip_set_cookie);
+        let g = apply(g, &c.cache_private, Self::cache_private);
+        let g = apply(g, &c.ignore_vary, Self::ignore_vary);
+        apply(g, &c.invalidate_on_unsafe, Self::invalidate_on_unsafe)
     }
 
     #[cfg(test)]

@@ -14,7 +14,6 @@ mod cache_status;
 mod flight;
 mod future;
 pub(crate) mod key;
-mod knobs;
 mod labels;
 mod layer;
 mod passes;

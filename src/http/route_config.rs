@@ -6,7 +6,8 @@ use std::time::Duration;
 use http::{HeaderName, StatusCode};
 
 use super::flight::WaitTimeout;
-use super::layer::StampedeGuard;
+#[cfg(doc)]
+use crate::StampedeGuard;
 
 /// The data knobs of a route's policy, in one value a service can load from
 /// its own configuration (with the `serde` feature: any serde format,
@@ -95,55 +96,6 @@ pub struct RouteConfig {
     pub ignore_vary: Option<bool>,
     /// See [`StampedeGuard::invalidate_on_unsafe`].
     pub invalidate_on_unsafe: Option<bool>,
-}
-
-impl StampedeGuard {
-    /// This guard with every field `config` sets applied, through the method
-    /// of the same name (so with the same bounds); fields left out keep this
-    /// guard's settings.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use stampede_guard::{Backend, RouteConfig, StampedeGuard};
-    ///
-    /// let mut config = RouteConfig::default();
-    /// config.ttl = Some(Duration::from_secs(30));
-    /// let guard = StampedeGuard::new(Backend::local()).with_config(&config);
-    /// ```
-    #[must_use]
-    pub fn with_config(self, config: &RouteConfig) -> Self {
-        fn apply<T: Clone>(
-            guard: StampedeGuard,
-            value: &Option<T>,
-            set: impl FnOnce(StampedeGuard, T) -> StampedeGuard,
-        ) -> StampedeGuard {
-            match value {
-                Some(value) => set(guard, value.clone()),
-                None => guard,
-            }
-        }
-        let c = config;
-        let g = apply(self, &c.ttl, Self::ttl);
-        let g = apply(g, &c.stale_while_revalidate, Self::stale_while_revalidate);
-        let g = apply(g, &c.stale_if_error, Self::stale_if_error);
-        let g = apply(g, &c.wait_budget, Self::wait_budget);
-        let g = apply(g, &c.on_wait_timeout, Self::on_wait_timeout);
-        let g = apply(g, &c.lease, Self::lease);
-        let g = apply(g, &c.rebuild_timeout, Self::rebuild_timeout);
-        let g = apply(g, &c.hit_for_miss, Self::hit_for_miss);
-        let g = apply(g, &c.early_refresh, Self::early_refresh);
-        let g = apply(g, &c.max_body_bytes, Self::max_body_bytes);
-        let g = apply(g, &c.cacheable_statuses, Self::cacheable_statuses);
-        let g = apply(g, &c.vary, Self::vary);
-        let g = apply(g, &c.forwarded_headers, Self::forwarded_headers);
-        let g = apply(g, &c.namespace, Self::namespace);
-        let g = apply(g, &c.respect_cache_control, Self::respect_cache_control);
-        let g = apply(g, &c.allow_credentials, Self::allow_credentials);
-        let g = apply(g, &c.strip_set_cookie, Self::strip_set_cookie);
-        let g = apply(g, &c.cache_private, Self::cache_private);
-        let g = apply(g, &c.ignore_vary, Self::ignore_vary);
-        apply(g, &c.invalidate_on_unsafe, Self::invalidate_on_unsafe)
-    }
 }
 
 #[cfg(feature = "serde")]
@@ -268,7 +220,7 @@ mod serde_impl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Backend;
+    use crate::{Backend, StampedeGuard};
 
     #[test]
     fn every_field_reaches_the_policy_and_absent_fields_keep_the_guards() {
