@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 use super::body::GuardBody as Body;
 use super::cache_status::{CacheStatus, Forward, Fwd, CACHE_STATUS};
 use super::key::Keyed;
+use super::passes::Pass;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::tag_with;
 use super::response::{CachedBody, CachedResponse};
@@ -63,11 +64,11 @@ where
     // Before anything else: no answer, shared or not, carries them on.
     tags.extend(&policy.tags.take(&mut parts.headers));
     let missed = Forward::new(fwd);
-    let unshared = |reason: &'static str, parts: http::response::Parts, body| {
+    let unshared = |reason: Pass, parts: http::response::Parts, body| {
         policy.passes.response(reason, labels);
         let failed = parts.status.is_server_error();
         let forward = Forward {
-            detail: Some(reason),
+            detail: Some(reason.as_str()),
             ..Forward::new(fwd)
         };
         let response = Response::from_parts(parts, body);
@@ -93,7 +94,7 @@ where
     // the whole, so an origin answering with a part is not to be shared.
     if parts.status == StatusCode::PARTIAL_CONTENT {
         return unshared(
-            "partial content",
+            Pass::PartialContent,
             parts,
             Body::stream_hiding(body, policy.tags.hidden()),
         );

@@ -32,6 +32,7 @@ use http::{HeaderMap, HeaderName};
 
 use crate::engine::{Held, Status};
 
+use super::passes::Pass;
 use super::response::CachedResponse;
 use super::rfc::structured;
 use super::tags::TagRules;
@@ -219,10 +220,10 @@ impl Fwd {
 
     /// Why a request the cache did not take went forward, by the reason it
     /// was passed.
-    pub(crate) fn of_bypass(reason: &str) -> Fwd {
-        match reason {
-            "method" => Fwd::Method,
-            "credentials" | "request no-store" => Fwd::Request,
+    pub(crate) fn of_bypass(pass: Pass) -> Fwd {
+        match pass {
+            Pass::Method => Fwd::Method,
+            Pass::Credentials | Pass::RequestNoStore => Fwd::Request,
             _ => Fwd::Bypass,
         }
     }
@@ -494,13 +495,13 @@ mod tests {
         );
         let bypass = Forward {
             detail: Some("request body"),
-            ..Forward::new(Fwd::of_bypass("request body"))
+            ..Forward::new(Fwd::of_bypass(Pass::RequestBody))
         };
         assert_eq!(
             c.value(&Member::Forward(bypass)),
             "edge; fwd=bypass; detail=\"request body\""
         );
-        assert_eq!(Fwd::of_bypass("method"), Fwd::Method);
-        assert_eq!(Fwd::of_bypass("credentials"), Fwd::Request);
+        assert_eq!(Fwd::of_bypass(Pass::Method), Fwd::Method);
+        assert_eq!(Fwd::of_bypass(Pass::Credentials), Fwd::Request);
     }
 }

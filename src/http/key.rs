@@ -22,6 +22,7 @@ use http::header::{ACCEPT_ENCODING, FORWARDED, HOST};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Uri};
 
+use super::passes::Pass;
 use super::rfc::headers::{hash_accept_encoding, hash_forwarded};
 use crate::key::{Key, KeyHasher};
 
@@ -169,17 +170,17 @@ pub(crate) fn target_host(parts: &Parts) -> Option<&str> {
 /// made of. `Err` when that cannot be done, or when the request carries
 /// several `Host` lines (which RFC 9112 §3.2 makes invalid): such a request
 /// bypasses the cache.
-pub(crate) fn align_host(parts: &mut Parts) -> Result<(), &'static str> {
+pub(crate) fn align_host(parts: &mut Parts) -> Result<(), Pass> {
     match target_host(parts) {
         Some(host) => {
-            let value = HeaderValue::from_str(host).map_err(|_| "host")?;
+            let value = HeaderValue::from_str(host).map_err(|_| Pass::Host)?;
             parts.headers.insert(HOST, value);
             Ok(())
         }
         // As many lines as names: no name, `Host` neither, has two (a
         // check that costs nothing, before the lookup that hashes).
         None if parts.headers.len() == parts.headers.keys_len() => Ok(()),
-        None if parts.headers.get_all(HOST).iter().nth(1).is_some() => Err("host"),
+        None if parts.headers.get_all(HOST).iter().nth(1).is_some() => Err(Pass::Host),
         None => Ok(()),
     }
 }

@@ -14,7 +14,7 @@ use http::{HeaderMap, Method, StatusCode};
 use super::cache_status::Presentation;
 use super::flight::FlightSettings;
 use super::key::{KeySettings, Keyed};
-use super::passes::PassLog;
+use super::passes::{Pass, PassLog};
 use super::rfc::cache_control::{expires_lifetime, tokens, CacheControl};
 use super::tags::TagRules;
 use super::vary::{names_in_vary, vary_is_covered};
@@ -93,9 +93,9 @@ pub(crate) fn request_bypass(
     store: &StoreRules,
     method: &Method,
     headers: &HeaderMap,
-) -> Option<&'static str> {
+) -> Option<Pass> {
     if method != Method::GET && method != Method::HEAD {
-        return Some("method");
+        return Some(Pass::Method);
     }
     // One pass over the names present (usually a handful, none of these)
     // instead of a lookup per header asked about.
@@ -110,12 +110,12 @@ pub(crate) fn request_bypass(
         }
     }
     if credentials && !store.allow_credentials {
-        return Some("credentials");
+        return Some(Pass::Credentials);
     }
     // An upgrade is a connection, not a document. (A range is answered from
     // the whole entry.)
     if upgrade {
-        return Some("upgrade");
+        return Some(Pass::Upgrade);
     }
     // A GET or HEAD with a body: the handler may read it, and the answer the
     // leader's body shaped would be stored for everyone.
@@ -124,14 +124,14 @@ pub(crate) fn request_bypass(
         && (headers.contains_key(TRANSFER_ENCODING)
             || !headers.get_all(CONTENT_LENGTH).iter().all(zero))
     {
-        return Some("request body");
+        return Some(Pass::RequestBody);
     }
     // RFC 9111 §5.2.1.5: nothing of the answer to this request may be stored.
     // It goes to the origin on its own; no flight waits on it or stores it.
     // (A request's `no-cache` or `max-age=0` is ignored: on a shared cache it
     // would let any client force an origin call for everyone.)
     if cache_control && request_forbids_store(headers) {
-        return Some("request no-store");
+        return Some(Pass::RequestNoStore);
     }
     None
 }
@@ -153,7 +153,7 @@ pub(crate) enum Verdict {
     Share { lifetime: Lifetime, store: bool },
     /// Nobody but the request that asked may have it, and the key skips
     /// coalescing for a while (hit-for-miss).
-    Pass(&'static str),
+    Pass(Pass),
 }
 
 /// Applies the route's rules to an origin response's status and headers;
@@ -166,14 +166,14 @@ pub(crate) fn classify(
 ) -> Verdict {
     let (store, keys) = (&policy.store, &policy.keys);
     if headers.contains_key(SET_COOKIE) && !store.strip_set_cookie {
-        return Verdict::Pass("set-cookie");
+        return Verdict::Pass(Pass::SetCookie);
     }
     let cc = CacheControl::parse(headers);
     if cc.unparseable {
-        return Verdict::Pass("unparseable cache-control");
+        return Verdict::Pass(Pass::UnparseableCacheControl);
     }
     if (cc.private || cc.no_store || cc.no_cache) && !store.cache_private {
-        return Verdict::Pass("private, no-store or no-cache");
+        return Verdict::Pass(Pass::Private);
     }
     if !keyed.accept_encoding && names_in_vary(headers, &ACCEPT_ENCODING) {
         // The origin picks a coding per request: key on Accept-Encoding from
@@ -182,7 +182,7 @@ pub(crate) fn classify(
         keys.learned_encoding.set();
     }
     if !store.ignore_vary && !vary_is_covered(headers, &keys.vary, keyed) {
-        return Verdict::Pass("vary");
+        return Verdict::Pass(Pass::Vary);
     }
     let mut lifetime = store.lifetime;
     let explicit = cc.s_maxage.or(cc.max_age);
@@ -248,18 +248,18 @@ mod tests {
         let before = Keyed::now(&p.keys);
         assert!(!before.accept_encoding);
         let v = classify(&p, StatusCode::OK, &varying("Accept-Encoding"), before);
-        assert_eq!(v, Verdict::Pass("vary"));
+        assert_eq!(v, Verdict::Pass(Pass::Vary));
         let after = Keyed::now(&p.keys);
         assert!(after.accept_encoding, "the route learned");
         // A rebuild keyed before the flag flipped still may not share its
         // answer: its waiters may accept other codings.
         let v = classify(&p, StatusCode::OK, &varying("accept-encoding"), before);
-        assert_eq!(v, Verdict::Pass("vary"));
+        assert_eq!(v, Verdict::Pass(Pass::Vary));
         let v = classify(&p, StatusCode::OK, &varying("accept-encoding"), after);
         assert!(matches!(v, Verdict::Share { store: true, .. }));
         // Learning one header covers only that one.
         let v = classify(&p, StatusCode::OK, &varying("accept-encoding, x-a"), after);
-        assert_eq!(v, Verdict::Pass("vary"));
+        assert_eq!(v, Verdict::Pass(Pass::Vary));
         // Clones made from the route keep what it learned.
         assert!(Keyed::now(&p.clone().keys).accept_encoding);
     }

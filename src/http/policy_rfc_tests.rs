@@ -143,7 +143,7 @@ fn request_no_store_bypasses_and_no_cache_does_not() {
         let h = headers(&[("cache-control", line)]);
         assert_eq!(
             request_bypass(&p.store, &get, &h),
-            Some("request no-store"),
+            Some(Pass::RequestNoStore),
             "{line}"
         );
     }

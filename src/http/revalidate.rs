@@ -109,7 +109,7 @@ where
         Verdict::Pass(reason) => {
             // The origin now says the response may not be shared: its
             // starter alone gets it, as any unshared answer.
-            tracing::debug!(reason, "renewed response not shared");
+            tracing::debug!(reason = reason.as_str(), "renewed response not shared");
             let mut response = Response::new(match body {
                 CachedBody::Full(bytes) => Body::full(bytes),
                 CachedBody::Spooled(hold) => Body::spooled(hold.spool().clone(), None),

@@ -24,6 +24,7 @@ use super::cache_status::{forward_of, CacheStatus, Forward, Forwarded, Fwd, Stat
 use super::future::ResponseFuture;
 use super::key::{align_host, request_key, KeyRules, Keyed};
 use super::labels::RouteLabels;
+use super::passes::Pass;
 use super::policy::{request_bypass, Policy};
 use super::respond::{failure, present, tag_with, Conditions};
 use super::response::CachedResponse;
@@ -117,7 +118,7 @@ where
                 Some(custom) => Some(custom),
                 None => {
                     let request = Request::from_parts(parts, body);
-                    return self.pass_through(request, "key_fn", labels);
+                    return self.pass_through(request, Pass::KeyFn, labels);
                 }
             },
             None => None,
@@ -188,7 +189,7 @@ impl<S> GuardService<S> {
         S::Error: Send + 'static,
         ResBody: HttpBody + Send + 'static,
     {
-        self.policy.passes.request("method", labels);
+        self.policy.passes.request(Pass::Method, labels);
         let (mut parts, body) = request.into_parts();
         let targets = Targets::of(&self.policy, &mut parts);
         let future = self.inner.call(Request::from_parts(parts, body));
@@ -211,7 +212,7 @@ impl<S> GuardService<S> {
     fn pass_through<ReqBody, ResBody>(
         &mut self,
         request: Request<ReqBody>,
-        reason: &'static str,
+        reason: Pass,
         labels: Labels,
     ) -> ResponseFuture<S::Future, ResBody, S::Error>
     where
@@ -220,7 +221,7 @@ impl<S> GuardService<S> {
     {
         self.policy.passes.request(reason, labels);
         let forward = Forward {
-            detail: (reason != "method").then_some(reason),
+            detail: (reason != Pass::Method).then_some(reason.as_str()),
             ..Forward::new(Fwd::of_bypass(reason))
         };
         let status = StatusHeaders::new(
@@ -237,11 +238,11 @@ impl<S> GuardService<S> {
 /// without `Content-Length`. Whatever the body's type (axum's, hyper's
 /// `Incoming` when the guard wraps a whole router, or the caller's own), a
 /// body that may still hold data makes the request bypass.
-fn body_pending<B: HttpBody>(body: &B) -> Option<&'static str> {
+fn body_pending<B: HttpBody>(body: &B) -> Option<Pass> {
     // Only the body's own word that it has ended counts: an exact size of 0
     // counts data bytes, and trailers may still follow.
     let empty = body.is_end_stream();
-    (!empty).then_some("request body")
+    (!empty).then_some(Pass::RequestBody)
 }
 
 /// A miss: what the engine's flight gives, as a response.
