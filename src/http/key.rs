@@ -330,5 +330,4 @@ pub(crate) fn normalize_query(query: &str) -> String {
 }
 
 #[cfg(test)]
-#[path = "key_tests.rs"]
 mod tests;

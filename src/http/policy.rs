@@ -421,5 +421,4 @@ mod tests {
 }
 
 #[cfg(test)]
-#[path = "policy_rfc_tests.rs"]
 mod rfc_tests;

@@ -509,5 +509,4 @@ impl<E> OriginError<E> {
 }
 
 #[cfg(test)]
-#[path = "spool_tests.rs"]
 mod tests;
