@@ -1,4 +1,4 @@
-//! Request → cache key.
+//! Request → cache key, and the route's key settings.
 //!
 //! A request's key is the digest of everything that selects its response:
 //! namespace, host, path, the query with its pairs sorted by name, the

@@ -1,4 +1,5 @@
-//! Per-route settings, and the rules that decide what may be cached.
+//! A route's policy (`Policy`: its settings, in pieces by who reads them),
+//! and the store rules that decide what may be cached.
 //!
 //! The defaults are safe for a shared cache: nothing personal is stored or
 //! shared. A request with credentials, a response that sets a cookie or says
