@@ -17,8 +17,8 @@
 //!   request, tag or all.
 //! - `route_config.rs`: [`RouteConfig`], a route's settings as data.
 //! - `service.rs`: [`GuardService`]`::call` (policy, key, one L1 read),
-//!   pass-through, unsafe methods, and `Origin`, the engine's `Rebuild` for
-//!   the inner service.
+//!   pass-through, unsafe methods, and a miss's answer as a response.
+//! - `origin.rs`: `Origin`, the engine's `Rebuild` for the inner service.
 //! - `future.rs`: [`ResponseFuture`]: ready on a hit, the inner future on a
 //!   pass-through, boxed on a miss.
 //! - `revalidate.rs`: asking the origin conditionally, and renewing an entry
@@ -64,6 +64,7 @@ mod future;
 pub(crate) mod key;
 mod labels;
 mod layer;
+mod origin;
 mod passes;
 mod policy;
 mod range;
