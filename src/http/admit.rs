@@ -4,6 +4,7 @@
 //! from there as it arrives, and so do the waiters when it outgrows the cache.
 
 use std::future::poll_fn;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -13,15 +14,16 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::Body as HttpBody;
 use tokio::sync::oneshot;
 
-use super::body::{hidden, GuardBody as Body, OriginError};
-use super::cache_control::initial_age;
-use super::cache_status::{Forward, Fwd, CACHE_STATUS};
+use super::body::GuardBody as Body;
+use super::cache_status::{CacheStatus, Forward, Fwd, CACHE_STATUS};
 use super::key::Keyed;
+use super::passes::Pass;
 use super::policy::{classify, Policy, Verdict};
-use super::respond::{tag_with, CacheStatus};
+use super::respond::tag_with;
 use super::response::{CachedBody, CachedResponse};
-use super::spool::{Filling, Hold, Spool};
-use crate::engine::{Built, TagSet, Waiters};
+use super::rfc::cache_control::initial_age;
+use super::spool::{hidden, Filling, Hold, OriginError, Spool};
+use crate::engine::{Built, Lifetime, TagSet, Waiters};
 use crate::metrics::Labels;
 
 /// What the request that caused a rebuild may have, and nobody else.
@@ -45,6 +47,9 @@ pub(crate) type Early<B> = oneshot::Sender<Response<Body<B>>>;
 /// shared, its body streaming while it fills the entry. `keyed` says what
 /// the key the answer would be stored under was made of; `tags`, the
 /// request's (the response's tag headers are added).
+///
+/// Four steps: [`decide`] on the head, [`stream_head`] to the starter,
+/// [`fill`] the spool with the body, and make the [`entry`].
 pub(crate) async fn admit<B, E>(
     policy: &Policy,
     response: Response<B>,
@@ -62,75 +67,176 @@ where
     let (mut parts, body) = response.into_parts();
     // Before anything else: no answer, shared or not, carries them on.
     tags.extend(&policy.tags.take(&mut parts.headers));
-    let missed = Forward::new(fwd);
-    let unshared = |reason: &'static str, parts: http::response::Parts, body| {
-        policy.passes.response(reason, labels);
-        let failed = parts.status.is_server_error();
-        let forward = Forward {
-            detail: Some(reason),
-            ..Forward::new(fwd)
-        };
-        let response = Response::from_parts(parts, body);
-        let response = tag_with(policy, response, CacheStatus::Miss, forward);
-        if failed {
-            // A server error is a failed rebuild whatever its headers say
-            // (error pages are often marked no-store, or carry a session
-            // cookie): the waiters share the failure or the stale-if-error
-            // copy, and the starter gets its own answer. Sending each waiter
-            // to the origin would aim a herd at an origin that is failing.
-            return Built::Failed {
-                shared: None,
-                private: Some(Private::Response(response)),
+    let (lifetime, store) = match decide(policy, &parts, keyed) {
+        Decision::Share { lifetime, store } => (lifetime, store),
+        Decision::Pass(reason) => return unshared(policy, labels, fwd, reason, parts, body),
+        Decision::Requester => {
+            tracing::debug!(status = %parts.status, "response not stored: for its requester alone");
+            let response =
+                Response::from_parts(parts, Body::stream_hiding(body, policy.tags.hidden()));
+            let missed = Forward::new(fwd);
+            return Built::Unshared {
+                private: Private::Response(tag_with(policy, response, CacheStatus::Miss, missed)),
+                waiters: Waiters::Relead(policy.store.hit_for_miss),
             };
         }
-        Built::Unshared {
-            private: Private::Response(response),
-            waiters: Waiters::HitForMiss(policy.hit_for_miss),
+    };
+    // Tags in more buckets than an entry records: served, never stored (and
+    // its `Cache-Status` must not say `stored`).
+    let store = store && !tags.overflowed();
+    let stream = stream_head(
+        policy,
+        &mut parts,
+        body.size_hint().exact(),
+        store,
+        fwd,
+        early,
+    );
+    let body = match fill(policy, &stream, body).await {
+        Filled::Whole => None,
+        Filled::OverCap(rest) => Some(rest),
+        Filled::Failed => {
+            return Built::Failed {
+                shared: None,
+                private: stream.private(policy, &parts),
+            }
         }
     };
+    entry(policy, parts, stream, body, lifetime, store, tags)
+}
 
+/// What the route's rules make of the origin's head.
+enum Decision {
+    /// Shared with the waiters; stored too when `store`.
+    Share { lifetime: Lifetime, store: bool },
+    /// Not to be shared, for this reason: the starter alone has it, and the
+    /// key skips coalescing for a while (a server error is a failed rebuild).
+    Pass(Pass),
+    /// A status the route does not store: the starter alone has it, and the
+    /// waiters lead again.
+    Requester,
+}
+
+/// Step 1: what may become of a response with this head.
+fn decide(policy: &Policy, parts: &http::response::Parts, keyed: Keyed) -> Decision {
     // A 206 is a slice of a representation, never one: the rebuild asks for
     // the whole, so an origin answering with a part is not to be shared.
     if parts.status == StatusCode::PARTIAL_CONTENT {
-        return unshared(
-            "partial content",
-            parts,
-            Body::stream_hiding(body, policy.tags.hidden()),
-        );
+        return Decision::Pass(Pass::PartialContent);
     }
     // Only a status the route stores is shared: another (a 403 or 429 for
     // this caller, a 201, a 206) goes to this request alone, and the waiters
     // lead again. It may depend on who asked, so the key gets no hit-for-miss
     // window, whatever its headers (a bot challenge sets a cookie). A server
     // error is a failed rebuild.
-    if !parts.status.is_server_error() && !policy.statuses.contains(&parts.status) {
-        tracing::debug!(status = %parts.status, "response not stored: for its requester alone");
-        let response = Response::from_parts(parts, Body::stream_hiding(body, policy.tags.hidden()));
-        return Built::Unshared {
-            private: Private::Response(tag_with(policy, response, CacheStatus::Miss, missed)),
-            waiters: Waiters::Relead(policy.hit_for_miss),
+    if !parts.status.is_server_error() && !policy.store.statuses.contains(&parts.status) {
+        return Decision::Requester;
+    }
+    match classify(policy, parts.status, &parts.headers, keyed) {
+        Verdict::Pass(reason) => Decision::Pass(reason),
+        Verdict::Share { lifetime, store } => Decision::Share { lifetime, store },
+    }
+}
+
+/// An answer that may not be shared, for `reason`: counted, and streamed to
+/// the starter alone.
+fn unshared<B, E>(
+    policy: &Policy,
+    labels: Labels,
+    fwd: Fwd,
+    reason: Pass,
+    parts: http::response::Parts,
+    body: B,
+) -> Admitted<B, E>
+where
+    B: HttpBody,
+{
+    policy.passes.response(reason, labels);
+    let failed = parts.status.is_server_error();
+    let forward = Forward {
+        detail: Some(reason.as_str()),
+        ..Forward::new(fwd)
+    };
+    let body = Body::stream_hiding(body, policy.tags.hidden());
+    let response = Response::from_parts(parts, body);
+    let response = tag_with(policy, response, CacheStatus::Miss, forward);
+    if failed {
+        // A server error is a failed rebuild whatever its headers say
+        // (error pages are often marked no-store, or carry a session
+        // cookie): the waiters share the failure or the stale-if-error
+        // copy, and the starter gets its own answer. Sending each waiter
+        // to the origin would aim a herd at an origin that is failing.
+        return Built::Failed {
+            shared: None,
+            private: Some(Private::Response(response)),
         };
     }
-    let (lifetime, store) = match classify(policy, parts.status, &parts.headers, keyed) {
-        Verdict::Pass(reason) => {
-            return unshared(
-                reason,
-                parts,
-                Body::stream_hiding(body, policy.tags.hidden()),
-            )
-        }
-        Verdict::Share { lifetime, store } => (lifetime, store),
-    };
-    // Tags in more buckets than an entry records: served, never stored (and
-    // its `Cache-Status` must not say `stored`).
-    let store = store && !tags.overflowed();
+    Built::Unshared {
+        private: Private::Response(response),
+        waiters: Waiters::HitForMiss(policy.store.hit_for_miss),
+    }
+}
+
+/// A shareable body on its way into the spool, and what the starter was
+/// told of it. (Fields drop in this order: the filling mark before the
+/// held start.)
+struct Stream<B: HttpBody> {
+    origin_error: OriginError<B::Error>,
+    /// Taken when the rest of the body is handed to a task of its own.
+    filling: Option<Filling>,
+    /// The start, kept for the waiters until they have their readers.
+    hold: Hold,
+    spool: Arc<Spool>,
+    /// The body's declared length is over the cap.
+    over_cap: bool,
+    /// A server error: stale-if-error may still answer it.
+    failure: bool,
+    /// The starter already has its response, streaming from the spool.
+    early_sent: bool,
+    /// How the starter's response went forward.
+    told: Forward,
+}
+
+impl<B: HttpBody> Stream<B> {
+    /// The starter's own streamed answer, when the entry is not for it.
+    fn private<E>(&self, policy: &Policy, parts: &http::response::Parts) -> Option<Private<B, E>> {
+        (!self.early_sent).then(|| {
+            let body = Body::spooled(self.spool.clone(), Some(self.origin_error.clone()));
+            let mut response = Response::new(body);
+            *response.status_mut() = parts.status;
+            *response.headers_mut() = parts.headers.clone();
+            // Only answers that are not stored take this path.
+            let told = Forward {
+                stored: false,
+                ..self.told
+            };
+            Private::Response(tag_with(policy, response, CacheStatus::Miss, told))
+        })
+    }
+}
+
+/// Step 2: the spool the body fills, and the starter's response streaming
+/// from it, sent on `early` as soon as the head is known to be shareable.
+/// `exact` is the length the body itself knows.
+fn stream_head<B>(
+    policy: &Policy,
+    parts: &mut http::response::Parts,
+    exact: Option<u64>,
+    store: bool,
+    fwd: Fwd,
+    early: Option<Early<B>>,
+) -> Stream<B>
+where
+    B: HttpBody,
+{
     let failure = parts.status.is_server_error();
     let declared = parts
         .headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let mut over_cap = declared.is_some_and(|n| n > policy.max_body_bytes as u64);
+    let cap = policy.store.max_body_bytes as u64;
+    let over_cap = declared.is_some_and(|n| n > cap);
     // The starter's answer may leave before the body is read: it says
     // `stored` only when its length, declared or known to the body, already
     // tells it fits (a body streamed without one may still outgrow the cap).
@@ -138,19 +244,18 @@ where
     // tier, which keeps no entry heavier than its whole bound.
     let told = Forward {
         stored: store
-            && declared.or(body.size_hint().exact()).is_some_and(|n| {
-                n <= policy.max_body_bytes as u64
-                    && policy.keep_bound.is_none_or(|bound| {
+            && declared.or(exact).is_some_and(|n| {
+                n <= cap
+                    && policy.store.keep_bound.is_none_or(|bound| {
                         weight_at_most(parts.status, &parts.headers, n) <= bound
                     })
             }),
-        ..missed
+        ..Forward::new(fwd)
     };
 
     strip_hop_by_hop(&mut parts.headers);
     // At most four times the cap held for readers that lag (see `Spool`).
-    let spool = Spool::new(declared, policy.max_body_bytes.saturating_mul(4));
-    // The start is kept for the waiters until they have their readers.
+    let spool = Spool::new(declared, policy.store.max_body_bytes.saturating_mul(4));
     let hold = Hold::new(&spool);
     let filling = Filling::new(&spool);
     let origin_error = OriginError::new();
@@ -170,23 +275,36 @@ where
         }
         _ => false,
     };
-    // The starter's own streamed answer, when the entry is not for it.
-    let private = |parts: &http::response::Parts| {
-        (!early_sent).then(|| {
-            let body = Body::spooled(spool.clone(), Some(origin_error.clone()));
-            let mut response = Response::new(body);
-            *response.status_mut() = parts.status;
-            *response.headers_mut() = parts.headers.clone();
-            // Only answers that are not stored take this path.
-            let told = Forward {
-                stored: false,
-                ..told
-            };
-            Private::Response(tag_with(policy, response, CacheStatus::Miss, told))
-        })
-    };
+    Stream {
+        origin_error,
+        filling: Some(filling),
+        hold,
+        spool,
+        over_cap,
+        failure,
+        early_sent,
+        told,
+    }
+}
 
-    // Read the body into the spool, up to the size cap.
+/// How far the body got into the spool.
+enum Filled<B> {
+    /// All of it, trailers too.
+    Whole,
+    /// Past the size cap: the rest is still to read.
+    OverCap(Pin<Box<B>>),
+    /// It failed, or broke its declared length.
+    Failed,
+}
+
+/// Step 3: reads the body into the spool, up to the size cap.
+async fn fill<B>(policy: &Policy, stream: &Stream<B>, body: B) -> Filled<B>
+where
+    B: HttpBody,
+    B::Data: Buf,
+{
+    let spool = &stream.spool;
+    let mut over_cap = stream.over_cap;
     let mut body = Box::pin(body);
     while !over_cap {
         match poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
@@ -200,7 +318,7 @@ where
                         // Past its declared length.
                         break;
                     }
-                    over_cap = spool.len() > policy.max_body_bytes;
+                    over_cap = spool.len() > policy.store.max_body_bytes;
                 }
                 Err(frame) => {
                     let frame = hidden(frame, policy.tags.hidden().as_deref());
@@ -211,29 +329,43 @@ where
             Some(Err(error)) => {
                 // The starter gets what was read and the error; the waiters
                 // share the failure (or stale-if-error).
-                origin_error.put(error);
+                stream.origin_error.put(error);
                 spool.fail();
-                return Built::Failed {
-                    shared: None,
-                    private: private(&parts),
-                };
+                return Filled::Failed;
             }
         }
     }
-
     if spool.failed() {
         // It broke its declared length (RFC 9111 §3.3: an incomplete
         // response is not stored as complete): a failed body, as above.
-        return Built::Failed {
-            shared: None,
-            private: private(&parts),
-        };
+        return Filled::Failed;
     }
+    match over_cap {
+        true => Filled::OverCap(body),
+        false => Filled::Whole,
+    }
+}
 
+/// Step 4: the entry the waiters share (and the tiers keep, when `store`).
+/// `rest`: the body past the size cap, still to read.
+fn entry<B, E>(
+    policy: &Policy,
+    mut parts: http::response::Parts,
+    stream: Stream<B>,
+    rest: Option<Pin<Box<B>>>,
+    lifetime: Lifetime,
+    store: bool,
+    tags: TagSet,
+) -> Admitted<B, E>
+where
+    B: HttpBody + Send + 'static,
+    B::Data: Buf + Send,
+    B::Error: Send + 'static,
+{
     let initial_age = initial_age(&parts.headers, SystemTime::now());
     parts.headers.remove(header::AGE);
     let mut cookies = Vec::new();
-    if policy.strip_set_cookie {
+    if policy.store.strip_set_cookie {
         // The stored copy loses every cookie; the starter's own answer keeps them.
         cookies.extend(
             parts
@@ -246,17 +378,22 @@ where
     }
     let cookies = (!cookies.is_empty()).then_some(Private::Headers(cookies));
 
-    if over_cap {
+    if let Some(rest) = rest {
         // Too large to cache: the rest is read on a task of its own, and
         // every request that waited reads this one fetch.
-        filling.hand_over();
-        spool
+        let mut stream = stream;
+        if let Some(filling) = stream.filling.take() {
+            filling.hand_over();
+        }
+        let hide = policy.tags.hidden();
+        stream
+            .spool
             .clone()
-            .pump(body, origin_error.clone(), policy.tags.hidden());
-        if failure {
+            .pump(rest, stream.origin_error.clone(), hide);
+        if stream.failure {
             return Built::Failed {
                 shared: None,
-                private: private(&parts),
+                private: stream.private(policy, &parts),
             };
         }
         tracing::debug!("body larger than max_body_bytes: streamed to every waiter, not stored");
@@ -266,7 +403,7 @@ where
             value: CachedResponse {
                 status: parts.status,
                 headers: parts.headers,
-                body: CachedBody::Spooled(Arc::new(hold)),
+                body: CachedBody::Spooled(Arc::new(stream.hold)),
             },
             lifetime,
             initial_age,
@@ -276,13 +413,15 @@ where
             tags,
         };
     }
-    let Some(bytes) = spool.to_owned_bytes() else {
+    let Some(bytes) = stream.spool.to_owned_bytes() else {
         // Trailers cannot be kept in an entry: the starter alone has them.
-        debug_assert!(spool.has_trailers());
+        debug_assert!(stream.spool.has_trailers());
         return Built::Unshared {
             // Already streaming to the starter if `None`.
-            private: private(&parts).unwrap_or(Private::Headers(Vec::new())),
-            waiters: Waiters::HitForMiss(policy.hit_for_miss),
+            private: stream
+                .private(policy, &parts)
+                .unwrap_or(Private::Headers(Vec::new())),
+            waiters: Waiters::HitForMiss(policy.store.hit_for_miss),
         };
     };
 
@@ -298,7 +437,7 @@ where
     // Upstream caches' members told how this one request was handled: not
     // stored, so no hit replays them (each hit gets this layer's own).
     headers.remove(CACHE_STATUS);
-    if policy.cache_status.is_some() {
+    if policy.presentation.cache_status.is_some() {
         headers.insert(CACHE_STATUS, HeaderValue::from_static(""));
     }
     Built::Value {
@@ -310,7 +449,7 @@ where
         lifetime,
         initial_age,
         store,
-        failure,
+        failure: stream.failure,
         private: cookies,
         tags,
     }

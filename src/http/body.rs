@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes};
@@ -17,7 +17,7 @@ use http_body::{Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
 
-use super::spool::{Read, Spool, SpoolReader};
+use super::spool::{hidden, OriginError, Read, Spool, SpoolReader};
 
 /// The error type of a [`GuardBody`]: the inner body's error, or a
 /// [`SharedBodyError`] for a request that shared another one's origin body.
@@ -110,16 +110,6 @@ impl<B: http_body::Body> GuardBody<B> {
     }
 }
 
-/// `frame` without the trailer fields named in `hide`.
-pub(crate) fn hidden<D>(mut frame: Frame<D>, hide: Option<&[HeaderName]>) -> Frame<D> {
-    if let (Some(names), Some(trailers)) = (hide, frame.trailers_mut()) {
-        for name in names {
-            trailers.remove(name);
-        }
-    }
-    frame
-}
-
 fn to_bytes<D: Buf>(frame: Frame<D>) -> Frame<Bytes> {
     frame.map_data(|mut d| d.copy_to_bytes(d.remaining()))
 }
@@ -200,30 +190,6 @@ where
 impl<B: http_body::Body> std::fmt::Debug for GuardBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("stampede_guard::GuardBody")
-    }
-}
-
-/// The origin's body error, kept for the one reader allowed to see it (the
-/// request that caused the fetch); the others get a [`SharedBodyError`].
-pub(crate) struct OriginError<E>(Arc<Mutex<Option<E>>>);
-
-impl<E> Clone for OriginError<E> {
-    fn clone(&self) -> Self {
-        OriginError(self.0.clone())
-    }
-}
-
-impl<E> OriginError<E> {
-    pub(crate) fn new() -> Self {
-        OriginError(Arc::new(Mutex::new(None)))
-    }
-
-    pub(crate) fn put(&self, error: E) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
-    }
-
-    pub(crate) fn take(&self) -> Option<E> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
 

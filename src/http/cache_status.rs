@@ -28,14 +28,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use http::header::HeaderValue;
-use http::{HeaderMap, HeaderName, Response};
+use http::{HeaderMap, HeaderName};
 
 use crate::engine::{Held, Status};
 
-use super::policy::Policy;
-use super::respond::CacheStatus;
+use super::passes::Pass;
 use super::response::CachedResponse;
-use super::structured;
+use super::rfc::structured;
+use super::tags::TagRules;
 
 /// The header's name.
 pub(crate) const CACHE_STATUS: HeaderName = HeaderName::from_static("cache-status");
@@ -139,6 +139,58 @@ impl Rfc9211 {
     }
 }
 
+/// How a response was answered, as told in the cache-status header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CacheStatus {
+    Hit,
+    Stale,
+    Miss,
+    Coalesced,
+    Bypass,
+}
+
+impl CacheStatus {
+    pub(crate) fn header_value(self) -> HeaderValue {
+        HeaderValue::from_static(match self {
+            CacheStatus::Hit => "HIT",
+            CacheStatus::Stale => "STALE",
+            CacheStatus::Miss => "MISS",
+            CacheStatus::Coalesced => "COALESCED",
+            CacheStatus::Bypass => "BYPASS",
+        })
+    }
+}
+
+impl From<Status> for CacheStatus {
+    fn from(status: Status) -> Self {
+        match status {
+            Status::Hit => CacheStatus::Hit,
+            Status::Stale => CacheStatus::Stale,
+            Status::Miss => CacheStatus::Miss,
+            Status::Coalesced => CacheStatus::Coalesced,
+        }
+    }
+}
+
+/// How a route shows how it answered: the `x-cache`-style header, and its
+/// member of `Cache-Status`.
+#[derive(Clone, Debug)]
+pub(crate) struct Presentation {
+    /// The header that says `HIT`, `MISS`, …, if the route sets one.
+    pub status_header: Option<HeaderName>,
+    /// The RFC 9211 `Cache-Status` member's cache, if the route adds one.
+    pub cache_status: Option<Arc<Rfc9211>>,
+}
+
+impl Default for Presentation {
+    fn default() -> Self {
+        Presentation {
+            status_header: Some(HeaderName::from_static("x-cache")),
+            cache_status: Some(Rfc9211::default_name()),
+        }
+    }
+}
+
 /// Why a request went forward (RFC 9211 §2.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fwd {
@@ -168,10 +220,10 @@ impl Fwd {
 
     /// Why a request the cache did not take went forward, by the reason it
     /// was passed.
-    pub(crate) fn of_bypass(reason: &str) -> Fwd {
-        match reason {
-            "method" => Fwd::Method,
-            "credentials" | "request no-store" => Fwd::Request,
+    pub(crate) fn of_bypass(pass: Pass) -> Fwd {
+        match pass {
+            Pass::Method => Fwd::Method,
+            Pass::Credentials | Pass::RequestNoStore => Fwd::Request,
             _ => Fwd::Bypass,
         }
     }
@@ -276,25 +328,6 @@ pub(crate) fn forward_of(
     }
 }
 
-/// Sets the cache-status headers on a response that did not come from an
-/// entry, with the member `status` implies.
-pub(crate) fn tag<B>(policy: &Policy, response: Response<B>, status: CacheStatus) -> Response<B> {
-    tag_with(policy, response, status, default_forward(status))
-}
-
-/// Sets the cache-status headers on a response that did not come from an
-/// entry: `x-cache`, and this layer's `Cache-Status` member after any the
-/// response carries.
-pub(crate) fn tag_with<B>(
-    policy: &Policy,
-    mut response: Response<B>,
-    status: CacheStatus,
-    forward: Forward,
-) -> Response<B> {
-    Tags::new(policy, status, forward).apply(response.headers_mut());
-    response
-}
-
 /// How a response that did not come from an entry went forward, as far as
 /// `status` tells.
 pub(crate) fn default_forward(status: CacheStatus) -> Forward {
@@ -310,7 +343,7 @@ pub(crate) fn default_forward(status: CacheStatus) -> Forward {
 }
 
 /// The cache-status headers of a response that did not come from an entry.
-pub(crate) struct Tags {
+pub(crate) struct StatusHeaders {
     x_cache: Option<(HeaderName, HeaderValue)>,
     member: Option<HeaderValue>,
     /// The route's tag headers, unless it exposes them: an answer that
@@ -318,22 +351,27 @@ pub(crate) struct Tags {
     tag_headers: Option<Arc<[HeaderName]>>,
 }
 
-impl Tags {
-    pub(crate) fn new(policy: &Policy, status: CacheStatus, forward: Forward) -> Self {
-        Tags {
-            x_cache: policy
+impl StatusHeaders {
+    pub(crate) fn new(
+        presentation: &Presentation,
+        tags: &TagRules,
+        status: CacheStatus,
+        forward: Forward,
+    ) -> Self {
+        StatusHeaders {
+            x_cache: presentation
                 .status_header
                 .clone()
                 .map(|name| (name, status.header_value())),
-            member: policy
+            member: presentation
                 .cache_status
                 .as_ref()
                 .map(|members| members.value(&Member::Forward(forward))),
-            tag_headers: (!policy.tags.expose).then(|| policy.tags.headers.clone()),
+            tag_headers: (!tags.expose).then(|| tags.headers.clone()),
         }
     }
 
-    /// The fields these tags remove, to remove from the trailers too.
+    /// The fields these headers remove, to remove from the trailers too.
     pub(crate) fn hidden(&self) -> Option<Arc<[HeaderName]>> {
         self.tag_headers.clone()
     }
@@ -457,13 +495,13 @@ mod tests {
         );
         let bypass = Forward {
             detail: Some("request body"),
-            ..Forward::new(Fwd::of_bypass("request body"))
+            ..Forward::new(Fwd::of_bypass(Pass::RequestBody))
         };
         assert_eq!(
             c.value(&Member::Forward(bypass)),
             "edge; fwd=bypass; detail=\"request body\""
         );
-        assert_eq!(Fwd::of_bypass("method"), Fwd::Method);
-        assert_eq!(Fwd::of_bypass("credentials"), Fwd::Request);
+        assert_eq!(Fwd::of_bypass(Pass::Method), Fwd::Method);
+        assert_eq!(Fwd::of_bypass(Pass::Credentials), Fwd::Request);
     }
 }

@@ -13,7 +13,7 @@ use http_body::Body as HttpBody;
 use pin_project_lite::pin_project;
 
 use super::body::GuardBody as Body;
-use super::respond::Tags;
+use super::cache_status::StatusHeaders;
 
 pub(crate) type MissFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<Body<B>>, E>> + Send>>;
@@ -30,7 +30,7 @@ pin_project! {
     #[project = StateProj]
     enum State<F, B, E> where B: HttpBody {
         Ready { response: Option<Response<Body<B>>> },
-        Passthrough { #[pin] future: F, status: Option<Tags> },
+        Passthrough { #[pin] future: F, status: Option<StatusHeaders> },
         Miss { future: MissFuture<B, E> },
     }
 }
@@ -44,7 +44,7 @@ impl<F, B: HttpBody, E> ResponseFuture<F, B, E> {
         }
     }
 
-    pub(crate) fn passthrough(future: F, status: Tags) -> Self {
+    pub(crate) fn passthrough(future: F, status: StatusHeaders) -> Self {
         ResponseFuture {
             state: State::Passthrough {
                 future,

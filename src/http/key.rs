@@ -1,4 +1,4 @@
-//! Request → cache key.
+//! Request → cache key, and the route's key settings.
 //!
 //! A request's key is the digest of everything that selects its response:
 //! namespace, host, path, the query with its pairs sorted by name, the
@@ -14,13 +14,22 @@
 //! host of an absolute-form target, which the service also writes into `Host`
 //! (RFC 9112 §3.2.2) so the handler reads the same one.
 
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
 use http::header::{ACCEPT_ENCODING, FORWARDED, HOST};
 use http::request::Parts;
 use http::{HeaderName, HeaderValue, Uri};
 
-use super::headers::{hash_accept_encoding, hash_forwarded};
-use super::policy::Policy;
+use super::passes::Pass;
+use super::rfc::headers::{hash_accept_encoding, hash_forwarded};
 use crate::key::{Key, KeyHasher};
+
+/// A route's own cache key: receives the request head, returns the key (host,
+/// path and query are then left out of it) or `None` to pass the request
+/// through uncached.
+pub type KeyFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
 
 /// The forwarding headers keyed on by default: the ones frameworks read the
 /// request's host, scheme, port or path prefix from.
@@ -32,6 +41,68 @@ pub(crate) static DEFAULT_FORWARDED: [HeaderName; 5] = [
     FORWARDED,
 ];
 
+/// What a route keys on besides the URL, and what it has learned to key on.
+#[derive(Clone)]
+pub(crate) struct KeySettings {
+    pub namespace: Arc<str>,
+    pub vary: Arc<[HeaderName]>,
+    pub forwarded: Arc<[HeaderName]>,
+    /// Set once an origin answer said `Vary: accept-encoding`; from then on
+    /// the route keys on the normalised `Accept-Encoding`.
+    pub learned_encoding: LearnedEncoding,
+    pub key_fn: Option<KeyFn>,
+}
+
+impl Default for KeySettings {
+    fn default() -> Self {
+        KeySettings {
+            namespace: Arc::from(""),
+            vary: Arc::from([]),
+            forwarded: Arc::from(DEFAULT_FORWARDED.as_slice()),
+            learned_encoding: LearnedEncoding::default(),
+            key_fn: None,
+        }
+    }
+}
+
+impl fmt::Debug for KeySettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeySettings")
+            .field("namespace", &self.namespace)
+            .field("vary", &self.vary)
+            .field("forwarded", &self.forwarded)
+            .field("learned_encoding", &self.learned_encoding.get())
+            .field("key_fn", &self.key_fn.as_ref().map(|_| "custom"))
+            .finish()
+    }
+}
+
+/// Set once the route's origin answered with `Vary: accept-encoding` (or
+/// compression sits inside the guard): from then on its keys include the
+/// normalised `Accept-Encoding`, so each coding gets its own entry and the
+/// route is protected again. Shared by the services one guard builds; a guard
+/// derived from it with a builder starts from what this one knew.
+#[derive(Default)]
+pub(crate) struct LearnedEncoding(AtomicBool);
+
+impl LearnedEncoding {
+    pub(crate) fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set(&self) {
+        if !self.0.swap(true, Ordering::Relaxed) {
+            tracing::info!("origin varies on accept-encoding: the route now keys on it");
+        }
+    }
+}
+
+impl Clone for LearnedEncoding {
+    fn clone(&self) -> Self {
+        LearnedEncoding(AtomicBool::new(self.get()))
+    }
+}
+
 /// What a request's key was made of, beyond the route's fixed settings: the
 /// rebuild judges the origin's `Vary` against the key its waiters share, not
 /// against what the route has learned since.
@@ -42,10 +113,9 @@ pub(crate) struct Keyed {
 
 impl Keyed {
     /// What keys made now include.
-    pub(crate) fn now(policy: &Policy) -> Self {
+    pub(crate) fn now(keys: &KeySettings) -> Self {
         Keyed {
-            accept_encoding: policy.learned_encoding.get()
-                || policy.vary.contains(&ACCEPT_ENCODING),
+            accept_encoding: keys.learned_encoding.get() || keys.vary.contains(&ACCEPT_ENCODING),
         }
     }
 }
@@ -64,12 +134,12 @@ pub(crate) struct KeyRules<'a> {
 }
 
 impl<'a> KeyRules<'a> {
-    /// What `policy` keys on, with `Accept-Encoding` as `keyed` says.
-    pub(crate) fn of(policy: &'a Policy, keyed: Keyed) -> Self {
+    /// What `keys` keys on, with `Accept-Encoding` as `keyed` says.
+    pub(crate) fn of(keys: &'a KeySettings, keyed: Keyed) -> Self {
         KeyRules {
-            namespace: &policy.namespace,
-            vary: &policy.vary,
-            forwarded: &policy.forwarded,
+            namespace: &keys.namespace,
+            vary: &keys.vary,
+            forwarded: &keys.forwarded,
             accept_encoding: keyed.accept_encoding,
         }
     }
@@ -100,17 +170,17 @@ pub(crate) fn target_host(parts: &Parts) -> Option<&str> {
 /// made of. `Err` when that cannot be done, or when the request carries
 /// several `Host` lines (which RFC 9112 §3.2 makes invalid): such a request
 /// bypasses the cache.
-pub(crate) fn align_host(parts: &mut Parts) -> Result<(), &'static str> {
+pub(crate) fn align_host(parts: &mut Parts) -> Result<(), Pass> {
     match target_host(parts) {
         Some(host) => {
-            let value = HeaderValue::from_str(host).map_err(|_| "host")?;
+            let value = HeaderValue::from_str(host).map_err(|_| Pass::Host)?;
             parts.headers.insert(HOST, value);
             Ok(())
         }
         // As many lines as names: no name, `Host` neither, has two (a
         // check that costs nothing, before the lookup that hashes).
         None if parts.headers.len() == parts.headers.keys_len() => Ok(()),
-        None if parts.headers.get_all(HOST).iter().nth(1).is_some() => Err("host"),
+        None if parts.headers.get_all(HOST).iter().nth(1).is_some() => Err(Pass::Host),
         None => Ok(()),
     }
 }
@@ -260,5 +330,4 @@ pub(crate) fn normalize_query(query: &str) -> String {
 }
 
 #[cfg(test)]
-#[path = "key_tests.rs"]
 mod tests;

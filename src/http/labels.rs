@@ -36,9 +36,9 @@ impl RouteLabels {
     pub(crate) fn new(policy: &Policy) -> Self {
         let name = policy.route_name.as_deref();
         RouteLabels {
-            fixed: Labels::of(name.unwrap_or(UNNAMED), &policy.namespace),
+            fixed: Labels::of(name.unwrap_or(UNNAMED), &policy.keys.namespace),
             named: name.is_some(),
-            namespace: policy.namespace.clone(),
+            namespace: policy.keys.namespace.clone(),
             matched: OnceLock::new(),
         }
     }

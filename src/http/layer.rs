@@ -1,4 +1,6 @@
-//! [`StampedeGuard`]: the layer, and the per-route policy it carries.
+//! [`StampedeGuard`]: the layer, the per-route policy it carries, and every
+//! method that configures it (each builder, [`RouteConfig`] applied whole,
+//! tags) or acts on its backend (invalidation by request, tag or all).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,12 +9,16 @@ use http::{HeaderName, Request, StatusCode};
 use tower_layer::Layer;
 
 use super::cache_status::Rfc9211;
-use super::key::{request_key, KeyRules, Keyed};
-use super::policy::{KeyFn, Policy, WaitTimeout};
+use super::flight::WaitTimeout;
+use super::key::{request_key, KeyFn, KeyRules, Keyed};
+use super::policy::Policy;
+use super::route_config::RouteConfig;
 use super::service::GuardService;
+use super::tags::TagFn;
 use crate::backend::Backend;
 use crate::engine::MAX_DELTA;
 use crate::key::Key;
+use crate::store::generations::Field;
 
 /// A tower layer that caches responses and lets only one request per key
 /// rebuild an expired entry while the others wait for it or are served stale.
@@ -79,17 +85,15 @@ impl StampedeGuard {
     #[must_use]
     pub fn new(backend: Backend) -> Self {
         crate::metrics::describe_once();
-        let policy = Policy {
-            keep_bound: backend.engine.keep_bound(),
-            ..Policy::default()
-        };
+        let mut policy = Policy::default();
+        policy.store.keep_bound = backend.engine.keep_bound();
         StampedeGuard {
             backend,
             policy: Arc::new(policy),
         }
     }
 
-    pub(super) fn with(mut self, change: impl FnOnce(&mut Policy)) -> Self {
+    fn with(mut self, change: impl FnOnce(&mut Policy)) -> Self {
         change(Arc::make_mut(&mut self.policy));
         self
     }
@@ -102,7 +106,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|p| p.lifetime.ttl = ttl)
+        self.with(|p| p.store.lifetime.ttl = ttl)
     }
 
     /// After the ttl, how long an entry is still served at once while one
@@ -116,7 +120,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn stale_while_revalidate(self, window: Duration) -> Self {
-        self.with(|p| p.lifetime.stale_while_revalidate = window)
+        self.with(|p| p.store.lifetime.stale_while_revalidate = window)
     }
 
     /// After the ttl, how long an entry may stand in for a failed rebuild: an
@@ -128,7 +132,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn stale_if_error(self, window: Duration) -> Self {
-        self.with(|p| p.lifetime.stale_if_error = window)
+        self.with(|p| p.store.lifetime.stale_if_error = window)
     }
 
     /// How long a request waits for a rebuild it did not start before
@@ -147,7 +151,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn wait_budget(self, budget: Duration) -> Self {
-        self.with(|p| p.wait_budget = budget.min(MAX_DELTA))
+        self.with(|p| p.flight.wait_budget = budget.min(MAX_DELTA))
     }
 
     /// What a waiter does when its wait budget runs out (default: keep
@@ -164,7 +168,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn on_wait_timeout(self, action: WaitTimeout) -> Self {
-        self.with(|p| p.on_wait_timeout = action)
+        self.with(|p| p.flight.on_wait_timeout = action)
     }
 
     /// Largest body stored (default 4 MiB). A larger response is not stored:
@@ -178,7 +182,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn max_body_bytes(self, bytes: usize) -> Self {
-        self.with(|p| p.max_body_bytes = bytes)
+        self.with(|p| p.store.max_body_bytes = bytes)
     }
 
     /// Statuses that may be stored (default 200, 203, 204, 300, 301, 308, 404,
@@ -194,7 +198,7 @@ impl StampedeGuard {
     #[must_use]
     pub fn cacheable_statuses(self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
         let statuses: Arc<[StatusCode]> = statuses.into_iter().collect();
-        self.with(|p| p.statuses = statuses)
+        self.with(|p| p.store.statuses = statuses)
     }
 
     /// Request headers whose values select different responses (for example
@@ -222,7 +226,7 @@ impl StampedeGuard {
     #[must_use]
     pub fn vary(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let vary: Arc<[HeaderName]> = headers.into_iter().collect();
-        self.with(|p| p.vary = vary)
+        self.with(|p| p.keys.vary = vary)
     }
 
     /// The forwarding headers this deployment's handlers may read the host,
@@ -253,7 +257,7 @@ impl StampedeGuard {
     #[must_use]
     pub fn forwarded_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let forwarded: Arc<[HeaderName]> = headers.into_iter().collect();
-        self.with(|p| p.forwarded = forwarded)
+        self.with(|p| p.keys.forwarded = forwarded)
     }
 
     /// The route's own key, in place of host, path and query. Return `None` to
@@ -274,7 +278,7 @@ impl StampedeGuard {
         F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
     {
         let key_fn: KeyFn = Arc::new(key_fn);
-        self.with(|p| p.key_fn = Some(key_fn))
+        self.with(|p| p.keys.key_fn = Some(key_fn))
     }
 
     /// Response header that tells how a response was answered (`HIT`, `STALE`,
@@ -288,7 +292,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn cache_status_header(self, header: Option<HeaderName>) -> Self {
-        self.with(|p| p.status_header = header)
+        self.with(|p| p.presentation.status_header = header)
     }
 
     /// Whether responses carry this layer's member of the RFC 9211
@@ -318,9 +322,9 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn cache_status(self, on: bool) -> Self {
-        self.with(|p| match (on, &p.cache_status) {
-            (false, _) => p.cache_status = None,
-            (true, None) => p.cache_status = Some(Rfc9211::default_name()),
+        self.with(|p| match (on, &p.presentation.cache_status) {
+            (false, _) => p.presentation.cache_status = None,
+            (true, None) => p.presentation.cache_status = Some(Rfc9211::default_name()),
             (true, Some(_)) => {}
         })
     }
@@ -337,7 +341,7 @@ impl StampedeGuard {
     #[must_use]
     pub fn cache_status_name(self, name: impl AsRef<str>) -> Self {
         let members = Rfc9211::new(name.as_ref());
-        self.with(|p| p.cache_status = Some(members))
+        self.with(|p| p.presentation.cache_status = Some(members))
     }
 
     /// The `route` label of this route's metrics. Without one, a route is
@@ -354,6 +358,330 @@ impl StampedeGuard {
     pub fn route_name(self, name: impl Into<String>) -> Self {
         let name: Arc<str> = Arc::from(name.into());
         self.with(|p| p.route_name = Some(name))
+    }
+
+    /// Take freshness from the origin's `Cache-Control` (`s-maxage`, then
+    /// `max-age`, `stale-while-revalidate`, `stale-if-error`) or, without
+    /// those, from `Expires` minus `Date`, falling back to the route's
+    /// settings where the origin says nothing.
+    ///
+    /// On every route, respected or not: `s-maxage`, `must-revalidate` and
+    /// `proxy-revalidate` forbid serving stale (the route's stale windows are
+    /// zeroed for that response), and an `Expires` already past or invalid
+    /// (`0`) keeps the response out of the cache.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).respect_cache_control(true);
+    /// ```
+    #[must_use]
+    pub fn respect_cache_control(self, on: bool) -> Self {
+        self.with(|p| p.store.respect_cache_control = on)
+    }
+
+    /// Opt in to caching requests that carry `Authorization`, `Cookie` or
+    /// `Proxy-Authorization`. Only for routes whose answer does not depend on
+    /// who asks (or that key on the credential with [`vary`](Self::vary)).
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, StampedeGuard};
+    /// // The answer depends on who asks: key on the credential.
+    /// let guard = StampedeGuard::new(Backend::local())
+    ///     .allow_credentials(true)
+    ///     .vary([http::header::AUTHORIZATION]);
+    /// ```
+    #[must_use]
+    pub fn allow_credentials(self, on: bool) -> Self {
+        self.with(|p| p.store.allow_credentials = on)
+    }
+
+    /// Opt in to storing responses that set cookies, with the `Set-Cookie`
+    /// headers removed from the stored copy: the client that caused the
+    /// rebuild gets its cookie, nobody else does.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).strip_set_cookie(true);
+    /// ```
+    #[must_use]
+    pub fn strip_set_cookie(self, on: bool) -> Self {
+        self.with(|p| p.store.strip_set_cookie = on)
+    }
+
+    /// Opt in to storing responses marked `private`, `no-store` or `no-cache`.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).cache_private(true);
+    /// ```
+    #[must_use]
+    pub fn cache_private(self, on: bool) -> Self {
+        self.with(|p| p.store.cache_private = on)
+    }
+
+    /// Opt in to storing responses whose `Vary` is `*` or names headers the
+    /// route does not key on.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).ignore_vary(true);
+    /// ```
+    #[must_use]
+    pub fn ignore_vary(self, on: bool) -> Self {
+        self.with(|p| p.store.ignore_vary = on)
+    }
+
+    /// How long a key whose answer could not be shared skips coalescing
+    /// (default 5 s), so its requests run side by side, not one after another.
+    /// The window does not block the key: the first shareable answer one of
+    /// those requests gets is stored, and the key is coalesced and hit again.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).hit_for_miss(Duration::from_secs(1));
+    /// ```
+    #[must_use]
+    pub fn hit_for_miss(self, window: Duration) -> Self {
+        self.with(|p| p.store.hit_for_miss = window.min(MAX_DELTA))
+    }
+
+    /// How long the fleet-wide rebuild lease lasts before it must be renewed
+    /// (default 5 s). While the handler runs, a watchdog renews it every third
+    /// of this; if the instance dies, another may rebuild after at most this
+    /// long. Only used with a Redis backend.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).lease(Duration::from_secs(2));
+    /// ```
+    #[must_use]
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with(|p| p.flight.lease = lease.min(MAX_DELTA))
+    }
+
+    /// The longest a rebuild may run (default 30 s). A rebuild runs on its
+    /// own task and finishes even if every request waiting for it has gone;
+    /// past this it is abandoned, and its waiters get stale-if-error or
+    /// `504 Gateway Timeout`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// let guard = StampedeGuard::new(Backend::local()).rebuild_timeout(Duration::from_secs(5));
+    /// ```
+    #[must_use]
+    pub fn rebuild_timeout(self, timeout: Duration) -> Self {
+        self.with(|p| p.flight.rebuild_timeout = timeout.min(MAX_DELTA))
+    }
+
+    /// Probabilistic early refresh (XFetch): a fresh entry is refreshed in
+    /// the background, by one request in the fleet, with a chance that grows
+    /// as its expiry nears and with how long it took to build. `beta` scales
+    /// how early (1.0 is the usual choice; larger refreshes earlier). A hot key
+    /// then rarely expires at all.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).early_refresh(1.0);
+    /// ```
+    #[must_use]
+    pub fn early_refresh(self, beta: f64) -> Self {
+        let beta = (beta.is_finite() && beta > 0.0).then_some(beta);
+        self.with(|p| p.flight.early_refresh = beta)
+    }
+
+    /// Lease-based refresh-ahead, deterministic where
+    /// [`early_refresh`](Self::early_refresh) draws: once a fresh entry has
+    /// no more than `multiple` times its last rebuild time left before it
+    /// expires (and never less than `floor`), the first request to see it
+    /// refreshes it in the background, with the process's flight and, on
+    /// Redis, the fleet's lease; every request meanwhile, that one included,
+    /// is served the entry, which is still fresh. An instance tries each
+    /// entry it holds at most once per half margin (a copy read afresh from
+    /// Redis counts anew), so a failing refresh is not retried by every
+    /// request; a failed one also leaves the fleet's failure backoff. Set,
+    /// it replaces `early_refresh`.
+    ///
+    /// `multiple` is headroom for a rebuild slower than the last: `2.0` with
+    /// a `floor` of 50 ms is a good start. A `multiple` that is not a finite
+    /// number of at least 0 counts as 0 (the floor alone). The margin is
+    /// never more than half the entry's freshness lifetime, so a margin as
+    /// long as the ttl refreshes an entry halfway, not at its first hit.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// let guard = StampedeGuard::new(Backend::local())
+    ///     .ttl(Duration::from_secs(1))
+    ///     .refresh_ahead(2.0, Duration::from_millis(50));
+    /// # let _ = guard;
+    /// ```
+    #[must_use]
+    pub fn refresh_ahead(self, multiple: f64, floor: Duration) -> Self {
+        let multiple = if multiple.is_finite() && multiple > 0.0 {
+            multiple
+        } else {
+            0.0
+        };
+        let ahead = crate::engine::RefreshAhead { multiple, floor };
+        self.with(|p| p.flight.refresh_ahead = Some(ahead))
+    }
+
+    /// Whether a successful (2xx or 3xx) answer to an unsafe method (any
+    /// but GET, HEAD, OPTIONS and TRACE) drops, on every instance and before
+    /// the response is returned, every variant of the request's URI and of
+    /// the same-host URIs in its `Location` and `Content-Location` (RFC 9111
+    /// §4.4). On by default.
+    ///
+    /// Anyone who can make the origin accept a write can so make the fleet
+    /// rebuild that URI once: the rebuild is still coalesced.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).invalidate_on_unsafe(false);
+    /// ```
+    #[must_use]
+    pub fn invalidate_on_unsafe(self, on: bool) -> Self {
+        self.with(|p| p.store.invalidate_on_unsafe = on)
+    }
+
+    /// Prefix for every key, to keep apart services or versions that share a
+    /// backend.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).namespace("catalog-v2");
+    /// ```
+    #[must_use]
+    pub fn namespace(self, namespace: impl Into<String>) -> Self {
+        let namespace: Arc<str> = Arc::from(namespace.into());
+        self.with(|p| p.keys.namespace = namespace)
+    }
+
+    /// Tags every entry of the route with what `tag_fn` returns for the
+    /// request that built it, beside the tags of the response's
+    /// [tag headers](Self::tag_headers). Invalidate them with
+    /// [`invalidate_tag`](Self::invalidate_tag). Tags are compared exactly
+    /// (case matters), without surrounding whitespace; an empty one is none.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// // `/products/42` is tagged `product:42`.
+    /// let guard = StampedeGuard::new(Backend::local()).tags(|req| {
+    ///     let id = req.uri.path().strip_prefix("/products/").unwrap_or("");
+    ///     vec![format!("product:{id}"), "products".to_owned()]
+    /// });
+    /// # let _ = guard;
+    /// ```
+    pub fn tags<F>(self, tag_fn: F) -> Self
+    where
+        F: Fn(&http::request::Parts) -> Vec<String> + Send + Sync + 'static,
+    {
+        let tag_fn: TagFn = Arc::new(tag_fn);
+        self.with(|p| p.tags.tag_fn = Some(tag_fn))
+    }
+
+    /// Response headers whose values tag the entry (default `Surrogate-Key`
+    /// and `Cache-Tag`; an empty list reads none). Tags are separated by
+    /// commas or whitespace (a tag in UTF-8 is read as such; bytes that are
+    /// not text never hide the other tags of their line); an answer with
+    /// tags in more than 256 of the
+    /// 4096 tag buckets is served but not stored.
+    pub fn tag_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        let headers: Arc<[HeaderName]> = headers.into_iter().collect();
+        self.with(|p| p.tags.headers = headers)
+    }
+
+    /// Leave the tag headers on the answer of the request that rebuilt the
+    /// entry (default: removed, as a CDN removes `Surrogate-Key`). They are
+    /// never stored, so hits never carry them.
+    pub fn expose_tag_headers(self, on: bool) -> Self {
+        self.with(|p| p.tags.expose = on)
+    }
+
+    /// Drops every entry tagged `tag` (by any route on this backend, or by
+    /// [`tags`](Self::tags)), here and, with a Redis backend, in Redis and
+    /// on every instance: O(1), whatever the number of entries (a generation
+    /// moves; entries recorded the older one).
+    ///
+    /// The same barrier as [`invalidate`](Self::invalidate): once it returns
+    /// `Ok`, no request that starts afterwards, on any instance, is answered
+    /// with a value built before it. Every rebuild running when it is called
+    /// (whatever its tags: they are known only when it ends) stores nothing
+    /// and answers only the requests already waiting for it.
+    ///
+    /// Tags share 4096 buckets: invalidating one also drops the entries of
+    /// the tags that share its bucket (more misses, never a stale answer).
+    ///
+    /// # Errors
+    ///
+    /// When the backend has a Redis tier and the invalidation did not reach
+    /// it (Redis down, the deadline passed; it was tried for four
+    /// deadlines). It may have reached Redis without an answer, or not at
+    /// all: nothing is promised then, and this process holds no memory of
+    /// it. Call it again.
+    pub async fn invalidate_tag(&self, tag: &str) -> Result<(), crate::Error> {
+        self.backend
+            .engine
+            .invalidate_field(Field::of_tag(tag.trim()))
+            .await
+    }
+
+    /// Drops every entry of the backend (every route and every
+    /// [`Cache`](crate::Cache) on it), here and on every instance: the same
+    /// barrier and errors as [`invalidate_tag`](Self::invalidate_tag).
+    pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
+        self.backend.engine.invalidate_field(Field::All).await
+    }
+
+    /// This guard with every field `config` sets applied, through the method
+    /// of the same name (so with the same bounds); fields left out keep this
+    /// guard's settings.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::{Backend, RouteConfig, StampedeGuard};
+    ///
+    /// let mut config = RouteConfig::default();
+    /// config.ttl = Some(Duration::from_secs(30));
+    /// let guard = StampedeGuard::new(Backend::local()).with_config(&config);
+    /// ```
+    #[must_use]
+    pub fn with_config(self, config: &RouteConfig) -> Self {
+        fn apply<T: Clone>(
+            guard: StampedeGuard,
+            value: &Option<T>,
+            set: impl FnOnce(StampedeGuard, T) -> StampedeGuard,
+        ) -> StampedeGuard {
+            match value {
+                Some(value) => set(guard, value.clone()),
+                None => guard,
+            }
+        }
+        let c = config;
+        let g = apply(self, &c.ttl, Self::ttl);
+        let g = apply(g, &c.stale_while_revalidate, Self::stale_while_revalidate);
+        let g = apply(g, &c.stale_if_error, Self::stale_if_error);
+        let g = apply(g, &c.wait_budget, Self::wait_budget);
+        let g = apply(g, &c.on_wait_timeout, Self::on_wait_timeout);
+        let g = apply(g, &c.lease, Self::lease);
+        let g = apply(g, &c.rebuild_timeout, Self::rebuild_timeout);
+        let g = apply(g, &c.hit_for_miss, Self::hit_for_miss);
+        let g = apply(g, &c.early_refresh, Self::early_refresh);
+        let g = apply(g, &c.max_body_bytes, Self::max_body_bytes);
+        let g = apply(g, &c.cacheable_statuses, Self::cacheable_statuses);
+        let g = apply(g, &c.vary, Self::vary);
+        let g = apply(g, &c.forwarded_headers, Self::forwarded_headers);
+        let g = apply(g, &c.namespace, Self::namespace);
+        let g = apply(g, &c.respect_cache_control, Self::respect_cache_control);
+        let g = apply(g, &c.allow_credentials, Self::allow_credentials);
+        let g = apply(g, &c.strip_set_cookie, Self::strip_set_cookie);
+        let g = apply(g, &c.cache_private, Self::cache_private);
+        let g = apply(g, &c.ignore_vary, Self::ignore_vary);
+        apply(g, &c.invalidate_on_unsafe, Self::invalidate_on_unsafe)
     }
 
     #[cfg(test)]
@@ -381,11 +709,11 @@ impl StampedeGuard {
         if let Some(original) = request.extensions().get::<axum::extract::OriginalUri>() {
             parts.extensions.insert(original.clone());
         }
-        let custom = match &self.policy.key_fn {
+        let custom = match &self.policy.keys.key_fn {
             Some(key_fn) => Some(key_fn(&parts)?),
             None => None,
         };
-        let rules = KeyRules::of(&self.policy, Keyed::now(&self.policy));
+        let rules = KeyRules::of(&self.policy.keys, Keyed::now(&self.policy.keys));
         Some(request_key(&rules, &parts, custom.as_deref()))
     }
 

@@ -1,31 +1,82 @@
-//! Why requests go past the cache: each reason counted on the bypass
-//! counter, and a route whose origin answers keep being passed said once,
-//! loudly, per reason.
+//! Why requests go past the cache: one [`Pass`] per reason, each counted on
+//! the bypass counter under its text, and a route whose origin answers keep
+//! being passed said once, loudly, per reason.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::metrics::{self, Labels};
 
-/// The reasons a request or a response passes, each with its bit in
-/// [`PassLog`]; one not listed here shares the last bit.
-const REASONS: [&str; 11] = [
-    "method",
-    "credentials",
-    "range or upgrade",
-    "request body",
-    "host",
-    "key_fn",
-    "set-cookie",
-    "private, no-store or no-cache",
-    "vary",
-    "body larger than max_body_bytes",
-    "body too large or has trailers",
-];
+/// Why a request or an origin answer passes the cache. Its text
+/// ([`as_str`](Self::as_str)) is what users see: the `reason` label of the
+/// bypass counter, the `reason` field of the logs and the `detail` of the
+/// `Cache-Status` member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Pass {
+    // A request the cache does not take.
+    /// A method other than GET and HEAD.
+    Method,
+    /// `Authorization`, `Cookie` or `Proxy-Authorization`, on a route that
+    /// does not allow them.
+    Credentials,
+    /// An `Upgrade`: a connection, not a document.
+    Upgrade,
+    /// A GET or HEAD with a body.
+    RequestBody,
+    /// The request's `Cache-Control` says `no-store`.
+    RequestNoStore,
+    /// A `Host` the key cannot be made of: several lines, or a target
+    /// authority that is no header value.
+    Host,
+    /// The route's key function declined the request.
+    KeyFn,
+    // An origin answer that may not be shared.
+    /// It sets a cookie, on a route that does not strip them.
+    SetCookie,
+    /// Its `Cache-Control` could not be read.
+    UnparseableCacheControl,
+    /// `private`, `no-store` or `no-cache`, on a route that does not opt in.
+    Private,
+    /// Its `Vary` names a header the key was not made of.
+    Vary,
+    /// A `206`: a slice of a representation, never one.
+    PartialContent,
+}
+
+impl Pass {
+    /// The reason's text, as users see it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Pass::Method => "method",
+            Pass::Credentials => "credentials",
+            Pass::Upgrade => "upgrade",
+            Pass::RequestBody => "request body",
+            Pass::RequestNoStore => "request no-store",
+            Pass::Host => "host",
+            Pass::KeyFn => "key_fn",
+            Pass::SetCookie => "set-cookie",
+            Pass::UnparseableCacheControl => "unparseable cache-control",
+            Pass::Private => "private, no-store or no-cache",
+            Pass::Vary => "vary",
+            Pass::PartialContent => "partial content",
+        }
+    }
+
+    /// The reason's bit in [`PassLog`]: one per reason.
+    fn bit(self) -> u32 {
+        1 << self as u32
+    }
+}
 
 /// The pass reasons a guard has already warned about.
 #[derive(Default)]
 pub(crate) struct PassLog {
     warned: AtomicU32,
+}
+
+impl std::fmt::Debug for PassLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PassLog")
+    }
 }
 
 impl Clone for PassLog {
@@ -38,7 +89,8 @@ impl Clone for PassLog {
 impl PassLog {
     /// A request the client sent in a form the cache does not take (another
     /// method, credentials, a body, …): expected traffic, so only counted.
-    pub(crate) fn request(&self, reason: &'static str, labels: Labels) {
+    pub(crate) fn request(&self, pass: Pass, labels: Labels) {
+        let reason = pass.as_str();
         metrics::count_bypass(reason, labels);
         tracing::debug!(reason, "request bypasses the cache");
     }
@@ -46,9 +98,10 @@ impl PassLog {
     /// An origin answer that could not be shared: the route is not protected
     /// while its answers look like this, so the first one of each reason is a
     /// warning.
-    pub(crate) fn response(&self, reason: &'static str, labels: Labels) {
+    pub(crate) fn response(&self, pass: Pass, labels: Labels) {
+        let reason = pass.as_str();
         metrics::count_bypass(reason, labels);
-        if self.first(reason) {
+        if self.first(pass) {
             tracing::warn!(
                 reason,
                 "response not shared: requests for this route reach the origin one by one \
@@ -59,13 +112,9 @@ impl PassLog {
         }
     }
 
-    /// Whether this is the first time this log sees `reason`.
-    fn first(&self, reason: &'static str) -> bool {
-        let bit = REASONS
-            .iter()
-            .position(|r| *r == reason)
-            .unwrap_or(REASONS.len());
-        let mask = 1u32 << bit;
+    /// Whether this is the first time this log sees `pass`.
+    fn first(&self, pass: Pass) -> bool {
+        let mask = pass.bit();
         self.warned.fetch_or(mask, Ordering::Relaxed) & mask == 0
     }
 }
@@ -74,14 +123,48 @@ impl PassLog {
 mod tests {
     use super::*;
 
+    const ALL: [Pass; 12] = [
+        Pass::Method,
+        Pass::Credentials,
+        Pass::Upgrade,
+        Pass::RequestBody,
+        Pass::RequestNoStore,
+        Pass::Host,
+        Pass::KeyFn,
+        Pass::SetCookie,
+        Pass::UnparseableCacheControl,
+        Pass::Private,
+        Pass::Vary,
+        Pass::PartialContent,
+    ];
+
     #[test]
     fn each_reason_is_first_once_per_log() {
         let log = PassLog::default();
-        assert!(log.first("vary"));
-        assert!(!log.first("vary"));
-        assert!(log.first("set-cookie"));
-        assert!(log.first("something new"));
-        assert!(!log.first("something else new"));
-        assert!(log.clone().first("vary"), "a derived guard warns afresh");
+        assert!(log.first(Pass::Vary));
+        assert!(!log.first(Pass::Vary));
+        assert!(log.first(Pass::SetCookie));
+        // Every reason has a bit of its own: none is silenced by another.
+        for pass in ALL
+            .into_iter()
+            .filter(|p| ![Pass::Vary, Pass::SetCookie].contains(p))
+        {
+            assert!(log.first(pass), "{pass:?}");
+            assert!(!log.first(pass), "{pass:?}");
+        }
+        assert!(
+            log.clone().first(Pass::Vary),
+            "a derived guard warns afresh"
+        );
+    }
+
+    #[test]
+    fn every_reason_has_its_own_text_and_bit() {
+        for (i, a) in ALL.iter().enumerate() {
+            for b in &ALL[i + 1..] {
+                assert_ne!(a.as_str(), b.as_str());
+                assert_ne!(a.bit(), b.bit());
+            }
+        }
     }
 }

@@ -1,48 +1,25 @@
-//! Per-route settings, and the rules that decide what may be cached.
+//! A route's policy (`Policy`: its settings, in pieces by who reads them),
+//! and the store rules that decide what may be cached.
 //!
 //! The defaults are safe for a shared cache: nothing personal is stored or
 //! shared. A request with credentials, a response that sets a cookie or says
 //! `private`/`no-store`/`no-cache`, or one whose `Vary` the route does not key
 //! on, passes through untouched unless the route opts in explicitly.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::header::{ACCEPT_ENCODING, CACHE_CONTROL, CONTENT_LENGTH, SET_COOKIE, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderName, Method, StatusCode};
+use http::{HeaderMap, Method, StatusCode};
 
-use super::cache_control::{expires_lifetime, tokens, CacheControl};
-use super::cache_status::Rfc9211;
-use super::key::{Keyed, DEFAULT_FORWARDED};
-use super::passes::PassLog;
+use super::cache_status::Presentation;
+use super::flight::FlightSettings;
+use super::key::{KeySettings, Keyed};
+use super::passes::{Pass, PassLog};
+use super::rfc::cache_control::{expires_lifetime, tokens, CacheControl};
 use super::tags::TagRules;
-use super::vary::{names_in_vary, vary_is_covered, LearnedEncoding};
-use crate::engine::{FlightPolicy, Lifetime};
-use crate::metrics::Labels;
-
-/// A route's own cache key: receives the request head, returns the key (host,
-/// path and query are then left out of it) or `None` to pass the request
-/// through uncached.
-pub type KeyFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
-
-/// What a waiter does when the route's wait budget runs out before the
-/// rebuild it is waiting on lands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum WaitTimeout {
-    /// Never an error for the client (the default): a request keeps waiting
-    /// for its own process's rebuild, which is itself bounded (it waits for
-    /// another instance's rebuild as long as that one may run, then rebuilds
-    /// here; a rebuild runs at most the rebuild timeout). Waiters are never
-    /// sent to the origin one by one when the budget runs out.
-    FailOpen,
-    /// Answer with this status and an empty body (503 or 504 are usual).
-    /// Each waiter's budget is shortened at random by up to a tenth, so that
-    /// waiters that came together do not all give up at the same instant;
-    /// none of them calls the origin.
-    Respond(StatusCode),
-}
+use super::vary::{names_in_vary, vary_is_covered};
+use crate::engine::Lifetime;
 
 /// Statuses stored by default: those RFC 9111 lets a cache store without
 /// explicit freshness, minus the error-class ones (`501`, `414`, `405`) that a
@@ -50,143 +27,76 @@ pub enum WaitTimeout {
 /// "not found" stops a herd of requests for a missing key reaching the origin.
 pub(crate) const DEFAULT_STATUSES: [u16; 8] = [200, 203, 204, 300, 301, 308, 404, 410];
 
-/// How long a rebuild may run by default before it is abandoned as failed.
-pub(crate) const DEFAULT_REBUILD_TIMEOUT: Duration = Duration::from_secs(30);
-
-#[derive(Clone)]
+/// A route's whole configuration, by who reads it: the engine its flight
+/// settings, the key its key settings, admission its store rules, the
+/// answers their presentation and tag rules.
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Policy {
-    pub namespace: Arc<str>,
-    pub lifetime: Lifetime,
-    pub wait_budget: Duration,
-    pub on_wait_timeout: WaitTimeout,
-    pub max_body_bytes: usize,
-    pub statuses: Arc<[StatusCode]>,
-    pub vary: Arc<[HeaderName]>,
-    pub forwarded: Arc<[HeaderName]>,
-    /// Set once an origin answer said `Vary: accept-encoding`; from then on
-    /// the route keys on the normalised `Accept-Encoding`.
-    pub learned_encoding: LearnedEncoding,
+    pub flight: FlightSettings,
+    pub keys: KeySettings,
+    pub store: StoreRules,
+    pub presentation: Presentation,
+    /// How the route tags its entries.
+    pub tags: TagRules,
+    /// The `route` label of the route's metrics, if it gave one.
+    pub route_name: Option<Arc<str>>,
     /// Counts passes by reason, and warns once per reason.
     pub passes: PassLog,
-    pub key_fn: Option<KeyFn>,
+}
+
+/// What a route may take from a request and keep of an origin's answer.
+#[derive(Clone, Debug)]
+pub(crate) struct StoreRules {
+    pub lifetime: Lifetime,
+    pub max_body_bytes: usize,
+    pub statuses: Arc<[StatusCode]>,
     pub respect_cache_control: bool,
     pub allow_credentials: bool,
     pub strip_set_cookie: bool,
     pub cache_private: bool,
     pub ignore_vary: bool,
     pub hit_for_miss: Duration,
-    pub status_header: Option<HeaderName>,
-    /// The RFC 9211 `Cache-Status` member's cache, if the route adds one.
-    pub cache_status: Option<Arc<Rfc9211>>,
-    /// The `route` label of the route's metrics, if it gave one.
-    pub route_name: Option<Arc<str>>,
-    pub lease: Duration,
-    pub rebuild_timeout: Duration,
-    pub early_refresh: Option<f64>,
-    pub refresh_ahead: Option<crate::engine::RefreshAhead>,
     /// Drop the target's entries after a successful unsafe method.
     pub invalidate_on_unsafe: bool,
-    /// How the route tags its entries.
-    pub tags: TagRules,
     /// The most an entry may weigh to be kept, when the in-process tier is
     /// the only one that keeps entries (a backend without Redis): a heavier
     /// answer is not stored, and must not say it was.
     pub keep_bound: Option<u64>,
 }
 
-impl Policy {
-    /// What the engine needs to know to run this route's misses.
-    pub(crate) fn flight(&self, labels: Labels) -> FlightPolicy {
-        FlightPolicy {
-            lease: self.lease,
-            wait_budget: self.wait_budget,
-            fail_open: self.on_wait_timeout == WaitTimeout::FailOpen,
-            rebuild_timeout: self.rebuild_timeout,
-            early_refresh: self.early_refresh,
-            labels,
-            refresh_ahead: self.refresh_ahead,
-        }
-    }
-}
-
-impl Default for Policy {
+impl Default for StoreRules {
     fn default() -> Self {
-        Policy {
-            namespace: Arc::from(""),
+        StoreRules {
             lifetime: Lifetime {
                 ttl: Duration::from_secs(10),
                 stale_while_revalidate: Duration::ZERO,
                 stale_if_error: Duration::ZERO,
             },
-            wait_budget: Duration::from_secs(10),
-            on_wait_timeout: WaitTimeout::FailOpen,
             max_body_bytes: 4 << 20,
             statuses: DEFAULT_STATUSES
                 .iter()
                 .filter_map(|s| StatusCode::from_u16(*s).ok())
                 .collect(),
-            vary: Arc::from([]),
-            forwarded: Arc::from(DEFAULT_FORWARDED.as_slice()),
-            learned_encoding: LearnedEncoding::default(),
-            passes: PassLog::default(),
-            key_fn: None,
             respect_cache_control: false,
             allow_credentials: false,
             strip_set_cookie: false,
             cache_private: false,
             ignore_vary: false,
             hit_for_miss: Duration::from_secs(5),
-            status_header: Some(HeaderName::from_static("x-cache")),
-            cache_status: Some(Rfc9211::default_name()),
-            route_name: None,
-            lease: Duration::from_secs(5),
-            rebuild_timeout: DEFAULT_REBUILD_TIMEOUT,
-            early_refresh: None,
-            keep_bound: None,
-            refresh_ahead: None,
             invalidate_on_unsafe: true,
-            tags: TagRules::default(),
+            keep_bound: None,
         }
-    }
-}
-
-impl fmt::Debug for Policy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Policy")
-            .field("namespace", &self.namespace)
-            .field("lifetime", &self.lifetime)
-            .field("wait_budget", &self.wait_budget)
-            .field("on_wait_timeout", &self.on_wait_timeout)
-            .field("max_body_bytes", &self.max_body_bytes)
-            .field("statuses", &self.statuses)
-            .field("vary", &self.vary)
-            .field("forwarded", &self.forwarded)
-            .field("learned_encoding", &self.learned_encoding.get())
-            .field("key_fn", &self.key_fn.as_ref().map(|_| "custom"))
-            .field("respect_cache_control", &self.respect_cache_control)
-            .field("allow_credentials", &self.allow_credentials)
-            .field("strip_set_cookie", &self.strip_set_cookie)
-            .field("cache_private", &self.cache_private)
-            .field("ignore_vary", &self.ignore_vary)
-            .field("hit_for_miss", &self.hit_for_miss)
-            .field("lease", &self.lease)
-            .field("rebuild_timeout", &self.rebuild_timeout)
-            .field("early_refresh", &self.early_refresh)
-            .field("cache_status", &self.cache_status)
-            .field("route_name", &self.route_name)
-            .field("refresh_ahead", &self.refresh_ahead)
-            .finish()
     }
 }
 
 /// Why a request does not use the cache.
 pub(crate) fn request_bypass(
-    policy: &Policy,
+    store: &StoreRules,
     method: &Method,
     headers: &HeaderMap,
-) -> Option<&'static str> {
+) -> Option<Pass> {
     if method != Method::GET && method != Method::HEAD {
-        return Some("method");
+        return Some(Pass::Method);
     }
     // One pass over the names present (usually a handful, none of these)
     // instead of a lookup per header asked about.
@@ -200,13 +110,13 @@ pub(crate) fn request_bypass(
             _ => {}
         }
     }
-    if credentials && !policy.allow_credentials {
-        return Some("credentials");
+    if credentials && !store.allow_credentials {
+        return Some(Pass::Credentials);
     }
     // An upgrade is a connection, not a document. (A range is answered from
     // the whole entry.)
     if upgrade {
-        return Some("upgrade");
+        return Some(Pass::Upgrade);
     }
     // A GET or HEAD with a body: the handler may read it, and the answer the
     // leader's body shaped would be stored for everyone.
@@ -215,14 +125,14 @@ pub(crate) fn request_bypass(
         && (headers.contains_key(TRANSFER_ENCODING)
             || !headers.get_all(CONTENT_LENGTH).iter().all(zero))
     {
-        return Some("request body");
+        return Some(Pass::RequestBody);
     }
     // RFC 9111 §5.2.1.5: nothing of the answer to this request may be stored.
     // It goes to the origin on its own; no flight waits on it or stores it.
     // (A request's `no-cache` or `max-age=0` is ignored: on a shared cache it
     // would let any client force an origin call for everyone.)
     if cache_control && request_forbids_store(headers) {
-        return Some("request no-store");
+        return Some(Pass::RequestNoStore);
     }
     None
 }
@@ -244,7 +154,7 @@ pub(crate) enum Verdict {
     Share { lifetime: Lifetime, store: bool },
     /// Nobody but the request that asked may have it, and the key skips
     /// coalescing for a while (hit-for-miss).
-    Pass(&'static str),
+    Pass(Pass),
 }
 
 /// Applies the route's rules to an origin response's status and headers;
@@ -255,26 +165,27 @@ pub(crate) fn classify(
     headers: &HeaderMap,
     keyed: Keyed,
 ) -> Verdict {
-    if headers.contains_key(SET_COOKIE) && !policy.strip_set_cookie {
-        return Verdict::Pass("set-cookie");
+    let (store, keys) = (&policy.store, &policy.keys);
+    if headers.contains_key(SET_COOKIE) && !store.strip_set_cookie {
+        return Verdict::Pass(Pass::SetCookie);
     }
     let cc = CacheControl::parse(headers);
     if cc.unparseable {
-        return Verdict::Pass("unparseable cache-control");
+        return Verdict::Pass(Pass::UnparseableCacheControl);
     }
-    if (cc.private || cc.no_store || cc.no_cache) && !policy.cache_private {
-        return Verdict::Pass("private, no-store or no-cache");
+    if (cc.private || cc.no_store || cc.no_cache) && !store.cache_private {
+        return Verdict::Pass(Pass::Private);
     }
     if !keyed.accept_encoding && names_in_vary(headers, &ACCEPT_ENCODING) {
         // The origin picks a coding per request: key on Accept-Encoding from
         // now on. This answer was made under a key without it, so it is not
         // shared (unless the route ignores Vary).
-        policy.learned_encoding.set();
+        keys.learned_encoding.set();
     }
-    if !policy.ignore_vary && !vary_is_covered(headers, &policy.vary, keyed) {
-        return Verdict::Pass("vary");
+    if !store.ignore_vary && !vary_is_covered(headers, &keys.vary, keyed) {
+        return Verdict::Pass(Pass::Vary);
     }
-    let mut lifetime = policy.lifetime;
+    let mut lifetime = store.lifetime;
     let explicit = cc.s_maxage.or(cc.max_age);
     // Without max-age, `Expires` speaks (RFC 9111 §4.2.1). One already past,
     // or invalid (`0`), is stale on arrival: never stored, whatever the route
@@ -286,7 +197,7 @@ pub(crate) fn classify(
         None
     };
     let expired = expires == Some(Duration::ZERO);
-    if policy.respect_cache_control {
+    if store.respect_cache_control {
         if let Some(seconds) = explicit {
             lifetime.ttl = Duration::from_secs(seconds);
         } else if let Some(ttl) = expires {
@@ -306,14 +217,17 @@ pub(crate) fn classify(
         lifetime.stale_while_revalidate = Duration::ZERO;
         lifetime.stale_if_error = Duration::ZERO;
     }
-    let store = policy.statuses.contains(&status) && !lifetime.ttl.is_zero() && !expired;
-    Verdict::Share { lifetime, store }
+    let kept = store.statuses.contains(&status) && !lifetime.ttl.is_zero() && !expired;
+    Verdict::Share {
+        lifetime,
+        store: kept,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
+    use http::{HeaderName, HeaderValue};
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -321,6 +235,34 @@ mod tests {
             h.append(*k, HeaderValue::from_static(v));
         }
         h
+    }
+
+    fn varying(on: &'static str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::VARY, HeaderValue::from_static(on));
+        h
+    }
+
+    #[test]
+    fn vary_accept_encoding_teaches_the_route_and_is_not_stored_under_the_old_key() {
+        let p = Policy::default();
+        let before = Keyed::now(&p.keys);
+        assert!(!before.accept_encoding);
+        let v = classify(&p, StatusCode::OK, &varying("Accept-Encoding"), before);
+        assert_eq!(v, Verdict::Pass(Pass::Vary));
+        let after = Keyed::now(&p.keys);
+        assert!(after.accept_encoding, "the route learned");
+        // A rebuild keyed before the flag flipped still may not share its
+        // answer: its waiters may accept other codings.
+        let v = classify(&p, StatusCode::OK, &varying("accept-encoding"), before);
+        assert_eq!(v, Verdict::Pass(Pass::Vary));
+        let v = classify(&p, StatusCode::OK, &varying("accept-encoding"), after);
+        assert!(matches!(v, Verdict::Share { store: true, .. }));
+        // Learning one header covers only that one.
+        let v = classify(&p, StatusCode::OK, &varying("accept-encoding, x-a"), after);
+        assert_eq!(v, Verdict::Pass(Pass::Vary));
+        // Clones made from the route keep what it learned.
+        assert!(Keyed::now(&p.clone().keys).accept_encoding);
     }
 
     #[test]
@@ -336,7 +278,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    classify(&p, StatusCode::OK, &headers(&[h]), Keyed::now(&p)),
+                    classify(&p, StatusCode::OK, &headers(&[h]), Keyed::now(&p.keys)),
                     Verdict::Pass(_)
                 ),
                 "{h:?} must pass"
@@ -347,14 +289,17 @@ mod tests {
     #[test]
     fn vary_listed_by_the_route_is_stored() {
         let p = Policy {
-            vary: Arc::from([HeaderName::from_static("accept-encoding")]),
+            keys: KeySettings {
+                vary: Arc::from([HeaderName::from_static("accept-encoding")]),
+                ..KeySettings::default()
+            },
             ..Policy::default()
         };
         let v = classify(
             &p,
             StatusCode::OK,
             &headers(&[("vary", "Accept-Encoding")]),
-            Keyed::now(&p),
+            Keyed::now(&p.keys),
         );
         assert!(matches!(v, Verdict::Share { store: true, .. }));
     }
@@ -362,11 +307,14 @@ mod tests {
     #[test]
     fn s_maxage_wins_and_forbids_stale() {
         let p = Policy {
-            respect_cache_control: true,
-            lifetime: Lifetime {
-                ttl: Duration::from_secs(1),
-                stale_while_revalidate: Duration::from_secs(100),
-                stale_if_error: Duration::from_secs(100),
+            store: StoreRules {
+                respect_cache_control: true,
+                lifetime: Lifetime {
+                    ttl: Duration::from_secs(1),
+                    stale_while_revalidate: Duration::from_secs(100),
+                    stale_if_error: Duration::from_secs(100),
+                },
+                ..StoreRules::default()
             },
             ..Policy::default()
         };
@@ -377,7 +325,7 @@ mod tests {
                 "cache-control",
                 "max-age=5, s-maxage=50, stale-while-revalidate=9",
             )]),
-            Keyed::now(&p),
+            Keyed::now(&p.keys),
         );
         let Verdict::Share { lifetime, store } = v else {
             panic!("{v:?}")
@@ -391,7 +339,10 @@ mod tests {
     #[test]
     fn origin_stale_windows_are_used_when_respected() {
         let p = Policy {
-            respect_cache_control: true,
+            store: StoreRules {
+                respect_cache_control: true,
+                ..StoreRules::default()
+            },
             ..Policy::default()
         };
         let v = classify(
@@ -401,7 +352,7 @@ mod tests {
                 "cache-control",
                 "max-age=5, stale-while-revalidate=30, stale-if-error=60",
             )]),
-            Keyed::now(&p),
+            Keyed::now(&p.keys),
         );
         assert_eq!(
             v,
@@ -418,7 +369,7 @@ mod tests {
             &p,
             StatusCode::OK,
             &headers(&[("cache-control", "max-age=0")]),
-            Keyed::now(&p),
+            Keyed::now(&p.keys),
         );
         assert!(matches!(v, Verdict::Share { store: false, .. }));
     }
@@ -429,7 +380,7 @@ mod tests {
             &Policy::default(),
             StatusCode::INTERNAL_SERVER_ERROR,
             &HeaderMap::new(),
-            Keyed::now(&Policy::default()),
+            Keyed::now(&Policy::default().keys),
         );
         assert!(matches!(v, Verdict::Share { store: false, .. }));
     }
@@ -438,29 +389,37 @@ mod tests {
     fn credentials_range_and_methods_bypass() {
         let p = Policy::default();
         let get = Method::GET;
-        assert_eq!(request_bypass(&p, &get, &HeaderMap::new()), None);
-        assert_eq!(request_bypass(&p, &Method::HEAD, &HeaderMap::new()), None);
+        assert_eq!(request_bypass(&p.store, &get, &HeaderMap::new()), None);
+        assert_eq!(
+            request_bypass(&p.store, &Method::HEAD, &HeaderMap::new()),
+            None
+        );
         let range = headers(&[("range", "bytes=0-1")]);
-        assert_eq!(request_bypass(&p, &get, &range), None);
-        assert!(request_bypass(&p, &Method::POST, &HeaderMap::new()).is_some());
+        assert_eq!(request_bypass(&p.store, &get, &range), None);
+        assert!(request_bypass(&p.store, &Method::POST, &HeaderMap::new()).is_some());
         for h in [
             ("authorization", "Bearer x"),
             ("cookie", "a=b"),
             ("upgrade", "websocket"),
         ] {
-            assert!(request_bypass(&p, &get, &headers(&[h])).is_some(), "{h:?}");
+            assert!(
+                request_bypass(&p.store, &get, &headers(&[h])).is_some(),
+                "{h:?}"
+            );
         }
         let opted = Policy {
-            allow_credentials: true,
+            store: StoreRules {
+                allow_credentials: true,
+                ..StoreRules::default()
+            },
             ..Policy::default()
         };
         assert_eq!(
-            request_bypass(&opted, &get, &headers(&[("authorization", "x")])),
+            request_bypass(&opted.store, &get, &headers(&[("authorization", "x")])),
             None
         );
     }
 }
 
 #[cfg(test)]
-#[path = "policy_rfc_tests.rs"]
 mod rfc_tests;

@@ -11,45 +11,34 @@ use http::{HeaderMap, Method, Request, Response, StatusCode};
 use http_body::Body as HttpBody;
 
 use super::body::GuardBody as Body;
-use super::cache_control::http_date;
-use super::cache_status::{default_forward, ttl_of, Forward, Member, CACHE_STATUS};
-pub(crate) use super::cache_status::{tag, tag_with, Tags};
-use super::policy::{Policy, WaitTimeout};
+use super::cache_status::{
+    default_forward, ttl_of, CacheStatus, Forward, Member, StatusHeaders, CACHE_STATUS,
+};
+use super::flight::WaitTimeout;
+use super::policy::Policy;
 use super::range;
 use super::response::{CachedBody, CachedResponse};
-use crate::engine::{FailureKind, Held, Status};
+use super::rfc::cache_control::http_date;
+use crate::engine::{FailureKind, Held};
 
-/// How a response was answered, as told in the cache-status header.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum CacheStatus {
-    Hit,
-    Stale,
-    Miss,
-    Coalesced,
-    Bypass,
+/// Sets the cache-status headers on a response that did not come from an
+/// entry, with the member `status` implies.
+pub(crate) fn tag<B>(policy: &Policy, response: Response<B>, status: CacheStatus) -> Response<B> {
+    tag_with(policy, response, status, default_forward(status))
 }
 
-impl CacheStatus {
-    pub(crate) fn header_value(self) -> HeaderValue {
-        HeaderValue::from_static(match self {
-            CacheStatus::Hit => "HIT",
-            CacheStatus::Stale => "STALE",
-            CacheStatus::Miss => "MISS",
-            CacheStatus::Coalesced => "COALESCED",
-            CacheStatus::Bypass => "BYPASS",
-        })
-    }
-}
-
-impl From<Status> for CacheStatus {
-    fn from(status: Status) -> Self {
-        match status {
-            Status::Hit => CacheStatus::Hit,
-            Status::Stale => CacheStatus::Stale,
-            Status::Miss => CacheStatus::Miss,
-            Status::Coalesced => CacheStatus::Coalesced,
-        }
-    }
+/// Sets the cache-status headers on a response that did not come from an
+/// entry: `x-cache`, and this layer's `Cache-Status` member after any the
+/// response carries.
+pub(crate) fn tag_with<B>(
+    policy: &Policy,
+    mut response: Response<B>,
+    status: CacheStatus,
+    forward: Forward,
+) -> Response<B> {
+    StatusHeaders::new(&policy.presentation, &policy.tags, status, forward)
+        .apply(response.headers_mut());
+    response
 }
 
 /// What the client asked for beyond the entry itself.
@@ -222,7 +211,7 @@ pub(crate) fn present<B: HttpBody>(
     if let (Some((range, if_range)), false) = (&conditions.range, head_only) {
         range::answer(&mut response, cached, range, if_range.as_ref());
     }
-    if let Some(members) = &policy.cache_status {
+    if let Some(members) = &policy.presentation.cache_status {
         // The entry's slot (or nothing, on a 304): this layer's member
         // alone, never one stored from upstream.
         let member = match forward {
@@ -235,7 +224,7 @@ pub(crate) fn present<B: HttpBody>(
         // member): a route with `Cache-Status` off sends none.
         response.headers_mut().remove(CACHE_STATUS);
     }
-    if let Some(name) = &policy.status_header {
+    if let Some(name) = &policy.presentation.status_header {
         response
             .headers_mut()
             .insert(name.clone(), status.header_value());
@@ -252,7 +241,7 @@ pub(crate) fn failure<B: HttpBody>(
     status: CacheStatus,
 ) -> Response<Body<B>> {
     let code = match kind {
-        FailureKind::WaitTimeout => match policy.on_wait_timeout {
+        FailureKind::WaitTimeout => match policy.flight.on_wait_timeout {
             WaitTimeout::Respond(code) => code,
             WaitTimeout::FailOpen => StatusCode::GATEWAY_TIMEOUT,
         },

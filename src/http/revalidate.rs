@@ -20,12 +20,12 @@ use http_body::Body as HttpBody;
 
 use super::admit::{connection_named, Admitted, Private};
 use super::body::GuardBody as Body;
-use super::cache_control::{http_date, initial_age};
-use super::cache_status::CACHE_STATUS;
+use super::cache_status::{CacheStatus, CACHE_STATUS};
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
-use super::respond::{tag, CacheStatus};
+use super::respond::tag;
 use super::response::{CachedBody, CachedResponse};
+use super::rfc::cache_control::{http_date, initial_age};
 use crate::engine::{Built, TagSet, Waiters};
 
 /// Header fields a 304 never changes in the stored response: the body's
@@ -89,9 +89,13 @@ where
         mut headers,
         body,
     } = stored;
-    merge(&mut headers, &update, policy.status_header.as_ref());
+    merge(
+        &mut headers,
+        &update,
+        policy.presentation.status_header.as_ref(),
+    );
     let mut cookies = Vec::new();
-    if policy.strip_set_cookie {
+    if policy.store.strip_set_cookie {
         cookies.extend(
             headers
                 .get_all(header::SET_COOKIE)
@@ -105,7 +109,7 @@ where
         Verdict::Pass(reason) => {
             // The origin now says the response may not be shared: its
             // starter alone gets it, as any unshared answer.
-            tracing::debug!(reason, "renewed response not shared");
+            tracing::debug!(reason = reason.as_str(), "renewed response not shared");
             let mut response = Response::new(match body {
                 CachedBody::Full(bytes) => Body::full(bytes),
                 CachedBody::Spooled(hold) => Body::spooled(hold.spool().clone(), None),
@@ -114,7 +118,7 @@ where
             *response.headers_mut() = headers;
             return Built::Unshared {
                 private: Private::Response(tag(policy, response, CacheStatus::Miss)),
-                waiters: Waiters::HitForMiss(policy.hit_for_miss),
+                waiters: Waiters::HitForMiss(policy.store.hit_for_miss),
             };
         }
     };
@@ -232,7 +236,7 @@ mod tests {
             &Policy::default(),
             stored(stored_h),
             not_modified(update),
-            Keyed::now(&Policy::default()),
+            Keyed::now(&Policy::default().keys),
         ) {
             Built::Value { value, .. } => Some(value),
             _ => None,
@@ -323,14 +327,14 @@ mod tests {
             &Policy::default(),
             stored(&[("etag", "\"a\"")]),
             not_modified(&[("cache-control", "no-store")]),
-            Keyed::now(&Policy::default()),
+            Keyed::now(&Policy::default().keys),
         );
         assert!(matches!(built, Built::Unshared { .. }));
         let built = renew::<_, ()>(
             &Policy::default(),
             stored(&[("etag", "\"a\"")]),
             not_modified(&[("set-cookie", "s=1")]),
-            Keyed::now(&Policy::default()),
+            Keyed::now(&Policy::default().keys),
         );
         assert!(matches!(built, Built::Unshared { .. }));
     }

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use http::{HeaderName, StatusCode};
 
-use super::layer::StampedeGuard;
-use super::policy::WaitTimeout;
+use super::flight::WaitTimeout;
+#[cfg(doc)]
+use crate::StampedeGuard;
 
 /// The data knobs of a route's policy, in one value a service can load from
 /// its own configuration (with the `serde` feature: any serde format,
@@ -95,55 +96,6 @@ pub struct RouteConfig {
     pub ignore_vary: Option<bool>,
     /// See [`StampedeGuard::invalidate_on_unsafe`].
     pub invalidate_on_unsafe: Option<bool>,
-}
-
-impl StampedeGuard {
-    /// This guard with every field `config` sets applied, through the method
-    /// of the same name (so with the same bounds); fields left out keep this
-    /// guard's settings.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use stampede_guard::{Backend, RouteConfig, StampedeGuard};
-    ///
-    /// let mut config = RouteConfig::default();
-    /// config.ttl = Some(Duration::from_secs(30));
-    /// let guard = StampedeGuard::new(Backend::local()).with_config(&config);
-    /// ```
-    #[must_use]
-    pub fn with_config(self, config: &RouteConfig) -> Self {
-        fn apply<T: Clone>(
-            guard: StampedeGuard,
-            value: &Option<T>,
-            set: impl FnOnce(StampedeGuard, T) -> StampedeGuard,
-        ) -> StampedeGuard {
-            match value {
-                Some(value) => set(guard, value.clone()),
-                None => guard,
-            }
-        }
-        let c = config;
-        let g = apply(self, &c.ttl, Self::ttl);
-        let g = apply(g, &c.stale_while_revalidate, Self::stale_while_revalidate);
-        let g = apply(g, &c.stale_if_error, Self::stale_if_error);
-        let g = apply(g, &c.wait_budget, Self::wait_budget);
-        let g = apply(g, &c.on_wait_timeout, Self::on_wait_timeout);
-        let g = apply(g, &c.lease, Self::lease);
-        let g = apply(g, &c.rebuild_timeout, Self::rebuild_timeout);
-        let g = apply(g, &c.hit_for_miss, Self::hit_for_miss);
-        let g = apply(g, &c.early_refresh, Self::early_refresh);
-        let g = apply(g, &c.max_body_bytes, Self::max_body_bytes);
-        let g = apply(g, &c.cacheable_statuses, Self::cacheable_statuses);
-        let g = apply(g, &c.vary, Self::vary);
-        let g = apply(g, &c.forwarded_headers, Self::forwarded_headers);
-        let g = apply(g, &c.namespace, Self::namespace);
-        let g = apply(g, &c.respect_cache_control, Self::respect_cache_control);
-        let g = apply(g, &c.allow_credentials, Self::allow_credentials);
-        let g = apply(g, &c.strip_set_cookie, Self::strip_set_cookie);
-        let g = apply(g, &c.cache_private, Self::cache_private);
-        let g = apply(g, &c.ignore_vary, Self::ignore_vary);
-        apply(g, &c.invalidate_on_unsafe, Self::invalidate_on_unsafe)
-    }
 }
 
 #[cfg(feature = "serde")]
@@ -268,7 +220,7 @@ mod serde_impl {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Backend;
+    use crate::{Backend, StampedeGuard};
 
     #[test]
     fn every_field_reaches_the_policy_and_absent_fields_keep_the_guards() {
@@ -302,25 +254,34 @@ mod tests {
         config.invalidate_on_unsafe = Some(false);
         let guard = base.with_config(&config);
         let p = guard.policy();
-        assert_eq!(p.lifetime.ttl, Duration::from_secs(7), "ttl left out: kept");
-        assert_eq!(&*p.namespace, "kept");
-        assert_eq!(p.lifetime.stale_while_revalidate, Duration::from_secs(60));
-        assert_eq!(p.lifetime.stale_if_error, Duration::from_secs(120));
-        assert_eq!(p.wait_budget, Duration::from_secs(2));
         assert_eq!(
-            p.on_wait_timeout,
+            p.store.lifetime.ttl,
+            Duration::from_secs(7),
+            "ttl left out: kept"
+        );
+        assert_eq!(&*p.keys.namespace, "kept");
+        assert_eq!(
+            p.store.lifetime.stale_while_revalidate,
+            Duration::from_secs(60)
+        );
+        assert_eq!(p.store.lifetime.stale_if_error, Duration::from_secs(120));
+        assert_eq!(p.flight.wait_budget, Duration::from_secs(2));
+        assert_eq!(
+            p.flight.on_wait_timeout,
             WaitTimeout::Respond(StatusCode::GATEWAY_TIMEOUT)
         );
-        assert_eq!(p.lease, Duration::from_secs(3));
-        assert_eq!(p.rebuild_timeout, Duration::from_secs(9));
-        assert_eq!(p.hit_for_miss, Duration::from_secs(1));
-        assert_eq!(p.early_refresh, Some(2.0));
-        assert_eq!(p.max_body_bytes, 1024);
-        assert_eq!(&*p.statuses, &[StatusCode::OK]);
-        assert_eq!(&*p.vary, &[http::header::ACCEPT_LANGUAGE]);
-        assert!(p.forwarded.is_empty());
-        assert!(p.respect_cache_control && p.allow_credentials && p.strip_set_cookie);
-        assert!(p.cache_private && p.ignore_vary && !p.invalidate_on_unsafe);
+        assert_eq!(p.flight.lease, Duration::from_secs(3));
+        assert_eq!(p.flight.rebuild_timeout, Duration::from_secs(9));
+        assert_eq!(p.store.hit_for_miss, Duration::from_secs(1));
+        assert_eq!(p.flight.early_refresh, Some(2.0));
+        assert_eq!(p.store.max_body_bytes, 1024);
+        assert_eq!(&*p.store.statuses, &[StatusCode::OK]);
+        assert_eq!(&*p.keys.vary, &[http::header::ACCEPT_LANGUAGE]);
+        assert!(p.keys.forwarded.is_empty());
+        assert!(
+            p.store.respect_cache_control && p.store.allow_credentials && p.store.strip_set_cookie
+        );
+        assert!(p.store.cache_private && p.store.ignore_vary && !p.store.invalidate_on_unsafe);
     }
 
     #[test]
@@ -333,7 +294,7 @@ mod tests {
         let guard = StampedeGuard::new(Backend::local())
             .early_refresh(1.0)
             .with_config(&config);
-        assert_eq!(guard.policy().lease, crate::engine::MAX_DELTA);
-        assert_eq!(guard.policy().early_refresh, None);
+        assert_eq!(guard.policy().flight.lease, crate::engine::MAX_DELTA);
+        assert_eq!(guard.policy().flight.early_refresh, None);
     }
 }

@@ -3,35 +3,35 @@
 //! `call` does the cheap part synchronously: policy, key, one L1 read. A hit
 //! (fresh or stale) is a ready response, with no boxing and no I/O. A miss
 //! goes to the engine, which owns the rebuild; the service only says how to
-//! rebuild (call the inner service with a plain GET) and presents what comes
-//! back.
+//! rebuild (an `Origin`, origin.rs: the inner service called with a plain
+//! GET) and presents what comes back.
 
 use std::fmt;
-use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Buf;
-use http::{header, HeaderName, Method, Request, Response, StatusCode};
+use http::{header, Method, Request, Response};
 use http_body::Body as HttpBody;
 use tokio::sync::oneshot;
 use tower_service::Service;
 
-use super::admit::{admit, Admitted, Early, Private};
+use super::admit::Private;
 use super::body::GuardBody as Body;
-use super::cache_status::{forward_of, Forward, Forwarded, Fwd};
+use super::cache_status::{forward_of, CacheStatus, Forward, Fwd, StatusHeaders};
 use super::future::ResponseFuture;
 use super::key::{align_host, request_key, KeyRules, Keyed};
 use super::labels::RouteLabels;
+use super::origin::{Origin, CONDITIONAL};
+use super::passes::Pass;
 use super::policy::{request_bypass, Policy};
-use super::respond::{failure, present, tag_with, CacheStatus, Conditions, Tags};
+use super::respond::{failure, present, tag_with, Conditions};
 use super::response::CachedResponse;
-use super::revalidate::{ask_conditionally, renew};
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
 use crate::backend::Backend;
-use crate::engine::{Answer, Engine, Held, Looked, Miss, Overtaken, Rebuild};
-use crate::metrics::{self as m, count, Labels};
+use crate::engine::{Answer, Engine, Looked, Miss};
+use crate::metrics::Labels;
 
 /// The service a [`StampedeGuard`](crate::StampedeGuard) wraps around an inner
 /// service.
@@ -105,29 +105,33 @@ where
         if let Err(reason) = align_host(&mut parts) {
             return self.pass_through(Request::from_parts(parts, body), reason, labels);
         }
-        if policy.invalidate_on_unsafe && is_unsafe(&parts.method) {
+        if policy.store.invalidate_on_unsafe && is_unsafe(&parts.method) {
             return self.unsafe_method(Request::from_parts(parts, body), labels);
         }
-        let bypass = request_bypass(policy, &parts.method, &parts.headers);
+        let bypass = request_bypass(&policy.store, &parts.method, &parts.headers);
         if let Some(reason) = bypass.or_else(|| body_pending(&body)) {
             return self.pass_through(Request::from_parts(parts, body), reason, labels);
         }
-        let custom = match &policy.key_fn {
+        let custom = match &policy.keys.key_fn {
             Some(key_fn) => match key_fn(&parts) {
                 Some(custom) => Some(custom),
                 None => {
                     let request = Request::from_parts(parts, body);
-                    return self.pass_through(request, "key_fn", labels);
+                    return self.pass_through(request, Pass::KeyFn, labels);
                 }
             },
             None => None,
         };
         // Read once: the rebuild judges the origin's Vary against this key.
-        let keyed = Keyed::now(policy);
-        let key = request_key(&KeyRules::of(policy, keyed), &parts, custom.as_deref());
+        let keyed = Keyed::now(&policy.keys);
+        let key = request_key(
+            &KeyRules::of(&policy.keys, keyed),
+            &parts,
+            custom.as_deref(),
+        );
         let request = Request::from_parts(parts, body);
         let conditions = Conditions::of(&request);
-        let flight = policy.flight(labels);
+        let flight = policy.flight.policy(labels);
         let now = Instant::now();
         let engine = &self.backend.engine;
         match engine.lookup::<CachedResponse>(key, &flight, now) {
@@ -184,7 +188,7 @@ impl<S> GuardService<S> {
         S::Error: Send + 'static,
         ResBody: HttpBody + Send + 'static,
     {
-        self.policy.passes.request("method", labels);
+        self.policy.passes.request(Pass::Method, labels);
         let (mut parts, body) = request.into_parts();
         let targets = Targets::of(&self.policy, &mut parts);
         let future = self.inner.call(Request::from_parts(parts, body));
@@ -207,7 +211,7 @@ impl<S> GuardService<S> {
     fn pass_through<ReqBody, ResBody>(
         &mut self,
         request: Request<ReqBody>,
-        reason: &'static str,
+        reason: Pass,
         labels: Labels,
     ) -> ResponseFuture<S::Future, ResBody, S::Error>
     where
@@ -216,11 +220,16 @@ impl<S> GuardService<S> {
     {
         self.policy.passes.request(reason, labels);
         let forward = Forward {
-            detail: (reason != "method").then_some(reason),
+            detail: (reason != Pass::Method).then_some(reason.as_str()),
             ..Forward::new(Fwd::of_bypass(reason))
         };
-        let tags = Tags::new(&self.policy, CacheStatus::Bypass, forward);
-        ResponseFuture::passthrough(self.inner.call(request), tags)
+        let status = StatusHeaders::new(
+            &self.policy.presentation,
+            &self.policy.tags,
+            CacheStatus::Bypass,
+            forward,
+        );
+        ResponseFuture::passthrough(self.inner.call(request), status)
     }
 }
 
@@ -228,11 +237,11 @@ impl<S> GuardService<S> {
 /// without `Content-Length`. Whatever the body's type (axum's, hyper's
 /// `Incoming` when the guard wraps a whole router, or the caller's own), a
 /// body that may still hold data makes the request bypass.
-fn body_pending<B: HttpBody>(body: &B) -> Option<&'static str> {
+fn body_pending<B: HttpBody>(body: &B) -> Option<Pass> {
     // Only the body's own word that it has ended counts: an exact size of 0
     // counts data bytes, and trailers may still follow.
     let empty = body.is_end_stream();
-    (!empty).then_some("request body")
+    (!empty).then_some(Pass::RequestBody)
 }
 
 /// A miss: what the engine's flight gives, as a response.
@@ -263,7 +272,7 @@ where
     let (early, mut streamed) = oneshot::channel();
     let mut origin = origin;
     origin.early = plain.then_some(early);
-    let flight = policy.flight(origin.labels);
+    let flight = policy.flight.policy(origin.labels);
     let forwarded = origin.forwarded.clone();
     let had_stale = miss.has_stale();
     let mut answer = Box::pin(async move { engine.resolve(miss, flight, origin).await });
@@ -334,149 +343,4 @@ where
     });
     response.body_mut().end_after(wait);
     response
-}
-
-/// How the layer rebuilds an entry: the inner service, with the request that
-/// missed.
-struct Origin<S, ReqBody, ResBody: HttpBody> {
-    inner: S,
-    request: Request<ReqBody>,
-    policy: Arc<Policy>,
-    /// What the key this rebuild stores under was made of.
-    keyed: Keyed,
-    /// The starter's response, as soon as it may be shared.
-    early: Option<Early<ResBody>>,
-    labels: Labels,
-    /// What this rebuild did, for the request that started it.
-    forwarded: Arc<Forwarded>,
-}
-
-/// Request headers that would let the origin answer with less than the whole
-/// entry (a 304 or a 412), which the waiters did not ask for.
-const CONDITIONAL: [HeaderName; 5] = [
-    header::IF_MATCH,
-    header::IF_NONE_MATCH,
-    header::IF_MODIFIED_SINCE,
-    header::IF_UNMODIFIED_SINCE,
-    header::IF_RANGE,
-];
-
-impl<S, ReqBody, ResBody> Origin<S, ReqBody, ResBody>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: HttpBody,
-{
-    async fn call(mut self) -> Result<Response<ResBody>, S::Error> {
-        poll_fn(|cx| self.inner.poll_ready(cx)).await?;
-        self.inner.call(self.request).await
-    }
-
-    /// This request alone, uncached, streamed.
-    async fn alone(self) -> Result<Response<Body<ResBody>>, S::Error> {
-        let policy = self.policy.clone();
-        let mut response = self.call().await?;
-        policy.tags.take(response.headers_mut());
-        let forward = Forward {
-            detail: Some("hit-for-miss"),
-            ..Forward::new(Fwd::Bypass)
-        };
-        Ok(tag_with(
-            &policy,
-            response.map(|body| Body::stream_hiding(body, policy.tags.hidden())),
-            CacheStatus::Bypass,
-            forward,
-        ))
-    }
-}
-
-impl<S, ReqBody, ResBody> Rebuild for Origin<S, ReqBody, ResBody>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    ReqBody: Send + 'static,
-    ResBody: HttpBody + Send + 'static,
-    ResBody::Data: Buf + Send,
-    ResBody::Error: Send,
-{
-    type Value = CachedResponse;
-    type Private = Private<ResBody, S::Error>;
-
-    async fn rebuild(
-        mut self,
-        stale: Option<Held<CachedResponse>>,
-        overtaken: Overtaken,
-    ) -> Admitted<ResBody, S::Error> {
-        // With a copy that may stand in for a failure, the starter waits for
-        // the whole answer: a body failing part way is then replaced by that
-        // copy, which a response already streaming could not be.
-        if stale
-            .as_ref()
-            .is_some_and(|s| s.entry().usable_on_error(Instant::now()))
-        {
-            self.early = None;
-        }
-        // The entry is the GET answer, whatever this request's method and
-        // conditions; HEAD is answered from it afterwards.
-        *self.request.method_mut() = Method::GET;
-        for name in &CONDITIONAL {
-            self.request.headers_mut().remove(name);
-        }
-        // The entry is the whole representation; ranges are cut from it.
-        self.request.headers_mut().remove(header::RANGE);
-        // The entry being replaced, if it has a validator: ask whether it
-        // still holds (only our own conditions reach the origin).
-        // A renewed entry keeps the tags it had.
-        let kept = stale.as_ref().map(|held| held.entry().stamp().tag_set());
-        let had_stale = stale.is_some();
-        let stored = stale
-            .map(|held| held.value().clone())
-            .filter(|stored| ask_conditionally(stored, self.request.headers_mut()));
-        let (policy, keyed, labels) = (self.policy.clone(), self.keyed, self.labels);
-        let early = self.early.take();
-        let (parts, body) = self.request.into_parts();
-        let mut tags = policy.tags.of_request(&parts);
-        self.request = Request::from_parts(parts, body);
-        let forwarded = self.forwarded.clone();
-        forwarded.ran();
-        // The starter's own response says `fwd=stale` when it replaces an
-        // expired entry.
-        let fwd = match had_stale {
-            true => Fwd::Stale,
-            false => Fwd::UriMiss,
-        };
-        let mut built = match self.call().await {
-            Ok(mut response) => {
-                // An invalidation already overtook this rebuild: nothing it
-                // builds is stored, so the starter's head, which would leave
-                // before the engine decides, waits for it and says so.
-                let early = early.filter(|_| !overtaken.happened());
-                forwarded.answered(response.status().as_u16());
-                match (response.status() == StatusCode::NOT_MODIFIED, stored) {
-                    (true, Some(stored)) => {
-                        count(m::REVALIDATED, labels);
-                        tags.extend(&policy.tags.take(response.headers_mut()));
-                        policy.tags.strip(response.headers_mut());
-                        tags.extend(&kept.unwrap_or_default());
-                        renew(&policy, stored, response, keyed)
-                    }
-                    _ => {
-                        let tags = tags.clone();
-                        admit(&policy, response, keyed, early, labels, fwd, tags).await
-                    }
-                }
-            }
-            Err(error) => crate::engine::Built::Failed {
-                shared: None,
-                private: Some(Private::Error(error)),
-            },
-        };
-        if let crate::engine::Built::Value {
-            tags: built_tags, ..
-        } = &mut built
-        {
-            built_tags.extend(&tags);
-        }
-        built
-    }
 }

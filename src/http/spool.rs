@@ -19,10 +19,8 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Buf, Bytes};
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use http_body::{Body as HttpBody, Frame};
-
-use super::body::OriginError;
 
 /// How far the filling task got.
 enum End {
@@ -285,7 +283,7 @@ impl Spool {
                             }
                         }
                         Err(frame) => {
-                            let frame = super::body::hidden(frame, hide.as_deref());
+                            let frame = hidden(frame, hide.as_deref());
                             return self.finish(frame.into_trailers().ok());
                         }
                     },
@@ -476,6 +474,39 @@ impl Drop for SpoolReader {
     }
 }
 
+/// `frame` without the trailer fields named in `hide`.
+pub(crate) fn hidden<D>(mut frame: Frame<D>, hide: Option<&[HeaderName]>) -> Frame<D> {
+    if let (Some(names), Some(trailers)) = (hide, frame.trailers_mut()) {
+        for name in names {
+            trailers.remove(name);
+        }
+    }
+    frame
+}
+
+/// The origin's body error, kept for the one reader allowed to see it (the
+/// request that caused the fetch); the others get a [`SharedBodyError`](super::SharedBodyError).
+pub(crate) struct OriginError<E>(Arc<Mutex<Option<E>>>);
+
+impl<E> Clone for OriginError<E> {
+    fn clone(&self) -> Self {
+        OriginError(self.0.clone())
+    }
+}
+
+impl<E> OriginError<E> {
+    pub(crate) fn new() -> Self {
+        OriginError(Arc::new(Mutex::new(None)))
+    }
+
+    pub(crate) fn put(&self, error: E) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+    }
+
+    pub(crate) fn take(&self) -> Option<E> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
 #[cfg(test)]
-#[path = "spool_tests.rs"]
 mod tests;

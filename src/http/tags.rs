@@ -11,9 +11,7 @@ use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName};
 
-use super::layer::StampedeGuard;
 use crate::engine::TagSet;
-use crate::store::generations::Field;
 
 /// A route's tags for a request.
 pub(crate) type TagFn = Arc<dyn Fn(&http::request::Parts) -> Vec<String> + Send + Sync>;
@@ -111,85 +109,6 @@ impl TagRules {
             }
         }
         tags
-    }
-}
-
-impl StampedeGuard {
-    /// Tags every entry of the route with what `tag_fn` returns for the
-    /// request that built it, beside the tags of the response's
-    /// [tag headers](Self::tag_headers). Invalidate them with
-    /// [`invalidate_tag`](Self::invalidate_tag). Tags are compared exactly
-    /// (case matters), without surrounding whitespace; an empty one is none.
-    ///
-    /// ```
-    /// use stampede_guard::{Backend, StampedeGuard};
-    ///
-    /// // `/products/42` is tagged `product:42`.
-    /// let guard = StampedeGuard::new(Backend::local()).tags(|req| {
-    ///     let id = req.uri.path().strip_prefix("/products/").unwrap_or("");
-    ///     vec![format!("product:{id}"), "products".to_owned()]
-    /// });
-    /// # let _ = guard;
-    /// ```
-    pub fn tags<F>(self, tag_fn: F) -> Self
-    where
-        F: Fn(&http::request::Parts) -> Vec<String> + Send + Sync + 'static,
-    {
-        let tag_fn: TagFn = Arc::new(tag_fn);
-        self.with(|p| p.tags.tag_fn = Some(tag_fn))
-    }
-
-    /// Response headers whose values tag the entry (default `Surrogate-Key`
-    /// and `Cache-Tag`; an empty list reads none). Tags are separated by
-    /// commas or whitespace (a tag in UTF-8 is read as such; bytes that are
-    /// not text never hide the other tags of their line); an answer with
-    /// tags in more than 256 of the
-    /// 4096 tag buckets is served but not stored.
-    pub fn tag_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
-        let headers: Arc<[HeaderName]> = headers.into_iter().collect();
-        self.with(|p| p.tags.headers = headers)
-    }
-
-    /// Leave the tag headers on the answer of the request that rebuilt the
-    /// entry (default: removed, as a CDN removes `Surrogate-Key`). They are
-    /// never stored, so hits never carry them.
-    pub fn expose_tag_headers(self, on: bool) -> Self {
-        self.with(|p| p.tags.expose = on)
-    }
-
-    /// Drops every entry tagged `tag` (by any route on this backend, or by
-    /// [`tags`](Self::tags)), here and, with a Redis backend, in Redis and
-    /// on every instance: O(1), whatever the number of entries (a generation
-    /// moves; entries recorded the older one).
-    ///
-    /// The same barrier as [`invalidate`](Self::invalidate): once it returns
-    /// `Ok`, no request that starts afterwards, on any instance, is answered
-    /// with a value built before it. Every rebuild running when it is called
-    /// (whatever its tags: they are known only when it ends) stores nothing
-    /// and answers only the requests already waiting for it.
-    ///
-    /// Tags share 4096 buckets: invalidating one also drops the entries of
-    /// the tags that share its bucket (more misses, never a stale answer).
-    ///
-    /// # Errors
-    ///
-    /// When the backend has a Redis tier and the invalidation did not reach
-    /// it (Redis down, the deadline passed; it was tried for four
-    /// deadlines). It may have reached Redis without an answer, or not at
-    /// all: nothing is promised then, and this process holds no memory of
-    /// it. Call it again.
-    pub async fn invalidate_tag(&self, tag: &str) -> Result<(), crate::Error> {
-        self.backend
-            .engine
-            .invalidate_field(Field::of_tag(tag.trim()))
-            .await
-    }
-
-    /// Drops every entry of the backend (every route and every
-    /// [`Cache`](crate::Cache) on it), here and on every instance: the same
-    /// barrier and errors as [`invalidate_tag`](Self::invalidate_tag).
-    pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
-        self.backend.engine.invalidate_field(Field::All).await
     }
 }
 

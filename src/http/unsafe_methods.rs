@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::key::{url_key, KeyRules, Keyed};
 use super::policy::Policy;
-use super::reference::{resolve, Reference};
+use super::rfc::reference::{resolve, Reference};
 use crate::engine::Engine;
 use crate::key::Key;
 use crate::metrics::{self as m, count, Labels};
@@ -168,12 +168,12 @@ impl Targets {
 /// The URL key a GET with `parts` is stored under (its group), or `None`
 /// when the route's key function keeps it out of the cache.
 fn key_of(policy: &Policy, parts: &Parts) -> Option<Key> {
-    let custom = match &policy.key_fn {
+    let custom = match &policy.keys.key_fn {
         Some(key_fn) => Some(key_fn(parts)?),
         None => None,
     };
     Some(url_key(
-        &KeyRules::of(policy, Keyed::now(policy)),
+        &KeyRules::of(&policy.keys, Keyed::now(&policy.keys)),
         parts,
         custom.as_deref(),
     ))
@@ -275,7 +275,11 @@ mod tests {
                 .body(())
                 .unwrap()
                 .into_parts();
-            url_key(&KeyRules::of(&policy, Keyed::now(&policy)), &parts, None)
+            url_key(
+                &KeyRules::of(&policy.keys, Keyed::now(&policy.keys)),
+                &parts,
+                None,
+            )
         };
         assert_eq!(keys, [get("/items"), get("/items/9")]);
     }

@@ -218,7 +218,7 @@ fn the_scheme_and_forwarding_headers_select_variants_of_one_url() {
 #[test]
 fn two_host_lines_are_refused() {
     let mut p = parts("/r", &[("host", "a.test"), ("host", "b.test")]);
-    assert_eq!(align_host(&mut p), Err("host"));
+    assert_eq!(align_host(&mut p), Err(Pass::Host));
     let mut p = parts("/r", &[("host", "a.test")]);
     assert_eq!(align_host(&mut p), Ok(()));
     assert_eq!(p.headers[HOST], "a.test");

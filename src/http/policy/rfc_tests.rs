@@ -16,10 +16,13 @@ fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
 #[test]
 fn revalidation_directives_forbid_stale_even_without_respect() {
     let p = Policy {
-        lifetime: Lifetime {
-            ttl: Duration::from_secs(10),
-            stale_while_revalidate: Duration::from_secs(100),
-            stale_if_error: Duration::from_secs(100),
+        store: StoreRules {
+            lifetime: Lifetime {
+                ttl: Duration::from_secs(10),
+                stale_while_revalidate: Duration::from_secs(100),
+                stale_if_error: Duration::from_secs(100),
+            },
+            ..StoreRules::default()
         },
         ..Policy::default()
     };
@@ -31,14 +34,17 @@ fn revalidation_directives_forbid_stale_even_without_respect() {
     ] {
         for respect in [false, true] {
             let p = Policy {
-                respect_cache_control: respect,
+                store: StoreRules {
+                    respect_cache_control: respect,
+                    ..p.store.clone()
+                },
                 ..p.clone()
             };
             let v = classify(
                 &p,
                 StatusCode::OK,
                 &headers(&[("cache-control", line)]),
-                Keyed::now(&p),
+                Keyed::now(&p.keys),
             );
             let Verdict::Share { lifetime, store } = v else {
                 panic!("{line}: {v:?}")
@@ -55,8 +61,11 @@ fn unparseable_cache_control_passes() {
     for p in [
         Policy::default(),
         Policy {
-            cache_private: true,
-            respect_cache_control: true,
+            store: StoreRules {
+                cache_private: true,
+                respect_cache_control: true,
+                ..StoreRules::default()
+            },
             ..Policy::default()
         },
     ] {
@@ -64,7 +73,7 @@ fn unparseable_cache_control_passes() {
             &p,
             StatusCode::OK,
             &headers(&[("cache-control", "max-age=60, \"")]),
-            Keyed::now(&p),
+            Keyed::now(&p.keys),
         );
         assert!(matches!(v, Verdict::Pass(_)), "{v:?}");
     }
@@ -75,14 +84,18 @@ fn expires_gives_the_lifetime_when_respected() {
     let now = SystemTime::now();
     let at = |t: SystemTime| httpdate::fmt_http_date(t).leak() as &'static str;
     let p = Policy {
-        respect_cache_control: true,
+        store: StoreRules {
+            respect_cache_control: true,
+            ..StoreRules::default()
+        },
         ..Policy::default()
     };
     let fresh = headers(&[
         ("date", at(now)),
         ("expires", at(now + Duration::from_secs(300))),
     ]);
-    let Verdict::Share { lifetime, store } = classify(&p, StatusCode::OK, &fresh, Keyed::now(&p))
+    let Verdict::Share { lifetime, store } =
+        classify(&p, StatusCode::OK, &fresh, Keyed::now(&p.keys))
     else {
         panic!()
     };
@@ -93,16 +106,16 @@ fn expires_gives_the_lifetime_when_respected() {
         &Policy::default(),
         StatusCode::OK,
         &fresh,
-        Keyed::now(&Policy::default()),
+        Keyed::now(&Policy::default().keys),
     ) else {
         panic!()
     };
     assert!(store);
-    assert_eq!(lifetime.ttl, Policy::default().lifetime.ttl);
+    assert_eq!(lifetime.ttl, Policy::default().store.lifetime.ttl);
     // max-age wins over Expires (RFC 9111 §5.3).
     let mut h = headers(&[("expires", "0"), ("cache-control", "max-age=60")]);
     assert!(matches!(
-        classify(&p, StatusCode::OK, &h, Keyed::now(&p)),
+        classify(&p, StatusCode::OK, &h, Keyed::now(&p.keys)),
         Verdict::Share { store: true, .. }
     ));
     // Expired or invalid: never stored, respected or not.
@@ -113,7 +126,7 @@ fn expires_gives_the_lifetime_when_respected() {
     ] {
         h = headers(&[("expires", expires)]);
         for policy in [&p, &Policy::default()] {
-            let v = classify(policy, StatusCode::OK, &h, Keyed::now(policy));
+            let v = classify(policy, StatusCode::OK, &h, Keyed::now(&policy.keys));
             assert!(
                 matches!(v, Verdict::Share { store: false, .. }),
                 "{expires}: {v:?}"
@@ -129,14 +142,14 @@ fn request_no_store_bypasses_and_no_cache_does_not() {
     for line in ["no-store", "max-age=0; no-store", "No-Store"] {
         let h = headers(&[("cache-control", line)]);
         assert_eq!(
-            request_bypass(&p, &get, &h),
-            Some("request no-store"),
+            request_bypass(&p.store, &get, &h),
+            Some(Pass::RequestNoStore),
             "{line}"
         );
     }
     for line in ["no-cache", "max-age=0", "no-storex"] {
         let h = headers(&[("cache-control", line)]);
-        assert_eq!(request_bypass(&p, &get, &h), None, "{line}");
+        assert_eq!(request_bypass(&p.store, &get, &h), None, "{line}");
     }
 }
 
@@ -176,11 +189,14 @@ proptest! {
         let mut h = HeaderMap::new();
         h.insert(CACHE_CONTROL, value);
         let p = Policy {
-            respect_cache_control: respect,
-            strip_set_cookie: strip,
+            store: StoreRules {
+                respect_cache_control: respect,
+                strip_set_cookie: strip,
+                ..StoreRules::default()
+            },
             ..Policy::default()
         };
-        let v = classify(&p, StatusCode::OK, &h, Keyed::now(&p));
+        let v = classify(&p, StatusCode::OK, &h, Keyed::now(&p.keys));
         prop_assert!(matches!(v, Verdict::Pass(_)), "{:?} gave {:?}", line, v);
     }
 }
