@@ -303,6 +303,9 @@ fn spread(budget: Duration) -> Duration {
 }
 
 #[cfg(test)]
+mod stress;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::engine::entry::Lifetime;

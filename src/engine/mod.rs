@@ -74,8 +74,6 @@ pub(crate) mod early;
 pub(crate) mod entry;
 pub(crate) mod fleet;
 pub(crate) mod flight;
-#[cfg(test)]
-mod flight_stress;
 mod outcome;
 mod rebuild;
 pub(crate) mod tags;

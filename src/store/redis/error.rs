@@ -259,5 +259,4 @@ fn is_tls(e: &RedisError) -> bool {
 }
 
 #[cfg(test)]
-#[path = "error_tests.rs"]
 mod tests;

@@ -519,5 +519,4 @@ impl Drop for Registration {
 }
 
 #[cfg(test)]
-#[path = "notify_tests.rs"]
 mod tests;

@@ -473,5 +473,4 @@ async fn watch_primary(shared: &Connections) {
 }
 
 #[cfg(test)]
-#[path = "supervisor_tests.rs"]
 mod tests;

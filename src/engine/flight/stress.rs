@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::entry::{Entry, Lifetime};
-use super::flight::{Flights, Joined, Outcome};
+use super::{Flights, Joined, Outcome};
+use crate::engine::entry::{Entry, Lifetime};
 use crate::key::Key;
 
 /// Counts the leaders of attached flights; the count goes down before the
