@@ -84,3 +84,32 @@ async fn an_open_circuit_closes_once_redis_answers_again() {
     let key = Key::for_value("t", b"k");
     assert!(tier.invalidate(&key).await.is_ok());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_tier_ends_its_tasks_while_a_background_release_waits_on_redis() {
+    let redis = RedisServer::start();
+    let tier = connect(&redis).await;
+    let state = shared(&tier);
+    let whole = Arc::downgrade(&tier);
+    redis.freeze();
+    // A release that retries for as long as its lease would run: it needs
+    // the connections, not the tier, its supervisor or its membership.
+    tier.entries.release_orphan(
+        Key::for_value("t", b"k"),
+        "token".to_owned(),
+        Duration::from_secs(30),
+    );
+    drop(tier);
+    let ended = eventually(|| whole.strong_count() == 0).await;
+    let conns_held = state.strong_count() > 0;
+    redis.thaw();
+    assert!(ended, "the tier and its supervisor end at the drop");
+    assert!(
+        conns_held,
+        "the release still holds the connections it needs"
+    );
+    assert!(
+        eventually(|| state.strong_count() == 0).await,
+        "and lets them go once Redis has answered it"
+    );
+}
