@@ -68,7 +68,7 @@ impl std::fmt::Debug for CachedBody {
 
 /// Heap bytes a stored response costs beyond its body, its header bytes
 /// and its header slots, as measured with a counting allocator (see
-/// `tests/memory.rs`): the `HeaderMap` itself, the `Entry` and `Arc` around
+/// `tests/http/memory.rs`): the `HeaderMap` itself, the `Entry` and `Arc` around
 /// the value, and moka's per-entry bookkeeping (its value entry, access-order
 /// and expiry nodes). Charging it keeps the byte bound true for a flood of
 /// small answers.
