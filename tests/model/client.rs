@@ -1,4 +1,4 @@
-//! One instance of the fleet, as the code behaves (src/engine/shared.rs,
+//! One instance of the fleet, as the code behaves (src/engine/fleet.rs,
 //! src/store/redis/{entries,notify,barrier,supervisor}.rs): its requests,
 //! its calls to Redis with their deadlines, its subscription and its L1.
 

@@ -3,7 +3,7 @@
 //! map if it is still there, then answer), its drop without an outcome
 //! (a panic or a cancellation: the flight is answered `Abandoned`), a
 //! follower cancelled while it waits, and `detach_group`. The real code runs
-//! under stress in src/engine/flight_stress.rs.
+//! under stress in src/engine/flight/stress.rs.
 
 use stateright::{Model, Property};
 
