@@ -43,16 +43,10 @@ pub const FAIL_AFTER: Duration = Duration::from_millis(150);
 #[derive(Debug)]
 pub struct Boom;
 
-/// A backend on `redis`, with a deadline a loaded machine cannot miss: these
-/// scenarios count origin calls, and a call past a 50 ms deadline falls back
-/// to local protection and costs one call more.
+/// A backend on `redis`.
 #[cfg(feature = "redis")]
 pub async fn connect(redis: &RedisServer) -> Backend {
-    Backend::redis_builder(&redis.url())
-        .deadline(super::ROOMY_DEADLINE)
-        .connect()
-        .await
-        .expect("redis backend")
+    Backend::redis(&redis.url()).await.expect("redis backend")
 }
 
 /// `k` instances of what `app` builds, each on a backend of its own.
