@@ -6,8 +6,6 @@
 //! [`Cache`](crate::Cache) too), under one memory bound.
 
 use std::fmt;
-#[cfg(feature = "redis")]
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 #[cfg(feature = "redis")]
 use std::time::Duration;
@@ -192,21 +190,21 @@ impl Backend {
         BackendStats {
             l1_bytes: self.l1_weighted_size(),
             #[cfg(feature = "redis")]
-            redis: self.engine.fleet.tier().map(|l2| RedisStats {
-                available: l2.is_available(),
-                open_circuits: l2.open_circuits(),
-                circuit_openings: l2.circuit_openings(),
-                wakeups_by_message: l2.notifier.stats.by_message.load(Ordering::Relaxed),
-                wakeups_by_timeout: l2.notifier.stats.by_timeout.load(Ordering::Relaxed),
-                wakeups_with_entry: l2.notifier.stats.carried.load(Ordering::Relaxed),
-                fenced_writes: l2.stats.fenced_writes.load(Ordering::Relaxed),
-                corrupt_entries: l2.stats.corrupt_entries.load(Ordering::Relaxed),
-                errors: l2.stats.errors.load(Ordering::Relaxed),
-                unconfirmed_invalidations: l2
-                    .stats
-                    .unconfirmed_invalidations
-                    .load(Ordering::Relaxed),
-                eviction_policy: l2.eviction().map(str::to_owned),
+            redis: self.engine.fleet.tier().map(|l2| {
+                let counters = l2.counters();
+                RedisStats {
+                    available: l2.is_available(),
+                    open_circuits: l2.open_circuits(),
+                    circuit_openings: l2.circuit_openings(),
+                    wakeups_by_message: counters.wakeups_by_message,
+                    wakeups_by_timeout: counters.wakeups_by_timeout,
+                    wakeups_with_entry: counters.wakeups_with_entry,
+                    fenced_writes: counters.fenced_writes,
+                    corrupt_entries: counters.corrupt_entries,
+                    errors: counters.errors,
+                    unconfirmed_invalidations: counters.unconfirmed_invalidations,
+                    eviction_policy: l2.eviction().map(str::to_owned),
+                }
             }),
         }
     }

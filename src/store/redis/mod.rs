@@ -119,6 +119,18 @@ pub(crate) struct TierStats {
     pub unconfirmed_invalidations: AtomicU64,
 }
 
+/// A snapshot of the shared tier's counters.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TierCounters {
+    pub wakeups_by_message: u64,
+    pub wakeups_by_timeout: u64,
+    pub wakeups_with_entry: u64,
+    pub fenced_writes: u64,
+    pub corrupt_entries: u64,
+    pub errors: u64,
+    pub unconfirmed_invalidations: u64,
+}
+
 /// The shared tier: a facade over its components, each with its own state
 /// and calls (see the module doc).
 pub(crate) struct RedisTier {
@@ -131,8 +143,8 @@ pub(crate) struct RedisTier {
     /// The lease as a distributed lock.
     locks: Arc<Locks>,
     /// Fleet-wide wake-ups: waiters register here.
-    pub(crate) notifier: Arc<Notifier>,
-    pub(crate) stats: Arc<TierStats>,
+    notifier: Arc<Notifier>,
+    stats: Arc<TierStats>,
     /// The eviction policy read at start-up, when Redis may evict our keys.
     eviction: Option<String>,
     /// Stops the supervisor when the tier is dropped.
@@ -206,6 +218,20 @@ impl RedisTier {
     /// publish between the answer and the wait still wakes the waiter.
     pub(crate) fn listen(&self, key: Key) -> Registration {
         self.notifier.register(key)
+    }
+
+    /// The tier's counters as they are now.
+    pub(crate) fn counters(&self) -> TierCounters {
+        let wakes = &self.notifier.stats;
+        TierCounters {
+            wakeups_by_message: wakes.by_message.load(Ordering::Relaxed),
+            wakeups_by_timeout: wakes.by_timeout.load(Ordering::Relaxed),
+            wakeups_with_entry: wakes.carried.load(Ordering::Relaxed),
+            fenced_writes: self.stats.fenced_writes.load(Ordering::Relaxed),
+            corrupt_entries: self.stats.corrupt_entries.load(Ordering::Relaxed),
+            errors: self.stats.errors.load(Ordering::Relaxed),
+            unconfirmed_invalidations: self.stats.unconfirmed_invalidations.load(Ordering::Relaxed),
+        }
     }
 
     /// Counts a wait answered by the entry its wake-up carried.
