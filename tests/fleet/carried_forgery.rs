@@ -9,7 +9,9 @@ use std::net::TcpStream;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::common::items::{fleet, fleet_of, text_of, warm_up, Gate, Node};
+#[cfg(feature = "redis-cluster")]
+use crate::common::items::fleet_of;
+use crate::common::items::{fleet, text_of, warm_up, Gate, Node};
 use crate::common::monitor::{until, Monitor};
 use crate::common::redis::RedisServer;
 use crate::common::Origin;
