@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod avalanche;
 mod carried;
 mod carried_forgery;
 mod config;

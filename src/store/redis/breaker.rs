@@ -6,23 +6,61 @@
 //! answers, and closes the circuit. Requests never probe; they only read an
 //! atomic flag.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::metrics::CIRCUIT_OPEN;
 
 /// Consecutive failures that open the circuit.
 pub(crate) const FAILURES_TO_OPEN: u32 = 3;
 
-#[derive(Default)]
 pub(crate) struct Breaker {
     failures: AtomicU32,
+    /// When the node last answered a call, in microseconds since `base`
+    /// (see [`super::round_trip`]: a call is judged by its connection's
+    /// silence, not by its own wait).
+    heard: AtomicU64,
+    /// When the last failure that counted was recorded, in microseconds
+    /// since `base`: a call sent before it failed in the same episode.
+    faulted: AtomicU64,
+    base: Instant,
     open: AtomicBool,
     /// Set from the opening until the close, so the opening is reported to
     /// the supervisor once.
     probing: AtomicBool,
 }
 
+impl Default for Breaker {
+    fn default() -> Self {
+        Breaker {
+            failures: AtomicU32::new(0),
+            heard: AtomicU64::new(0),
+            faulted: AtomicU64::new(0),
+            base: Instant::now(),
+            open: AtomicBool::new(false),
+            probing: AtomicBool::new(false),
+        }
+    }
+}
+
 impl Breaker {
+    fn micros(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// The node answered a call (a reply, or an error reply) at `at`.
+    pub(crate) fn heard(&self, at: Instant) {
+        self.heard.fetch_max(self.micros(at), Ordering::Relaxed);
+    }
+
+    /// When the node last answered a call, if it ever did.
+    pub(crate) fn last_heard(&self) -> Option<Instant> {
+        match self.heard.load(Ordering::Relaxed) {
+            0 => None,
+            us => self.base.checked_add(Duration::from_micros(us)),
+        }
+    }
+
     /// Whether calls may go to Redis.
     pub(crate) fn is_closed(&self) -> bool {
         !self.open.load(Ordering::Acquire)
@@ -32,9 +70,30 @@ impl Breaker {
         self.failures.store(0, Ordering::Relaxed);
     }
 
-    /// Records a failure. Returns true when this failure opened the circuit
-    /// and the caller must ask the supervisor to probe.
-    pub(crate) fn failure(&self) -> bool {
+    /// Records the failure of a call sent at `sent`. Returns true when this
+    /// failure opened the circuit and the caller must ask the supervisor to
+    /// probe.
+    ///
+    /// Only a call sent after the last failure that counted is new evidence:
+    /// the calls in flight when a connection went silent all fail together,
+    /// and count once. So the circuit opens after failures in several
+    /// episodes in a row (a Redis that stays down or silent while requests
+    /// keep asking), not on one stall, however many calls it held.
+    pub(crate) fn failure(&self, sent: Instant) -> bool {
+        let now = self.micros(Instant::now());
+        let sent = self.micros(sent);
+        let last = self.faulted.load(Ordering::Relaxed);
+        if last != 0 && sent < last {
+            return false;
+        }
+        if self
+            .faulted
+            .compare_exchange(last, now.max(1), Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            // Another failure of the same moment counted.
+            return false;
+        }
         let failures = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
         if failures < FAILURES_TO_OPEN {
             return false;
@@ -71,14 +130,27 @@ mod tests {
     #[test]
     fn opens_after_consecutive_failures_and_starts_one_probe() {
         let b = Breaker::default();
-        assert!(!b.failure());
+        assert!(!b.failure(Instant::now()));
         b.success();
-        assert!(!b.failure());
-        assert!(!b.failure());
+        assert!(!b.failure(Instant::now()));
+        assert!(!b.failure(Instant::now()));
         assert!(b.is_closed());
-        assert!(b.failure(), "third in a row opens and asks for a probe");
+        assert!(
+            b.failure(Instant::now()),
+            "third in a row opens and asks for a probe"
+        );
         assert!(!b.is_closed());
-        assert!(!b.failure(), "a probe already runs");
+        assert!(!b.failure(Instant::now()), "a probe already runs");
+        b.close();
+        let stalled = Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        assert!(!b.failure(Instant::now()));
+        assert!(
+            !b.failure(stalled) && !b.failure(stalled),
+            "calls in flight in the same episode count once"
+        );
+        assert!(!b.failure(Instant::now()));
+        assert!(b.failure(Instant::now()), "a third episode opens it");
         b.close();
         assert!(b.is_closed());
     }
@@ -103,8 +175,8 @@ mod tests {
         metrics::with_local_recorder(&recorder, || {
             let (a, b) = (Breaker::default(), Breaker::default());
             for _ in 0..FAILURES_TO_OPEN + 2 {
-                a.failure();
-                b.failure();
+                a.failure(Instant::now());
+                b.failure(Instant::now());
             }
             // (Each snapshot resets the gauge: it shows the change since.)
             assert_eq!(gauge(), 2.0, "two circuits opened, each counted once");

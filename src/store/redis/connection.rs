@@ -193,7 +193,11 @@ async fn open_single(
             )));
         }
     }
+    // The subscriber's commands (subscribing, the keepalive's ping) wait on
+    // a link that may be a network hop away: the connect timeout bounds
+    // them, not the deadline of a request's call.
     let sub_config = base
+        .set_response_timeout(Some(options.connect_timeout))
         .set_push_sender(move |push| -> Result<(), redis::aio::SendError> {
             sink(push);
             Ok(())
@@ -230,10 +234,16 @@ async fn open_cluster(
         super::client::require_crypto_provider()?;
     }
     let builder = |push: Option<Sink>| -> Result<redis::cluster::ClusterClient, RedisError> {
+        // The subscriber's commands wait on a link that may be a network
+        // hop away: the connect timeout bounds them, not a call's deadline.
+        let response_timeout = match push {
+            Some(_) => options.connect_timeout,
+            None => options.deadline,
+        };
         let mut b = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
             .use_protocol(redis::ProtocolVersion::RESP3)
             .connection_timeout(options.connect_timeout)
-            .response_timeout(options.deadline)
+            .response_timeout(response_timeout)
             .retries(2)
             // The client's own waits between tries must fit in the
             // deadline: a slot on the move (`TRYAGAIN`) is then reported to

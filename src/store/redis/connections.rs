@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use redis::{RedisError, Value};
 use tokio::sync::Notify;
 
+use super::breaker::Breaker;
 use super::client::{self, Options};
 use super::connection::{self, Conn, Link, Sink, Topology};
 use super::error::ErrorMeaning;
@@ -32,6 +33,7 @@ use super::health::{Address, Health};
 use super::keys::Keys;
 use super::nodes::{self, NodeConns};
 use super::notify::Notifier;
+use super::round_trip;
 use super::scripts::Scripts;
 use super::{TierConfig, TierError, TierStats};
 use crate::metrics as m;
@@ -123,6 +125,15 @@ impl Connections {
         // the server refuses them at once.
         load_scripts(&config, &link, &scripts).await?;
         let health = Health::new(matches!(config.topology, Topology::Cluster(_)));
+        // The first measure of the link's round trip, so calls made before
+        // the first keepalive are judged by it too (see `round_trip`).
+        let mut conn = link.conn.clone();
+        let sent = Instant::now();
+        let cmd = redis::cmd("PING");
+        let ping = cmd.query_async::<()>(&mut conn);
+        if let Ok(Ok(())) = tokio::time::timeout(config.connect_timeout, ping).await {
+            health.round_trip.sample(sent.elapsed());
+        }
         Ok(Connections {
             link: RwLock::new(Arc::new(link)),
             config,
@@ -300,8 +311,9 @@ impl Connections {
         // while another node is frozen). A slot on the move is left to the
         // cluster client, which follows `ASK` and `MOVED`.
         let mut node = shared.health.node(route);
-        let error = loop {
-            let left = until.saturating_duration_since(Instant::now());
+        let (error, sent) = loop {
+            let sent = Instant::now();
+            let left = until.saturating_duration_since(sent);
             let attempt = async {
                 let conn = match &node {
                     Some(address) => {
@@ -311,16 +323,15 @@ impl Connections {
                 };
                 call(conn).await
             };
-            let error = match tokio::time::timeout(left, attempt).await {
-                Ok(Ok(value)) => {
+            let error = match self.answer(&breaker, left, attempt).await {
+                Ok(value) => {
                     breaker.success();
                     return Ok(value);
                 }
-                Ok(Err(e)) => TierError::Redis(e),
-                Err(_) => TierError::Timeout,
+                Err(error) => error,
             };
             if let Some(address) = &node
-                && !error.is_answer()
+                && error.is_fault()
             {
                 // Dead, frozen or gone: the next call connects again, to
                 // whichever node the slot map names by then (a replica may
@@ -329,14 +340,14 @@ impl Connections {
                 shared.signals.slots_moved.notify_one();
             }
             if !retry_moving || !error.is_moving() {
-                break error;
+                break (error, sent);
             }
             node = None;
             // The slot moved, or is moving: the map may be out of date.
             shared.signals.slots_moved.notify_one();
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                break error;
+                break (error, sent);
             }
             tokio::time::sleep(pause.min(left)).await;
             pause = (pause * 2).min(MIGRATION_PAUSE_MAX);
@@ -344,16 +355,16 @@ impl Connections {
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
         m::count_backend(m::REDIS_ERRORS);
         tracing::debug!(error = %error, "redis call failed");
-        if error.is_answer() {
+        if !error.is_fault() {
             // Redis is up and answering (a script refused foreign bytes, a
-            // key of the wrong type, a slot still on the move): nothing the
-            // circuit could help with.
+            // key of the wrong type, a slot still on the move, calls queued
+            // before this one): nothing the circuit could help with.
             return Err(error);
         }
         if shared.config.topology.needs_resolve() {
             shared.signals.call_failed.notify_one();
         }
-        if gate != Gate::Background && breaker.failure() {
+        if gate != Gate::Background && breaker.failure(sent) {
             shared.health.openings.fetch_add(1, Ordering::Relaxed);
             m::count_backend(m::CIRCUIT_OPENINGS);
             tracing::warn!(
@@ -402,10 +413,12 @@ impl Connections {
         call: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, TierError> {
         let shared = self;
-        let error = match tokio::time::timeout(shared.config.deadline, call).await {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(e)) => TierError::Redis(e),
-            Err(_) => TierError::Timeout,
+        let error = match self
+            .answer(shared.health.whole(), shared.config.deadline, call)
+            .await
+        {
+            Ok(value) => return Ok(value),
+            Err(error) => error,
         };
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
         m::count_backend(m::REDIS_ERRORS);
@@ -414,6 +427,69 @@ impl Connections {
             shared.signals.call_failed.notify_one();
         }
         Err(error)
+    }
+
+    /// How long a call under `limit` may go unanswered on this link: more
+    /// than `limit` where the link's measured round trip needs it (see
+    /// [`super::round_trip`]), at most the connect timeout.
+    pub(super) fn patience(&self, limit: Duration) -> Duration {
+        let longest = self.config.connect_timeout.max(limit);
+        self.health.round_trip.silence(limit, longest)
+    }
+
+    /// Waits for `call`, sent now on a connection whose answers `node`
+    /// hears, as [`super::round_trip`] says: it fails as
+    /// [`TierError::Timeout`] once the connection has answered nothing for
+    /// the silence that `limit` and the link's round trip allow, and as
+    /// [`TierError::Busy`] once it has waited the longest any call waits
+    /// (the connect timeout, or `limit` if longer) while the connection kept
+    /// answering the calls sent before it.
+    async fn answer<T>(
+        &self,
+        node: &Breaker,
+        limit: Duration,
+        call: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, TierError> {
+        let sent = Instant::now();
+        let longest = self.config.connect_timeout.max(limit);
+        let silence = self.patience(limit);
+        let end = sent + longest;
+        let mut check = sent + silence;
+        tokio::pin!(call);
+        loop {
+            match tokio::time::timeout_at(check.min(end).into(), &mut call).await {
+                Ok(Ok(value)) => {
+                    node.heard(Instant::now());
+                    return Ok(value);
+                }
+                Ok(Err(e)) => {
+                    if e.is_server_reply() {
+                        node.heard(Instant::now());
+                    }
+                    return Err(TierError::Redis(e));
+                }
+                Err(_) => {}
+            }
+            let late = Instant::now().saturating_duration_since(check.min(end));
+            if let Some(answer) = round_trip::look_again(&mut call).await {
+                node.heard(Instant::now());
+                return answer.map_err(TierError::Redis);
+            }
+            let now = Instant::now();
+            let heard = node.last_heard().filter(|&at| at > sent);
+            if now >= end {
+                return Err(if heard.is_some() {
+                    TierError::Busy
+                } else {
+                    TierError::Timeout
+                });
+            }
+            match heard {
+                Some(at) if at + silence > now => check = at + silence,
+                _ if round_trip::behind(late, silence) => check = now + silence,
+                _ => return Err(TierError::Timeout),
+            }
+        }
     }
 
     /// On a cluster, reads the slot map (`CLUSTER SLOTS`) from the first
@@ -462,7 +538,7 @@ impl Connections {
                 Some((host, _)) => host.clone(),
                 None => self.seed_host(),
             };
-            let reply = match tokio::time::timeout(self.config.deadline, ask).await {
+            let reply = match tokio::time::timeout(self.patience(self.config.deadline), ask).await {
                 Ok(Ok(reply)) => Some(reply),
                 Ok(Err(e)) if e.is_server_reply() => None,
                 _ => {
@@ -521,6 +597,7 @@ impl Connections {
         F: FnMut(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<T, RedisError>>,
     {
+        let limit = self.patience(limit);
         let until = tokio::time::Instant::now() + limit;
         let Some(address) = self.health.node(route) else {
             let call = call(self.link().conn.clone());
@@ -598,7 +675,8 @@ impl Connections {
         if !self.health.whole().is_closed() {
             // Slots no map names: any node that answers will do.
             let ping = self.on_node(None, redis::cmd("PING"));
-            if let Ok(Ok(_)) = tokio::time::timeout(self.config.deadline, ping).await {
+            let limit = self.patience(self.config.deadline);
+            if let Ok(Ok(_)) = tokio::time::timeout(limit, ping).await {
                 self.health.whole().close();
             }
         }
@@ -631,7 +709,7 @@ impl Connections {
         let cmd = redis::cmd("PING");
         let ping = self.on_own_connection::<()>(address, &cmd);
         matches!(
-            tokio::time::timeout(self.config.deadline, ping).await,
+            tokio::time::timeout(self.patience(self.config.deadline), ping).await,
             Ok(Ok(()))
         )
     }
@@ -823,7 +901,7 @@ mod tests {
         };
         let breaker = tier.conns.health.breaker(&route(key));
         for _ in 0..3 {
-            let _ = breaker.failure();
+            let _ = breaker.failure(Instant::now());
         }
         assert!(!tier.is_available_for(key));
         assert!(matches!(

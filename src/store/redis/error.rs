@@ -15,8 +15,13 @@ use crate::error::{Error, ErrorKind};
 pub(crate) enum TierError {
     /// The circuit is open: Redis was not asked.
     Open,
-    /// No answer within the deadline.
+    /// No answer, and the connection silent, for the deadline (see
+    /// [`super::round_trip`]).
     Timeout,
+    /// Queued: the connection kept answering the calls sent before this
+    /// one, but its turn did not come within the longest wait. Redis is up;
+    /// the breaker does not count it.
+    Busy,
     /// Redis answered with an error, or the connection failed.
     Redis(RedisError),
 }
@@ -28,7 +33,7 @@ impl TierError {
     pub(crate) fn may_have_run(&self) -> bool {
         match self {
             TierError::Open => false,
-            TierError::Timeout => true,
+            TierError::Timeout | TierError::Busy => true,
             TierError::Redis(e) => e.may_have_run(),
         }
     }
@@ -38,7 +43,7 @@ impl TierError {
     /// for errors no retry can mend (a refused script, a permission).
     pub(crate) fn retry_may_help(&self) -> bool {
         match self {
-            TierError::Open | TierError::Timeout => true,
+            TierError::Open | TierError::Timeout | TierError::Busy => true,
             TierError::Redis(e) => e.retry_may_help(),
         }
     }
@@ -57,6 +62,13 @@ impl TierError {
     pub(crate) fn is_answer(&self) -> bool {
         matches!(self, TierError::Redis(e) if e.is_call_error()) || self.is_moving()
     }
+
+    /// Whether the failure says the node is failing (gone, silent, or its
+    /// connection broken): what the breaker counts. An error answer, a slot
+    /// on the move, or a call that was only queued does not.
+    pub(crate) fn is_fault(&self) -> bool {
+        !self.is_answer() && !matches!(self, TierError::Busy | TierError::Open)
+    }
 }
 
 impl std::fmt::Display for TierError {
@@ -64,6 +76,7 @@ impl std::fmt::Display for TierError {
         match self {
             TierError::Open => f.write_str("circuit open"),
             TierError::Timeout => f.write_str("deadline passed"),
+            TierError::Busy => f.write_str("queued past the longest wait"),
             TierError::Redis(e) => write!(f, "{e}"),
         }
     }
@@ -197,7 +210,7 @@ impl From<TierError> for Error {
         let message = e.to_string();
         match e {
             TierError::Open => Error::new(ErrorKind::Unavailable, message),
-            TierError::Timeout => Error::new(ErrorKind::Timeout, message),
+            TierError::Timeout | TierError::Busy => Error::new(ErrorKind::Timeout, message),
             TierError::Redis(e) => {
                 let kind = match e.error_kind() {
                     // Past start-up, a server that cannot be reached is one

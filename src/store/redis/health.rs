@@ -18,6 +18,7 @@ use std::sync::{Arc, RwLock};
 use redis::Value;
 
 use super::breaker::Breaker;
+use super::round_trip::RoundTrip;
 
 /// A node's address as the cluster names it.
 pub(crate) type Address = (String, u16);
@@ -32,6 +33,8 @@ pub(crate) struct Health {
     map: RwLock<SlotMap>,
     /// Circuits opened since the tier started.
     pub openings: AtomicU64,
+    /// The link's round trip, measured by pings nothing queues behind.
+    pub round_trip: RoundTrip,
 }
 
 #[derive(Default)]
@@ -59,6 +62,7 @@ impl Health {
             cluster,
             map: RwLock::default(),
             openings: AtomicU64::new(0),
+            round_trip: RoundTrip::default(),
         }
     }
 
@@ -250,7 +254,7 @@ mod tests {
         let a = health.breaker(on_a);
         assert!(!Arc::ptr_eq(&a, &health.breaker(on_b)));
         for _ in 0..3 {
-            a.failure();
+            a.failure(std::time::Instant::now());
         }
         assert!(!health.breaker(on_a).is_closed());
         assert!(health.breaker(on_b).is_closed());

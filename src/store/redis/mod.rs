@@ -17,7 +17,9 @@
 //! | `{prefix}:members` | the fleet's membership: each instance with the end of its subscription lease, and `born`, when this life of the set began (its own slot; see `barrier.rs`) | two leases after the last renewal |
 //! | `{prefix}:tags` | the invalidation table: a generation for everything and one per tag bucket (its own slot; see `barrier.rs`) | never (a lost one starts again from Redis's clock) |
 //!
-//! Every call has a deadline. Failures feed a circuit breaker (on Redis
+//! Every call has a deadline, judged by its connection's silence, not by
+//! its own wait (a call queued behind a burst, or on a link one network hop
+//! away, is not failing; see [`round_trip`]). Failures feed a circuit breaker (on Redis
 //! Cluster, the one of the primary that serves the key; see [`health`]);
 //! while it is open the engine does not call Redis for those keys and
 //! protects the process with its in-process tier alone. The tier's one
@@ -46,6 +48,7 @@
 //! | `lease.rs`, `renew.rs` | a rebuild lease, and the renewer that keeps a lease or a lock |
 //! | `connection.rs`, `client.rs`, `topology.rs`, `sentinel.rs` | opening the link on one server, a cluster or behind Sentinel |
 //! | `health.rs`, `breaker.rs`, `nodes.rs` | the slot map and one breaker per primary; the cluster's own node connections |
+//! | `round_trip.rs` | the link's measured round trip, and how long a call may go unanswered |
 //! | `config.rs`, `scripts.rs`, `scripts/*.lua` | settings; the Lua scripts, each one atomic step |
 
 mod acks;
@@ -67,6 +70,7 @@ mod messages;
 mod nodes;
 pub(crate) mod notify;
 pub(crate) mod renew;
+mod round_trip;
 mod scripts;
 mod sentinel;
 mod supervisor;

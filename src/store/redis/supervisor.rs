@@ -59,6 +59,7 @@ use super::client::Options;
 use super::connection::{self, Topology};
 use super::connections::Connections;
 use super::messages::AckDue;
+use super::round_trip;
 use super::sentinel;
 
 /// Stops the supervisor when dropped. The tier holds it, so the task lives
@@ -260,10 +261,18 @@ async fn gather(shared: &Connections, work: &mut Work, pause: Option<Duration>) 
 /// lost subscription (the lease, not this limit, bounds how long a silent
 /// one is trusted), and dropping the in-process tier for one costs the
 /// whole fleet's L1 hits here.
+/// Its round trip is the link's (see [`super::round_trip`]): nothing
+/// queues on the subscriber but the channel's messages.
 async fn ping_subscriber(shared: &Connections) -> bool {
     let ping = shared.ping_subscription();
-    let limit = shared.config.deadline.max(KEEPALIVE / 4);
-    matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(())))
+    let limit = shared.patience(shared.config.deadline.max(KEEPALIVE / 4));
+    let sent = Instant::now();
+    let answer = round_trip::within(limit, shared.config.connect_timeout, ping).await;
+    let answered = matches!(answer, Some(Ok(())));
+    if answered {
+        shared.health.round_trip.sample(sent.elapsed());
+    }
+    answered
 }
 
 /// One probe: true once Redis answered and the circuit is closed.
@@ -277,14 +286,23 @@ async fn probe_once(shared: &Connections) -> bool {
         follow_primary(shared).await;
     }
     let link = shared.link();
-    let ping = async {
-        let mut conn = link.conn.clone();
-        redis::cmd("PING").query_async::<()>(&mut conn).await?;
-        // The subscriber reconnects (and resubscribes) when used.
-        let mut sub = link.subscriber.clone();
-        redis::cmd("PING").query_async::<()>(&mut sub).await
+    // Each ping has the time a call has on this link; they go one after
+    // the other, so the probe as a whole has twice that.
+    let limit = shared.patience(shared.config.deadline);
+    let ping = |mut conn: connection::Conn| async move {
+        let cmd = redis::cmd("PING");
+        let sent = Instant::now();
+        match tokio::time::timeout(limit, cmd.query_async::<()>(&mut conn)).await {
+            Ok(Ok(())) => Some(sent.elapsed()),
+            _ => None,
+        }
     };
-    if let Ok(Ok(())) = tokio::time::timeout(shared.config.deadline, ping).await {
+    let command = ping(link.conn.clone()).await;
+    if let Some(rtt) = command {
+        shared.health.round_trip.sample(rtt);
+    }
+    // The subscriber reconnects (and resubscribes) when used.
+    if command.is_some() && ping(link.subscriber.clone()).await.is_some() {
         tracing::info!("redis answers again; fleet-wide protection restored");
         shared.health.whole().close();
         return true;

@@ -1,0 +1,161 @@
+//! A cache avalanche and a Redis one network hop away: many keys cold at
+//! once, each asked on every instance, with the backend's default settings.
+//! Queueing behind a burst, or a round trip longer than loopback's, is not
+//! Redis failing: the fleet keeps one origin call per key, and no circuit
+//! opens.
+#![cfg(feature = "redis")]
+
+use std::time::Duration;
+
+use crate::common::fleet::{instance, Instance};
+use crate::common::proxy::Proxy;
+use crate::common::redis::RedisServer;
+use crate::common::{get, send, Origin};
+use stampede_guard::Backend;
+
+const INSTANCES: usize = 3;
+const HANDLER: Duration = Duration::from_millis(100);
+
+/// What a flood cost the fleet (the counters the assertions do not name
+/// are shown when one fails).
+#[derive(Debug)]
+#[allow(dead_code)]
+struct Cost {
+    origin_calls: usize,
+    circuit_openings: u64,
+    errors: u64,
+    wakeups_by_timeout: u64,
+    fenced_writes: u64,
+    not_ok: usize,
+}
+
+/// `INSTANCES` instances with default settings, instance `i` reaching Redis
+/// at `urls[i % urls.len()]`, the route's ttl `ttl`.
+async fn fleet(urls: &[String], origin: &Origin, ttl: Duration) -> Vec<Instance> {
+    let mut instances = Vec::new();
+    for i in 0..INSTANCES {
+        let backend = Backend::redis(&urls[i % urls.len()])
+            .await
+            .expect("a backend with default settings starts");
+        instances.push(instance(backend, origin, HANDLER, move |g| g.ttl(ttl)));
+    }
+    instances
+}
+
+/// Asks each of `keys` cold keys on every instance at the same moment.
+async fn flood(instances: &[Instance], origin: &Origin, keys: usize) -> Cost {
+    let before = origin.calls();
+    let tasks: Vec<_> = (0..keys)
+        .flat_map(|k| {
+            instances.iter().map(move |i| {
+                let app = i.app.clone();
+                tokio::spawn(async move { send(&app, get(&format!("/report/{k}"))).await })
+            })
+        })
+        .collect();
+    let mut not_ok = 0;
+    for task in tasks {
+        if !task.await.expect("request task").status.is_success() {
+            not_ok += 1;
+        }
+    }
+    let (mut circuit_openings, mut errors, mut wakeups_by_timeout, mut fenced_writes) =
+        (0, 0, 0, 0);
+    for i in instances {
+        let stats = i.backend.stats().redis.expect("redis stats");
+        circuit_openings += stats.circuit_openings;
+        errors += stats.errors;
+        wakeups_by_timeout += stats.wakeups_by_timeout;
+        fenced_writes += stats.fenced_writes;
+    }
+    Cost {
+        origin_calls: origin.calls() - before,
+        circuit_openings,
+        errors,
+        wakeups_by_timeout,
+        fenced_writes,
+        not_ok,
+    }
+}
+
+const KEYS: usize = 1_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_cold_keys_on_every_instance_cost_one_origin_call_each() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let instances = fleet(&[redis.url()], &origin, Duration::from_secs(60)).await;
+    let cost = flood(&instances, &origin, KEYS).await;
+    eprintln!("{cost:?}");
+    assert_eq!(cost.not_ok, 0, "{cost:?}");
+    assert_eq!(cost.circuit_openings, 0, "queueing is no failure: {cost:?}");
+    assert!(cost.origin_calls <= KEYS * 11 / 10, "{cost:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_cold_keys_over_a_slow_link_cost_one_origin_call_each() {
+    let redis = RedisServer::start();
+    let mut proxies = Vec::new();
+    for _ in 0..INSTANCES {
+        proxies.push(Proxy::delayed(redis.port(), 5..=10).await);
+    }
+    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
+    let origin = Origin::default();
+    let instances = fleet(&urls, &origin, Duration::from_secs(60)).await;
+    let cost = flood(&instances, &origin, KEYS).await;
+    eprintln!("{cost:?}");
+    assert_eq!(cost.not_ok, 0, "{cost:?}");
+    assert_eq!(
+        cost.circuit_openings, 0,
+        "a longer round trip is no failure: {cost:?}"
+    );
+    assert!(cost.origin_calls <= KEYS * 11 / 10, "{cost:?}");
+}
+
+/// 20–40 ms round trips, default settings: instances start, a long-lived
+/// entry is built once for the fleet and served from then on, and no
+/// circuit opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_distant_redis_keeps_a_long_lived_entry_and_its_circuit_closed() {
+    let redis = RedisServer::start();
+    let mut proxies = Vec::new();
+    for _ in 0..INSTANCES {
+        proxies.push(Proxy::delayed(redis.port(), 10..=20).await);
+    }
+    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
+    let origin = Origin::default();
+    let instances = fleet(&urls, &origin, Duration::from_secs(600)).await;
+    // Requests on every instance for a few keepalives (the subscription is
+    // pinged every second over the same slow link).
+    let until = tokio::time::Instant::now() + Duration::from_secs(5);
+    let mut asked = 0;
+    while tokio::time::Instant::now() < until {
+        for i in &instances {
+            for k in 0..4 {
+                let answer = send(&i.app, get(&format!("/report/{k}"))).await;
+                assert!(answer.status.is_success());
+                asked += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut openings = 0;
+    for i in &instances {
+        openings += i
+            .backend
+            .stats()
+            .redis
+            .expect("redis stats")
+            .circuit_openings;
+    }
+    eprintln!(
+        "asked {asked}, origin calls {}, openings {openings}",
+        origin.calls()
+    );
+    assert_eq!(openings, 0, "a 20–40 ms round trip is no failure");
+    assert_eq!(
+        origin.calls(),
+        4,
+        "each 600 s entry built once for the fleet"
+    );
+}
