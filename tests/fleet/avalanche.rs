@@ -159,3 +159,53 @@ async fn a_distant_redis_keeps_a_long_lived_entry_and_its_circuit_closed() {
         "each 600 s entry built once for the fleet"
     );
 }
+
+/// A 20 MiB body (the cap raised to 32 MiB) asked by 21 clients over the
+/// fleet at once: one origin call for the fleet, however long the entry
+/// takes to write and read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_body_costs_one_origin_call_for_the_fleet() {
+    const BODY: usize = 20 << 20;
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let mut instances = Vec::new();
+    for _ in 0..INSTANCES {
+        let backend = Backend::redis(&redis.url())
+            .await
+            .expect("a backend with default settings starts");
+        let guard = stampede_guard::StampedeGuard::new(backend.clone())
+            .ttl(Duration::from_secs(60))
+            .max_body_bytes(32 << 20);
+        let handler = {
+            let origin = origin.clone();
+            move || {
+                let origin = origin.clone();
+                async move {
+                    let _running = origin.enter();
+                    tokio::time::sleep(HANDLER).await;
+                    vec![b'x'; BODY]
+                }
+            }
+        };
+        let app =
+            axum::Router::new().route("/big", axum::routing::get(handler).layer(guard.clone()));
+        instances.push((backend, app));
+    }
+    let tasks: Vec<_> = (0..21)
+        .map(|i| {
+            let app = instances[i % INSTANCES].1.clone();
+            tokio::spawn(async move { send(&app, get("/big")).await })
+        })
+        .collect();
+    for task in tasks {
+        let answer = task.await.expect("request task");
+        assert!(answer.status.is_success());
+        assert_eq!(answer.body.len(), BODY);
+    }
+    let mut openings = 0;
+    for (backend, _) in &instances {
+        openings += backend.stats().redis.expect("redis stats").circuit_openings;
+    }
+    assert_eq!(openings, 0, "a big entry is no failure");
+    assert_eq!(origin.calls(), 1, "one origin call for the fleet");
+}

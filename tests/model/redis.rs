@@ -164,7 +164,10 @@ impl Redis {
     }
 
     /// fetch_or_lease.lua (no early refresh: `ARGV[3]` is -1). `issued` is
-    /// the ghost issue order given to a lease taken here.
+    /// the ghost issue order given to a lease taken here. A value too long
+    /// for the script's reply is read by a `GET` after it and taken only if
+    /// it still carries the generation read here: the same as reading it
+    /// here, or, if it is gone, a failed call (both modelled already).
     pub fn fetch_or_lease(
         &mut self,
         protocol: Protocol,

@@ -13,7 +13,7 @@ pub const MODELLED: [(&str, &str, &str); 14] = [
     ),
     (
         "fetch_or_lease.lua",
-        "8621fa680d7fc80b23877511fc6d0cdb4e2d270d9e3f9cedc95ef14c454623aa",
+        "8de60ffc6c427485e7b1c1a84296cda25ce2bdaa185f0c86ba1dd8a319cdfbcc",
         "redis.rs: Redis::fetch_or_lease",
     ),
     (

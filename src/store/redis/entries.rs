@@ -70,6 +70,21 @@ pub(crate) enum Fetched {
     },
 }
 
+/// The longest value `fetch_or_lease` returns in its reply. A longer one
+/// is read by a call of its own, whose time limit allows for its size (see
+/// [`transfer`]): a value of many megabytes takes longer than a deadline to
+/// cross a link, and that is no failure of Redis.
+const INLINE_VALUE: u64 = 256 * 1024;
+
+/// The least rate at which a value is expected to cross the link and be
+/// read, in bytes a second.
+const TRANSFER_RATE: u64 = 16 << 20;
+
+/// How much longer than its deadline a call that carries `bytes` may take.
+fn transfer(bytes: u64) -> Duration {
+    Duration::from_millis(bytes.saturating_mul(1000) / TRANSFER_RATE)
+}
+
 /// The entry / lease protocol of one tier: every call names the keys of one
 /// entry.
 pub(crate) struct Entries {
@@ -111,7 +126,8 @@ impl Entries {
             .arg(millis(lease_time).max(1))
             .arg(early.map_or(-1, |d| millis(d).min(1 << 52) as i64))
             .arg(millis(FENCE_KEEP))
-            .arg(millis(FAILURE_BACKOFF_CAP));
+            .arg(millis(FAILURE_BACKOFF_CAP))
+            .arg(INLINE_VALUE);
         let script = &invocation;
         let run = move |mut conn: Conn| async move { script.invoke_async(&mut conn).await };
         // While the slot moves, the script (which names the lease key) is
@@ -125,8 +141,8 @@ impl Entries {
             },
             reply => reply,
         };
-        type Reply = (i64, Vec<u8>, i64, i64, String, i64);
-        let (status, value, a, value_pttl, generation, foreign): Reply = match reply {
+        type Reply = (i64, Vec<u8>, i64, i64, String, i64, String);
+        let (status, value, a, value_pttl, generation, foreign, withheld): Reply = match reply {
             Ok(reply) => reply,
             Err(e) if e.is_moving() => {
                 // The slot is on the move and the script did not run: a
@@ -148,6 +164,17 @@ impl Entries {
         if foreign == 1 {
             self.count_corrupt(key);
         }
+        let value = match withheld.as_str() {
+            "" => value,
+            generation => match self.fetch_value(&keys[0], generation).await {
+                Ok(Some(value)) => value,
+                // Gone or replaced since: a fresh hit is a miss now, and a
+                // stale copy there is none.
+                Ok(None) if status == 1 => return Err(TierError::Busy),
+                Err(e) if status == 1 => return Err(e),
+                _ => Vec::new(),
+            },
+        };
         let value = Bytes::from(value);
         let remote = |fresh: Option<Duration>| {
             Some(Remote {
@@ -186,6 +213,32 @@ impl Entries {
             },
             _ => return Err(protocol_error()),
         })
+    }
+
+    /// The value at `key` that was too long for the reply of
+    /// `fetch_or_lease`, if it still carries `generation` (the one that
+    /// script found current): read with a plain `GET`, so Redis copies it
+    /// once rather than through a script, under a time limit that allows
+    /// for its size.
+    async fn fetch_value(&self, key: &str, generation: &str) -> Result<Option<Vec<u8>>, TierError> {
+        let size: u64 =
+            self.conns
+                .call(key)
+                .run(|mut conn| async move {
+                    redis::cmd("STRLEN").arg(key).query_async(&mut conn).await
+                })
+                .await?;
+        let bytes: Option<Vec<u8>> = self
+            .conns
+            .call(key)
+            .within(self.conns.config.deadline.saturating_add(transfer(size)))
+            .run(|mut conn| async move { redis::cmd("GET").arg(key).query_async(&mut conn).await })
+            .await?;
+        let carries = |b: &[u8]| {
+            b.strip_prefix(generation.as_bytes())
+                .is_some_and(|rest| rest.first() == Some(&b'|'))
+        };
+        Ok(bytes.filter(|b| carries(b)))
     }
 
     /// The entry if it is fresh, read with its value, freshness marker and
@@ -250,10 +303,16 @@ impl Entries {
         // Owed whatever the circuit says: the rebuilt value is stored if the
         // node answers within the deadline.
         let script = &invocation;
+        let limit = self
+            .conns
+            .config
+            .deadline
+            .saturating_add(transfer(entry.len() as u64));
         let commit = self
             .conns
             .call(&keys[2])
             .owed()
+            .within(limit)
             .run(move |mut conn| async move { script.invoke_async(&mut conn).await });
         let stored: i64 = match commit.await {
             Ok(stored) => stored,

@@ -14,8 +14,10 @@
 -- ARGV[4] keep    fence hash lifetime in milliseconds
 -- KEYS[6] failed  the failure marker (see release.lua): `<gen>:<code>:<step>`
 -- ARGV[5] memory  how long a marker outlives its backoff, in milliseconds
+-- ARGV[6] inline  the longest value returned in the reply; a longer one is
+--                 withheld (returned as '')
 --
--- Returns {status, value, a, b, gen, foreign}:
+-- Returns {status, value, a, b, gen, foreign, withheld}:
 --   {1, value, fresh_pttl, value_pttl, ""}   fresh hit
 --   {2, value or "", fence, value_pttl, gen}  lease taken: rebuild, then commit with this fence and generation
 --   {3, value or "", lease_pttl, value_pttl, holder}  another owner holds the
@@ -25,19 +27,39 @@
 --       its backoff runs: share that failure, do not call the origin
 -- foreign is 1 when the value key held bytes with no generation prefix at
 -- all (not ours, or written before values carried one): they are none too,
--- and the caller counts them as unreadable.
+-- and the caller counts them as unreadable. withheld is '' or, for a
+-- value longer than `inline` left out of the reply, the generation it
+-- carries: the caller reads it with a plain GET (see entries.rs), under a
+-- time limit that allows for its size, and takes it only if it still
+-- carries that generation (as if read here).
 -- A value of an older generation of its group was invalidated: it is none.
-local raw = redis.call('GET', KEYS[1])
-local value = current(raw, redis.call('GET', KEYS[5])) or ''
+-- A value longer than `inline` is not even read whole: its first bytes say
+-- its generation (copying megabytes into the script would hold every other
+-- client of the server back meanwhile).
+local size = redis.call('STRLEN', KEYS[1])
+local raw
+if size > tonumber(ARGV[6]) then
+  raw = redis.call('GETRANGE', KEYS[1], 0, 23)
+else
+  raw = redis.call('GET', KEYS[1])
+end
+local group = redis.call('GET', KEYS[5])
+local value = current(raw, group) or ''
 local foreign = 0
 if raw and value == '' and not string.find(string.sub(raw, 1, 24), '^%d+|') then
   foreign = 1
 end
 local value_pttl = redis.call('PTTL', KEYS[1])
+local withheld = ''
+local sent = value
+if size > tonumber(ARGV[6]) and value ~= '' then
+  withheld = group
+  sent = ''
+end
 local fresh_pttl = redis.call('PTTL', KEYS[2])
 local early = tonumber(ARGV[3])
 if value ~= '' and fresh_pttl > 0 and (early < 0 or fresh_pttl > early) then
-  return {1, value, fresh_pttl, value_pttl, '', foreign}
+  return {1, sent, fresh_pttl, value_pttl, '', foreign, withheld}
 end
 -- A failure marker of this generation whose backoff still runs: it lives
 -- `memory` past its backoff, so the backoff runs while more than that is
@@ -52,9 +74,9 @@ if marker then
     and left > 0 and left <= tonumber(ARGV[5]) then
     if value ~= '' and fresh_pttl > 0 then
       -- An early refresh during a failure episode: keep the fresh entry.
-      return {1, value, fresh_pttl, value_pttl, '', foreign}
+      return {1, sent, fresh_pttl, value_pttl, '', foreign, withheld}
     end
-    return {4, value, left, value_pttl, code, foreign}
+    return {4, sent, left, value_pttl, code, foreign, withheld}
   end
 end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -62,11 +84,11 @@ if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local fence = redis.call('HINCRBY', KEYS[4], 'next', 1)
   redis.call('PEXPIRE', KEYS[4], ARGV[4])
   local gen = generation(KEYS[5], ARGV[4]) -- fence.lua, prepended
-  return {2, value, fence, value_pttl, gen, foreign}
+  return {2, sent, fence, value_pttl, gen, foreign, withheld}
 end
 local token = redis.pcall('GET', KEYS[3])
 local holder = ''
 if type(token) == 'string' then
   holder = (redis.call('HGET', KEYS[4], 'next') or '0') .. ':' .. redis.sha1hex(token)
 end
-return {3, value, redis.call('PTTL', KEYS[3]), value_pttl, holder, foreign}
+return {3, sent, redis.call('PTTL', KEYS[3]), value_pttl, holder, foreign, withheld}
