@@ -15,6 +15,7 @@ use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::delay_proxy::{self, DelayProxy, Rtt};
 use crate::origin::Origin;
 use crate::procs::{Nginx, NginxConfig};
 
@@ -55,6 +56,8 @@ pub struct RoutePolicy {
     pub refresh_ahead: Option<(f64, Duration)>,
     /// How long an entry past its ttl may stand in for a failed rebuild.
     pub stale_if_error: Option<Duration>,
+    /// The layer's cap on a stored body; `None`: its default.
+    pub max_body_bytes: Option<usize>,
 }
 
 /// Where the instances find what they need.
@@ -66,6 +69,9 @@ pub struct Deps {
     pub clients: usize,
     /// The runtime the instances run on.
     pub runtime: tokio::runtime::Handle,
+    /// Added round-trip latency between each instance and Redis: each
+    /// instance then reaches Redis through a delay proxy of its own.
+    pub redis_rtt: Option<Rtt>,
 }
 
 /// One running instance.
@@ -74,6 +80,9 @@ enum Instance {
         stop: Option<oneshot::Sender<()>>,
         task: JoinHandle<()>,
         backend: Option<Backend>,
+        guard: Option<StampedeGuard>,
+        /// The instance's link to Redis, when it has added latency.
+        proxy: Option<DelayProxy>,
     },
     /// Held only to be stopped when dropped.
     Nginx(#[allow(dead_code)] Nginx),
@@ -134,6 +143,15 @@ impl Fleet {
         })
     }
 
+    /// The instances' guards, in instance order (none for `none`, `static`
+    /// and nginx).
+    pub fn guards(&self) -> impl Iterator<Item = &StampedeGuard> {
+        self.instances.iter().filter_map(|i| match i {
+            Instance::App { guard, .. } => guard.as_ref(),
+            Instance::Nginx(_) => None,
+        })
+    }
+
     /// Stops every instance. Clients must have closed their connections first,
     /// or the graceful shutdown waits for them (bounded all the same).
     pub async fn stop(self) {
@@ -143,6 +161,8 @@ impl Fleet {
                     mut stop,
                     mut task,
                     backend,
+                    guard,
+                    proxy,
                 } => {
                     if let Some(stop) = stop.take() {
                         let _ = stop.send(());
@@ -153,7 +173,9 @@ impl Fleet {
                     {
                         task.abort();
                     }
+                    drop(guard);
                     drop(backend);
+                    drop(proxy);
                 }
                 // Dropping it stops nginx; that blocks, so not on a runtime worker.
                 Instance::Nginx(nginx) => {
@@ -181,28 +203,53 @@ async fn start_app(
                 async move { ([(http::header::CONTENT_TYPE, "application/json")], body) }
             })
         }
+        // A write the origin accepts at once: through the layer, its
+        // success invalidates the URL on every instance.
         _ => get(move |Path(key): Path<String>| {
             let origin = origin.clone();
             async move { origin.call(&key).await }
-        }),
+        })
+        .post(|| async { http::StatusCode::NO_CONTENT }),
     };
+    let mut proxy = None;
     let backend = match (mode, &deps.redis_url) {
         (Mode::None | Mode::Static, _) => None,
         (Mode::Local, _) | (Mode::Fleet, None) => Some(Backend::local()),
         // Every instance connects on its own: its own L1, its own connections.
-        (Mode::Fleet, Some(url)) => Some(
-            Backend::redis_builder(url)
-                .prefix(prefix)
-                .connect()
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
+        (Mode::Fleet, Some(url)) => {
+            let url = match deps.redis_rtt {
+                None => url.clone(),
+                Some(rtt) => {
+                    let upstream = delay_proxy::upstream_of(url)
+                        .await
+                        .ok_or_else(|| format!("no address in {url} to proxy"))?;
+                    let started = DelayProxy::start(upstream, rtt)
+                        .await
+                        .map_err(|e| format!("starting a delay proxy: {e}"))?;
+                    let through = delay_proxy::url_through(url, started.addr)
+                        .ok_or_else(|| format!("cannot route {url} through a proxy"))?;
+                    proxy = Some(started);
+                    through
+                }
+            };
+            Some(
+                Backend::redis_builder(&url)
+                    .prefix(prefix)
+                    .connect()
+                    .await
+                    .map_err(|e| e.to_string())?,
+            )
+        }
         (Mode::Nginx, _) => unreachable!("nginx instances are not axum apps"),
     };
+    let mut kept_guard = None;
     let route = match &backend {
         None => handler,
         Some(backend) => {
             let mut guard = StampedeGuard::new(backend.clone()).ttl(policy.ttl);
+            if let Some(bytes) = policy.max_body_bytes {
+                guard = guard.max_body_bytes(bytes);
+            }
             if let Some(window) = policy.stale_while_revalidate {
                 guard = guard.stale_while_revalidate(window);
             }
@@ -215,6 +262,7 @@ async fn start_app(
             if let Some(window) = policy.stale_if_error {
                 guard = guard.stale_if_error(window);
             }
+            kept_guard = Some(guard.clone());
             handler.layer(guard)
         }
     };
@@ -240,6 +288,8 @@ async fn start_app(
             stop: Some(stop),
             task,
             backend,
+            guard: kept_guard,
+            proxy,
         },
     ))
 }
