@@ -5,6 +5,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,6 +84,8 @@ enum Instance {
         guard: Option<StampedeGuard>,
         /// The instance's link to Redis, when it has added latency.
         proxy: Option<DelayProxy>,
+        /// Origin calls this instance's handler made.
+        calls: Arc<AtomicU64>,
     },
     /// Held only to be stopped when dropped.
     Nginx(#[allow(dead_code)] Nginx),
@@ -143,6 +146,18 @@ impl Fleet {
         })
     }
 
+    /// Origin calls made by each app instance's handler so far, in
+    /// instance order (empty for nginx).
+    pub fn origin_calls_by_instance(&self) -> Vec<u64> {
+        self.instances
+            .iter()
+            .filter_map(|i| match i {
+                Instance::App { calls, .. } => Some(calls.load(Ordering::Relaxed)),
+                Instance::Nginx(_) => None,
+            })
+            .collect()
+    }
+
     /// The instances' guards, in instance order (none for `none`, `static`
     /// and nginx).
     pub fn guards(&self) -> impl Iterator<Item = &StampedeGuard> {
@@ -163,6 +178,7 @@ impl Fleet {
                     backend,
                     guard,
                     proxy,
+                    calls: _,
                 } => {
                     if let Some(stop) = stop.take() {
                         let _ = stop.send(());
@@ -193,6 +209,8 @@ async fn start_app(
     prefix: &str,
 ) -> Result<(SocketAddr, Instance), String> {
     let origin = deps.origin.clone();
+    let calls = Arc::new(AtomicU64::new(0));
+    let counted = calls.clone();
     // Each instance's handler calls the shared origin, as K copies of a
     // service would call the same database.
     let handler = match mode {
@@ -207,6 +225,7 @@ async fn start_app(
         // success invalidates the URL on every instance.
         _ => get(move |Path(key): Path<String>| {
             let origin = origin.clone();
+            counted.fetch_add(1, Ordering::Relaxed);
             async move { origin.call(&key).await }
         })
         .post(|| async { http::StatusCode::NO_CONTENT }),
@@ -290,6 +309,7 @@ async fn start_app(
             backend,
             guard: kept_guard,
             proxy,
+            calls,
         },
     ))
 }

@@ -676,6 +676,7 @@ async fn run_one(
         Some(r) if on_redis => r.evalsha().await,
         _ => None,
     };
+    let calls_before = fleet.origin_calls_by_instance();
     let cpu_before = cpu::Snapshot::take();
     let sampler = CircuitSampler::start(fleet.backends().cloned().collect());
     let rss_before = (scenario == Scenario::BigValue)
@@ -744,6 +745,12 @@ async fn run_one(
         .then(|| report::Rss::finish(rss_before))
         .flatten();
     let open_pct = sampler.stop().await;
+    let origin_calls_by_instance: Vec<u64> = fleet
+        .origin_calls_by_instance()
+        .iter()
+        .zip(calls_before.iter().chain(std::iter::repeat(&0)))
+        .map(|(after, before)| after.saturating_sub(*before))
+        .collect();
     let cpu = cpu::Snapshot::take()
         .zip(cpu_before)
         .map(|(after, before)| after.since(&before));
@@ -796,6 +803,7 @@ async fn run_one(
     let mut result = RunResult::new(setup, load, origin, redis_run);
     result.cpu = cpu;
     result.rss = rss;
+    result.origin_calls_by_instance = origin_calls_by_instance;
     Ok(result)
 }
 

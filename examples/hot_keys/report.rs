@@ -129,6 +129,8 @@ pub struct RunResult {
     pub non_ok: u64,
     /// The process's memory around the run (big-value).
     pub rss: Option<Rss>,
+    /// Origin calls made by each instance (app modes; during the load).
+    pub origin_calls_by_instance: Vec<u64>,
 }
 
 impl RunResult {
@@ -194,6 +196,7 @@ impl RunResult {
             errors: load.errors,
             non_ok: load.non_ok,
             rss: None,
+            origin_calls_by_instance: Vec::new(),
             p50_ms: ms(0.5),
             p90_ms: ms(0.9),
             p99_ms: ms(0.99),
@@ -280,6 +283,12 @@ impl RunResult {
             extra.insert("keys_per_burst".into(), json!(keys));
         }
         extra.insert("non_200".into(), json!(self.non_ok));
+        if !self.origin_calls_by_instance.is_empty() {
+            extra.insert(
+                "origin_calls_by_instance".into(),
+                json!(self.origin_calls_by_instance),
+            );
+        }
         if let Some(rss) = &self.rss {
             extra.insert("rss_before_kib".into(), json!(rss.before_kib));
             extra.insert("rss_peak_kib".into(), json!(rss.peak_kib));
@@ -464,10 +473,11 @@ pub fn redis_table(results: &[RunResult]) -> String {
         }
     };
     let mut out = format!(
-        "{:<12}  {:<6}  {:>12}  {:>9}  {:>7}  {:>18}  {:>14}  {:>18}  {:>11}  {:>14}\n",
+        "{:<12}  {:<6}  {:>12}  {:>18}  {:>9}  {:>7}  {:>18}  {:>14}  {:>18}  {:>11}  {:>14}\n",
         "scenario",
         "mode",
         "origin calls",
+        "by instance",
         "per unit",
         "non-200",
         "redis errors",
@@ -506,10 +516,11 @@ pub fn redis_table(results: &[RunResult]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<12}  {:<6}  {:>12}  {:>9}  {:>7}  {:>18}  {:>14}  {:>18}  {:>11}  {:>14}",
+            "{:<12}  {:<6}  {:>12}  {:>18}  {:>9}  {:>7}  {:>18}  {:>14}  {:>18}  {:>11}  {:>14}",
             r.setup.scenario.to_string(),
             r.setup.mode.to_string(),
             grouped(r.origin.calls),
+            list(&r.origin_calls_by_instance),
             format!("{:.2}/{unit}", r.origin_calls_per_window),
             grouped(r.non_ok),
             errors,
