@@ -95,6 +95,8 @@ pub struct Fleet {
     pub addrs: Vec<SocketAddr>,
     /// What the fleet runs on, for the report: none, local, redis or nginx.
     pub backend: &'static str,
+    /// Backend connections that failed at start-up and were tried again.
+    pub failed_starts: u64,
     instances: Vec<Instance>,
 }
 
@@ -115,6 +117,7 @@ impl Fleet {
                 (Mode::Fleet, Some(_)) => "redis",
                 (Mode::Nginx, _) => "nginx",
             },
+            failed_starts: 0,
             instances: Vec::new(),
         };
         for _ in 0..k {
@@ -125,11 +128,19 @@ impl Fleet {
                 // background work run there too.
                 _ => {
                     let (deps, prefix) = (deps.clone(), prefix.to_owned());
-                    deps.runtime
+                    let (started, failed) = deps
+                        .runtime
                         .clone()
-                        .spawn(async move { start_app(mode, policy, &deps, &prefix).await })
+                        .spawn(async move {
+                            let mut failed = 0;
+                            let started =
+                                start_app(mode, policy, &deps, &prefix, &mut failed).await;
+                            (started, failed)
+                        })
                         .await
-                        .map_err(|e| e.to_string())??
+                        .map_err(|e| e.to_string())?;
+                    fleet.failed_starts += failed;
+                    started?
                 }
             };
             fleet.addrs.push(addr);
@@ -202,11 +213,15 @@ impl Fleet {
     }
 }
 
+/// Attempts an instance makes to connect its backend before the run fails.
+const CONNECT_TRIES: u32 = 5;
+
 async fn start_app(
     mode: Mode,
     policy: RoutePolicy,
     deps: &Deps,
     prefix: &str,
+    failed_starts: &mut u64,
 ) -> Result<(SocketAddr, Instance), String> {
     let origin = deps.origin.clone();
     let calls = Arc::new(AtomicU64::new(0));
@@ -251,13 +266,20 @@ async fn start_app(
                     through
                 }
             };
-            Some(
-                Backend::redis_builder(&url)
-                    .prefix(prefix)
-                    .connect()
-                    .await
-                    .map_err(|e| e.to_string())?,
-            )
+            // A failed start is a finding (counted), not the end of the run:
+            // the instance tries again, a few times.
+            let mut tries = 0;
+            loop {
+                match Backend::redis_builder(&url).prefix(prefix).connect().await {
+                    Ok(backend) => break Some(backend),
+                    Err(e) if tries + 1 < CONNECT_TRIES => {
+                        tries += 1;
+                        *failed_starts += 1;
+                        eprintln!("  an instance did not start ({e}); trying again");
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
         }
         (Mode::Nginx, _) => unreachable!("nginx instances are not axum apps"),
     };

@@ -677,6 +677,7 @@ async fn run_one(
         _ => None,
     };
     let calls_before = fleet.origin_calls_by_instance();
+    let failed_starts = fleet.failed_starts;
     let cpu_before = cpu::Snapshot::take();
     let sampler = CircuitSampler::start(fleet.backends().cloned().collect());
     let rss_before = (scenario == Scenario::BigValue)
@@ -804,6 +805,7 @@ async fn run_one(
     result.cpu = cpu;
     result.rss = rss;
     result.origin_calls_by_instance = origin_calls_by_instance;
+    result.failed_starts = failed_starts;
     Ok(result)
 }
 

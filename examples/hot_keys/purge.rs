@@ -47,6 +47,8 @@ pub struct PurgeRun {
     pub unconfirmed_by_instance: Vec<u64>,
     pub redis_errors_by_instance: Vec<u64>,
     pub circuit_openings_by_instance: Vec<u64>,
+    /// Backend connections that failed at start-up and were tried again.
+    pub failed_starts: u64,
 }
 
 impl PurgeRun {
@@ -72,6 +74,7 @@ impl PurgeRun {
             "unconfirmed_invalidations_by_instance": self.unconfirmed_by_instance,
             "redis_errors_by_instance": self.redis_errors_by_instance,
             "circuit_openings_by_instance": self.circuit_openings_by_instance,
+            "failed_starts": self.failed_starts,
         })
     }
 }
@@ -237,6 +240,7 @@ pub async fn run(
         unconfirmed_by_instance: by(|s| s.unconfirmed_invalidations),
         redis_errors_by_instance: by(|s| s.errors),
         circuit_openings_by_instance: by(|s| s.circuit_openings),
+        failed_starts: fleet.failed_starts,
     };
     fleet.stop().await;
     Ok(run)

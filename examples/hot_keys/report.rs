@@ -131,6 +131,8 @@ pub struct RunResult {
     pub rss: Option<Rss>,
     /// Origin calls made by each instance (app modes; during the load).
     pub origin_calls_by_instance: Vec<u64>,
+    /// Instances whose backend failed to connect at start-up (then tried again).
+    pub failed_starts: u64,
 }
 
 impl RunResult {
@@ -197,6 +199,7 @@ impl RunResult {
             non_ok: load.non_ok,
             rss: None,
             origin_calls_by_instance: Vec::new(),
+            failed_starts: 0,
             p50_ms: ms(0.5),
             p90_ms: ms(0.9),
             p99_ms: ms(0.99),
@@ -283,6 +286,7 @@ impl RunResult {
             extra.insert("keys_per_burst".into(), json!(keys));
         }
         extra.insert("non_200".into(), json!(self.non_ok));
+        extra.insert("failed_starts".into(), json!(self.failed_starts));
         if !self.origin_calls_by_instance.is_empty() {
             extra.insert(
                 "origin_calls_by_instance".into(),
@@ -473,9 +477,10 @@ pub fn redis_table(results: &[RunResult]) -> String {
         }
     };
     let mut out = format!(
-        "{:<12}  {:<6}  {:>12}  {:>18}  {:>9}  {:>7}  {:>18}  {:>14}  {:>18}  {:>11}  {:>14}\n",
+        "{:<12}  {:<6}  {:>11}  {:>12}  {:>18}  {:>9}  {:>7}  {:>18}  {:>14}  {:>18}  {:>11}  {:>14}\n",
         "scenario",
         "mode",
+        "start fails",
         "origin calls",
         "by instance",
         "per unit",
@@ -516,9 +521,10 @@ pub fn redis_table(results: &[RunResult]) -> String {
         };
         let _ = writeln!(
             out,
-            "{:<12}  {:<6}  {:>12}  {:>18}  {:>9}  {:>7}  {:>18}  {:>14}  {:>18}  {:>11}  {:>14}",
+            "{:<12}  {:<6}  {:>11}  {:>12}  {:>18}  {:>9}  {:>7}  {:>18}  {:>14}  {:>18}  {:>11}  {:>14}",
             r.setup.scenario.to_string(),
             r.setup.mode.to_string(),
+            r.failed_starts,
             grouped(r.origin.calls),
             list(&r.origin_calls_by_instance),
             format!("{:.2}/{unit}", r.origin_calls_per_window),
