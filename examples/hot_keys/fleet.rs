@@ -5,6 +5,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use crate::delay_proxy::{self, DelayProxy, Rtt};
 use crate::origin::Origin;
 use crate::procs::{Nginx, NginxConfig};
 
@@ -55,6 +57,8 @@ pub struct RoutePolicy {
     pub refresh_ahead: Option<(f64, Duration)>,
     /// How long an entry past its ttl may stand in for a failed rebuild.
     pub stale_if_error: Option<Duration>,
+    /// The layer's cap on a stored body; `None`: its default.
+    pub max_body_bytes: Option<usize>,
 }
 
 /// Where the instances find what they need.
@@ -66,6 +70,9 @@ pub struct Deps {
     pub clients: usize,
     /// The runtime the instances run on.
     pub runtime: tokio::runtime::Handle,
+    /// Added round-trip latency between each instance and Redis: each
+    /// instance then reaches Redis through a delay proxy of its own.
+    pub redis_rtt: Option<Rtt>,
 }
 
 /// One running instance.
@@ -74,6 +81,11 @@ enum Instance {
         stop: Option<oneshot::Sender<()>>,
         task: JoinHandle<()>,
         backend: Option<Backend>,
+        guard: Option<StampedeGuard>,
+        /// The instance's link to Redis, when it has added latency.
+        proxy: Option<DelayProxy>,
+        /// Origin calls this instance's handler made.
+        calls: Arc<AtomicU64>,
     },
     /// Held only to be stopped when dropped.
     Nginx(#[allow(dead_code)] Nginx),
@@ -83,6 +95,8 @@ pub struct Fleet {
     pub addrs: Vec<SocketAddr>,
     /// What the fleet runs on, for the report: none, local, redis or nginx.
     pub backend: &'static str,
+    /// Backend connections that failed at start-up and were tried again.
+    pub failed_starts: u64,
     instances: Vec<Instance>,
 }
 
@@ -103,6 +117,7 @@ impl Fleet {
                 (Mode::Fleet, Some(_)) => "redis",
                 (Mode::Nginx, _) => "nginx",
             },
+            failed_starts: 0,
             instances: Vec::new(),
         };
         for _ in 0..k {
@@ -113,11 +128,19 @@ impl Fleet {
                 // background work run there too.
                 _ => {
                     let (deps, prefix) = (deps.clone(), prefix.to_owned());
-                    deps.runtime
+                    let (started, failed) = deps
+                        .runtime
                         .clone()
-                        .spawn(async move { start_app(mode, policy, &deps, &prefix).await })
+                        .spawn(async move {
+                            let mut failed = 0;
+                            let started =
+                                start_app(mode, policy, &deps, &prefix, &mut failed).await;
+                            (started, failed)
+                        })
                         .await
-                        .map_err(|e| e.to_string())??
+                        .map_err(|e| e.to_string())?;
+                    fleet.failed_starts += failed;
+                    started?
                 }
             };
             fleet.addrs.push(addr);
@@ -134,6 +157,27 @@ impl Fleet {
         })
     }
 
+    /// Origin calls made by each app instance's handler so far, in
+    /// instance order (empty for nginx).
+    pub fn origin_calls_by_instance(&self) -> Vec<u64> {
+        self.instances
+            .iter()
+            .filter_map(|i| match i {
+                Instance::App { calls, .. } => Some(calls.load(Ordering::Relaxed)),
+                Instance::Nginx(_) => None,
+            })
+            .collect()
+    }
+
+    /// The instances' guards, in instance order (none for `none`, `static`
+    /// and nginx).
+    pub fn guards(&self) -> impl Iterator<Item = &StampedeGuard> {
+        self.instances.iter().filter_map(|i| match i {
+            Instance::App { guard, .. } => guard.as_ref(),
+            Instance::Nginx(_) => None,
+        })
+    }
+
     /// Stops every instance. Clients must have closed their connections first,
     /// or the graceful shutdown waits for them (bounded all the same).
     pub async fn stop(self) {
@@ -143,6 +187,9 @@ impl Fleet {
                     mut stop,
                     mut task,
                     backend,
+                    guard,
+                    proxy,
+                    calls: _,
                 } => {
                     if let Some(stop) = stop.take() {
                         let _ = stop.send(());
@@ -153,7 +200,9 @@ impl Fleet {
                     {
                         task.abort();
                     }
+                    drop(guard);
                     drop(backend);
+                    drop(proxy);
                 }
                 // Dropping it stops nginx; that blocks, so not on a runtime worker.
                 Instance::Nginx(nginx) => {
@@ -164,13 +213,19 @@ impl Fleet {
     }
 }
 
+/// Attempts an instance makes to connect its backend before the run fails.
+const CONNECT_TRIES: u32 = 5;
+
 async fn start_app(
     mode: Mode,
     policy: RoutePolicy,
     deps: &Deps,
     prefix: &str,
+    failed_starts: &mut u64,
 ) -> Result<(SocketAddr, Instance), String> {
     let origin = deps.origin.clone();
+    let calls = Arc::new(AtomicU64::new(0));
+    let counted = calls.clone();
     // Each instance's handler calls the shared origin, as K copies of a
     // service would call the same database.
     let handler = match mode {
@@ -181,28 +236,61 @@ async fn start_app(
                 async move { ([(http::header::CONTENT_TYPE, "application/json")], body) }
             })
         }
+        // A write the origin accepts at once: through the layer, its
+        // success invalidates the URL on every instance.
         _ => get(move |Path(key): Path<String>| {
             let origin = origin.clone();
+            counted.fetch_add(1, Ordering::Relaxed);
             async move { origin.call(&key).await }
-        }),
+        })
+        .post(|| async { http::StatusCode::NO_CONTENT }),
     };
+    let mut proxy = None;
     let backend = match (mode, &deps.redis_url) {
         (Mode::None | Mode::Static, _) => None,
         (Mode::Local, _) | (Mode::Fleet, None) => Some(Backend::local()),
         // Every instance connects on its own: its own L1, its own connections.
-        (Mode::Fleet, Some(url)) => Some(
-            Backend::redis_builder(url)
-                .prefix(prefix)
-                .connect()
-                .await
-                .map_err(|e| e.to_string())?,
-        ),
+        (Mode::Fleet, Some(url)) => {
+            let url = match deps.redis_rtt {
+                None => url.clone(),
+                Some(rtt) => {
+                    let upstream = delay_proxy::upstream_of(url)
+                        .await
+                        .ok_or_else(|| format!("no address in {url} to proxy"))?;
+                    let started = DelayProxy::start(upstream, rtt)
+                        .await
+                        .map_err(|e| format!("starting a delay proxy: {e}"))?;
+                    let through = delay_proxy::url_through(url, started.addr)
+                        .ok_or_else(|| format!("cannot route {url} through a proxy"))?;
+                    proxy = Some(started);
+                    through
+                }
+            };
+            // A failed start is a finding (counted), not the end of the run:
+            // the instance tries again, a few times.
+            let mut tries = 0;
+            loop {
+                match Backend::redis_builder(&url).prefix(prefix).connect().await {
+                    Ok(backend) => break Some(backend),
+                    Err(e) if tries + 1 < CONNECT_TRIES => {
+                        tries += 1;
+                        *failed_starts += 1;
+                        eprintln!("  an instance did not start ({e}); trying again");
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+        }
         (Mode::Nginx, _) => unreachable!("nginx instances are not axum apps"),
     };
+    let mut kept_guard = None;
     let route = match &backend {
         None => handler,
         Some(backend) => {
             let mut guard = StampedeGuard::new(backend.clone()).ttl(policy.ttl);
+            if let Some(bytes) = policy.max_body_bytes {
+                guard = guard.max_body_bytes(bytes);
+            }
             if let Some(window) = policy.stale_while_revalidate {
                 guard = guard.stale_while_revalidate(window);
             }
@@ -215,6 +303,7 @@ async fn start_app(
             if let Some(window) = policy.stale_if_error {
                 guard = guard.stale_if_error(window);
             }
+            kept_guard = Some(guard.clone());
             handler.layer(guard)
         }
     };
@@ -240,6 +329,9 @@ async fn start_app(
             stop: Some(stop),
             task,
             backend,
+            guard: kept_guard,
+            proxy,
+            calls,
         },
     ))
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Request, StatusCode};
+use http::{header, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -20,7 +20,7 @@ use crate::origin::Origin;
 
 /// Every request carries the same Host: the guard keys on it, and the
 /// instances stand for one service behind one name, not K different sites.
-const HOST: &str = "hot-keys.test";
+pub const HOST: &str = "hot-keys.test";
 /// A request that takes longer than this counts as an error, so a wedged
 /// instance cannot hold the run open.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -165,6 +165,18 @@ impl Keys {
     }
 }
 
+/// An answer that came, but not with a 200.
+#[derive(Debug)]
+pub struct NotOk(pub StatusCode);
+
+impl std::fmt::Display for NotOk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "status {}", self.0)
+    }
+}
+
+impl std::error::Error for NotOk {}
+
 /// One keep-alive HTTP/1.1 connection, driven by its own task.
 pub struct Conn {
     sender: SendRequest<Empty<Bytes>>,
@@ -185,7 +197,20 @@ impl Conn {
 
     /// GETs `path`, reads the whole body, and says how it was answered.
     pub async fn get(&mut self, path: &str) -> Result<Status, Error> {
-        let request = Request::get(path)
+        self.send(Method::GET, path, StatusCode::OK).await
+    }
+
+    /// Sends `method` to `path` with an empty body, reads the whole answer
+    /// and says how it was answered; a status other than `ok` is a [`NotOk`].
+    pub async fn send(
+        &mut self,
+        method: Method,
+        path: &str,
+        ok: StatusCode,
+    ) -> Result<Status, Error> {
+        let request = Request::builder()
+            .method(method)
+            .uri(path)
             .header(header::HOST, HOST)
             .body(Empty::new())?;
         let exchange = async {
@@ -193,9 +218,14 @@ impl Conn {
             let response = self.sender.send_request(request).await?;
             let status = Status::parse(response.headers().get("x-cache"));
             let code = response.status();
-            response.into_body().collect().await?;
-            if code != StatusCode::OK {
-                return Err(format!("status {code}").into());
+            // Read frame by frame and drop each: a big body costs the
+            // client one frame at a time, not a copy of the whole.
+            let mut body = response.into_body();
+            while let Some(frame) = body.frame().await {
+                frame?;
+            }
+            if code != ok {
+                return Err(Box::new(NotOk(code)) as Error);
             }
             Ok::<_, Error>(status)
         };
@@ -210,6 +240,8 @@ impl Conn {
 pub struct Load {
     pub samples: Vec<Sample>,
     pub errors: u64,
+    /// Of the errors, answers that came with a status other than 200.
+    pub non_ok: u64,
     /// How long the load ran.
     pub elapsed: Duration,
     /// When each burst was fired, in microseconds after the run's start
@@ -221,6 +253,7 @@ pub struct Load {
 struct ClientOut {
     samples: Vec<Sample>,
     errors: u64,
+    non_ok: u64,
     instance: u8,
 }
 
@@ -236,8 +269,11 @@ impl ClientOut {
                 });
                 true
             }
-            Err(_) => {
+            Err(e) => {
                 self.errors += 1;
+                if e.downcast_ref::<NotOk>().is_some() {
+                    self.non_ok += 1;
+                }
                 false
             }
         }
@@ -348,6 +384,23 @@ pub async fn run_bursts(
     gap: Duration,
     origin: &Origin,
 ) -> Load {
+    let prefix: Arc<str> = key_prefix.into();
+    let path = move |_client: usize, burst: usize| format!("/item/{prefix}-burst-{burst}");
+    run_bursts_with(addrs, clients, bursts, gap, origin, path, |_| {}).await
+}
+
+/// As [`run_bursts`], with client `i` (on instance `i mod K`) asking for
+/// `path(i, burst)`; `between(burst)` runs after each burst is answered,
+/// before the gap.
+pub async fn run_bursts_with(
+    addrs: &[SocketAddr],
+    clients: usize,
+    bursts: usize,
+    gap: Duration,
+    origin: &Origin,
+    path: impl Fn(usize, usize) -> String + Clone + Send + 'static,
+    mut between: impl FnMut(usize),
+) -> Load {
     let ready = Arc::new(Barrier::new(clients + 1));
     let done = Arc::new(Barrier::new(clients + 1));
     let (fire_tx, fire_rx) = watch::channel::<Option<(usize, Instant, Instant)>>(None);
@@ -356,7 +409,7 @@ pub async fn run_bursts(
         let instance = i % addrs.len();
         let addr = addrs[instance];
         let (ready, done, mut fire) = (ready.clone(), done.clone(), fire_rx.clone());
-        let prefix = key_prefix.to_owned();
+        let path_of = path.clone();
         tasks.spawn(async move {
             let mut conn = connect_retrying(addr).await;
             ready.wait().await;
@@ -374,7 +427,7 @@ pub async fn run_bursts(
                 };
                 tokio::time::sleep_until(at.into()).await;
                 let start = Instant::now();
-                let path = format!("/item/{prefix}-burst-{burst}");
+                let path = path_of(i, burst);
                 let result = match conn.as_mut() {
                     Some(c) => c.get(&path).await,
                     None => Err("not connected".into()),
@@ -398,6 +451,7 @@ pub async fn run_bursts(
         bursts_us.push(at.duration_since(t0).as_micros() as u64);
         let _ = fire_tx.send(Some((burst, t0, at)));
         done.wait().await;
+        between(burst);
         tokio::time::sleep(gap).await;
     }
     let elapsed = t0.elapsed();
@@ -414,6 +468,7 @@ async fn gather(mut tasks: JoinSet<ClientOut>) -> Load {
             Ok(out) => {
                 load.samples.extend(out.samples);
                 load.errors += out.errors;
+                load.non_ok += out.non_ok;
             }
             Err(e) => {
                 eprintln!("a client task failed: {e}");

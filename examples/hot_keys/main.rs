@@ -16,11 +16,13 @@
 //! with the servers, so throughput is a floor, not a capacity.
 
 mod cpu;
+mod delay_proxy;
 mod failing;
 mod fleet;
 mod load;
 mod origin;
 mod procs;
+mod purge;
 mod redis_setup;
 mod report;
 mod round_trips;
@@ -55,6 +57,15 @@ pub enum Scenario {
     /// The hot key while the origin answers 503 for the middle half of the
     /// run: origin calls per failure episode, and what clients got.
     FailingOrigin,
+    /// `--keys` cold keys (default 1,000), each asked on every instance at
+    /// the same instant, `--rounds` times: origin calls per key.
+    Avalanche,
+    /// One new key with a `--body-bytes` body asked by `--value-clients`
+    /// clients at once, `--rounds` times: origin calls per burst, peak memory.
+    BigValue,
+    /// `--purges` warm keys invalidated at once through the guards, then
+    /// `--posts` POSTs at once through the layer: how long each took.
+    PurgeBurst,
 }
 
 impl fmt::Display for Scenario {
@@ -66,6 +77,9 @@ impl fmt::Display for Scenario {
             Scenario::Expiry => "expiry",
             Scenario::RoundTrips => "round-trips",
             Scenario::FailingOrigin => "failing-origin",
+            Scenario::Avalanche => "avalanche",
+            Scenario::BigValue => "big-value",
+            Scenario::PurgeBurst => "purge-burst",
         })
     }
 }
@@ -100,9 +114,27 @@ struct Args {
     /// Bursts in the cold-burst scenario.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     bursts: u32,
-    /// Keys in the zipf scenario.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
-    keys: u32,
+    /// Keys in the zipf scenario (default 10,000), cold keys per round in
+    /// the avalanche scenario (default 1,000).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    keys: Option<u32>,
+    /// Rounds of the avalanche and big-value scenarios, each on new keys.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
+    /// Clients asking for the big value at once (over the instances).
+    #[arg(long, default_value_t = 21, value_parser = clap::value_parser!(u32).range(1..))]
+    value_clients: u32,
+    /// Concurrent invalidations in the purge-burst scenario.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    purges: u32,
+    /// Concurrent POSTs through the layer in the purge-burst scenario.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u32).range(1..))]
+    posts: u32,
+    /// Added round-trip time between each fleet instance and Redis, `LO-HI`
+    /// in ms (or one value): each instance reaches Redis through a TCP proxy
+    /// of its own that delays every chunk, each way, by a random half of it.
+    #[arg(long, value_parser = delay_proxy::Rtt::parse)]
+    redis_rtt_ms: Option<delay_proxy::Rtt>,
     /// Exponent of the zipf scenario.
     #[arg(long, default_value_t = 1.1)]
     zipf_s: f64,
@@ -271,7 +303,14 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
     );
 
     // Each client holds a socket, and so does the instance that serves it.
-    let wanted = (clients * 2 + 1024) as u64;
+    let mut most_clients = clients;
+    if scenarios.contains(&Scenario::Avalanche) {
+        most_clients = most_clients.max(avalanche_keys(&args) * k);
+    }
+    if scenarios.contains(&Scenario::PurgeBurst) {
+        most_clients = most_clients.max(args.posts as usize + 32 * k);
+    }
+    let wanted = (most_clients * 2 + 1024) as u64;
     let nofile = procs::raise_nofile(wanted);
     if nofile < wanted {
         eprintln!(
@@ -280,6 +319,13 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
         );
     }
 
+    if args.redis_rtt_ms.is_some() && args.redis_cluster {
+        return Err(
+            "--redis-rtt-ms proxies one server; it does not follow a cluster's \
+                    redirections"
+                .into(),
+        );
+    }
     let needs_redis = modes.contains(&Mode::Fleet) || scenarios.contains(&Scenario::RoundTrips);
     let mut redis = if needs_redis {
         setup_redis(&args.redis, args.redis_cluster).await?
@@ -294,6 +340,15 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
         );
     }
 
+    if let (Some(rtt), Some(r)) = (args.redis_rtt_ms, redis.as_ref()) {
+        let measured = delay_proxy::measured_ping_ms(&r.url, rtt, 21)
+            .await
+            .map_or("not measured".to_owned(), |ms| format!("{ms:.1} ms"));
+        eprintln!(
+            "redis: every fleet instance reaches Redis through a delay proxy of its own \
+             adding {rtt} per round trip (median PING through one: {measured})"
+        );
+    }
     let origin = Origin::new(delay, args.body_bytes);
     let mut nginx = None;
     if modes.contains(&Mode::Nginx) {
@@ -340,6 +395,7 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
     let mut results = Vec::new();
     let mut round_trips = Vec::new();
     let mut episodes = Vec::new();
+    let mut purges = Vec::new();
     let mut run_no = 0u32;
     for scenario in &scenarios {
         if *scenario == Scenario::FailingOrigin {
@@ -352,6 +408,7 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
                     nginx: nginx.clone(),
                     clients,
                     runtime: servers.clone(),
+                    redis_rtt: args.redis_rtt_ms,
                 };
                 let tag = format!("r{}-{run_no}", std::process::id());
                 let policy = RoutePolicy {
@@ -385,6 +442,7 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
                         nginx: None,
                         clients,
                         runtime: servers.clone(),
+                        redis_rtt: args.redis_rtt_ms,
                     };
                     let policy = expiry_policy(&args);
                     round_trips = round_trips::probe(&deps, redis, policy, delay).await?;
@@ -393,14 +451,62 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
             }
             continue;
         }
+        if *scenario == Scenario::PurgeBurst {
+            // Purges need a guard: the layer's modes only.
+            for mode in modes
+                .iter()
+                .filter(|m| matches!(m, Mode::Local | Mode::Fleet))
+            {
+                run_no += 1;
+                let deps = Deps {
+                    origin: origin.clone(),
+                    redis_url: redis_url.clone(),
+                    nginx: None,
+                    clients,
+                    runtime: servers.clone(),
+                    redis_rtt: args.redis_rtt_ms,
+                };
+                let tag = format!("r{}-{run_no}", std::process::id());
+                let run = purge::run(
+                    *mode,
+                    k,
+                    plain_policy(&args),
+                    &deps,
+                    &tag,
+                    args.purges as usize,
+                    args.posts as usize,
+                )
+                .await?;
+                eprintln!(
+                    "{:<10} {:<6} purges {} p99 {:.1} ms  unconfirmed {}  posts {} p99 {:.1} ms",
+                    scenario.to_string(),
+                    mode.to_string(),
+                    run.purges,
+                    run.purge_p99_ms,
+                    run.unconfirmed_by_instance.iter().sum::<u64>(),
+                    run.posts,
+                    run.post_p99_ms
+                );
+                purges.push(run);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            continue;
+        }
+        let new_scenario = matches!(scenario, Scenario::Avalanche | Scenario::BigValue);
         for mode in &modes {
+            // The flood scenarios compare the layer with no layer; nginx and
+            // the static route are for the steady-load ones.
+            if new_scenario && matches!(mode, Mode::Nginx | Mode::Static) {
+                continue;
+            }
             run_no += 1;
             let deps = Deps {
                 origin: origin.clone(),
                 redis_url: redis_url.clone(),
                 nginx: nginx.clone(),
-                clients,
+                clients: scenario_clients(&args, *scenario, k),
                 runtime: servers.clone(),
+                redis_rtt: args.redis_rtt_ms,
             };
             let tag = format!("r{}-{run_no}", std::process::id());
             let result = run_one(
@@ -450,9 +556,20 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
             human.push_str("fleet*: embedded backend (no Redis): K independent caches\n");
         }
     }
+    if results
+        .iter()
+        .any(|r| r.redis.is_some() || r.rss.is_some() || r.non_ok > 0)
+    {
+        human.push_str("\nper instance (a/b/c), answers not 200, peak memory of this process:\n");
+        human.push_str(&report::redis_table(&results));
+    }
     if !episodes.is_empty() {
         human.push('\n');
         human.push_str(&failing::table(&episodes));
+    }
+    if !purges.is_empty() {
+        human.push('\n');
+        human.push_str(&purge::table(&purges));
     }
     if !round_trips.is_empty() {
         human.push_str("\nRedis round trips (EVALSHA per request, INFO commandstats), by path:\n");
@@ -475,6 +592,9 @@ async fn run(args: Args, servers: tokio::runtime::Handle) -> Result<(), Error> {
         for e in &episodes {
             writeln!(out, "{}", e.json())?;
         }
+        for p in &purges {
+            writeln!(out, "{}", p.json())?;
+        }
         eprint!("{human}");
     } else {
         print!("{human}");
@@ -496,8 +616,26 @@ fn expiry_policy(args: &Args) -> RoutePolicy {
             .refresh_ahead
             .map(|m| (m, Duration::from_millis(args.refresh_ahead_floor_ms))),
         stale_if_error: None,
+        max_body_bytes: None,
     }
 }
+
+/// The avalanche's cold keys per round.
+fn avalanche_keys(args: &Args) -> usize {
+    args.keys.unwrap_or(1_000) as usize
+}
+
+/// Connections a scenario's load opens.
+fn scenario_clients(args: &Args, scenario: Scenario, k: usize) -> usize {
+    match scenario {
+        Scenario::Avalanche => avalanche_keys(args) * k,
+        Scenario::BigValue => args.value_clients as usize,
+        _ => args.clients as usize,
+    }
+}
+
+/// The layer's default cap on a stored body.
+const DEFAULT_MAX_BODY: usize = 4 << 20;
 
 /// The route's ttl and nothing else.
 fn plain_policy(args: &Args) -> RoutePolicy {
@@ -507,6 +645,7 @@ fn plain_policy(args: &Args) -> RoutePolicy {
         early_refresh: None,
         refresh_ahead: None,
         stale_if_error: None,
+        max_body_bytes: None,
     }
 }
 
@@ -521,10 +660,15 @@ async fn run_one(
 ) -> Result<RunResult, Error> {
     let policy = match scenario {
         Scenario::Expiry => expiry_policy(args),
+        // Room for the body (and its headers) in the stored entry.
+        Scenario::BigValue => RoutePolicy {
+            max_body_bytes: Some((args.body_bytes.saturating_mul(3) / 2).max(DEFAULT_MAX_BODY)),
+            ..plain_policy(args)
+        },
         _ => plain_policy(args),
     };
     let k = usize::from(args.instances);
-    let clients = args.clients as usize;
+    let clients = scenario_clients(args, scenario, k);
     // A prefix of its own per run: no run sees another's entries or leases.
     let fleet = Fleet::start(mode, k, policy, deps, &format!("hk:{tag}")).await?;
     let on_redis = fleet.backend == "redis";
@@ -532,14 +676,20 @@ async fn run_one(
         Some(r) if on_redis => r.evalsha().await,
         _ => None,
     };
+    let calls_before = fleet.origin_calls_by_instance();
+    let failed_starts = fleet.failed_starts;
     let cpu_before = cpu::Snapshot::take();
+    let sampler = CircuitSampler::start(fleet.backends().cloned().collect());
+    let rss_before = (scenario == Scenario::BigValue)
+        .then(report::Rss::start)
+        .flatten();
     let load = match scenario {
         Scenario::Hot | Scenario::Expiry => {
             let keys = Keys::One(format!("{tag}-hot").into());
             load::run_timed(&fleet.addrs, clients, seconds, keys, &deps.origin).await
         }
         Scenario::Zipf => {
-            let keys = Keys::zipf(tag, args.keys as usize, args.zipf_s);
+            let keys = Keys::zipf(tag, args.keys.unwrap_or(10_000) as usize, args.zipf_s);
             load::run_timed(&fleet.addrs, clients, seconds, keys, &deps.origin).await
         }
         Scenario::ColdBurst => {
@@ -554,8 +704,54 @@ async fn run_one(
             )
             .await
         }
-        Scenario::RoundTrips | Scenario::FailingOrigin => unreachable!("run on their own"),
+        Scenario::Avalanche => {
+            // Client i asks instance i mod K for key i div K: every key on
+            // every instance, all at once.
+            let prefix: std::sync::Arc<str> = tag.into();
+            let path = move |client: usize, round: usize| {
+                format!("/item/{prefix}-a{round}-{}", client / k)
+            };
+            let gap = Duration::from_millis(200);
+            load::run_bursts_with(
+                &fleet.addrs,
+                clients,
+                args.rounds as usize,
+                gap,
+                &deps.origin,
+                path,
+                |_| {},
+            )
+            .await
+        }
+        Scenario::BigValue => {
+            let prefix: std::sync::Arc<str> = tag.into();
+            let path = move |_client: usize, round: usize| format!("/item/{prefix}-big-{round}");
+            let gap = Duration::from_millis(200);
+            load::run_bursts_with(
+                &fleet.addrs,
+                clients,
+                args.rounds as usize,
+                gap,
+                &deps.origin,
+                path,
+                |_| {},
+            )
+            .await
+        }
+        Scenario::RoundTrips | Scenario::FailingOrigin | Scenario::PurgeBurst => {
+            unreachable!("run on their own")
+        }
     };
+    let rss = (scenario == Scenario::BigValue)
+        .then(|| report::Rss::finish(rss_before))
+        .flatten();
+    let open_pct = sampler.stop().await;
+    let origin_calls_by_instance: Vec<u64> = fleet
+        .origin_calls_by_instance()
+        .iter()
+        .zip(calls_before.iter().chain(std::iter::repeat(&0)))
+        .map(|(after, before)| after.saturating_sub(*before))
+        .collect();
     let cpu = cpu::Snapshot::take()
         .zip(cpu_before)
         .map(|(after, before)| after.since(&before));
@@ -576,8 +772,14 @@ async fn run_one(
                 run.wakeups_by_message += stats.wakeups_by_message;
                 run.wakeups_by_timeout += stats.wakeups_by_timeout;
                 run.available &= stats.available;
+                run.errors_by_instance.push(stats.errors);
+                run.circuit_openings_by_instance
+                    .push(stats.circuit_openings);
+                run.unconfirmed_by_instance
+                    .push(stats.unconfirmed_invalidations);
             }
         }
+        run.open_pct_by_instance = open_pct;
         run
     });
     let setup = Setup {
@@ -591,12 +793,62 @@ async fn run_one(
         stale_while_revalidate_ms: policy.stale_while_revalidate.map(|d| d.as_millis() as u64),
         early_refresh: policy.early_refresh,
         refresh_ahead: policy.refresh_ahead.map(|(m, _)| m),
-        bursts: (scenario == Scenario::ColdBurst).then_some(args.bursts as usize),
+        bursts: match scenario {
+            Scenario::ColdBurst => Some(args.bursts as usize),
+            Scenario::Avalanche | Scenario::BigValue => Some(args.rounds as usize),
+            _ => None,
+        },
+        keys_per_burst: (scenario == Scenario::Avalanche).then(|| avalanche_keys(args)),
     };
     fleet.stop().await;
     let mut result = RunResult::new(setup, load, origin, redis_run);
     result.cpu = cpu;
+    result.rss = rss;
+    result.origin_calls_by_instance = origin_calls_by_instance;
+    result.failed_starts = failed_starts;
     Ok(result)
+}
+
+/// Samples every 50 ms whether each instance has a circuit open.
+struct CircuitSampler {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Vec<f64>>,
+}
+
+impl CircuitSampler {
+    fn start(backends: Vec<stampede_guard::Backend>) -> CircuitSampler {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let redis: Vec<_> = backends
+                .into_iter()
+                .filter(|b| b.stats().redis.is_some())
+                .collect();
+            let (mut samples, mut open) = (0u64, vec![0u64; redis.len()]);
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => break,
+                    _ = tick.tick() => {
+                        samples += 1;
+                        for (b, n) in redis.iter().zip(&mut open) {
+                            if b.stats().redis.is_some_and(|r| r.open_circuits > 0) {
+                                *n += 1;
+                            }
+                        }
+                    }
+                }
+            }
+            open.iter()
+                .map(|n| *n as f64 * 100.0 / samples.max(1) as f64)
+                .collect()
+        });
+        CircuitSampler { stop, task }
+    }
+
+    async fn stop(self) -> Vec<f64> {
+        let _ = self.stop.send(());
+        self.task.await.unwrap_or_default()
+    }
 }
 
 /// Checks the targets this bench exists to track, and reports them.

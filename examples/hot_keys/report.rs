@@ -22,6 +22,51 @@ pub struct RedisRun {
     pub wakeups_by_timeout: u64,
     /// Whether every instance's circuit was closed at the end.
     pub available: bool,
+    /// Per instance, in instance order.
+    pub errors_by_instance: Vec<u64>,
+    pub circuit_openings_by_instance: Vec<u64>,
+    pub unconfirmed_by_instance: Vec<u64>,
+    /// Share of the run (sampled every 50 ms) during which the instance
+    /// had a circuit open, in %.
+    pub open_pct_by_instance: Vec<f64>,
+}
+
+/// The process's resident memory around a run, in KiB (`/proc/self/status`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Rss {
+    pub before_kib: u64,
+    /// The peak during the run (`VmHWM`, reset before it).
+    pub peak_kib: u64,
+    pub after_kib: u64,
+}
+
+impl Rss {
+    /// Resets the peak to the current size, where the kernel allows it,
+    /// and reads the current size.
+    pub fn start() -> Option<u64> {
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        read_status("VmRSS:")
+    }
+
+    pub fn finish(before_kib: Option<u64>) -> Option<Rss> {
+        Some(Rss {
+            before_kib: before_kib?,
+            peak_kib: read_status("VmHWM:")?,
+            after_kib: read_status("VmRSS:")?,
+        })
+    }
+
+    pub fn peak_growth_mib(&self) -> f64 {
+        self.peak_kib.saturating_sub(self.before_kib) as f64 / 1024.0
+    }
+}
+
+fn read_status(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// Settings a run was made with, echoed in its report.
@@ -38,8 +83,10 @@ pub struct Setup {
     pub early_refresh: Option<f64>,
     /// Refresh-ahead margin, as a multiple of the rebuild time.
     pub refresh_ahead: Option<f64>,
-    /// Bursts fired (cold-burst only).
+    /// Bursts fired (cold-burst, big-value; avalanche: rounds).
     pub bursts: Option<usize>,
+    /// Distinct keys per burst (avalanche), or none.
+    pub keys_per_burst: Option<usize>,
 }
 
 pub struct RunResult {
@@ -78,6 +125,14 @@ pub struct RunResult {
     pub bursts_us: Vec<u64>,
     /// CPU used outside the bench during the run.
     pub cpu: Option<Usage>,
+    /// Answers that came with a status other than 200 (among `errors`).
+    pub non_ok: u64,
+    /// The process's memory around the run (big-value).
+    pub rss: Option<Rss>,
+    /// Origin calls made by each instance (app modes; during the load).
+    pub origin_calls_by_instance: Vec<u64>,
+    /// Instances whose backend failed to connect at start-up (then tried again).
+    pub failed_starts: u64,
 }
 
 impl RunResult {
@@ -97,9 +152,9 @@ impl RunResult {
         };
         let seconds = load.elapsed.as_secs_f64();
         let requests = load.samples.len() as u64;
-        let windows = match setup.bursts {
-            Some(bursts) => bursts as f64,
-            None => seconds * 1000.0 / setup.ttl_ms.max(1) as f64,
+        let windows = match (setup.bursts, setup.keys_per_burst) {
+            (Some(bursts), keys) => (bursts * keys.unwrap_or(1)) as f64,
+            (None, _) => seconds * 1000.0 / setup.ttl_ms.max(1) as f64,
         };
         let slow_us = setup.origin_delay_ms * 1000 / 2;
         let filled = origin.first_done_us.unwrap_or(u64::MAX);
@@ -141,6 +196,10 @@ impl RunResult {
                 0.0
             },
             errors: load.errors,
+            non_ok: load.non_ok,
+            rss: None,
+            origin_calls_by_instance: Vec::new(),
+            failed_starts: 0,
             p50_ms: ms(0.5),
             p90_ms: ms(0.9),
             p99_ms: ms(0.99),
@@ -223,6 +282,26 @@ impl RunResult {
         if let Some(bursts) = s.bursts {
             extra.insert("bursts".into(), json!(bursts));
         }
+        if let Some(keys) = s.keys_per_burst {
+            extra.insert("keys_per_burst".into(), json!(keys));
+        }
+        extra.insert("non_200".into(), json!(self.non_ok));
+        extra.insert("failed_starts".into(), json!(self.failed_starts));
+        if !self.origin_calls_by_instance.is_empty() {
+            extra.insert(
+                "origin_calls_by_instance".into(),
+                json!(self.origin_calls_by_instance),
+            );
+        }
+        if let Some(rss) = &self.rss {
+            extra.insert("rss_before_kib".into(), json!(rss.before_kib));
+            extra.insert("rss_peak_kib".into(), json!(rss.peak_kib));
+            extra.insert("rss_after_kib".into(), json!(rss.after_kib));
+            extra.insert(
+                "rss_peak_growth_mib".into(),
+                json!(round(rss.peak_growth_mib(), 1)),
+            );
+        }
         if let Some(cpu) = &self.cpu {
             extra.insert("other_cpu_pct".into(), json!(round(cpu.other_pct, 1)));
             extra.insert("steal_pct".into(), json!(round(cpu.steal_pct, 1)));
@@ -239,6 +318,30 @@ impl RunResult {
             extra.insert("wakeups_by_message".into(), json!(r.wakeups_by_message));
             extra.insert("wakeups_by_timeout".into(), json!(r.wakeups_by_timeout));
             extra.insert("redis_available".into(), json!(r.available));
+            extra.insert(
+                "redis_errors_by_instance".into(),
+                json!(r.errors_by_instance),
+            );
+            extra.insert(
+                "circuit_openings_by_instance".into(),
+                json!(r.circuit_openings_by_instance),
+            );
+            extra.insert(
+                "circuit_openings".into(),
+                json!(r.circuit_openings_by_instance.iter().sum::<u64>()),
+            );
+            extra.insert(
+                "circuit_open_pct_by_instance".into(),
+                json!(r
+                    .open_pct_by_instance
+                    .iter()
+                    .map(|p| round(*p, 1))
+                    .collect::<Vec<_>>()),
+            );
+            extra.insert(
+                "unconfirmed_invalidations".into(),
+                json!(r.unconfirmed_by_instance.iter().sum::<u64>()),
+            );
         }
         v
     }
@@ -358,6 +461,80 @@ pub fn table(results: &[RunResult]) -> String {
         line(
             &mut out,
             &row.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
+    }
+    out
+}
+
+/// The Redis side of the runs, per instance, and what the table above
+/// leaves out: answers that were not a 200, and the process's peak memory.
+pub fn redis_table(results: &[RunResult]) -> String {
+    let list = |v: &[u64]| {
+        if v.is_empty() {
+            "-".to_owned()
+        } else {
+            v.iter().map(u64::to_string).collect::<Vec<_>>().join("/")
+        }
+    };
+    let mut out = format!(
+        "{:<12}  {:<6}  {:>11}  {:>12}  {:>18}  {:>9}  {:>7}  {:>18}  {:>14}  {:>18}  {:>11}  {:>14}\n",
+        "scenario",
+        "mode",
+        "start fails",
+        "origin calls",
+        "by instance",
+        "per unit",
+        "non-200",
+        "redis errors",
+        "openings",
+        "circuit open %",
+        "unconfirmed",
+        "peak RSS +MiB"
+    );
+    for r in results {
+        let unit = match (r.setup.bursts, r.setup.keys_per_burst) {
+            (Some(_), Some(_)) => "key",
+            (Some(_), None) => "burst",
+            (None, _) => "window",
+        };
+        let (errors, openings, open, unconfirmed) = match &r.redis {
+            Some(redis) => (
+                list(&redis.errors_by_instance),
+                list(&redis.circuit_openings_by_instance),
+                if redis.open_pct_by_instance.is_empty() {
+                    "-".to_owned()
+                } else {
+                    redis
+                        .open_pct_by_instance
+                        .iter()
+                        .map(|p| format!("{p:.0}"))
+                        .collect::<Vec<_>>()
+                        .join("/")
+                },
+                redis
+                    .unconfirmed_by_instance
+                    .iter()
+                    .sum::<u64>()
+                    .to_string(),
+            ),
+            None => ("-".into(), "-".into(), "-".into(), "-".into()),
+        };
+        let _ = writeln!(
+            out,
+            "{:<12}  {:<6}  {:>11}  {:>12}  {:>18}  {:>9}  {:>7}  {:>18}  {:>14}  {:>18}  {:>11}  {:>14}",
+            r.setup.scenario.to_string(),
+            r.setup.mode.to_string(),
+            r.failed_starts,
+            grouped(r.origin.calls),
+            list(&r.origin_calls_by_instance),
+            format!("{:.2}/{unit}", r.origin_calls_per_window),
+            grouped(r.non_ok),
+            errors,
+            openings,
+            open,
+            unconfirmed,
+            r.rss
+                .map_or("-".to_owned(), |m| format!("{:.1}", m.peak_growth_mib())),
         );
     }
     out
