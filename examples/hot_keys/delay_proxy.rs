@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 /// A round trip's added latency: each direction adds half of a value drawn
@@ -64,37 +64,51 @@ impl std::fmt::Display for Rtt {
 /// A running proxy; dropping it closes the listener and every connection.
 pub struct DelayProxy {
     pub addr: SocketAddr,
-    task: JoinHandle<()>,
-}
-
-impl Drop for DelayProxy {
-    fn drop(&mut self) {
-        // The connections live in the task's JoinSet, aborted with it.
-        self.task.abort();
-    }
+    /// Dropping it stops the proxy's thread.
+    _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 impl DelayProxy {
     /// Listens on a free loopback port and forwards every connection to
-    /// `upstream`, on the current runtime.
+    /// `upstream`, on a thread of its own: a network is not held up by the
+    /// instances' work, and a burst that keeps their cores busy must not
+    /// delay the bytes more than the range asked for.
     pub async fn start(upstream: SocketAddr, rtt: Rtt) -> std::io::Result<DelayProxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
-        let task = tokio::spawn(async move {
-            let mut conns = JoinSet::new();
-            let mut seed = 0u64;
-            loop {
-                let Ok((client, _)) = listener.accept().await else {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                };
-                seed += 2;
-                conns.spawn(pair(client, upstream, rtt, seed));
-                // Reap finished connections so the set does not grow.
-                while conns.try_join_next().is_some() {}
-            }
-        });
-        Ok(DelayProxy { addr, task })
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name("delay-proxy".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let Ok(listener) = TcpListener::from_std(listener) else {
+                        return;
+                    };
+                    let mut conns = JoinSet::new();
+                    let mut seed = 0u64;
+                    let accept = async {
+                        loop {
+                            let Ok((client, _)) = listener.accept().await else {
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                                continue;
+                            };
+                            seed += 2;
+                            conns.spawn(pair(client, upstream, rtt, seed));
+                            // Reap finished connections so the set does not grow.
+                            while conns.try_join_next().is_some() {}
+                        }
+                    };
+                    tokio::select! {
+                        () = accept => {}
+                        _ = stopped => {}
+                    }
+                });
+            })?;
+        Ok(DelayProxy { addr, _stop: stop })
     }
 }
 
