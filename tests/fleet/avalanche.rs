@@ -112,15 +112,15 @@ async fn a_thousand_cold_keys_over_a_slow_link_cost_one_origin_call_each() {
     assert!(cost.origin_calls <= KEYS * 11 / 10, "{cost:?}");
 }
 
-/// 20–40 ms round trips, default settings: instances start, a long-lived
-/// entry is built once for the fleet and served from then on, and no
-/// circuit opens.
+/// Round trips of 50–90 ms, beyond the default deadline of 50 ms, default
+/// settings: instances start, a long-lived entry is built once for the
+/// fleet and served from then on, and no circuit opens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_distant_redis_keeps_a_long_lived_entry_and_its_circuit_closed() {
+async fn a_redis_farther_than_the_deadline_keeps_a_long_lived_entry_and_its_circuit_closed() {
     let redis = RedisServer::start();
     let mut proxies = Vec::new();
     for _ in 0..INSTANCES {
-        proxies.push(Proxy::delayed(redis.port(), 10..=20).await);
+        proxies.push(Proxy::delayed(redis.port(), 25..=45).await);
     }
     let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
     let origin = Origin::default();
@@ -152,7 +152,7 @@ async fn a_distant_redis_keeps_a_long_lived_entry_and_its_circuit_closed() {
         "asked {asked}, origin calls {}, openings {openings}",
         origin.calls()
     );
-    assert_eq!(openings, 0, "a 20–40 ms round trip is no failure");
+    assert_eq!(openings, 0, "a long round trip is no failure");
     assert_eq!(
         origin.calls(),
         4,
