@@ -332,6 +332,7 @@ impl Connections {
             };
             if let Some(address) = &node
                 && error.is_fault()
+                && !matches!(error, TierError::Busy)
             {
                 // Dead, frozen or gone: the next call connects again, to
                 // whichever node the slot map names by then (a replica may
@@ -357,8 +358,8 @@ impl Connections {
         tracing::debug!(error = %error, "redis call failed");
         if !error.is_fault() {
             // Redis is up and answering (a script refused foreign bytes, a
-            // key of the wrong type, a slot still on the move, calls queued
-            // before this one): nothing the circuit could help with.
+            // key of the wrong type, a slot still on the move): nothing the
+            // circuit could help with.
             return Err(error);
         }
         if shared.config.topology.needs_resolve() {

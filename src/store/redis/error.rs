@@ -19,8 +19,9 @@ pub(crate) enum TierError {
     /// [`super::round_trip`]).
     Timeout,
     /// Queued: the connection kept answering the calls sent before this
-    /// one, but its turn did not come within the longest wait. Redis is up;
-    /// the breaker does not count it.
+    /// one, but its turn did not come within the longest wait (the connect
+    /// timeout). Redis is up, but too far behind to serve requests: the
+    /// breaker counts it like a silence.
     Busy,
     /// Redis answered with an error, or the connection failed.
     Redis(RedisError),
@@ -63,11 +64,11 @@ impl TierError {
         matches!(self, TierError::Redis(e) if e.is_call_error()) || self.is_moving()
     }
 
-    /// Whether the failure says the node is failing (gone, silent, or its
-    /// connection broken): what the breaker counts. An error answer, a slot
-    /// on the move, or a call that was only queued does not.
+    /// Whether the failure says the node is failing (gone, silent, too far
+    /// behind, or its connection broken): what the breaker counts. An error
+    /// answer or a slot on the move does not.
     pub(crate) fn is_fault(&self) -> bool {
-        !self.is_answer() && !matches!(self, TierError::Busy | TierError::Open)
+        !self.is_answer() && !matches!(self, TierError::Open)
     }
 }
 

@@ -16,7 +16,9 @@
 //! subscriber's keepalive, the probes, one at connect), so a burst does not
 //! inflate it. A call that keeps hearing the connection answer others still
 //! ends once it has waited the longest any call waits (the connect
-//! timeout): it was queued, not failed, and the breaker does not count it.
+//! timeout): Redis is up but too far behind to serve requests, and the
+//! breaker counts that like a silence (a Redis that answers slowly but
+//! steadily still degrades the service to local protection).
 //!
 //! A process can only judge Redis while it keeps up itself. With every core
 //! busy (a burst of requests), the replies to the calls ahead of a waiting
