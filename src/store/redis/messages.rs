@@ -35,7 +35,7 @@ pub(crate) fn generation_subject(field: &str, generation: u64) -> String {
 }
 
 /// The most invalidations one acknowledgement names.
-pub(crate) const ACKED_MAX: usize = 256;
+pub(crate) const ACKED_MAX: usize = 1_024;
 
 /// The acknowledgement of the invalidation `nonce`, signed by `instance`.
 #[cfg(test)]
