@@ -90,7 +90,7 @@ async fn forge_as_reader(
                 .query_async(&mut conn)
                 .await
                 .unwrap_or_default();
-            let set = format!("sg:acks:{sender}:{nonce}");
+            let set = format!("sg:acks:{{{sender}}}:{nonce}");
             for name in names.iter().filter(|n| n.as_str() != "born") {
                 let recorded: Result<i64, _> = redis::cmd("SADD")
                     .arg(&set)
@@ -223,7 +223,12 @@ async fn a_purge_across_three_instances_is_confirmed_by_their_records() {
     for set in sets {
         let recorded = listed(&redis, "SMEMBERS", &set);
         assert_eq!(recorded.len(), 2, "{set}: {recorded:?}");
-        let purger = set.split(':').nth(2).expect("the purger's name");
+        // `sg:acks:{<purger>}:<nonce>`: one purger's sets share a slot.
+        let purger = set
+            .split(':')
+            .nth(2)
+            .and_then(|tag| tag.strip_prefix('{')?.strip_suffix('}'))
+            .expect("the purger's name");
         // `<instance>:<what its message invalidated>`: here a table field
         // and its new generation, the same for both.
         let mut subjects = vec![];

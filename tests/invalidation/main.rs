@@ -12,6 +12,7 @@ mod foreign_bytes;
 mod membership;
 mod membership_lost;
 mod membership_renewal;
+mod purge_burst;
 mod variant_faults;
 mod variants;
 mod when_it_takes_effect;

@@ -22,7 +22,7 @@
 //! client that may publish there can name any instance, and the channel
 //! tells it the names and the nonces. So an instance acknowledges with
 //! `ack.lua`, which first adds its name to the invalidation's own set,
-//! `{prefix}:acks:<sender>:<nonce>`, then publishes. The name comes with
+//! `{prefix}:acks:{<sender>}:<nonce>`, then publishes. The name comes with
 //! what the message it handled invalidated (`<instance>:<subject>`, the
 //! subject a group's key, or a table field and its new generation): a
 //! message of its own that copies a purge's nonce (on a cluster it may
@@ -36,6 +36,20 @@
 //! the read failing) it waits out the subscription lease, as for an
 //! instance that never acknowledged. Adding to the set takes write access
 //! to the crate's keys: a client that has it can do worse anyway.
+//!
+//! **Bursts.** None of this costs a round trip per invalidation queued
+//! behind the others'. An instance acknowledges everything it handled
+//! since its last acknowledgement at once: per sender, one `ack.lua` adds
+//! its name to every set (a sender's sets share its hash tag, so one
+//! cluster slot) and publishes one message naming every nonce. A sender's
+//! reads are batched likewise (see [`Batches`]): the membership read and
+//! the reads of its sets serve every invalidation that asked while the
+//! previous read was under way, in one round trip, and each is made after
+//! every invalidation it serves asked for it, so what the read says holds
+//! for each as if it had read alone. The acknowledgements and the reads
+//! are tried again while Redis may not have run them, within half a
+//! lease: a call that met a deadline under a burst is queueing, not a
+//! member that did not acknowledge.
 //!
 //! **Membership.**
 //! `PUBLISH` counts only the subscribers it reached. An instance whose
@@ -78,12 +92,12 @@ use redis::RedisError;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::acks::{all_acked, Acked};
+use super::acks::{all_acked, Acked, Batches};
 use super::connection::Conn;
 use super::connections::Connections;
 use super::error::ErrorMeaning;
 use super::keys::{self, FENCE_KEEP};
-use super::messages::{self, generation_subject, is_instance, recorded};
+use super::messages::{self, generation_subject, is_instance, recorded, AckDue, ACKED_MAX};
 use super::notify::Notifier;
 use super::TierError;
 use crate::error::ErrorKind;
@@ -113,11 +127,19 @@ pub(crate) struct Barrier {
     notifier: Arc<Notifier>,
     /// Invalidations that did not reach Redis, retried until they do.
     pub(super) pending: Pending,
+    /// The reads of the invalidations waiting for the fleet.
+    reads: Arc<Reads>,
 }
 
 impl Barrier {
     pub(super) fn new(conns: Arc<Connections>, notifier: Arc<Notifier>) -> Self {
         Barrier {
+            reads: Arc::new(Reads {
+                conns: conns.clone(),
+                notifier: notifier.clone(),
+                members: Batches::default(),
+                records: Batches::default(),
+            }),
             conns,
             notifier,
             pending: Pending::default(),
@@ -391,38 +413,26 @@ impl Barrier {
         Ok((epoch, loaded))
     }
 
-    /// The members an invalidation must hear from: those Redis holds
-    /// unexpired, in the form an instance signs with, but this one (its
-    /// own half is done before the message is sent).
-    /// Also how long until the membership is one lease old: a younger one
-    /// (lost and started again) may miss an instance whose lease still runs.
-    async fn members(&self) -> Result<(Vec<String>, Duration), TierError> {
-        let mut invocation = self.conns.scripts.members.key(self.conns.keys.members());
-        invocation.arg(self.lease_millis()).arg(MEMBERS_MAX + 1);
-        let script = &invocation;
-        let members: Vec<Vec<u8>> = self
-            .conns
-            .call_past_breaker()
-            .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
-            .await?;
-        let mut members = members.into_iter();
-        let young = members
-            .next()
-            .and_then(|y| std::str::from_utf8(&y).ok()?.parse::<u64>().ok())
-            .map_or(self.notifier.liveness.lease(), Duration::from_millis);
-        let members: Vec<Vec<u8>> = members.collect();
-        if members.len() > MEMBERS_MAX {
-            return Err(TierError::Redis(redis::RedisError::from((
-                redis::ErrorKind::Client,
-                "more fleet members than an invalidation waits for by name",
-            ))));
+    /// The members an invalidation must hear from, read alone (see
+    /// [`Reads::read_members`]).
+    #[cfg(test)]
+    async fn members(&self) -> Result<Membership, TierError> {
+        self.reads.read_members().await
+    }
+
+    /// The membership as a read made after this call reads it, shared
+    /// with every invalidation of this instance that asks meanwhile (see
+    /// [`Batches`]): nothing if it could not be read before `until`.
+    async fn membership(&self, until: Instant) -> Option<Arc<Membership>> {
+        let (answer, start) = self.reads.members.queue(());
+        if start {
+            tokio::spawn(Reads::run_members(self.reads.clone()));
         }
-        let members = members
-            .into_iter()
-            .filter_map(|m| String::from_utf8(m).ok())
-            .filter(|m| is_instance(m) && *m != self.notifier.instance)
-            .collect();
-        Ok((members, young.min(self.notifier.liveness.lease())))
+        tokio::time::timeout_at(until, answer)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten()
     }
 
     /// After Redis answered the invalidation `nonce` (of `subject`: see
@@ -442,8 +452,9 @@ impl Barrier {
         subject: &str,
     ) -> bool {
         let until = Instant::now() + self.notifier.liveness.lease();
-        match self.members().await {
-            Ok((members, young)) => {
+        match self.membership(until).await {
+            Some(membership) => {
+                let (members, young) = (&membership.0, membership.1);
                 // A membership younger than a lease may not name an instance
                 // that still trusts its in-process tier: wait a whole lease
                 // from the read, as for a membership that cannot be read.
@@ -457,11 +468,11 @@ impl Barrier {
                     } else {
                         self.notifier.liveness.lease()
                     };
-                let mut acked = all_acked(acks, receivers, &members, until).await;
+                let mut acked = all_acked(acks, receivers, members, until).await;
                 // The acknowledgements heard name every member: each must
                 // also have recorded its own (see the module doc), or the
                 // names may be forged.
-                if acked && !self.recorded_by(nonce, subject, &members).await {
+                if acked && !self.recorded_by(nonce, subject, members, until).await {
                     tracing::warn!(
                         "acknowledgements of an invalidation name members that did not \
                          record them (forged, or an instance of an earlier version): the \
@@ -479,9 +490,8 @@ impl Barrier {
                 }
                 acked
             }
-            Err(error) => {
+            None => {
                 tracing::warn!(
-                    error = %error,
                     "cannot read the fleet membership; the invalidation waits a whole \
                      subscription lease"
                 );
@@ -492,9 +502,7 @@ impl Barrier {
     }
 
     fn lease_millis(&self) -> u64 {
-        u64::try_from(self.notifier.liveness.lease().as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1)
+        lease_millis(&self.notifier)
     }
 
     /// Keeps this instance a member for one more lease. Call only right
@@ -546,29 +554,60 @@ impl Barrier {
         }
     }
 
-    /// The set of the instances that acknowledged `sender`'s invalidation
-    /// `nonce`.
-    /// Acknowledges `sender`'s invalidation `nonce`, of `subject`: records
-    /// this instance in the invalidation's set, then publishes on
-    /// `sender`'s channel. On
-    /// a cluster it runs on the set's primary (the published message
-    /// reaches every node). Best effort: an acknowledgement that fails
-    /// makes the sender wait out its lease.
-    pub(super) async fn acknowledge(&self, sender: &str, nonce: u64, subject: &str) {
-        let key = self.conns.keys.acks(sender, nonce);
-        let mut invocation = self.conns.scripts.ack.key(&key);
+    /// Acknowledges the invalidations `due` (each its sender, nonce and
+    /// subject: see the module doc), in as few calls as there are senders:
+    /// for each sender, one `ack.lua` records this instance in every
+    /// invalidation's set, then publishes one acknowledgement naming them
+    /// all on the sender's channel (at most [`ACKED_MAX`] a call). On a
+    /// cluster each call runs on the primary of the sender's sets (the
+    /// published message reaches every node). Each call is tried again
+    /// while Redis may not have run it, for at most half a lease; one that
+    /// fails makes its senders wait out their lease.
+    pub(super) async fn acknowledge_all(&self, due: Vec<AckDue>) {
+        let mut by_sender: Vec<(String, Vec<(u64, String)>)> = Vec::new();
+        for (sender, nonce, subject) in due {
+            match by_sender.iter_mut().find(|(s, _)| *s == sender) {
+                Some((_, acks)) => acks.push((nonce, subject)),
+                None => by_sender.push((sender, vec![(nonce, subject)])),
+            }
+        }
+        for (sender, acks) in by_sender {
+            for chunk in acks.chunks(ACKED_MAX) {
+                self.acknowledge(&sender, chunk).await;
+            }
+        }
+    }
+
+    /// One call of [`Barrier::acknowledge_all`]: `acks` (nonces and
+    /// subjects) of `sender`'s invalidations.
+    async fn acknowledge(&self, sender: &str, acks: &[(u64, String)]) {
+        let keys: Vec<String> = acks
+            .iter()
+            .map(|(nonce, _)| self.conns.keys.acks(sender, *nonce))
+            .collect();
+        let Some(route) = keys.first() else {
+            return;
+        };
+        let nonces: Vec<u64> = acks.iter().map(|(nonce, _)| *nonce).collect();
+        let mut invocation = self.conns.scripts.ack.prepare_invoke();
+        for key in &keys {
+            invocation.key(key);
+        }
         invocation
-            .arg(recorded(&self.notifier.instance, subject))
             .arg(millis(self.notifier.liveness.lease() * ACKS_KEPT).max(1))
             .arg(keys::ack_channel(&self.conns.channel, sender))
-            .arg(messages::ack_message(nonce, &self.notifier.instance));
+            .arg(messages::acks_message(&nonces, &self.notifier.instance));
+        for (_, subject) in acks {
+            invocation.arg(recorded(&self.notifier.instance, subject));
+        }
         let invocation = &invocation;
         let sent = self
-            .conns
-            .routed(&key, self.conns.config.deadline, |mut conn| async move {
+            .reads
+            .retried(route, |mut conn| async move {
                 invocation.invoke_async::<i64>(&mut conn).await
-            });
-        match sent.await {
+            })
+            .await;
+        match sent {
             Ok(_) => {}
             Err(e) if e.error_kind() == ErrorKind::Permission => tracing::warn!(
                 error = %e,
@@ -580,34 +619,220 @@ impl Barrier {
     }
 
     /// Whether every one of `members` recorded its acknowledgement of this
-    /// instance's invalidation `nonce`, of `subject`: one read, under the
-    /// deadline. False if it cannot be read.
-    pub(super) async fn recorded_by(&self, nonce: u64, subject: &str, members: &[String]) -> bool {
+    /// instance's invalidation `nonce`, of `subject`: read after this call,
+    /// in one round trip with the other invalidations of this instance
+    /// that ask meanwhile (see [`Batches`]). False if it cannot be read
+    /// before `until`.
+    pub(super) async fn recorded_by(
+        &self,
+        nonce: u64,
+        subject: &str,
+        members: &[String],
+        until: Instant,
+    ) -> bool {
         if members.is_empty() {
             return true;
         }
-        let key = self.conns.keys.acks(&self.notifier.instance, nonce);
-        let key = &key;
-        let read = self
-            .conns
-            .routed(key, self.conns.config.deadline, |mut conn| async move {
-                let mut cmd = redis::cmd("SMEMBERS");
-                cmd.arg(key);
-                cmd.query_async::<Vec<Vec<u8>>>(&mut conn).await
-            });
-        match read.await {
-            Ok(ackers) => {
-                let ackers: HashSet<&[u8]> = ackers.iter().map(Vec::as_slice).collect();
-                members
-                    .iter()
-                    .all(|m| ackers.contains(recorded(m, subject).as_bytes()))
+        let want = members.iter().map(|m| recorded(m, subject)).collect();
+        let (answer, start) = self.reads.records.queue((nonce, want));
+        if start {
+            tokio::spawn(Reads::run_records(self.reads.clone()));
+        }
+        matches!(tokio::time::timeout_at(until, answer).await, Ok(Ok(true)))
+    }
+}
+
+/// The fleet's members an invalidation must hear from (but this instance),
+/// and how long until the membership is one lease old (see
+/// [`Reads::read_members`]).
+type Membership = (Vec<String>, Duration);
+
+/// The most acknowledgement sets one read gets.
+const SETS_PER_READ: usize = 512;
+
+/// The reads an invalidation makes once Redis has it (the membership; the
+/// recorded acknowledgements), each batched over every invalidation of
+/// this instance that waits for it at the time (see [`Batches`]): under a
+/// burst of invalidations, a few round trips rather than one per
+/// invalidation queued behind each other.
+struct Reads {
+    conns: Arc<Connections>,
+    notifier: Arc<Notifier>,
+    /// Reads of the membership.
+    members: Batches<(), Option<Arc<Membership>>>,
+    /// Reads of acknowledgement sets: an invalidation's nonce, and what
+    /// its set must hold.
+    records: Batches<(u64, Vec<String>), bool>,
+}
+
+/// Ends a runner: if it did not end on its own (a panic), what it left
+/// queued is answered with nothing, and the next request starts a runner.
+struct Runner<'a, Q, A> {
+    batches: &'a Batches<Q, A>,
+    done: bool,
+}
+
+impl<Q, A> Drop for Runner<'_, Q, A> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.batches.abandon();
+        }
+    }
+}
+
+impl Reads {
+    /// How long a read (or an acknowledgement) is tried again while Redis
+    /// may not have run it: half a lease, within the wait of the
+    /// invalidations it is for.
+    fn window(&self) -> Duration {
+        self.notifier.liveness.lease() / 2
+    }
+
+    /// `call` on the node that serves `route` (see
+    /// [`Connections::routed`]), each try under the deadline, tried again
+    /// while retrying may help, for at most [`Reads::window`].
+    async fn retried<T, F, Fut>(&self, route: &str, mut call: F) -> Result<T, RedisError>
+    where
+        F: FnMut(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, RedisError>>,
+    {
+        let until = Instant::now() + self.window();
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let error = match self
+                .conns
+                .routed(route, self.conns.config.deadline, &mut call)
+                .await
+            {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            let left = until.saturating_duration_since(Instant::now());
+            if !error.retry_may_help() || left.is_zero() {
+                return Err(error);
             }
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot read an invalidation's acknowledgements");
-                false
+            tokio::time::sleep(pause.min(left)).await;
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
+    }
+
+    /// The members an invalidation must hear from: those Redis holds
+    /// unexpired, in the form an instance signs with, but this one (its
+    /// own half is done before the message is sent).
+    /// Also how long until the membership is one lease old: a younger one
+    /// (lost and started again) may miss an instance whose lease still runs.
+    /// Tried again while Redis may not have answered, for at most
+    /// [`Reads::window`].
+    async fn read_members(&self) -> Result<Membership, TierError> {
+        let mut invocation = self.conns.scripts.members.key(self.conns.keys.members());
+        invocation
+            .arg(lease_millis(&self.notifier))
+            .arg(MEMBERS_MAX + 1);
+        let script = &invocation;
+        let members: Vec<Vec<u8>> = self
+            .conns
+            .call_past_breaker()
+            .until(std::time::Instant::now() + self.window())
+            .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
+            .await?;
+        let mut members = members.into_iter();
+        let young = members
+            .next()
+            .and_then(|y| std::str::from_utf8(&y).ok()?.parse::<u64>().ok())
+            .map_or(self.notifier.liveness.lease(), Duration::from_millis);
+        let members: Vec<Vec<u8>> = members.collect();
+        if members.len() > MEMBERS_MAX {
+            return Err(TierError::Redis(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "more fleet members than an invalidation waits for by name",
+            ))));
+        }
+        let members = members
+            .into_iter()
+            .filter_map(|m| String::from_utf8(m).ok())
+            .filter(|m| is_instance(m) && *m != self.notifier.instance)
+            .collect();
+        Ok((members, young.min(self.notifier.liveness.lease())))
+    }
+
+    /// Serves the membership reads queued, a batch at a time, until none
+    /// is left.
+    async fn run_members(reads: Arc<Reads>) {
+        let mut runner = Runner {
+            batches: &reads.members,
+            done: false,
+        };
+        loop {
+            let batch = reads.members.take(usize::MAX);
+            if batch.is_empty() {
+                runner.done = true;
+                return;
+            }
+            let read = match reads.read_members().await {
+                Ok(membership) => Some(Arc::new(membership)),
+                Err(error) => {
+                    tracing::warn!(error = %error, "cannot read the fleet membership");
+                    None
+                }
+            };
+            for ((), answer) in batch {
+                let _ = answer.send(read.clone());
             }
         }
     }
+
+    /// Serves the reads of acknowledgement sets queued, a batch at a time
+    /// (at most [`SETS_PER_READ`] sets, one pipeline), until none is left.
+    /// This instance's sets share its hash tag: on a cluster, one node
+    /// serves them all.
+    async fn run_records(reads: Arc<Reads>) {
+        let mut runner = Runner {
+            batches: &reads.records,
+            done: false,
+        };
+        loop {
+            let batch = reads.records.take(SETS_PER_READ);
+            if batch.is_empty() {
+                runner.done = true;
+                return;
+            }
+            let keys: Vec<String> = batch
+                .iter()
+                .map(|((nonce, _), _)| reads.conns.keys.acks(&reads.notifier.instance, *nonce))
+                .collect();
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.cmd("SMEMBERS").arg(key);
+            }
+            let pipe = &pipe;
+            let route = keys.first().map_or("", String::as_str);
+            let sets = reads
+                .retried(route, |mut conn| async move {
+                    pipe.query_async::<Vec<Vec<Vec<u8>>>>(&mut conn).await
+                })
+                .await;
+            let sets = match sets {
+                Ok(sets) => sets,
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot read invalidations' acknowledgements");
+                    Vec::new()
+                }
+            };
+            // A request without its set (the read failed) is answered no.
+            let mut sets = sets.into_iter();
+            for ((_, want), answer) in batch {
+                let set = sets.next().unwrap_or_default();
+                let have: HashSet<&[u8]> = set.iter().map(Vec::as_slice).collect();
+                let _ = answer.send(want.iter().all(|w| have.contains(w.as_bytes())));
+            }
+        }
+    }
+}
+
+fn lease_millis(notifier: &Notifier) -> u64 {
+    u64::try_from(notifier.liveness.lease().as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 /// The most invalidations an instance remembers as not yet in Redis (one per

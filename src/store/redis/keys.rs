@@ -4,8 +4,9 @@
 //! value, freshness marker, lease, fence, failure marker and the group's
 //! generation sit in one cluster slot and every script touches one slot
 //! only. A lock's keys share the hash tag of its name's digest. The fleet's
-//! membership, the invalidation table and each acknowledgement set are
-//! keys of their own, each in its own slot, apart from every entry.
+//! membership and the invalidation table are keys of their own, each in
+//! its own slot, apart from every entry; the acknowledgement sets of one
+//! invalidating instance share the hash tag of its name.
 
 use std::time::Duration;
 
@@ -70,9 +71,11 @@ impl Keys {
     }
 
     /// The set of the instances that acknowledged `sender`'s invalidation
-    /// `nonce`.
+    /// `nonce`. Every set of one sender shares its hash tag: an instance
+    /// records many acknowledgements to one sender in one script, and the
+    /// sender reads many of its sets in one round trip.
     pub(crate) fn acks(&self, sender: &str, nonce: u64) -> String {
-        format!("{}:acks:{sender}:{nonce}", self.prefix)
+        format!("{}:acks:{{{sender}}}:{nonce}", self.prefix)
     }
 
     /// The common base of a lock's keys.

@@ -5,7 +5,8 @@
 //! - an invalidation: `i:<group>:<instance>:<nonce>`;
 //! - a generation of the invalidation table moved:
 //!   `g:<field>:<generation>:<instance>:<nonce>`;
-//! - an acknowledgement, on the sender's own channel: `a:<nonce>:<instance>`;
+//! - an acknowledgement, on the sender's own channel, of one invalidation
+//!   or of several: `a:<nonce>[,<nonce>…]:<instance>`;
 //! - what an acknowledgement set records: `<instance>:<subject>`, the
 //!   subject a group's key, or a table field and its new generation.
 
@@ -33,24 +34,52 @@ pub(crate) fn generation_subject(field: &str, generation: u64) -> String {
     format!("{field}:{generation}")
 }
 
+/// The most invalidations one acknowledgement names.
+pub(crate) const ACKED_MAX: usize = 1_024;
+
 /// The acknowledgement of the invalidation `nonce`, signed by `instance`.
+#[cfg(test)]
 pub(crate) fn ack_message(nonce: u64, instance: &str) -> String {
-    format!("a:{nonce}:{instance}")
+    acks_message(&[nonce], instance)
+}
+
+/// The acknowledgement of the invalidations `nonces` (at most
+/// [`ACKED_MAX`]), signed by `instance`.
+pub(crate) fn acks_message(nonces: &[u64], instance: &str) -> String {
+    let mut message = String::with_capacity(nonces.len().saturating_mul(21).saturating_add(20));
+    message.push_str("a:");
+    for (i, nonce) in nonces.iter().enumerate() {
+        if i > 0 {
+            message.push(',');
+        }
+        message.push_str(&nonce.to_string());
+    }
+    message.push(':');
+    message.push_str(instance);
+    message
 }
 
 pub(crate) fn parse_nonce(bytes: &[u8]) -> Option<u64> {
     std::str::from_utf8(bytes).ok()?.parse().ok()
 }
 
-/// An acknowledgement (after its `a:`): its nonce and, if signed, the
-/// instance that sent it.
-pub(crate) fn parse_ack(bytes: &[u8]) -> Option<(u64, Option<&str>)> {
+/// An acknowledgement (after its `a:`): the nonces it names (one, or at
+/// most [`ACKED_MAX`]) and, if signed, the instance that sent it. Nothing
+/// if any part is not ours.
+pub(crate) fn parse_ack(bytes: &[u8]) -> Option<(Vec<u64>, Option<&str>)> {
     let text = std::str::from_utf8(bytes).ok()?;
-    let (nonce, by) = match text.split_once(':') {
-        Some((nonce, by)) => (nonce, Some(by)),
+    let (nonces, by) = match text.split_once(':') {
+        Some((nonces, by)) => (nonces, Some(by)),
         None => (text, None),
     };
-    Some((nonce.parse().ok()?, by))
+    let mut parsed = Vec::new();
+    for nonce in nonces.split(',') {
+        if parsed.len() >= ACKED_MAX {
+            return None;
+        }
+        parsed.push(nonce.parse().ok()?);
+    }
+    Some((parsed, by))
 }
 
 /// How `instance`'s acknowledgement of a message invalidating `subject` is
@@ -77,12 +106,27 @@ mod tests {
 
     #[test]
     fn acknowledgements_parse_signed_or_not() {
-        assert_eq!(parse_ack(b"9"), Some((9, None)));
+        assert_eq!(parse_ack(b"9"), Some((vec![9], None)));
         assert_eq!(
             parse_ack(&ack_message(9, "0123456789abcdef").as_bytes()[2..]),
-            Some((9, Some("0123456789abcdef")))
+            Some((vec![9], Some("0123456789abcdef")))
         );
-        for foreign in [&b""[..], b"x", b"-1", b"\xff:1", b"99999999999999999999999"] {
+        assert_eq!(
+            parse_ack(&acks_message(&[9, 7, u64::MAX], "0123456789abcdef").as_bytes()[2..]),
+            Some((vec![9, 7, u64::MAX], Some("0123456789abcdef")))
+        );
+        let too_many: Vec<u64> = (0..=ACKED_MAX as u64).collect();
+        for foreign in [
+            &b""[..],
+            b"x",
+            b"-1",
+            b"\xff:1",
+            b"99999999999999999999999",
+            b"1,",
+            b",1:0123456789abcdef",
+            b"1,x:0123456789abcdef",
+            &acks_message(&too_many, "0123456789abcdef").into_bytes()[2..],
+        ] {
             assert_eq!(parse_ack(foreign), None, "{foreign:?}");
         }
     }

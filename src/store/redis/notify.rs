@@ -322,8 +322,8 @@ impl Notifier {
                     return;
                 };
                 if let Some(ack) = payload.strip_prefix(b"a:") {
-                    if let Some((nonce, by)) = parse_ack(ack) {
-                        self.acks.acked(nonce, by);
+                    if let Some((nonces, by)) = parse_ack(ack) {
+                        self.acks.acked_all(&nonces, by);
                     }
                     return;
                 }

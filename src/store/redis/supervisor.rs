@@ -164,14 +164,20 @@ async fn keepalive(shared: &Connections, barrier: &Barrier) {
     }
 }
 
-/// Acknowledges other instances' invalidations, in order (see
-/// [`super::acks`]).
+/// The most acknowledgements handled in one batch.
+const ACKS_PER_BATCH: usize = 4_096;
+
+/// Acknowledges other instances' invalidations, in order, a batch at a
+/// time (see [`super::acks`]).
 async fn acknowledge(barrier: &Barrier, queue: Option<mpsc::UnboundedReceiver<AckDue>>) {
     let Some(mut queue) = queue else {
         return std::future::pending().await;
     };
-    while let Some((sender, nonce, subject)) = queue.recv().await {
-        barrier.acknowledge(&sender, nonce, &subject).await;
+    // Everything queued meanwhile goes in one batch: under a burst of
+    // invalidations, a few calls rather than one per invalidation.
+    let mut due = Vec::new();
+    while queue.recv_many(&mut due, ACKS_PER_BATCH).await > 0 {
+        barrier.acknowledge_all(std::mem::take(&mut due)).await;
     }
     std::future::pending().await
 }

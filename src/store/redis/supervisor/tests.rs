@@ -42,8 +42,9 @@ async fn the_supervisor_stops_when_an_idle_tier_is_dropped() {
     let redis = RedisServer::start();
     let tier = connect(&redis).await;
     let state = shared(&tier);
-    // The tier itself, its entries, barrier and locks, and its supervisor.
-    assert_eq!(state.strong_count(), 5, "the tier and its supervisor");
+    // The tier itself, its entries, barrier (and the barrier's batched
+    // reads) and locks, and its supervisor.
+    assert_eq!(state.strong_count(), 6, "the tier and its supervisor");
     drop(tier);
     assert!(
         eventually(|| state.strong_count() == 0).await,
