@@ -320,9 +320,20 @@ impl RedisBackendBuilder {
         self
     }
 
-    /// The longest any Redis call may take (default 50 ms). A request never
-    /// waits on a slow or dead Redis longer than this; repeated failures open
-    /// the circuit and the layer runs on its in-process tier alone.
+    /// How long a Redis call may go without its connection answering
+    /// anything (default 50 ms). A frozen, dead or paused Redis fails a
+    /// call this long after it was sent; failures in several moments in a
+    /// row open the circuit, and the layer runs on its in-process tier
+    /// alone.
+    ///
+    /// It judges Redis, not the queue in front of it: a call sent behind a
+    /// burst (many keys cold at once) waits while Redis keeps answering the
+    /// calls before it, up to the connect timeout; and on a link whose
+    /// measured round trip needs more (a Redis a network hop away), the
+    /// silence allowed is twice the smoothed round trip plus four times its
+    /// variation (RFC 6298's retransmission timeout), at most the connect
+    /// timeout. An entry larger than 256 KiB is read and written under a
+    /// limit that also allows for its size.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::Backend;

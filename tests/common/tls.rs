@@ -125,6 +125,8 @@ pub const ACL_RULES: &[&str] = &[
     "+eval",
     "+script|load",
     "+get",
+    "+strlen",
+    "+getrange",
     "+set",
     "+del",
     "+pttl",

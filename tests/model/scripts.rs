@@ -90,7 +90,7 @@ pub const NOT_MODELLED: [(&str, &str, &str); 2] = [
     ),
     (
         "ack.lua",
-        "8e0f2726e69c2380735e6c54c94449eeddd21b567e42806f406da37f395f9a40",
+        "8ba7f420700e15bf51e4afdf163718dc5160eb97f5202fec51cb514afad7c03f",
         "the model has no forger: an acknowledgement is the message of an instance \
          that handled the invalidation, and the barrier counts it as such; the \
          record this script adds is what lets the invalidator refuse forged ones \

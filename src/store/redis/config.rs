@@ -47,7 +47,9 @@ pub struct RedisConfig {
     pub url: String,
     /// Prefix of every key and of the event channel (default `sg`).
     pub prefix: String,
-    /// The longest any Redis call may take (default 50 ms).
+    /// How long a Redis call may go without its connection answering
+    /// anything (default 50 ms; more on a link whose measured round trip
+    /// needs it). See [`RedisBackendBuilder::deadline`](crate::RedisBackendBuilder::deadline).
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub deadline: Duration,
     /// How long connecting may take at start-up (default 2 s).
