@@ -8,17 +8,17 @@
 pub const MODELLED: [(&str, &str, &str); 14] = [
     (
         "fence.lua",
-        "7e57f876169f53befc06f56787582be7ff56b9fd1b45b3e9ad8a68dadca3e235",
-        "redis.rs: seed_fence, generation, current",
+        "52ca3ac30d2d5552a3ce88f24e1d344a37ff9c4792bb5c11c7322277ab813f27",
+        "redis.rs: at_least, seed_fence, generation, current",
     ),
     (
         "fetch_or_lease.lua",
-        "8621fa680d7fc80b23877511fc6d0cdb4e2d270d9e3f9cedc95ef14c454623aa",
+        "c7a83c5053f366f65c06c2830b4babfbe02a8cbf72f91caf2a11a85977f885a3",
         "redis.rs: Redis::fetch_or_lease",
     ),
     (
         "commit.lua",
-        "97b937e07e7ce296bafc5a73440f676a55f8d5d25593d97318708be66cf1f33e",
+        "5509b3ee83255933da4e933520a683dea250d8dd0b375fe6ff6c77916274cd72",
         "redis.rs: Redis::commit",
     ),
     (
@@ -28,12 +28,12 @@ pub const MODELLED: [(&str, &str, &str); 14] = [
     ),
     (
         "renew.lua",
-        "26185325a383fb643ded3f4c8713c43965f42ddd94c4b2945881e84d0e956679",
+        "26d9f651a2ae3ff69d2ee250294e7cf96fbb0aa71250759743cb5d5c3d9e337a",
         "redis.rs: Redis::renew",
     ),
     (
         "invalidate.lua",
-        "ded302398b1db6a827b649dd502f705672b1dbf538f9651481e6a8c7e88345b8",
+        "6a9429e7b8dd2013dbb75918860a09745d833aafc8d1cb11e828216104039207",
         "redis.rs: Redis::invalidate",
     ),
     (

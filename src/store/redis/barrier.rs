@@ -82,7 +82,7 @@ use super::acks::{all_acked, Acked};
 use super::connection::Conn;
 use super::connections::Connections;
 use super::error::ErrorMeaning;
-use super::keys::{self, FENCE_KEEP};
+use super::keys;
 use super::messages::{self, generation_subject, is_instance, recorded};
 use super::notify::Notifier;
 use super::TierError;
@@ -232,8 +232,7 @@ impl Barrier {
             .key(generation)
             .key(failed)
             .arg(&self.conns.channel)
-            .arg(message)
-            .arg(millis(FENCE_KEEP));
+            .arg(message);
         invocation.invoke_async(&mut conn).await
     }
 

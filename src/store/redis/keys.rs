@@ -7,15 +7,7 @@
 //! membership, the invalidation table and each acknowledgement set are
 //! keys of their own, each in its own slot, apart from every entry.
 
-use std::time::Duration;
-
 use crate::key::Key;
-
-/// How long the fence hash outlives the last lease on its key, so idle keys
-/// cost Redis nothing. A hash that expired (or was evicted, or lost to a
-/// restart) starts again from Redis's clock in microseconds, above every
-/// number issued before: expiry never lets numbers go back.
-pub(crate) const FENCE_KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// The names of one namespace (one prefix).
 #[derive(Clone, Debug)]

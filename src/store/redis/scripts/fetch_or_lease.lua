@@ -11,9 +11,8 @@
 -- ARGV[3] early   -1, or take the lease even when the entry is fresh if at most
 --                 this many milliseconds of freshness are left (early refresh;
 --                 a newer entry than the caller's has more left and is returned)
--- ARGV[4] keep    fence hash lifetime in milliseconds
 -- KEYS[6] failed  the failure marker (see release.lua): `<gen>:<code>:<step>`
--- ARGV[5] memory  how long a marker outlives its backoff, in milliseconds
+-- ARGV[4] memory  how long a marker outlives its backoff, in milliseconds
 --
 -- Returns {status, value, a, b, gen, foreign}:
 --   {1, value, fresh_pttl, value_pttl, ""}   fresh hit
@@ -47,9 +46,9 @@ end
 local marker = redis.call('GET', KEYS[6])
 if marker then
   local mgen, code = string.match(marker, '^(%d+):(%d+):%d+$')
-  local left = redis.call('PTTL', KEYS[6]) - tonumber(ARGV[5])
+  local left = redis.call('PTTL', KEYS[6]) - tonumber(ARGV[4])
   if mgen and #code <= 3 and mgen == redis.call('GET', KEYS[5])
-    and left > 0 and left <= tonumber(ARGV[5]) then
+    and left > 0 and left <= tonumber(ARGV[4]) then
     if value ~= '' and fresh_pttl > 0 then
       -- An early refresh during a failure episode: keep the fresh entry.
       return {1, value, fresh_pttl, value_pttl, '', foreign}
@@ -58,10 +57,12 @@ if marker then
   end
 end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  -- The fence hash and the generation last the lease at least (renew.lua
+  -- keeps them as long as the lease; the commit as long as the value).
   seed_fence(KEYS[4]) -- fence.lua, prepended
   local fence = redis.call('HINCRBY', KEYS[4], 'next', 1)
-  redis.call('PEXPIRE', KEYS[4], ARGV[4])
-  local gen = generation(KEYS[5], ARGV[4]) -- fence.lua, prepended
+  at_least(KEYS[4], ARGV[2]) -- fence.lua
+  local gen = generation(KEYS[5], ARGV[2]) -- fence.lua
   return {2, value, fence, value_pttl, gen, foreign}
 end
 local token = redis.pcall('GET', KEYS[3])
