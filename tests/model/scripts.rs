@@ -38,7 +38,7 @@ pub const MODELLED: [(&str, &str, &str); 14] = [
     ),
     (
         "lock_acquire.lua",
-        "e0e85bbbfa5f5a2e1b557c14f3f43f8d9ea3cbd7bc58344164fa7eee6bbce448",
+        "8135ed278c815e920aacfae9217255048ec72fc6a659693677eb6a8cb6081d7e",
         "lock_redis.rs: LockRedis::acquire",
     ),
     (
@@ -53,7 +53,7 @@ pub const MODELLED: [(&str, &str, &str); 14] = [
     ),
     (
         "lock_leave.lua",
-        "783d4c3617ed9e6a516355573b65614fca6960ebca2386ed7f90fb51e7bdb75b",
+        "63e87c7bd5f631e8f0a99cbf0ef318a58a391c8e6e4645c122b9d306a62f85ad",
         "lock_redis.rs: LockRedis::leave",
     ),
     (

@@ -72,8 +72,9 @@ impl Keys {
         format!("{}:lock:{{{id}}}", self.prefix)
     }
 
-    /// A lock's keys: hold, counters, queue, heartbeats, tickets.
-    pub(crate) fn lock(&self, id: &Key) -> [String; 5] {
+    /// A lock's keys: hold, counters, queue, heartbeats, tickets, and the
+    /// tombstones of abandoned attempts.
+    pub(crate) fn lock(&self, id: &Key) -> [String; 6] {
         let base = self.lock_base(id);
         [
             format!("{base}:l"),
@@ -81,6 +82,7 @@ impl Keys {
             format!("{base}:q"),
             format!("{base}:b"),
             format!("{base}:t"),
+            format!("{base}:x"),
         ]
     }
 
