@@ -1,7 +1,7 @@
 //! Fleet-wide protection on a real redis-server: one rebuild per key for
 //! K instances, the lease and its deadline, the entry a commit's wake-up
-//! carries, fleet failure memory, instances in separate OS processes, and
-//! Redis failing, slow or gone.
+//! carries, fleet failure memory, instances in separate OS processes,
+//! Redis failing, slow or gone, and the per-key state left in Redis.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -20,4 +20,5 @@ mod processes;
 mod protection;
 mod real_faults;
 mod redis_down;
+mod redis_keys;
 mod refresh_ahead;

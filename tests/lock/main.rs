@@ -1,7 +1,7 @@
 //! The public lock: mutual exclusion across tasks and processes, fencing,
 //! loss reporting, reentrancy, fairness and wake-ups, and the faults
 //! (stopped holders, stalled links, open circuits, lost keys) it must
-//! survive.
+//! survive, and the tombstones of abandoned attempts, which go in time.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -9,3 +9,4 @@ mod common;
 mod exclusion;
 mod faults;
 mod process_faults;
+mod tombstones;

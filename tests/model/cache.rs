@@ -172,6 +172,8 @@ impl Model for Fleet {
                 next: Some(50),
                 committed: None,
             });
+            // Committed before the run: it lasts the value's keep.
+            redis.fence_until = Some(super::redis::KEEP);
         }
         vec![State {
             redis,

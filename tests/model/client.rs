@@ -469,9 +469,7 @@ pub fn run(fleet: &Fleet, s: &mut State, i: usize) {
             by,
         } => {
             let before: Option<Stored> = s.redis.current(protocol).cloned();
-            let (stored, published) = s
-                .redis
-                .commit(protocol, us, token, fence, generation, data, by);
+            let (stored, published) = s.redis.commit(protocol, token, fence, generation, data, by);
             if stored && before.is_some_and(|v| v.by > by) {
                 s.overwrote_newer = true;
             }
@@ -496,7 +494,7 @@ pub fn run(fleet: &Fleet, s: &mut State, i: usize) {
             None
         }
         Call::Renew { token } => {
-            s.redis.renew(now, token, LEASE);
+            s.redis.renew(protocol, now, token, LEASE);
             None
         }
     };

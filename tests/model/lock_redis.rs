@@ -217,6 +217,8 @@ impl LockRedis {
         fx: &mut Effects,
     ) {
         if p == Protocol::Current {
+            // Tombstones past their time are swept where they are added.
+            self.tombs.retain(|(_, until)| *until >= now);
             remove(&mut self.tombs, attempt);
             self.tombs.push((attempt, now.saturating_add(tomb)));
         }

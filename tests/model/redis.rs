@@ -47,8 +47,28 @@ pub struct Redis {
     pub lease: Option<(u8, u8)>,
     pub fence: Option<FenceHash>,
     pub generation: Option<u64>,
+    /// When the fence hash and the generation run out ([`Lifetime`]).
+    pub fence_until: Lifetime,
+    pub generation_until: Lifetime,
     /// The failure marker (`{base}:x`).
     pub failed: Option<Marker>,
+}
+
+/// A key's TTL: `None` when it has none (a key created and not yet given
+/// one, or written by a foreign client), else the tick at which its PX runs
+/// out; [`KEEP`] is a value's keep, longer than the bounds checked (values
+/// do not expire in the model).
+pub type Lifetime = Option<u8>;
+
+/// A value's keep: past every bound checked.
+pub const KEEP: u8 = u8::MAX;
+
+/// fence.lua `at_least`: PEXPIRE to `until` if the key has no TTL or a
+/// shorter one.
+fn at_least(lifetime: &mut Lifetime, until: u8) {
+    if lifetime.is_none_or(|u| u < until) {
+        *lifetime = Some(until);
+    }
 }
 
 /// What a script answered.
@@ -114,17 +134,19 @@ impl Redis {
         }
     }
 
-    /// fence.lua `generation` (lifetimes are longer than the bounds
-    /// checked, so its PEXPIRE is not modelled): lost or foreign, it starts
-    /// again from the clock.
-    fn generation(&mut self, us: u64) -> u64 {
-        match self.generation {
+    /// fence.lua `generation`: lost or foreign, it starts again from the
+    /// clock (a SET: with no TTL); then it lasts until `until` at least.
+    fn generation(&mut self, us: u64, until: u8) -> u64 {
+        let g = match self.generation {
             Some(g) if plain(g) => g,
             _ => {
                 self.generation = Some(clock(us));
+                self.generation_until = None;
                 clock(us)
             }
-        }
+        };
+        at_least(&mut self.generation_until, until);
+        g
     }
 
     /// fence.lua `current`: the value if it carries the current generation.
@@ -190,10 +212,15 @@ impl Redis {
             return Reply::Failing(left);
         }
         if self.lease.is_none() {
-            self.lease = Some((token, now.saturating_add(lease)));
+            let until = now.saturating_add(lease);
+            self.lease = Some((token, until));
             let fence = self.issue(protocol, us);
             let generation = match protocol {
-                Protocol::Current => Some(self.generation(us)),
+                Protocol::Current => {
+                    // The fence hash and the generation last the lease.
+                    at_least(&mut self.fence_until, until);
+                    Some(self.generation(us, until))
+                }
                 Protocol::Old => None,
             };
             return Reply::Leased {
@@ -209,12 +236,11 @@ impl Redis {
         Reply::Held(self.lease.map_or(now, |(_, until)| until))
     }
 
-    /// commit.lua: returns (stored, what it published).
-    #[allow(clippy::too_many_arguments)]
+    /// commit.lua: returns (stored, what it published). It reads no
+    /// clock: a fence hash it cannot trust refuses the commit.
     pub fn commit(
         &mut self,
         protocol: Protocol,
-        us: u64,
         token: u8,
         fence: u64,
         generation: Option<u64>,
@@ -223,11 +249,13 @@ impl Redis {
     ) -> (bool, Option<Publish>) {
         let allowed = match protocol {
             Protocol::Current => {
-                self.seed_fence(us);
+                // A fence hash that is gone or foreign refuses the commit,
+                // and nothing is written.
                 let hash = self.fence.clone().unwrap_or_default();
                 let committed = hash.committed.unwrap_or(0);
-                let issued = hash.next.unwrap_or(0);
-                fence >= committed && fence >= issued && self.generation == generation
+                hash.next.is_some_and(|issued| {
+                    plain(issued) && plain(committed) && fence >= committed && fence >= issued
+                }) && self.generation == generation
             }
             Protocol::Old => {
                 let committed = self.fence.as_ref().and_then(|h| h.committed).unwrap_or(0);
@@ -243,7 +271,10 @@ impl Redis {
             self.fresh = true;
             self.fence.get_or_insert_with(FenceHash::default).committed = Some(fence);
             if protocol == Protocol::Current {
-                self.generation(us);
+                // The fence hash lasts the value's keep, exactly; the
+                // generation that at least.
+                self.fence_until = Some(KEEP);
+                at_least(&mut self.generation_until, KEEP);
                 self.failed = None;
             }
         }
@@ -290,15 +321,25 @@ impl Redis {
         false
     }
 
-    /// renew.lua.
-    pub fn renew(&mut self, now: u8, token: u8, lease: u8) -> bool {
+    /// renew.lua: the lease, and the fence hash and generation if they are
+    /// there, last `lease` more (those two at least).
+    pub fn renew(&mut self, protocol: Protocol, now: u8, token: u8, lease: u8) -> bool {
+        let until = now.saturating_add(lease);
         match &mut self.lease {
-            Some((t, until)) if *t == token => {
-                *until = now.saturating_add(lease);
-                true
+            Some((t, lease_until)) if *t == token => {
+                *lease_until = until;
             }
-            _ => false,
+            _ => return false,
         }
+        if protocol == Protocol::Current {
+            if self.fence.is_some() {
+                at_least(&mut self.fence_until, until);
+            }
+            if self.generation.is_some() {
+                at_least(&mut self.generation_until, until);
+            }
+        }
+        true
     }
 
     /// invalidate.lua (the publish and its receiver count are the caller's).
@@ -308,10 +349,25 @@ impl Redis {
         match protocol {
             Protocol::Current => {
                 self.failed = None;
-                let next = self.issue(protocol, us);
-                self.fence.get_or_insert_with(FenceHash::default).committed = Some(next);
-                let g = self.generation(us);
-                self.generation = Some(g + 1);
+                // Creates nothing: a fence hash or generation with a TTL
+                // moves (and keeps it); one without, or gone, or a foreign
+                // generation, is dropped.
+                if self.fence.is_some() && self.fence_until.is_some() {
+                    let next = self.issue(protocol, us);
+                    self.fence.get_or_insert_with(FenceHash::default).committed = Some(next);
+                } else {
+                    self.fence = None;
+                    self.fence_until = None;
+                }
+                match self.generation {
+                    Some(g) if plain(g) && self.generation_until.is_some() => {
+                        self.generation = Some(g + 1);
+                    }
+                    _ => {
+                        self.generation = None;
+                        self.generation_until = None;
+                    }
+                }
             }
             Protocol::Old => {
                 let hash = self.fence.get_or_insert_with(FenceHash::default);
@@ -325,6 +381,14 @@ impl Redis {
     pub fn expire(&mut self, now: u8) -> Option<u8> {
         if self.failed.as_ref().is_some_and(|m| m.until <= now) {
             self.failed = None;
+        }
+        if self.fence_until.is_some_and(|u| u <= now) {
+            self.fence = None;
+            self.fence_until = None;
+        }
+        if self.generation_until.is_some_and(|u| u <= now) {
+            self.generation = None;
+            self.generation_until = None;
         }
         match self.lease {
             Some((token, until)) if until <= now => {
@@ -341,7 +405,11 @@ impl Redis {
         match which {
             0 => self.fence.get_or_insert_with(FenceHash::default).next = Some(FOREIGN),
             1 => self.fence.get_or_insert_with(FenceHash::default).committed = Some(FOREIGN),
-            _ => self.generation = Some(FOREIGN),
+            _ => {
+                // A foreign SET: no TTL.
+                self.generation = Some(FOREIGN);
+                self.generation_until = None;
+            }
         }
     }
 
@@ -351,8 +419,14 @@ impl Redis {
             0 => self.value = None,
             1 => self.fresh = false,
             2 => self.lease = None,
-            3 => self.fence = None,
-            4 => self.generation = None,
+            3 => {
+                self.fence = None;
+                self.fence_until = None;
+            }
+            4 => {
+                self.generation = None;
+                self.generation_until = None;
+            }
             _ => self.failed = None,
         }
     }

@@ -8,17 +8,17 @@
 pub const MODELLED: [(&str, &str, &str); 14] = [
     (
         "fence.lua",
-        "7e57f876169f53befc06f56787582be7ff56b9fd1b45b3e9ad8a68dadca3e235",
-        "redis.rs: seed_fence, generation, current",
+        "52ca3ac30d2d5552a3ce88f24e1d344a37ff9c4792bb5c11c7322277ab813f27",
+        "redis.rs: at_least, seed_fence, generation, current",
     ),
     (
         "fetch_or_lease.lua",
-        "8de60ffc6c427485e7b1c1a84296cda25ce2bdaa185f0c86ba1dd8a319cdfbcc",
+        "8eb401f2d943245165c64454ac92490ac6f306594c2623ab287188fea09f07b6",
         "redis.rs: Redis::fetch_or_lease",
     ),
     (
         "commit.lua",
-        "97b937e07e7ce296bafc5a73440f676a55f8d5d25593d97318708be66cf1f33e",
+        "5509b3ee83255933da4e933520a683dea250d8dd0b375fe6ff6c77916274cd72",
         "redis.rs: Redis::commit",
     ),
     (
@@ -28,17 +28,17 @@ pub const MODELLED: [(&str, &str, &str); 14] = [
     ),
     (
         "renew.lua",
-        "26185325a383fb643ded3f4c8713c43965f42ddd94c4b2945881e84d0e956679",
+        "26d9f651a2ae3ff69d2ee250294e7cf96fbb0aa71250759743cb5d5c3d9e337a",
         "redis.rs: Redis::renew",
     ),
     (
         "invalidate.lua",
-        "ded302398b1db6a827b649dd502f705672b1dbf538f9651481e6a8c7e88345b8",
+        "6a9429e7b8dd2013dbb75918860a09745d833aafc8d1cb11e828216104039207",
         "redis.rs: Redis::invalidate",
     ),
     (
         "lock_acquire.lua",
-        "e0e85bbbfa5f5a2e1b557c14f3f43f8d9ea3cbd7bc58344164fa7eee6bbce448",
+        "8135ed278c815e920aacfae9217255048ec72fc6a659693677eb6a8cb6081d7e",
         "lock_redis.rs: LockRedis::acquire",
     ),
     (
@@ -53,7 +53,7 @@ pub const MODELLED: [(&str, &str, &str); 14] = [
     ),
     (
         "lock_leave.lua",
-        "783d4c3617ed9e6a516355573b65614fca6960ebca2386ed7f90fb51e7bdb75b",
+        "63e87c7bd5f631e8f0a99cbf0ef318a58a391c8e6e4645c122b9d306a62f85ad",
         "lock_redis.rs: LockRedis::leave",
     ),
     (

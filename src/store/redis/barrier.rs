@@ -96,7 +96,7 @@ use super::acks::{all_acked, Acked, Batches};
 use super::connection::Conn;
 use super::connections::Connections;
 use super::error::ErrorMeaning;
-use super::keys::{self, FENCE_KEEP};
+use super::keys;
 use super::messages::{self, generation_subject, is_instance, recorded, AckDue, ACKED_MAX};
 use super::notify::Notifier;
 use super::TierError;
@@ -254,8 +254,7 @@ impl Barrier {
             .key(generation)
             .key(failed)
             .arg(&self.conns.channel)
-            .arg(message)
-            .arg(millis(FENCE_KEEP));
+            .arg(message);
         invocation.invoke_async(&mut conn).await
     }
 

@@ -16,7 +16,6 @@ use super::barrier::Barrier;
 use super::carried::{self, Holder};
 use super::connection::Conn;
 use super::connections::Connections;
-use super::keys::FENCE_KEEP;
 use super::notify::Event;
 use super::{Lease, RedisTier, TierError};
 use crate::key::Key;
@@ -125,7 +124,6 @@ impl Entries {
             .arg(&token)
             .arg(millis(lease_time).max(1))
             .arg(early.map_or(-1, |d| millis(d).min(1 << 52) as i64))
-            .arg(millis(FENCE_KEEP))
             .arg(millis(FAILURE_BACKOFF_CAP))
             .arg(INLINE_VALUE);
         let script = &invocation;
@@ -295,7 +293,6 @@ impl Entries {
             .arg(tagged)
             .arg(millis(fresh))
             .arg(millis(keep).max(1))
-            .arg(millis(FENCE_KEEP))
             .arg(&self.conns.channel)
             .arg(woken)
             .arg(Event::Failed.message(&lease.key))
@@ -465,9 +462,13 @@ impl Entries {
         token: &str,
         time: Duration,
     ) -> Result<bool, TierError> {
-        let [_, _, lease_key, ..] = self.conns.keys.entry(key);
+        let [_, _, lease_key, fence, generation, _] = self.conns.keys.entry(key);
         let mut invocation = self.conns.scripts.renew.key(&lease_key);
-        invocation.arg(token).arg(millis(time).max(1));
+        invocation
+            .key(fence)
+            .key(generation)
+            .arg(token)
+            .arg(millis(time).max(1));
         let script = &invocation;
         // Owed like the commit it keeps possible: a circuit that opened
         // while the node answers again must not cost the lease.

@@ -8,15 +8,7 @@
 //! its own slot, apart from every entry; the acknowledgement sets of one
 //! invalidating instance share the hash tag of its name.
 
-use std::time::Duration;
-
 use crate::key::Key;
-
-/// How long the fence hash outlives the last lease on its key, so idle keys
-/// cost Redis nothing. A hash that expired (or was evicted, or lost to a
-/// restart) starts again from Redis's clock in microseconds, above every
-/// number issued before: expiry never lets numbers go back.
-pub(crate) const FENCE_KEEP: Duration = Duration::from_secs(24 * 3600);
 
 /// The names of one namespace (one prefix).
 #[derive(Clone, Debug)]
@@ -83,8 +75,9 @@ impl Keys {
         format!("{}:lock:{{{id}}}", self.prefix)
     }
 
-    /// A lock's keys: hold, counters, queue, heartbeats, tickets.
-    pub(crate) fn lock(&self, id: &Key) -> [String; 5] {
+    /// A lock's keys: hold, counters, queue, heartbeats, tickets, and the
+    /// tombstones of abandoned attempts.
+    pub(crate) fn lock(&self, id: &Key) -> [String; 6] {
         let base = self.lock_base(id);
         [
             format!("{base}:l"),
@@ -92,6 +85,7 @@ impl Keys {
             format!("{base}:q"),
             format!("{base}:b"),
             format!("{base}:t"),
+            format!("{base}:x"),
         ]
     }
 

@@ -227,13 +227,14 @@ impl Locks {
         attempt: &str,
         until: Instant,
     ) -> Result<(), TierError> {
-        let [lock, _, queue, beats, _] = self.conns.keys.lock(id);
+        let [lock, _, queue, beats, _, tombs] = self.conns.keys.lock(id);
         let message = Event::Released.message(id);
-        let (script, lock, queue, beats, channel, message) = (
+        let (script, lock, queue, beats, tombs, channel, message) = (
             &self.conns.scripts.lock_leave,
             &lock,
             &queue,
             &beats,
+            &tombs,
             &self.conns.channel,
             &message,
         );
@@ -250,6 +251,7 @@ impl Locks {
                     .key(lock)
                     .key(queue)
                     .key(beats)
+                    .key(tombs)
                     .arg(token)
                     .arg(attempt)
                     .arg(channel)

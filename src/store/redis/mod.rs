@@ -9,11 +9,11 @@
 //!
 //! | key | holds | expires |
 //! |---|---|---|
-//! | `{prefix}:{<group>}:g` | the group's generation: an invalidation moves it, and every entry stored under an older one is gone | a day after the last lease, and never before the group's entries (then reseeded from Redis's clock) |
+//! | `{prefix}:{<group>}:g` | the group's generation: an invalidation moves it, and every entry stored under an older one is gone | as long as the longest lease taken and value stored under it, no longer (then reseeded from Redis's clock) |
 //! | `…:v` | `<generation>\|` then the encoded entry | when its last stale window closes |
 //! | `…:f` | freshness marker | when the entry stops being fresh (Redis's clock) |
 //! | `…:l` | rebuild lease: the owner's token | after the lease time, unless renewed |
-//! | `…:n` | fence hash: numbers issued and committed | a day after the last lease (then reseeded from Redis's clock) |
+//! | `…:n` | fence hash: numbers issued and committed | with its lease (renewals included), then with the value that lease stored (then reseeded from Redis's clock) |
 //! | `{prefix}:members` | the fleet's membership: each instance with the end of its subscription lease, and `born`, when this life of the set began (its own slot; see `barrier.rs`) | two leases after the last renewal |
 //! | `{prefix}:tags` | the invalidation table: a generation for everything and one per tag bucket (its own slot; see `barrier.rs`) | never (a lost one starts again from Redis's clock) |
 //!

@@ -18,11 +18,24 @@ local function clock()
   return t[1] .. string.format('%06d', tonumber(t[2]))
 end
 
+-- Make `key` live at least `ms` milliseconds more: never shortened (another
+-- lease or value may need it longer), and a key left without a TTL gets one.
+-- Every key these scripts write for an entry lives no longer than the entry
+-- or the lease that needs it.
+local function at_least(key, ms)
+  if redis.call('PTTL', key) < tonumber(ms) then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+
 -- Fencing numbers only go up, for the life of the deployment. A fence hash
--- lost to a restart with empty memory, to eviction or to its own expiry
--- starts again from Redis's clock in microseconds: above every number issued
--- before it (each lease adds one; a microsecond passes far more often).
--- Foreign bytes in the hash are treated the same way.
+-- lives as long as the lease it was issued for (renewals included), then as
+-- long as the value that lease stored: no longer. One lost to its own
+-- expiry, to eviction or to a restart with empty memory starts again from
+-- Redis's clock in microseconds: above every number issued before it (each
+-- lease adds one; a microsecond passes far more often), so a lease issued
+-- before the loss can no longer commit. Foreign bytes in the hash are
+-- treated the same way.
 local function seed_fence(key)
   local next = redis.call('HGET', key, 'next')
   local committed = redis.call('HGET', key, 'committed')
@@ -43,9 +56,11 @@ end
 
 -- A group's generation (every variant of one URL): the prefix of every value
 -- stored in the group. An invalidation moves it, so all the group's values,
--- and every lease taken under the old one, are void at once. A lost
--- generation starts again from Redis's clock, like a fence hash: never a
--- number some stored value carries.
+-- and every lease taken under the old one, are void at once. It lives as
+-- long as the longest of them: each lease makes it last its lease time at
+-- least, each commit its value's keep. A lost generation starts again from
+-- Redis's clock, like a fence hash: never a number some stored value or
+-- running lease carries (those are all below the clock).
 local function generation(key, keep)
   local g = redis.call('GET', key)
   if not plain(g) then
@@ -53,9 +68,7 @@ local function generation(key, keep)
     g = clock()
     redis.call('SET', key, g)
   end
-  if redis.call('PTTL', key) < tonumber(keep) then
-    redis.call('PEXPIRE', key, keep)
-  end
+  at_least(key, keep)
   return g
 end
 

@@ -11,10 +11,9 @@
 -- ARGV[3] early   -1, or take the lease even when the entry is fresh if at most
 --                 this many milliseconds of freshness are left (early refresh;
 --                 a newer entry than the caller's has more left and is returned)
--- ARGV[4] keep    fence hash lifetime in milliseconds
 -- KEYS[6] failed  the failure marker (see release.lua): `<gen>:<code>:<step>`
--- ARGV[5] memory  how long a marker outlives its backoff, in milliseconds
--- ARGV[6] inline  the longest value returned in the reply; a longer one is
+-- ARGV[4] memory  how long a marker outlives its backoff, in milliseconds
+-- ARGV[5] inline  the longest value returned in the reply; a longer one is
 --                 withheld (returned as '')
 --
 -- Returns {status, value, a, b, gen, foreign, withheld}:
@@ -38,7 +37,7 @@
 -- client of the server back meanwhile).
 local size = redis.call('STRLEN', KEYS[1])
 local raw
-if size > tonumber(ARGV[6]) then
+if size > tonumber(ARGV[5]) then
   raw = redis.call('GETRANGE', KEYS[1], 0, 23)
 else
   raw = redis.call('GET', KEYS[1])
@@ -52,7 +51,7 @@ end
 local value_pttl = redis.call('PTTL', KEYS[1])
 local withheld = ''
 local sent = value
-if size > tonumber(ARGV[6]) and value ~= '' then
+if size > tonumber(ARGV[5]) and value ~= '' then
   withheld = group
   sent = ''
 end
@@ -69,9 +68,9 @@ end
 local marker = redis.call('GET', KEYS[6])
 if marker then
   local mgen, code = string.match(marker, '^(%d+):(%d+):%d+$')
-  local left = redis.call('PTTL', KEYS[6]) - tonumber(ARGV[5])
+  local left = redis.call('PTTL', KEYS[6]) - tonumber(ARGV[4])
   if mgen and #code <= 3 and mgen == redis.call('GET', KEYS[5])
-    and left > 0 and left <= tonumber(ARGV[5]) then
+    and left > 0 and left <= tonumber(ARGV[4]) then
     if value ~= '' and fresh_pttl > 0 then
       -- An early refresh during a failure episode: keep the fresh entry.
       return {1, sent, fresh_pttl, value_pttl, '', foreign, withheld}
@@ -80,10 +79,12 @@ if marker then
   end
 end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  -- The fence hash and the generation last the lease at least (renew.lua
+  -- keeps them as long as the lease; the commit as long as the value).
   seed_fence(KEYS[4]) -- fence.lua, prepended
   local fence = redis.call('HINCRBY', KEYS[4], 'next', 1)
-  redis.call('PEXPIRE', KEYS[4], ARGV[4])
-  local gen = generation(KEYS[5], ARGV[4]) -- fence.lua, prepended
+  at_least(KEYS[4], ARGV[2]) -- fence.lua
+  local gen = generation(KEYS[5], ARGV[2]) -- fence.lua
   return {2, sent, fence, value_pttl, gen, foreign, withheld}
 end
 local token = redis.pcall('GET', KEYS[3])

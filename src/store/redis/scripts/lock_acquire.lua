@@ -16,6 +16,8 @@
 -- KEYS[3] queue    sorted set: waiter token -> arrival ticket
 -- KEYS[4] beats    hash: waiter token -> heartbeat deadline (Redis time, ms)
 -- KEYS[5] tickets  counter of arrival tickets
+-- KEYS[6] tombs    sorted set: abandoned attempt id -> until when (Redis
+--                  time, ms) it takes nothing (lock_leave.lua)
 -- ARGV[1] token    the caller's owner token
 -- ARGV[2] lease    lock lease in milliseconds
 -- ARGV[3] beat     0: do not queue; otherwise the heartbeat lifetime in ms
@@ -34,13 +36,12 @@ local attempt = 'a:' .. ARGV[6]
 
 -- An attempt its caller already undid (lock_leave.lua) takes nothing: it
 -- reached Redis late, and nobody would release what it took.
-local tomb = 'x:' .. ARGV[6]
-local abandoned = tonumber(redis.call('HGET', KEYS[4], tomb) or '0')
+local abandoned = tonumber(redis.call('ZSCORE', KEYS[6], ARGV[6]) or '0')
 if abandoned > 0 then
   if abandoned >= now then
     return {0, redis.call('PTTL', KEYS[1]), 0}
   end
-  redis.call('HDEL', KEYS[4], tomb)
+  redis.call('ZREM', KEYS[6], ARGV[6])
 end
 
 local owner = redis.call('HGET', KEYS[1], 'owner')

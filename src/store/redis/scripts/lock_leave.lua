@@ -6,6 +6,8 @@
 -- KEYS[1] lock     hash {owner, count, fence, a:<attempt> per hold}
 -- KEYS[2] queue    sorted set of waiters
 -- KEYS[3] beats    waiter heartbeats
+-- KEYS[4] tombs    sorted set: abandoned attempt id -> until when (Redis
+--                  time, ms) it takes nothing
 -- ARGV[1] token    the waiter's owner token
 -- ARGV[2] attempt  the abandoned attempt's id
 -- ARGV[3] channel  the namespace's event channel
@@ -14,12 +16,16 @@
 --                  attempt that reaches Redis after its undo (held on a
 --                  connection that was since replaced) takes nothing
 --
+-- Tombstones past their time are swept here, where they are added, so the
+-- set holds only those that still count, and goes with the last of them.
+--
 -- Returns 1 if a place or a hold was given back, 0 if there was none.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[3], 'x:' .. ARGV[2], now + tonumber(ARGV[5]))
-if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[5]) then
-  redis.call('PEXPIRE', KEYS[3], ARGV[5])
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. string.format('%.0f', now))
+redis.call('ZADD', KEYS[4], string.format('%.0f', now + tonumber(ARGV[5])), ARGV[2])
+if redis.call('PTTL', KEYS[4]) < tonumber(ARGV[5]) then
+  redis.call('PEXPIRE', KEYS[4], ARGV[5])
 end
 local changed = redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('HDEL', KEYS[3], ARGV[1])
