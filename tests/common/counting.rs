@@ -11,9 +11,27 @@ pub struct Counting;
 /// Bytes allocated through [`Counting`] and not yet freed.
 pub static LIVE: AtomicIsize = AtomicIsize::new(0);
 
+/// The most [`LIVE`] reached since the last [`reset_peak`].
+pub static PEAK: AtomicIsize = AtomicIsize::new(0);
+
 /// The bytes allocated and not yet freed, now.
 pub fn live() -> isize {
     LIVE.load(Ordering::SeqCst)
+}
+
+/// The most bytes allocated at once since the last [`reset_peak`].
+pub fn peak() -> isize {
+    PEAK.load(Ordering::SeqCst)
+}
+
+/// Starts counting the peak again from what is allocated now.
+pub fn reset_peak() {
+    PEAK.store(live(), Ordering::SeqCst);
+}
+
+fn grew(by: isize) {
+    let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
+    PEAK.fetch_max(now, Ordering::Relaxed);
 }
 
 // SAFETY: every call is forwarded to `System` unchanged; only a counter is
@@ -23,7 +41,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe {
             let ptr = System.alloc(layout);
             if !ptr.is_null() {
-                LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+                grew(layout.size() as isize);
             }
             ptr
         }
@@ -33,7 +51,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe {
             let ptr = System.alloc_zeroed(layout);
             if !ptr.is_null() {
-                LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+                grew(layout.size() as isize);
             }
             ptr
         }
@@ -50,10 +68,7 @@ unsafe impl GlobalAlloc for Counting {
         unsafe {
             let new = System.realloc(ptr, layout, new_size);
             if !new.is_null() {
-                LIVE.fetch_add(
-                    new_size as isize - layout.size() as isize,
-                    Ordering::Relaxed,
-                );
+                grew(new_size as isize - layout.size() as isize);
             }
             new
         }

@@ -6,6 +6,8 @@
 use std::time::Duration;
 
 use crate::common::counting::live;
+#[cfg(feature = "redis")]
+use crate::common::redis::RedisServer;
 use axum::body::Body;
 use axum::extract::Path;
 use axum::response::{IntoResponse, Response};
@@ -112,4 +114,84 @@ async fn small_proxied_answers_stay_within_the_l1_bound_in_real_memory() {
         growth <= (BOUND as isize) * 3 / 2,
         "live heap grew by {growth} bytes with a {BOUND}-byte bound"
     );
+}
+
+/// A 20 MiB body asked by 21 clients over 3 instances on Redis costs
+/// memory by instance, not by waiter: each instance holds the entry once in
+/// its in-process tier, every answer shares those bytes (the answers are
+/// kept here, as slow clients would hold them), and the rest is what the
+/// Redis client's connections keep (their buffers keep the capacity a
+/// 20 MiB read or write gave them). 42 more clients add nothing.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_body_costs_memory_by_instance_not_by_waiter() {
+    use crate::common::counting::{peak, reset_peak};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    const BODY: usize = 20 << 20;
+    const INSTANCES: usize = 3;
+    let redis = RedisServer::start();
+    let origin = Arc::new(AtomicUsize::new(0));
+    let mut apps = Vec::new();
+    for _ in 0..INSTANCES {
+        let backend = Backend::redis(&redis.url()).await.expect("redis backend");
+        let guard = StampedeGuard::new(backend)
+            .ttl(Duration::from_secs(60))
+            .max_body_bytes(32 << 20);
+        let origin = origin.clone();
+        let handler = move || {
+            let origin = origin.clone();
+            async move {
+                origin.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                vec![b'x'; BODY]
+            }
+        };
+        apps.push(Router::new().route("/big", get(handler).layer(guard)));
+    }
+    let burst = |clients: usize| {
+        let tasks: Vec<_> = (0..clients)
+            .map(|i| {
+                let app = apps[i % INSTANCES].clone();
+                tokio::spawn(async move {
+                    let request = Request::get("/big").body(Body::empty()).unwrap();
+                    let response = app.oneshot(request).await.unwrap();
+                    response.into_body().collect().await.unwrap().to_bytes()
+                })
+            })
+            .collect::<Vec<_>>();
+        async move {
+            let mut answers = Vec::new();
+            for task in tasks {
+                let body = task.await.unwrap();
+                assert_eq!(body.len(), BODY);
+                answers.push(body);
+            }
+            answers
+        }
+    };
+    let copies = |bytes: isize| bytes / BODY as isize;
+    let before = live();
+    reset_peak();
+    let cold = burst(21).await;
+    let held = copies(live() - before);
+    let most = copies(peak() - before);
+    assert_eq!(
+        origin.load(Ordering::SeqCst),
+        1,
+        "one origin call for the fleet"
+    );
+    assert!(
+        held <= 3 * INSTANCES as isize,
+        "{held} copies held for 21 answers"
+    );
+    assert!(
+        most <= 4 * INSTANCES as isize,
+        "{most} copies at once for 21 answers"
+    );
+    let warm = burst(42).await;
+    let more = copies(live() - before) - held;
+    assert!(more <= 0, "42 more answers held {more} more copies");
+    drop((cold, warm));
 }
