@@ -7,6 +7,7 @@
 mod common;
 
 mod avalanche;
+mod call_faults;
 mod carried;
 mod carried_forgery;
 mod config;
