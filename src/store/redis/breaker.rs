@@ -23,6 +23,10 @@ pub(crate) struct Breaker {
     /// When the last failure that counted was recorded, in microseconds
     /// since `base`: a call sent before it failed in the same episode.
     faulted: AtomicU64,
+    /// Until when a call known to keep the connection busy (a big entry on
+    /// its way, a `WAIT`) may leave the calls behind it unanswered, in
+    /// microseconds since `base` (zero: none).
+    busy: AtomicU64,
     base: Instant,
     open: AtomicBool,
     /// Set from the opening until the close, so the opening is reported to
@@ -36,6 +40,7 @@ impl Default for Breaker {
             failures: AtomicU32::new(0),
             heard: AtomicU64::new(0),
             faulted: AtomicU64::new(0),
+            busy: AtomicU64::new(0),
             base: Instant::now(),
             open: AtomicBool::new(false),
             probing: AtomicBool::new(false),
@@ -51,6 +56,31 @@ impl Breaker {
     /// The node answered a call (a reply, or an error reply) at `at`.
     pub(crate) fn heard(&self, at: Instant) {
         self.heard.fetch_max(self.micros(at), Ordering::Relaxed);
+    }
+
+    /// A call that may keep the node's connection busy until `until` was
+    /// sent: the calls queued behind it are not silent before then. Returns
+    /// what [`Breaker::not_busy`] takes once it is answered.
+    pub(crate) fn busy_until(&self, until: Instant) -> u64 {
+        let until = self.micros(until);
+        self.busy.fetch_max(until, Ordering::Relaxed);
+        until
+    }
+
+    /// The call marked by [`Breaker::busy_until`] was answered (or given
+    /// up): unless a later one marked the connection busy longer, it is not.
+    pub(crate) fn not_busy(&self, mark: u64) {
+        let _ = self
+            .busy
+            .compare_exchange(mark, 0, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// Until when the node's connection may be busy with a long call.
+    pub(crate) fn busy(&self) -> Option<Instant> {
+        match self.busy.load(Ordering::Relaxed) {
+            0 => None,
+            us => self.base.checked_add(Duration::from_micros(us)),
+        }
     }
 
     /// When the node last answered a call, if it ever did.

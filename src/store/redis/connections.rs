@@ -132,7 +132,7 @@ impl Connections {
         let cmd = redis::cmd("PING");
         let ping = cmd.query_async::<()>(&mut conn);
         if let Ok(Ok(())) = tokio::time::timeout(config.connect_timeout, ping).await {
-            health.round_trip.sample(sent.elapsed());
+            health.round_trip.sample(sent.elapsed(), config.deadline);
         }
         Ok(Connections {
             link: RwLock::new(Arc::new(link)),
@@ -454,8 +454,12 @@ impl Connections {
         let sent = Instant::now();
         let longest = self.config.connect_timeout.max(limit);
         let silence = self.patience(limit);
-        let end = sent + longest;
+        let mut end = sent + longest;
         let mut check = sent + silence;
+        // A call given longer than the deadline (a big entry, a `WAIT`) may
+        // hold the connection: the calls behind it hear nothing meanwhile.
+        let busy = (limit > self.config.deadline).then(|| node.busy_until(sent + silence));
+        let _busy = Busy(node, busy);
         tokio::pin!(call);
         loop {
             match tokio::time::timeout_at(check.min(end).into(), &mut call).await {
@@ -488,6 +492,13 @@ impl Connections {
             match heard {
                 Some(at) if at + silence > now => check = at + silence,
                 _ if round_trip::behind(late, silence) => check = now + silence,
+                // Behind a call that holds the connection for longer: not
+                // silent, nor queued too long, before that call's time is up.
+                _ if node.busy().is_some_and(|until| until > now) => {
+                    let until = node.busy().map_or(now, |until| until.max(now));
+                    end = end.max(until + silence);
+                    check = until.max(now + silence);
+                }
                 _ => return Err(TierError::Timeout),
             }
         }
@@ -709,10 +720,8 @@ impl Connections {
     pub(super) async fn node_answers(&self, address: &Address) -> bool {
         let cmd = redis::cmd("PING");
         let ping = self.on_own_connection::<()>(address, &cmd);
-        matches!(
-            tokio::time::timeout(self.patience(self.config.deadline), ping).await,
-            Ok(Ok(()))
-        )
+        let limit = self.patience(self.config.deadline);
+        matches!(tokio::time::timeout(limit, ping).await, Ok(Ok(())))
     }
 
     /// Sends `cmd` to the cluster node at `address` on a new connection of
@@ -744,6 +753,18 @@ impl Connections {
                 conn.route_command(cmd, RoutingInfo::SingleNode(to)).await
             }
             (mut conn, _) => cmd.query_async(&mut conn).await,
+        }
+    }
+}
+
+/// Clears a node's busy mark (see [`Breaker::busy_until`]) when the call
+/// that set it ends, answered or not.
+struct Busy<'a>(&'a Breaker, Option<u64>);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if let Some(mark) = self.1 {
+            self.0.not_busy(mark);
         }
     }
 }
@@ -872,10 +893,20 @@ async fn load_scripts(
     link: &Link,
     scripts: &Scripts,
 ) -> Result<(), RedisError> {
-    let mut loader = link.conn.clone();
+    // All at once: on a connection that pipelines them they cost one round
+    // trip, not one each (a Redis a network hop away would otherwise spend
+    // the connect timeout on them).
+    let mut loads = tokio::task::JoinSet::new();
+    for script in scripts.all() {
+        let (script, mut loader) = (script.clone(), link.conn.clone());
+        loads.spawn(async move { script.load_async(&mut loader).await.map(drop) });
+    }
     let load = async {
-        for script in scripts.all() {
-            script.load_async(&mut loader).await?;
+        while let Some(loaded) = loads.join_next().await {
+            match loaded {
+                Ok(loaded) => loaded?,
+                Err(_) => return Err(client::timeout_error("loading the scripts")),
+            }
         }
         Ok(())
     };

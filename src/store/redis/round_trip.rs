@@ -40,9 +40,16 @@ pub(crate) struct RoundTrip {
 }
 
 impl RoundTrip {
-    /// A ping that nothing queued behind was answered after `rtt`.
-    pub(crate) fn sample(&self, rtt: Duration) {
-        let r = u64::try_from(rtt.as_micros()).unwrap_or(u64::MAX).max(1);
+    /// A ping that nothing queued behind was answered after `rtt`, on a
+    /// tier whose deadline is `deadline`. One sample moves the estimate at
+    /// most to four times the silence allowed before it: a link that grew
+    /// slower is learned in a few pings, while one answer that a pause or a
+    /// stall held back does not leave every call waiting for long after.
+    pub(crate) fn sample(&self, rtt: Duration, deadline: Duration) {
+        let most = self.silence(deadline, Duration::MAX).saturating_mul(4);
+        let r = u64::try_from(rtt.min(most).as_micros())
+            .unwrap_or(u64::MAX)
+            .max(1);
         let srtt = self.smoothed.load(Ordering::Relaxed);
         if srtt == 0 {
             self.smoothed.store(r, Ordering::Relaxed);
@@ -129,18 +136,36 @@ mod tests {
             "nothing measured yet"
         );
         for _ in 0..20 {
-            rtt.sample(MS / 4);
+            rtt.sample(MS / 4, deadline);
         }
         assert_eq!(rtt.silence(deadline, longest), deadline, "loopback");
         let slow = RoundTrip::default();
         for i in 0..40 {
-            slow.sample((20 + (i % 3) * 10) * MS);
+            slow.sample((20 + (i % 3) * 10) * MS, deadline);
         }
         let silence = slow.silence(deadline, longest);
         assert!(silence > 80 * MS && silence < 200 * MS, "{silence:?}");
-        for _ in 0..10 {
-            slow.sample(Duration::MAX);
+        let before = slow.silence(deadline, Duration::MAX);
+        slow.sample(Duration::MAX, deadline);
+        let after = slow.silence(deadline, Duration::MAX);
+        assert!(
+            after <= before * 6,
+            "one late answer moves it boundedly: {after:?}"
+        );
+        for _ in 0..20 {
+            slow.sample(Duration::MAX, deadline);
         }
         assert_eq!(slow.silence(deadline, longest), longest, "bounded");
+        let grown = RoundTrip::default();
+        grown.sample(MS / 4, deadline);
+        let mut samples = 0;
+        while grown.silence(deadline, longest) < 300 * MS {
+            grown.sample(300 * MS, deadline);
+            samples += 1;
+        }
+        assert!(
+            samples <= 4,
+            "a slower link is learned in a few pings: {samples}"
+        );
     }
 }

@@ -260,23 +260,26 @@ async fn gather(shared: &Connections, work: &mut Work, pause: Option<Duration>) 
     }
 }
 
-/// Whether the subscriber answers a ping within the deadline. On one server
-/// or behind Sentinel, a ping on a dropped connection is also what makes
-/// its client reconnect and subscribe again.
-/// It is given at least a quarter of a keepalive: a slow answer is no
-/// lost subscription (the lease, not this limit, bounds how long a silent
-/// one is trusted), and dropping the in-process tier for one costs the
-/// whole fleet's L1 hits here.
-/// Its round trip is the link's (see [`super::round_trip`]): nothing
-/// queues on the subscriber but the channel's messages.
+/// Whether the subscriber answers a ping. On one server or behind
+/// Sentinel, a ping on a dropped connection is also what makes its client
+/// reconnect and subscribe again.
+/// It is given half a keepalive at least: a slow answer is no lost
+/// subscription (the lease, not this limit, bounds how long a silent one is
+/// trusted), and dropping the in-process tier for one costs the whole
+/// fleet's L1 hits here. Its round trip is the link's (see
+/// [`super::round_trip`]): nothing queues on the subscriber but the
+/// channel's messages, so a link that grew slower is learned here.
 async fn ping_subscriber(shared: &Connections) -> bool {
     let ping = shared.ping_subscription();
-    let limit = shared.patience(shared.config.deadline.max(KEEPALIVE / 4));
+    let limit = shared.patience(shared.config.deadline.max(KEEPALIVE / 2));
     let sent = Instant::now();
     let answer = round_trip::within(limit, shared.config.connect_timeout, ping).await;
     let answered = matches!(answer, Some(Ok(())));
     if answered {
-        shared.health.round_trip.sample(sent.elapsed());
+        shared
+            .health
+            .round_trip
+            .sample(sent.elapsed(), shared.config.deadline);
     }
     answered
 }
@@ -292,8 +295,9 @@ async fn probe_once(shared: &Connections) -> bool {
         follow_primary(shared).await;
     }
     let link = shared.link();
-    // Each ping has the time a call has on this link; they go one after
-    // the other, so the probe as a whole has twice that.
+    // Each ping has the silence a call has on this link (the keepalive,
+    // which waits longer, is what teaches the tier a link that grew
+    // slower); they go one after the other.
     let limit = shared.patience(shared.config.deadline);
     let ping = |mut conn: connection::Conn| async move {
         let cmd = redis::cmd("PING");
@@ -305,7 +309,7 @@ async fn probe_once(shared: &Connections) -> bool {
     };
     let command = ping(link.conn.clone()).await;
     if let Some(rtt) = command {
-        shared.health.round_trip.sample(rtt);
+        shared.health.round_trip.sample(rtt, shared.config.deadline);
     }
     // The subscriber reconnects (and resubscribes) when used.
     if command.is_some() && ping(link.subscriber.clone()).await.is_some() {
