@@ -540,3 +540,71 @@ async fn a_purge_cancelled_after_redis_ran_it_leaves_no_copy_on_its_own_instance
         "the purging instance kept serving v0 after Redis and the fleet dropped it"
     );
 }
+
+/// Three instances, every key warm; a burst of purges, and Redis killed
+/// (SIGKILL) and started again empty once some of them returned. A purge
+/// may fail (it did not reach Redis); one that returned `Ok` must leave no
+/// instance serving `v0`, and once the fleet is back every key answers
+/// `v1` everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restarted_empty_mid_burst_leaves_no_pre_purge_value() {
+    const KEYS: usize = 300;
+    let mut redis = RedisServer::start();
+    let version = Arc::new(AtomicU64::new(0));
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(Backend::redis(&redis.url()).await.expect("redis backend"));
+    }
+    let caches = Arc::new(backends.iter().map(cache).collect::<Vec<_>>());
+    warm(&caches, &version, KEYS).await;
+    membership_grown(&redis).await;
+
+    version.store(1, Ordering::SeqCst);
+    let returned = Arc::new(AtomicUsize::new(0));
+    let purges: Vec<_> = (0..KEYS)
+        .map(|i| {
+            let (caches, returned) = (caches.clone(), returned.clone());
+            tokio::spawn(async move {
+                let done = tokio::time::timeout(
+                    Duration::from_secs(60),
+                    caches[i % caches.len()].invalidate(key(i)),
+                )
+                .await
+                .expect("a purge returns");
+                returned.fetch_add(1, Ordering::SeqCst);
+                match done {
+                    Ok(()) => (holding_v0(&caches, &key(i)), 0),
+                    Err(_) => (0, 1),
+                }
+            })
+        })
+        .collect();
+    for _ in 0..6_000 {
+        if returned.load(Ordering::SeqCst) >= KEYS / 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let at_restart = returned.load(Ordering::SeqCst);
+    redis.restart();
+    let (mut stale, mut failed) = (0, 0);
+    for purge in purges {
+        let (s, f) = purge.await.expect("purge task");
+        stale += s;
+        failed += f;
+    }
+    let unconfirmed: Vec<u64> = backends.iter().map(unconfirmed).collect();
+    eprintln!(
+        "returned before the restart {at_restart} failed {failed} unconfirmed {unconfirmed:?}"
+    );
+    assert_eq!(stale, 0, "an instance held v0 after its purge returned Ok");
+    let mut old = 0;
+    for i in 0..KEYS {
+        for cache in caches.iter() {
+            if cache.get(key(i)).as_deref() == Some("v0") {
+                old += 1;
+            }
+        }
+    }
+    assert_eq!(old, 0, "an instance held v0 after the burst");
+}
