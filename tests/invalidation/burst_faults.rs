@@ -608,3 +608,93 @@ async fn redis_restarted_empty_mid_burst_leaves_no_pre_purge_value() {
     }
     assert_eq!(old, 0, "an instance held v0 after the burst");
 }
+
+/// Three healthy instances, every key warm; a client that may only
+/// publish floods the event channel with invalidations of groups nobody
+/// holds, each in the name of a sender of its own making, just before a
+/// burst of purges. Every instance acknowledges each of them (one script
+/// per named sender, one set written in Redis for each): the purges'
+/// acknowledgements queue behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "measures how a publisher's flood delays the fleet's acknowledgements"]
+async fn a_publishers_flood_of_foreign_senders_delays_a_purge_burst() {
+    const KEYS: usize = 200;
+    const FORGED: usize = 20_000;
+    let redis = RedisServer::start();
+    let acl = [
+        "ACL",
+        "SETUSER",
+        "forger",
+        "on",
+        ">secret",
+        "resetkeys",
+        "&*",
+        "-@all",
+        "+publish",
+        "+ping",
+        "+hello",
+    ];
+    assert_eq!(redis.raw(&acl), "+OK");
+    let version = Arc::new(AtomicU64::new(0));
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(Backend::redis(&redis.url()).await.expect("redis backend"));
+    }
+    let caches = Arc::new(backends.iter().map(cache).collect::<Vec<_>>());
+    warm(&caches, &version, KEYS).await;
+    membership_grown(&redis).await;
+
+    let url = format!("redis://forger:secret@127.0.0.1:{}/", redis.port());
+    let client = redis::Client::open(url).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for chunk in (0..FORGED).collect::<Vec<_>>().chunks(1_000) {
+        let mut pipe = redis::pipe();
+        for &n in chunk {
+            pipe.cmd("PUBLISH")
+                .arg("sg:events")
+                .arg(format!(
+                    "i:{:032x}:{:016x}:{n}",
+                    n as u128 + 1,
+                    n as u64 + 1
+                ))
+                .ignore();
+        }
+        let () = pipe
+            .query_async(&mut conn)
+            .await
+            .expect("the flood is published");
+    }
+    version.store(1, Ordering::SeqCst);
+    let purges: Vec<_> = (0..KEYS)
+        .map(|i| {
+            let caches = caches.clone();
+            tokio::spawn(async move {
+                caches[i % caches.len()]
+                    .invalidate(key(i))
+                    .await
+                    .expect("the purge reaches redis");
+                holding_v0(&caches, &key(i))
+            })
+        })
+        .collect();
+    let mut stale = 0;
+    for purge in purges {
+        stale += purge.await.expect("purge task");
+    }
+    // The sets the instances wrote for the forger's senders, at most.
+    let mut most = 0;
+    for _ in 0..100 {
+        let n: usize = redis
+            .raw(&["EVAL", "return #redis.call('KEYS', 'sg:acks:*')", "0"])
+            .trim_start_matches(':')
+            .trim()
+            .parse()
+            .unwrap_or(0);
+        most = most.max(n);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let unconfirmed: Vec<u64> = backends.iter().map(unconfirmed).collect();
+    eprintln!("forged {FORGED} ack sets in redis at most {most} unconfirmed {unconfirmed:?}");
+    assert_eq!(stale, 0, "an instance held v0 after its purge returned");
+    assert_eq!(unconfirmed, [0; 3], "a purge waited out the lease");
+}
