@@ -698,3 +698,133 @@ async fn a_publishers_flood_of_foreign_senders_delays_a_purge_burst() {
     assert_eq!(stale, 0, "an instance held v0 after its purge returned");
     assert_eq!(unconfirmed, [0; 3], "a purge waited out the lease");
 }
+
+/// A history of reads, rebuilds and purge bursts across three instances,
+/// with the subscribers killed now and then: readers ask random keys on
+/// random instances (each rebuild takes a while, so that rebuilds, the
+/// commits that carry their entries to waiters, and purges overlap); a
+/// purger bumps every key's version and purges every key at once, round
+/// after round, each purge from a random instance. A read that began
+/// after a key's purge returned `Ok` must answer a version built after
+/// that purge's bump.
+async fn history(kill_every: Option<Duration>) -> (usize, usize, usize) {
+    const KEYS: usize = 40;
+    const ROUNDS: usize = 12;
+    let redis = Arc::new(RedisServer::start());
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(Backend::redis(&redis.url()).await.expect("redis backend"));
+    }
+    let caches = Arc::new(backends.iter().map(cache).collect::<Vec<_>>());
+    let versions: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    // The version every read that begins now must reach, per key.
+    let floors: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    membership_grown(&redis).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let killer = kill_every.map(|every| {
+        let (redis, stop) = (redis.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(every);
+                let _ = redis.raw(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+            }
+        })
+    });
+    let (violations, reads) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let builds = Arc::new(AtomicUsize::new(0));
+    let readers: Vec<_> = (0..8)
+        .map(|_| {
+            let (caches, versions, floors, stop) =
+                (caches.clone(), versions.clone(), floors.clone(), stop.clone());
+            let (violations, reads, builds) = (violations.clone(), reads.clone(), builds.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    let builds = builds.clone();
+                    let k = (rand::random::<u64>() % KEYS as u64) as usize;
+                    let on = (rand::random::<u64>() % 3) as usize;
+                    let floor = floors[k].load(Ordering::SeqCst);
+                    let versions = versions.clone();
+                    let pause = rand::random::<u64>() % 15;
+                    let got = caches[on]
+                        .get_or_rebuild(key(k), move || async move {
+                            builds.fetch_add(1, Ordering::SeqCst);
+                            let v = versions[k].load(Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(pause)).await;
+                            Ok::<_, Boom>(v.to_string())
+                        })
+                        .await;
+                    reads.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    if let Ok(got) = got {
+                        if got.parse::<u64>().expect("a version") < floor {
+                            violations.fetch_add(1, Ordering::SeqCst);
+                            eprintln!("key {k} on {on}: read {got} after the purge of {floor}");
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut failed = 0;
+    for round in 1..=ROUNDS as u64 {
+        // Each round begins once the readers made some progress.
+        let want = reads.load(Ordering::SeqCst) + 400;
+        for _ in 0..6_000 {
+            if reads.load(Ordering::SeqCst) >= want {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let purges: Vec<_> = (0..KEYS)
+            .map(|k| {
+                let (caches, versions, floors) = (caches.clone(), versions.clone(), floors.clone());
+                tokio::spawn(async move {
+                    versions[k].store(round, Ordering::SeqCst);
+                    let on = (rand::random::<u64>() % 3) as usize;
+                    let done = caches[on].invalidate(key(k)).await;
+                    if done.is_ok() {
+                        floors[k].store(round, Ordering::SeqCst);
+                    }
+                    usize::from(done.is_err())
+                })
+            })
+            .collect();
+        for purge in purges {
+            failed += purge.await.expect("purge task");
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    if let Some(killer) = killer {
+        killer.join().expect("killer");
+    }
+    for reader in readers {
+        reader.await.expect("reader");
+    }
+    let unconfirmed: Vec<u64> = backends.iter().map(unconfirmed).collect();
+    eprintln!(
+        "reads {} builds {} violations {} failed purges {failed} unconfirmed {unconfirmed:?}",
+        reads.load(Ordering::SeqCst),
+        builds.load(Ordering::SeqCst),
+        violations.load(Ordering::SeqCst)
+    );
+    (
+        violations.load(Ordering::SeqCst),
+        reads.load(Ordering::SeqCst),
+        failed,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_rebuilds_and_purge_bursts_on_a_healthy_fleet() {
+    let (violations, reads, _) = history(None).await;
+    assert!(reads > 0);
+    assert_eq!(violations, 0, "a read after a purge returned a version from before it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_rebuilds_and_purge_bursts_with_subscribers_killed() {
+    let (violations, reads, _) = history(Some(Duration::from_millis(150))).await;
+    assert!(reads > 0);
+    assert_eq!(violations, 0, "a read after a purge returned a version from before it");
+}
