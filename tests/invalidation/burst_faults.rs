@@ -699,6 +699,19 @@ async fn a_publishers_flood_of_foreign_senders_delays_a_purge_burst() {
     assert_eq!(unconfirmed, [0; 3], "a purge waited out the lease");
 }
 
+/// The fault a history runs under.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    None,
+    /// `CLIENT KILL TYPE pubsub` every 150 ms.
+    KillSubscribers,
+    /// The second instance's link frozen (both ways) for 0.5 to 6.5 s at a
+    /// time: past its subscription lease, sometimes.
+    FreezeLink,
+    /// redis-server stopped (SIGSTOP) for 50 to 450 ms at a time.
+    FreezeRedis,
+}
+
 /// A history of reads, rebuilds and purge bursts across three instances,
 /// with the subscribers killed now and then: readers ask random keys on
 /// random instances (each rebuild takes a while, so that rebuilds, the
@@ -707,13 +720,15 @@ async fn a_publishers_flood_of_foreign_senders_delays_a_purge_burst() {
 /// after round, each purge from a random instance. A read that began
 /// after a key's purge returned `Ok` must answer a version built after
 /// that purge's bump.
-async fn history(kill_every: Option<Duration>) -> (usize, usize, usize) {
+async fn history(fault: Fault) -> (usize, usize, usize) {
     const KEYS: usize = 40;
     const ROUNDS: usize = 12;
     let redis = Arc::new(RedisServer::start());
+    let proxy = Arc::new(Proxy::start(redis.port()).await);
     let mut backends = Vec::new();
-    for _ in 0..3 {
-        backends.push(Backend::redis(&redis.url()).await.expect("redis backend"));
+    for n in 0..3 {
+        let url = if n == 1 { proxy.url() } else { redis.url() };
+        backends.push(Backend::redis(&url).await.expect("redis backend"));
     }
     let caches = Arc::new(backends.iter().map(cache).collect::<Vec<_>>());
     let versions: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
@@ -722,21 +737,45 @@ async fn history(kill_every: Option<Duration>) -> (usize, usize, usize) {
     membership_grown(&redis).await;
 
     let stop = Arc::new(AtomicBool::new(false));
-    let killer = kill_every.map(|every| {
-        let (redis, stop) = (redis.clone(), stop.clone());
+    let killer = {
+        let (redis, proxy, stop) = (redis.clone(), proxy.clone(), stop.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::SeqCst) {
-                std::thread::sleep(every);
-                let _ = redis.raw(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+                match fault {
+                    Fault::None => return,
+                    Fault::KillSubscribers => {
+                        std::thread::sleep(Duration::from_millis(150));
+                        let _ = redis.raw(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+                    }
+                    Fault::FreezeLink => {
+                        std::thread::sleep(Duration::from_millis(500));
+                        proxy.freeze();
+                        std::thread::sleep(Duration::from_millis(
+                            500 + rand::random::<u64>() % 6_000,
+                        ));
+                        proxy.thaw();
+                    }
+                    Fault::FreezeRedis => {
+                        std::thread::sleep(Duration::from_millis(600));
+                        redis.freeze();
+                        std::thread::sleep(Duration::from_millis(50 + rand::random::<u64>() % 400));
+                        redis.thaw();
+                    }
+                }
             }
+            proxy.thaw();
         })
-    });
+    };
     let (violations, reads) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let builds = Arc::new(AtomicUsize::new(0));
     let readers: Vec<_> = (0..8)
         .map(|_| {
-            let (caches, versions, floors, stop) =
-                (caches.clone(), versions.clone(), floors.clone(), stop.clone());
+            let (caches, versions, floors, stop) = (
+                caches.clone(),
+                versions.clone(),
+                floors.clone(),
+                stop.clone(),
+            );
             let (violations, reads, builds) = (violations.clone(), reads.clone(), builds.clone());
             tokio::spawn(async move {
                 while !stop.load(Ordering::SeqCst) {
@@ -768,9 +807,10 @@ async fn history(kill_every: Option<Duration>) -> (usize, usize, usize) {
         .collect();
     let mut failed = 0;
     for round in 1..=ROUNDS as u64 {
-        // Each round begins once the readers made some progress.
+        // Each round begins once the readers made some progress (or a
+        // while later, if a fault holds them back).
         let want = reads.load(Ordering::SeqCst) + 400;
-        for _ in 0..6_000 {
+        for _ in 0..100 {
             if reads.load(Ordering::SeqCst) >= want {
                 break;
             }
@@ -795,9 +835,7 @@ async fn history(kill_every: Option<Duration>) -> (usize, usize, usize) {
         }
     }
     stop.store(true, Ordering::SeqCst);
-    if let Some(killer) = killer {
-        killer.join().expect("killer");
-    }
+    killer.join().expect("fault thread");
     for reader in readers {
         reader.await.expect("reader");
     }
@@ -817,14 +855,40 @@ async fn history(kill_every: Option<Duration>) -> (usize, usize, usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_rebuilds_and_purge_bursts_on_a_healthy_fleet() {
-    let (violations, reads, _) = history(None).await;
+    let (violations, reads, _) = history(Fault::None).await;
     assert!(reads > 0);
-    assert_eq!(violations, 0, "a read after a purge returned a version from before it");
+    assert_eq!(
+        violations, 0,
+        "a read after a purge returned a version from before it"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_rebuilds_and_purge_bursts_with_subscribers_killed() {
-    let (violations, reads, _) = history(Some(Duration::from_millis(150))).await;
+    let (violations, reads, _) = history(Fault::KillSubscribers).await;
     assert!(reads > 0);
-    assert_eq!(violations, 0, "a read after a purge returned a version from before it");
+    assert_eq!(
+        violations, 0,
+        "a read after a purge returned a version from before it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_rebuilds_and_purge_bursts_with_a_link_frozen_now_and_then() {
+    let (violations, reads, _) = history(Fault::FreezeLink).await;
+    assert!(reads > 0);
+    assert_eq!(
+        violations, 0,
+        "a read after a purge returned a version from before it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_rebuilds_and_purge_bursts_with_redis_stopped_now_and_then() {
+    let (violations, reads, _) = history(Fault::FreezeRedis).await;
+    assert!(reads > 0);
+    assert_eq!(
+        violations, 0,
+        "a read after a purge returned a version from before it"
+    );
 }
