@@ -708,6 +708,9 @@ enum Fault {
     /// The second instance's link frozen (both ways) for 0.5 to 6.5 s at a
     /// time: past its subscription lease, sometimes.
     FreezeLink,
+    /// `CLIENT PAUSE <0.1 to 3.6 s> WRITE` (scripts, `PUBLISH` and the
+    /// membership's renewals held; reads served).
+    PauseWrites,
     /// redis-server stopped (SIGSTOP) for 50 to 450 ms at a time.
     FreezeRedis,
 }
@@ -754,6 +757,11 @@ async fn history(fault: Fault) -> (usize, usize, usize) {
                             500 + rand::random::<u64>() % 6_000,
                         ));
                         proxy.thaw();
+                    }
+                    Fault::PauseWrites => {
+                        std::thread::sleep(Duration::from_millis(600));
+                        let pause = (100 + rand::random::<u64>() % 3_500).to_string();
+                        let _ = redis.raw(&["CLIENT", "PAUSE", &pause, "WRITE"]);
                     }
                     Fault::FreezeRedis => {
                         std::thread::sleep(Duration::from_millis(600));
@@ -891,4 +899,11 @@ async fn reads_rebuilds_and_purge_bursts_with_redis_stopped_now_and_then() {
         violations, 0,
         "a read after a purge returned a version from before it"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_rebuilds_and_purge_bursts_with_writes_paused_now_and_then() {
+    let (violations, reads, _) = history(Fault::PauseWrites).await;
+    assert!(reads > 0);
+    assert_eq!(violations, 0, "a read after a purge returned a version from before it");
 }
