@@ -708,6 +708,8 @@ enum Fault {
     /// The second instance's link frozen (both ways) for 0.5 to 6.5 s at a
     /// time: past its subscription lease, sometimes.
     FreezeLink,
+    /// `CLIENT KILL TYPE normal` every 150 ms: replies lost, calls retried.
+    KillCommandLinks,
     /// `CLIENT PAUSE <0.1 to 3.6 s> WRITE` (scripts, `PUBLISH` and the
     /// membership's renewals held; reads served).
     PauseWrites,
@@ -757,6 +759,10 @@ async fn history(fault: Fault) -> (usize, usize, usize) {
                             500 + rand::random::<u64>() % 6_000,
                         ));
                         proxy.thaw();
+                    }
+                    Fault::KillCommandLinks => {
+                        std::thread::sleep(Duration::from_millis(150));
+                        let _ = redis.raw(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
                     }
                     Fault::PauseWrites => {
                         std::thread::sleep(Duration::from_millis(600));
@@ -1009,4 +1015,11 @@ async fn a_large_one_sender_burst_measured() {
         unconfirmed, [0; 3],
         "a purge on a healthy fleet went unconfirmed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_rebuilds_and_purge_bursts_with_command_links_killed() {
+    let (violations, reads, _) = history(Fault::KillCommandLinks).await;
+    assert!(reads > 0);
+    assert_eq!(violations, 0, "a read after a purge returned a version from before it");
 }
