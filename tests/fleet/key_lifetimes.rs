@@ -45,7 +45,7 @@ struct Holder {
 }
 
 impl Holder {
-    fn start(redis: &RedisServer) -> Holder {
+    fn start(redis: &RedisServer, keys: usize) -> Holder {
         let mut child = Command::new(std::env::current_exe().expect("test binary"))
             .args([
                 crate::common::child::test_name(module_path!(), "child_holder").as_str(),
@@ -55,6 +55,7 @@ impl Holder {
                 "--test-threads=1",
             ])
             .env("SG_REDIS_URL", redis.url())
+            .env("SG_KEYS", keys.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
@@ -131,7 +132,12 @@ async fn state_expired(redis: &RedisServer) {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("the entry's state never expired: {:?}", entry_keys(redis));
+    let left = entry_keys(redis);
+    panic!(
+        "the entry's state never expired: {} keys, such as {:?}",
+        left.len(),
+        left.first()
+    );
 }
 
 /// What happens while the holder is stopped.
@@ -166,7 +172,7 @@ async fn round(meanwhile: Meanwhile) -> (usize, usize) {
         .expect("the rebuild here succeeds")
     };
 
-    let holder = Holder::start(&redis);
+    let holder = Holder::start(&redis, 1);
     holder.expect("BUILDING");
     holder.signal("-STOP");
     if let Meanwhile::InvalidatedBeforeThenRebuilt = meanwhile {
@@ -226,6 +232,74 @@ async fn a_stalled_holder_cannot_commit_after_its_invalidated_generation_expired
     assert_eq!(round(Meanwhile::InvalidatedBeforeThenRebuilt).await, (0, 0));
 }
 
+/// The holder stopped in the middle of rebuilding 1,000 keys at once;
+/// once their state expired, every other key is invalidated and the rest
+/// rebuilt here; then the holder resumes and commits all 1,000 in a burst.
+/// None of its builds is stored or served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_holder_of_a_thousand_keys_commits_none() {
+    const KEYS: usize = 1_000;
+    let name = |i: usize| {
+        if i == 0 {
+            "item".to_owned()
+        } else {
+            format!("item-{i}")
+        }
+    };
+    let redis = RedisServer::start();
+    let backend = Backend::redis(&redis.url()).await.expect("redis backend");
+    let here = cache(&backend);
+    let holder = Holder::start(&redis, KEYS);
+    holder.expect("BUILDING");
+    holder.signal("-STOP");
+    state_expired(&redis).await;
+    let tasks: Vec<_> = (0..KEYS)
+        .map(|i| {
+            let here = here.clone();
+            tokio::spawn(async move {
+                if i % 2 == 0 {
+                    here.invalidate(name(i))
+                        .await
+                        .expect("the purge reaches redis");
+                } else {
+                    let got = here
+                        .get_or_rebuild(name(i), || async {
+                            Ok::<_, Boom>("rebuilt-here".to_owned())
+                        })
+                        .await
+                        .expect("the rebuild here succeeds");
+                    assert_eq!(got, "rebuilt-here");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.expect("task");
+    }
+    holder.signal("-CONT");
+    assert_eq!(holder.expect("DONE"), STALLED);
+    let stored = stalled_values(&redis);
+    let fresh = cache(&Backend::redis(&redis.url()).await.expect("redis backend"));
+    let mut served = 0;
+    for i in 0..KEYS {
+        for cache in [&here, &fresh] {
+            let got = cache
+                .get_or_rebuild(name(i), || async {
+                    Ok::<_, Boom>("rebuilt-after".to_owned())
+                })
+                .await
+                .expect("the rebuild succeeds");
+            served += usize::from(got == STALLED);
+        }
+    }
+    eprintln!("stored {stored} served {served}");
+    assert_eq!(
+        (stored, served),
+        (0, 0),
+        "the stalled holder's builds came back"
+    );
+}
+
 /// Entry point of the holder process (does nothing when run directly).
 #[test]
 #[ignore = "started by the stalled-holder tests"]
@@ -241,17 +315,45 @@ fn child_holder() {
     runtime.block_on(async move {
         let backend = Backend::redis(&url).await.expect("redis");
         let cache = cache(&backend);
-        let answer = cache
-            .get_or_rebuild("item", || async {
-                println!("BUILDING");
-                // Stopped here by the parent; resumed long after.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                Ok::<_, Boom>(STALLED.to_owned())
+        let keys: usize = std::env::var("SG_KEYS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1);
+        let entered = Arc::new(AtomicUsize::new(0));
+        let calls: Vec<_> = (0..keys)
+            .map(|i| {
+                let (cache, entered) = (cache.clone(), entered.clone());
+                tokio::spawn(async move {
+                    let name = if i == 0 {
+                        "item".to_owned()
+                    } else {
+                        format!("item-{i}")
+                    };
+                    cache
+                        .get_or_rebuild(name, move || async move {
+                            // Every build waits for the last to enter, so
+                            // that none commits before the parent stops us.
+                            if entered.fetch_add(1, Ordering::SeqCst) + 1 == keys {
+                                println!("BUILDING");
+                            }
+                            while entered.load(Ordering::SeqCst) < keys {
+                                tokio::time::sleep(Duration::from_millis(5)).await;
+                            }
+                            // Stopped here by the parent; resumed long after.
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            Ok::<_, Boom>(STALLED.to_owned())
+                        })
+                        .await
+                })
             })
-            .await;
-        match answer {
-            Ok(value) => println!("DONE {value}"),
-            Err(e) => println!("DONE error {e:?}"),
+            .collect();
+        let mut answers = Vec::new();
+        for call in calls {
+            answers.push(call.await.expect("call"));
+        }
+        match answers.iter().find(|a| a.is_err()) {
+            Some(Err(e)) => println!("DONE error {e:?}"),
+            _ => println!("DONE {STALLED}"),
         }
         // Kept alive until the parent is done with it.
         tokio::time::sleep(Duration::from_secs(120)).await;

@@ -1021,5 +1021,8 @@ async fn a_large_one_sender_burst_measured() {
 async fn reads_rebuilds_and_purge_bursts_with_command_links_killed() {
     let (violations, reads, _) = history(Fault::KillCommandLinks).await;
     assert!(reads > 0);
-    assert_eq!(violations, 0, "a read after a purge returned a version from before it");
+    assert_eq!(
+        violations, 0,
+        "a read after a purge returned a version from before it"
+    );
 }
