@@ -535,6 +535,17 @@ async fn a_purge_cancelled_after_redis_ran_it_leaves_no_copy_on_its_own_instance
         }
     }
     proxy.thaw();
+    // And for how long: past two more purges of the fleet, each confirmed.
+    for other in ["other-1", "other-2"] {
+        caches[2]
+            .invalidate(other)
+            .await
+            .expect("the purge reaches redis");
+    }
+    let still = (0..KEYS)
+        .filter(|&i| caches[0].get(key(i)).as_deref() == Some("v0"))
+        .count();
+    eprintln!("kept by the purging instance {kept_by_a}, still after two more purges {still}");
     assert_eq!(
         kept_by_a, 0,
         "the purging instance kept serving v0 after Redis and the fleet dropped it"
