@@ -8,6 +8,7 @@ mod common;
 
 mod acks;
 mod acks_in_redis;
+mod burst_faults;
 mod foreign_bytes;
 mod membership;
 mod membership_lost;
