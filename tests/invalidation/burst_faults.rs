@@ -490,7 +490,6 @@ async fn cancelled_purges_in_a_burst_cost_the_others_nothing() {
 /// message, dropped its copy). Redis and the fleet have moved on: A must
 /// not keep serving the value from before the purge Redis carried out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the purging instance drops its own copy only once the fleet's wait returned"]
 async fn a_purge_cancelled_after_redis_ran_it_leaves_no_copy_on_its_own_instance() {
     const KEYS: usize = 20;
     let redis = RedisServer::start();

@@ -40,6 +40,19 @@ impl Acked {
     }
 }
 
+/// Forgets an invalidation's acknowledgements when dropped (see
+/// [`Acks::forget_when_dropped`]).
+pub(crate) struct Forget<'a> {
+    acks: &'a Acks,
+    nonce: u64,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.acks.forget(self.nonce);
+    }
+}
+
 /// Invalidations of this process waiting for their acknowledgements.
 #[derive(Default)]
 pub(crate) struct Acks {
@@ -55,6 +68,13 @@ impl Acks {
             .unwrap_or_else(|p| p.into_inner())
             .insert(nonce, tx);
         rx
+    }
+
+    /// Stops counting acknowledgements of `nonce` when the returned guard
+    /// goes, however the invalidation waiting for them ends (its caller may
+    /// drop it half way).
+    pub(crate) fn forget_when_dropped(&self, nonce: u64) -> Forget<'_> {
+        Forget { acks: self, nonce }
     }
 
     /// Stops counting acknowledgements of `nonce`.

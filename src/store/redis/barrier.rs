@@ -165,6 +165,7 @@ impl Barrier {
     pub(crate) async fn invalidate(&self, key: &Key) -> Result<(), TierError> {
         let nonce = rand::random::<u64>();
         let mut acks = self.notifier.acks.expect(nonce);
+        let _forget = self.notifier.acks.forget_when_dropped(nonce);
         let until = std::time::Instant::now() + self.conns.config.deadline * INVALIDATE_TRIES;
         let tier = self;
         let [_, _, route, ..] = self.conns.keys.entry(key);
@@ -177,7 +178,6 @@ impl Barrier {
         let receivers = match purged {
             Ok((_, receivers)) => receivers,
             Err(error) => {
-                self.notifier.acks.forget(nonce);
                 tracing::warn!(key = %key, error = %error, "invalidation did not reach redis");
                 if error.retry_may_help() && !self.pending.remember(key) {
                     tracing::error!(key = %key, "too many invalidations waiting for redis");
@@ -192,7 +192,6 @@ impl Barrier {
         let acked = self
             .await_fleet(&mut acks, receivers, nonce, &subject)
             .await;
-        self.notifier.acks.forget(nonce);
         if !acked {
             self.conns
                 .stats
@@ -269,6 +268,7 @@ impl Barrier {
     ) -> Result<(), TierError> {
         let nonce = rand::random::<u64>();
         let mut acks = self.notifier.acks.expect(nonce);
+        let _forget = self.notifier.acks.forget_when_dropped(nonce);
         let until = std::time::Instant::now() + self.conns.config.deadline * BUMP_TRIES;
         let tier = self;
         let table = self.conns.keys.table();
@@ -281,7 +281,6 @@ impl Barrier {
         let (generation, receivers) = match bumped {
             Ok(reply) => reply,
             Err(error) => {
-                self.notifier.acks.forget(nonce);
                 tracing::warn!(field = ?field, error = %error, "tag invalidation did not reach redis");
                 return Err(error);
             }
@@ -291,7 +290,6 @@ impl Barrier {
         let acked = self
             .await_fleet(&mut acks, receivers, nonce, &subject)
             .await;
-        self.notifier.acks.forget(nonce);
         if !acked {
             self.conns
                 .stats

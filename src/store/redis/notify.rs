@@ -219,11 +219,13 @@ impl Notifier {
             tracing::debug!("ignoring a malformed generation message");
             return;
         };
+        // Its own move too (see `on_invalidation`): the caller that moved it
+        // may have been dropped before it recorded the new generation here.
+        (self.on_invalidate)(Invalidated::Generation(field, generation));
         if sender == self.instance {
             self.acks.acked(nonce, Some(&self.instance));
             return;
         }
-        (self.on_invalidate)(Invalidated::Generation(field, generation));
         if is_instance(sender) {
             let subject = generation_subject(&field.name(), generation);
             let _ = self.ack_queue.send((sender.to_owned(), nonce, subject));
@@ -383,13 +385,16 @@ impl Notifier {
             Some((sender, nonce)) => (Some(sender), parse_nonce(nonce.as_bytes())),
             None => (sender, None),
         };
+        // Redis ran the purge: this instance drops its copies too, even its
+        // own purge's (whose caller drops them once the purge returns, but
+        // may have been dropped itself, half way, and never will).
+        (self.on_invalidate)(Invalidated::Key(key));
         if sender == Some(self.instance.as_str()) {
             if let Some(nonce) = nonce {
                 self.acks.acked(nonce, Some(&self.instance));
             }
             return;
         }
-        (self.on_invalidate)(Invalidated::Key(key));
         if let (Some(sender), Some(nonce)) = (sender, nonce) {
             // Only a sender that looks like one of ours is answered.
             if is_instance(sender) {
