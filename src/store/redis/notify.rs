@@ -143,6 +143,13 @@ impl Wake {
     }
 }
 
+/// The most acknowledgements waiting to be sent. Past it (a flood of
+/// invalidations from a client that may publish, naming senders no
+/// instance is), more are not queued: their senders wait out the
+/// subscription lease, which is safe, and this instance's memory stays
+/// bounded.
+const ACKS_QUEUED_MAX: usize = 65_536;
+
 pub(crate) struct Notifier {
     slots: Mutex<HashMap<Key, watch::Sender<Wake>>>,
     /// Counts what the channel told this process to stop trusting (an
@@ -162,8 +169,8 @@ pub(crate) struct Notifier {
     pub(crate) acks: Acks,
     /// Acknowledgements to publish (see [`AckDue`]). The
     /// supervisor publishes them; the subscriber's reader only queues.
-    ack_queue: tokio::sync::mpsc::UnboundedSender<AckDue>,
-    ack_out: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<AckDue>>>,
+    ack_queue: tokio::sync::mpsc::Sender<AckDue>,
+    ack_out: Mutex<Option<tokio::sync::mpsc::Receiver<AckDue>>>,
     /// Set while the subscription may be missing messages: from a lost
     /// connection (or a link about to be replaced) until it is confirmed
     /// again.
@@ -177,7 +184,7 @@ impl Notifier {
     /// A notifier whose in-process tier is trusted for `lease` after each
     /// confirmed ping of the subscriber (see [`Liveness`]).
     pub(crate) fn new(on_invalidate: OnInvalidate, lease: Duration) -> Self {
-        let (ack_queue, ack_out) = tokio::sync::mpsc::unbounded_channel();
+        let (ack_queue, ack_out) = tokio::sync::mpsc::channel(ACKS_QUEUED_MAX);
         Notifier {
             slots: Mutex::new(HashMap::new()),
             heard: AtomicU64::new(0),
@@ -228,7 +235,7 @@ impl Notifier {
         }
         if is_instance(sender) {
             let subject = generation_subject(&field.name(), generation);
-            let _ = self.ack_queue.send((sender.to_owned(), nonce, subject));
+            let _ = self.ack_queue.try_send((sender.to_owned(), nonce, subject));
         }
     }
 
@@ -267,7 +274,7 @@ impl Notifier {
     }
 
     /// The acknowledgements to publish, for the supervisor (once).
-    pub(crate) fn take_ack_queue(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<AckDue>> {
+    pub(crate) fn take_ack_queue(&self) -> Option<tokio::sync::mpsc::Receiver<AckDue>> {
         self.ack_out
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -400,7 +407,7 @@ impl Notifier {
             if is_instance(sender) {
                 let _ = self
                     .ack_queue
-                    .send((sender.to_owned(), nonce, key_subject(&key)));
+                    .try_send((sender.to_owned(), nonce, key_subject(&key)));
             }
         }
     }

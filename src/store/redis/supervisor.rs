@@ -169,7 +169,7 @@ const ACKS_PER_BATCH: usize = 4_096;
 
 /// Acknowledges other instances' invalidations, in order, a batch at a
 /// time (see [`super::acks`]).
-async fn acknowledge(barrier: &Barrier, queue: Option<mpsc::UnboundedReceiver<AckDue>>) {
+async fn acknowledge(barrier: &Barrier, queue: Option<mpsc::Receiver<AckDue>>) {
     let Some(mut queue) = queue else {
         return std::future::pending().await;
     };
