@@ -379,6 +379,33 @@ impl StampedeGuard {
         self.with(|p| p.store.respect_cache_control = on)
     }
 
+    /// Opt in to following a request's own cache directives (RFC 9111
+    /// §5.2.1), off by default.
+    ///
+    /// Off, a request's `Cache-Control` and `Pragma` change nothing: a
+    /// request with `no-store`, `no-cache`, `max-age=0` or `Pragma: no-cache`
+    /// is answered from a fresh entry, or joins (or starts) the key's one
+    /// flight, like any other, so no client can cost the origin more than
+    /// one miss per key (nginx and Varnish ignore them by default too).
+    ///
+    /// On, a request with `no-store` goes to the origin on its own and
+    /// nothing of its answer is stored; one with `no-cache`, `max-age=0` or
+    /// (without `Cache-Control`) `Pragma: no-cache` goes to the origin on its
+    /// own, since no stored entry may answer it. Every such request is then
+    /// one origin call. Other request directives (`max-age` above 0,
+    /// `max-stale`, `min-fresh`, `only-if-cached`) are not followed.
+    /// Only for routes whose clients are trusted (an internal API behind
+    /// the edge), or whose origin can take a call per such request.
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).respect_request_cache_control(true);
+    /// ```
+    #[must_use]
+    pub fn respect_request_cache_control(self, on: bool) -> Self {
+        self.with(|p| p.store.respect_request_cache_control = on)
+    }
+
     /// Opt in to caching requests that carry `Authorization`, `Cookie` or
     /// `Proxy-Authorization`. Only for routes whose answer does not depend on
     /// who asks (or that key on the credential with [`vary`](Self::vary)).
@@ -678,6 +705,11 @@ impl StampedeGuard {
         let g = apply(g, &c.namespace, Self::namespace);
         let g = apply(g, &c.respect_cache_control, Self::respect_cache_control);
         let g = apply(g, &c.allow_credentials, Self::allow_credentials);
+        let g = apply(
+            g,
+            &c.respect_request_cache_control,
+            Self::respect_request_cache_control,
+        );
         let g = apply(g, &c.strip_set_cookie, Self::strip_set_cookie);
         let g = apply(g, &c.cache_private, Self::cache_private);
         let g = apply(g, &c.ignore_vary, Self::ignore_vary);

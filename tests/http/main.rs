@@ -24,6 +24,7 @@ mod numbers;
 mod one_client_answers;
 mod range_edges;
 mod ranges;
+mod request_directives;
 mod revalidation;
 mod rfc;
 mod rfc_edges;
