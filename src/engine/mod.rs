@@ -518,7 +518,20 @@ impl Engine {
         if !matches!(start, Start::Miss) {
             count(m::REFRESHES, policy.labels);
         }
-        let span = tracing::debug_span!("stampede_guard.flight", key = %leader.key());
+        // The flight runs on a task of its own, for the key, not inside the
+        // request that started it: its span follows from that request's
+        // (the span current here), without being its child: it may outlive
+        // that request by far. The handler's logs and traces during a
+        // rebuild so lead back to a request. At INFO, the level a
+        // handler's own logs usually have, so that they keep this context.
+        let span = tracing::info_span!(
+            parent: None,
+            "stampede_guard.flight",
+            route = policy.labels.route(),
+            namespace = policy.labels.namespace(),
+            key = %leader.key(),
+        );
+        span.follows_from(tracing::Span::current());
         let engine = self.clone();
         runtime.spawn(
             async move {
@@ -667,7 +680,12 @@ impl Engine {
         // Its own task, so that a panic is caught as an outcome and a timeout
         // can abandon it.
         let overtaken = Overtaken::new(self.tags.clone(), since, Some(leader.watch()));
-        let mut task = tokio::spawn(rebuild.rebuild(stale.clone().and_then(Held::new), overtaken));
+        // In the flight's span: a spawned task starts outside any.
+        let mut task = tokio::spawn(
+            rebuild
+                .rebuild(stale.clone().and_then(Held::new), overtaken)
+                .in_current_span(),
+        );
         // A rebuild that gave nothing failed with a kind, and a panic keeps
         // its payload for the request that started it.
         let built = match tokio::time::timeout(policy.rebuild_timeout, &mut task).await {
