@@ -454,8 +454,19 @@ impl Engine {
             let outcome = follower.wait(budget).instrument(span).await;
             let answer = match outcome {
                 Some(Outcome::Value { entry, stale }) => match Held::new(entry) {
-                    Some(held) if stale => served(held, Status::Stale),
-                    Some(held) => served(held, Status::Coalesced),
+                    Some(held) => {
+                        let status = match stale {
+                            true => Status::Stale,
+                            false => Status::Coalesced,
+                        };
+                        let served = Served {
+                            held,
+                            status,
+                            stored: false,
+                            private: None,
+                        };
+                        Answer::Shared(served, rebuild)
+                    }
                     None => return alone(rebuild, labels),
                 },
                 Some(Outcome::Unshared) => {
@@ -710,6 +721,7 @@ impl Engine {
                 failure,
                 private,
                 tags,
+                hit_for_miss,
             }) => {
                 if failure && usable_on_error(stale.as_ref()).is_some() {
                     tracing::debug!(key = %key, "rebuild answered with an error; serving stale");
@@ -739,6 +751,9 @@ impl Engine {
                     },
                     store,
                 );
+                if !stored && let Some(window) = hit_for_miss {
+                    self.mark_hit_for_miss(key, window);
+                }
                 // The local waiters have it; the starter is answered once the
                 // fleet has it too, so that what its client saw is what any
                 // instance serves next.
@@ -885,6 +900,7 @@ impl Engine {
                 failure,
                 private,
                 tags,
+                hit_for_miss,
             } => {
                 let entry = Entry::new(
                     value,
@@ -903,6 +919,10 @@ impl Engine {
                     // No lease, no commit: stored only if the L1 kept it.
                     self.settle(leader, outcome, store && !failure).1
                 });
+                // Renewed by every answer that cannot be stored.
+                if !stored && let Some(window) = hit_for_miss {
+                    self.mark_hit_for_miss(key, window);
+                }
                 match held {
                     Some(held) => Answer::Served(Served {
                         held,
@@ -932,6 +952,18 @@ impl Engine {
                     None => Answer::Failed(failure, Status::Miss),
                 }
             }
+        }
+    }
+
+    /// Marks `key` as not coalesced for `window`: its answers cannot be
+    /// stored, so requests for it go to the origin side by side rather than
+    /// wait for one another. A zero window marks nothing.
+    fn mark_hit_for_miss(&self, key: Key, window: Duration) {
+        if let Some(until) = Some(window)
+            .filter(|w| !w.is_zero())
+            .and_then(|w| Instant::now().checked_add(w))
+        {
+            self.l1.insert(key, Slot::HitForMiss(until));
         }
     }
 
@@ -1104,7 +1136,7 @@ fn stale_or<R: Rebuild>(stale: &Option<Arc<Entry>>, otherwise: Answer<R>) -> Ans
 /// instance) has its wait since `began` recorded.
 fn tally<R: Rebuild>(answer: &Answer<R>, unserved: Status, labels: Labels, began: Instant) {
     let status = match answer {
-        Answer::Served(served) => served.status,
+        Answer::Served(served) | Answer::Shared(served, _) => served.status,
         Answer::Failed(_, status) => *status,
         Answer::Private(_) | Answer::Panicked(_) => unserved,
         Answer::Alone(_) => return,

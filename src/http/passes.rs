@@ -44,6 +44,8 @@ pub(crate) enum Pass {
     /// The request's `no-cache`, `max-age=0` or `Pragma: no-cache`, on a
     /// route that follows request directives.
     RequestNoCache,
+    /// A body larger than the route's `max_body_bytes`: never stored.
+    OverCap,
 }
 
 impl Pass {
@@ -63,6 +65,7 @@ impl Pass {
             Pass::Vary => "vary",
             Pass::PartialContent => "partial content",
             Pass::RequestNoCache => "request no-cache",
+            Pass::OverCap => "body over max_body_bytes",
         }
     }
 
@@ -128,7 +131,7 @@ impl PassLog {
 mod tests {
     use super::*;
 
-    const ALL: [Pass; 13] = [
+    const ALL: [Pass; 14] = [
         Pass::Method,
         Pass::Credentials,
         Pass::Upgrade,
@@ -142,6 +145,7 @@ mod tests {
         Pass::Vary,
         Pass::PartialContent,
         Pass::RequestNoCache,
+        Pass::OverCap,
     ];
 
     #[test]

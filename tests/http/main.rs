@@ -12,6 +12,7 @@ mod common;
 static ALLOCATOR: common::counting::Counting = common::counting::Counting;
 
 mod bodies;
+mod bodies_over_the_cap;
 mod cache_status;
 mod headers_on_pass_through;
 mod headers_per_state;
