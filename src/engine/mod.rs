@@ -743,6 +743,11 @@ impl Engine {
                 }
                 let (entry, store) = self.stamped(entry, &tags, since, store);
                 let held = Held::new(entry.clone());
+                // Before the flight ends: a request from then on finds the
+                // mark, and no later flight's entry can be overwritten by it.
+                if let (Some(window), false) = (hit_for_miss, store) {
+                    self.mark_hit_for_miss(key, window);
+                }
                 let (stored, kept) = self.settle(
                     leader,
                     Outcome::Value {
@@ -751,9 +756,6 @@ impl Engine {
                     },
                     store,
                 );
-                if !stored && let Some(window) = hit_for_miss {
-                    self.mark_hit_for_miss(key, window);
-                }
                 // The local waiters have it; the starter is answered once the
                 // fleet has it too, so that what its client saw is what any
                 // instance serves next.
@@ -911,6 +913,11 @@ impl Engine {
                 );
                 let (entry, store) = self.stamped(entry, &tags, since, store);
                 let held = Held::new(entry.clone());
+                // Renewed by every answer that cannot be stored, before the
+                // flight (if this request holds it) ends.
+                if let (Some(window), false) = (hit_for_miss, store) {
+                    self.mark_hit_for_miss(key, window);
+                }
                 let stored = leader.is_some_and(|leader| {
                     let outcome = Outcome::Value {
                         entry,
@@ -919,10 +926,6 @@ impl Engine {
                     // No lease, no commit: stored only if the L1 kept it.
                     self.settle(leader, outcome, store && !failure).1
                 });
-                // Renewed by every answer that cannot be stored.
-                if !stored && let Some(window) = hit_for_miss {
-                    self.mark_hit_for_miss(key, window);
-                }
                 match held {
                     Some(held) => Answer::Served(Served {
                         held,
