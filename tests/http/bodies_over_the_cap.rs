@@ -179,3 +179,50 @@ async fn after_a_body_over_the_cap_later_requests_pass_straight_through() {
         assert_ne!(answer.x_cache(), "COALESCED");
     }
 }
+
+/// A waiter whose client reads nothing for a while does not fail, and
+/// does not make the others fail: the origin is read on as the slowest
+/// reader reads (the memory bound holds), and every body ends whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_reads_late_still_gets_the_whole_body() {
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    let (chunk, chunks) = (4 * 1024, 64);
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = big_app(&origin, &gate, chunk, chunks);
+    // Only the heads: nobody reads a body yet.
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { app.oneshot(get_req("/big")).await.unwrap() })
+        })
+        .collect();
+    for _ in 0..2000 {
+        if origin.calls() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    gate.add_permits(10_000);
+    let mut responses = Vec::new();
+    for task in tasks {
+        responses.push(task.await.expect("request task"));
+    }
+    let late = responses.pop().expect("ten responses");
+    // The others read as fast as they can; the late one has not begun.
+    let readers: Vec<_> = responses
+        .into_iter()
+        .map(|response| tokio::spawn(async move { response.into_body().collect().await }))
+        .collect();
+    for _ in 0..500 {
+        tokio::task::yield_now().await;
+    }
+    let late = late.into_body().collect().await.expect("the late body");
+    assert!(late.to_bytes() == expected(chunk * chunks));
+    for reader in readers {
+        let body = reader.await.unwrap().expect("a body");
+        assert!(body.to_bytes() == expected(chunk * chunks));
+    }
+}
