@@ -173,8 +173,13 @@ impl StampedeGuard {
 
     /// Largest body stored (default 4 MiB). A larger response is not stored:
     /// it is read from the origin once and streamed to every request that
-    /// waited for it, each from the start; the bytes read stay in memory
-    /// while one of those requests is still reading.
+    /// waited for it, each from the start, within `4 × bytes` (plus one
+    /// chunk): the origin is read on as the slowest of those requests reads,
+    /// and none of them fails for being slow. A request that comes after
+    /// the start was let go calls the origin itself. The key then skips
+    /// coalescing for the [`hit_for_miss`](Self::hit_for_miss) window, so
+    /// later requests go to the origin side by side rather than queue
+    /// behind a body that will not be stored.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
@@ -458,8 +463,9 @@ impl StampedeGuard {
         self.with(|p| p.store.ignore_vary = on)
     }
 
-    /// How long a key whose answer could not be shared skips coalescing
-    /// (default 5 s), so its requests run side by side, not one after another.
+    /// How long a key whose answer could not be shared, or was over
+    /// [`max_body_bytes`](Self::max_body_bytes), skips coalescing (default
+    /// 5 s), so its requests run side by side, not one after another.
     /// The window does not block the key: the first shareable answer one of
     /// those requests gets is stored, and the key is coalesced and hit again.
     ///
