@@ -287,7 +287,7 @@ impl<V: CacheValue> Cache<V> {
             Looked::Miss(miss) => miss,
         };
         match engine.resolve(miss, policy, closure).await {
-            Answer::Served(served) => Ok(served.held.value().clone()),
+            Answer::Served(served) | Answer::Shared(served, _) => Ok(served.held.value().clone()),
             Answer::Private(error) => Err(RebuildError::Failed(error)),
             Answer::Failed(failure, _) => Err(match failure.kind {
                 FailureKind::Panic => RebuildError::Panicked,
@@ -438,6 +438,7 @@ where
                 failure: false,
                 private: None,
                 tags: TagSet::default(),
+                hit_for_miss: None,
             },
             Err(error) => {
                 let error = Arc::new(error);

@@ -454,8 +454,19 @@ impl Engine {
             let outcome = follower.wait(budget).instrument(span).await;
             let answer = match outcome {
                 Some(Outcome::Value { entry, stale }) => match Held::new(entry) {
-                    Some(held) if stale => served(held, Status::Stale),
-                    Some(held) => served(held, Status::Coalesced),
+                    Some(held) => {
+                        let status = match stale {
+                            true => Status::Stale,
+                            false => Status::Coalesced,
+                        };
+                        let served = Served {
+                            held,
+                            status,
+                            stored: false,
+                            private: None,
+                        };
+                        Answer::Shared(served, rebuild)
+                    }
                     None => return alone(rebuild, labels),
                 },
                 Some(Outcome::Unshared) => {
@@ -518,7 +529,20 @@ impl Engine {
         if !matches!(start, Start::Miss) {
             count(m::REFRESHES, policy.labels);
         }
-        let span = tracing::debug_span!("stampede_guard.flight", key = %leader.key());
+        // The flight runs on a task of its own, for the key, not inside the
+        // request that started it: its span follows from that request's
+        // (the span current here), without being its child: it may outlive
+        // that request by far. The handler's logs and traces during a
+        // rebuild so lead back to a request. At INFO, the level a
+        // handler's own logs usually have, so that they keep this context.
+        let span = tracing::info_span!(
+            parent: None,
+            "stampede_guard.flight",
+            route = policy.labels.route(),
+            namespace = policy.labels.namespace(),
+            key = %leader.key(),
+        );
+        span.follows_from(tracing::Span::current());
         let engine = self.clone();
         runtime.spawn(
             async move {
@@ -667,7 +691,12 @@ impl Engine {
         // Its own task, so that a panic is caught as an outcome and a timeout
         // can abandon it.
         let overtaken = Overtaken::new(self.tags.clone(), since, Some(leader.watch()));
-        let mut task = tokio::spawn(rebuild.rebuild(stale.clone().and_then(Held::new), overtaken));
+        // In the flight's span: a spawned task starts outside any.
+        let mut task = tokio::spawn(
+            rebuild
+                .rebuild(stale.clone().and_then(Held::new), overtaken)
+                .in_current_span(),
+        );
         // A rebuild that gave nothing failed with a kind, and a panic keeps
         // its payload for the request that started it.
         let built = match tokio::time::timeout(policy.rebuild_timeout, &mut task).await {
@@ -692,6 +721,7 @@ impl Engine {
                 failure,
                 private,
                 tags,
+                hit_for_miss,
             }) => {
                 if failure && usable_on_error(stale.as_ref()).is_some() {
                     tracing::debug!(key = %key, "rebuild answered with an error; serving stale");
@@ -713,6 +743,11 @@ impl Engine {
                 }
                 let (entry, store) = self.stamped(entry, &tags, since, store);
                 let held = Held::new(entry.clone());
+                // Before the flight ends: a request from then on finds the
+                // mark, and no later flight's entry can be overwritten by it.
+                if let (Some(window), false) = (hit_for_miss, store) {
+                    self.mark_hit_for_miss(key, window);
+                }
                 let (stored, kept) = self.settle(
                     leader,
                     Outcome::Value {
@@ -867,6 +902,7 @@ impl Engine {
                 failure,
                 private,
                 tags,
+                hit_for_miss,
             } => {
                 let entry = Entry::new(
                     value,
@@ -877,6 +913,11 @@ impl Engine {
                 );
                 let (entry, store) = self.stamped(entry, &tags, since, store);
                 let held = Held::new(entry.clone());
+                // Renewed by every answer that cannot be stored, before the
+                // flight (if this request holds it) ends.
+                if let (Some(window), false) = (hit_for_miss, store) {
+                    self.mark_hit_for_miss(key, window);
+                }
                 let stored = leader.is_some_and(|leader| {
                     let outcome = Outcome::Value {
                         entry,
@@ -914,6 +955,18 @@ impl Engine {
                     None => Answer::Failed(failure, Status::Miss),
                 }
             }
+        }
+    }
+
+    /// Marks `key` as not coalesced for `window`: its answers cannot be
+    /// stored, so requests for it go to the origin side by side rather than
+    /// wait for one another. A zero window marks nothing.
+    fn mark_hit_for_miss(&self, key: Key, window: Duration) {
+        if let Some(until) = Some(window)
+            .filter(|w| !w.is_zero())
+            .and_then(|w| Instant::now().checked_add(w))
+        {
+            self.l1.insert(key, Slot::HitForMiss(until));
         }
     }
 
@@ -1086,7 +1139,7 @@ fn stale_or<R: Rebuild>(stale: &Option<Arc<Entry>>, otherwise: Answer<R>) -> Ans
 /// instance) has its wait since `began` recorded.
 fn tally<R: Rebuild>(answer: &Answer<R>, unserved: Status, labels: Labels, began: Instant) {
     let status = match answer {
-        Answer::Served(served) => served.status,
+        Answer::Served(served) | Answer::Shared(served, _) => served.status,
         Answer::Failed(_, status) => *status,
         Answer::Private(_) | Answer::Panicked(_) => unserved,
         Answer::Alone(_) => return,

@@ -63,6 +63,10 @@ pub(crate) struct Served<V, P> {
 /// What a miss resolved to, for one caller.
 pub(crate) enum Answer<R: Rebuild> {
     Served(Served<R::Value, R::Private>),
+    /// An entry a rebuild this caller waited on gave, with the caller's own
+    /// rebuild unused: the adapter runs it alone if it cannot take the
+    /// entry after all (a streamed body whose start is already gone).
+    Shared(Served<R::Value, R::Private>, R),
     /// The caller's own answer from the rebuild it started.
     Private(R::Private),
     /// Nothing to serve; `Status` says whether this caller started the

@@ -45,6 +45,11 @@ pub(crate) enum Built<V, P> {
         private: Option<P>,
         /// Its tags: an invalidation of any of them drops it.
         tags: TagSet,
+        /// The key's answers cannot be stored (a body over the size cap):
+        /// after this flight the key skips coalescing for this long, so that
+        /// later requests go to the origin side by side instead of queueing
+        /// behind one whose answer will not be kept.
+        hit_for_miss: Option<Duration>,
     },
     /// An answer for the request that started the rebuild alone; `waiters`
     /// says what becomes of the requests waiting on it.

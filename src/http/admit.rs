@@ -102,7 +102,7 @@ where
             }
         }
     };
-    entry(policy, parts, stream, body, lifetime, store, tags)
+    entry(policy, labels, parts, stream, body, lifetime, store, tags)
 }
 
 /// What the route's rules make of the origin's head.
@@ -348,8 +348,10 @@ where
 
 /// Step 4: the entry the waiters share (and the tiers keep, when `store`).
 /// `rest`: the body past the size cap, still to read.
+#[allow(clippy::too_many_arguments)]
 fn entry<B, E>(
     policy: &Policy,
+    labels: Labels,
     mut parts: http::response::Parts,
     stream: Stream<B>,
     rest: Option<Pin<Box<B>>>,
@@ -396,7 +398,9 @@ where
                 private: stream.private(policy, &parts),
             };
         }
-        tracing::debug!("body larger than max_body_bytes: streamed to every waiter, not stored");
+        // Counted, and said once per route at WARN: the key is not
+        // protected while its answers are this large.
+        policy.passes.response(Pass::OverCap, labels);
         // Exposed tag headers are for the starter's answer alone.
         policy.tags.strip(&mut parts.headers);
         return Built::Value {
@@ -411,6 +415,9 @@ where
             failure: false,
             private: cookies,
             tags,
+            // Never stored: later requests for the key pass straight
+            // through for a while rather than queue behind one such body.
+            hit_for_miss: Some(policy.store.hit_for_miss),
         };
     }
     let Some(bytes) = stream.spool.to_owned_bytes() else {
@@ -452,6 +459,7 @@ where
         failure: stream.failure,
         private: cookies,
         tags,
+        hit_for_miss: None,
     }
 }
 

@@ -101,6 +101,19 @@ impl<B: http_body::Body> GuardBody<B> {
         }
     }
 
+    /// A spool read from its start, or `None` if its start is already gone
+    /// (decided as the reader joins, so no chunk can go in between).
+    pub(crate) fn try_spooled(spool: Arc<Spool>) -> Option<Self> {
+        let reader = SpoolReader::new(spool);
+        reader.joined().then_some(GuardBody {
+            kind: Kind::Spooled {
+                reader,
+                origin_error: None,
+                end_after: None,
+            },
+        })
+    }
+
     /// Holds back the end of a spooled body (not its bytes, not a failure)
     /// until `signal` fires or is dropped.
     pub(crate) fn end_after(&mut self, signal: oneshot::Receiver<()>) {

@@ -223,7 +223,7 @@ impl Fwd {
     pub(crate) fn of_bypass(pass: Pass) -> Fwd {
         match pass {
             Pass::Method => Fwd::Method,
-            Pass::Credentials | Pass::RequestNoStore => Fwd::Request,
+            Pass::Credentials | Pass::RequestNoStore | Pass::RequestNoCache => Fwd::Request,
             _ => Fwd::Bypass,
         }
     }

@@ -173,8 +173,13 @@ impl StampedeGuard {
 
     /// Largest body stored (default 4 MiB). A larger response is not stored:
     /// it is read from the origin once and streamed to every request that
-    /// waited for it, each from the start; the bytes read stay in memory
-    /// while one of those requests is still reading.
+    /// waited for it, each from the start, within `4 × bytes` (plus one
+    /// chunk): the origin is read on as the slowest of those requests reads,
+    /// and none of them fails for being slow. A request that comes after
+    /// the start was let go calls the origin itself. The key then skips
+    /// coalescing for the [`hit_for_miss`](Self::hit_for_miss) window, so
+    /// later requests go to the origin side by side rather than queue
+    /// behind a body that will not be stored.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
@@ -379,6 +384,33 @@ impl StampedeGuard {
         self.with(|p| p.store.respect_cache_control = on)
     }
 
+    /// Opt in to following a request's own cache directives (RFC 9111
+    /// §5.2.1), off by default.
+    ///
+    /// Off, a request's `Cache-Control` and `Pragma` change nothing: a
+    /// request with `no-store`, `no-cache`, `max-age=0` or `Pragma: no-cache`
+    /// is answered from a fresh entry, or joins (or starts) the key's one
+    /// flight, like any other, so no client can cost the origin more than
+    /// one miss per key (nginx and Varnish ignore them by default too).
+    ///
+    /// On, a request with `no-store` goes to the origin on its own and
+    /// nothing of its answer is stored; one with `no-cache`, `max-age=0` or
+    /// (without `Cache-Control`) `Pragma: no-cache` goes to the origin on its
+    /// own, since no stored entry may answer it. Every such request is then
+    /// one origin call. Other request directives (`max-age` above 0,
+    /// `max-stale`, `min-fresh`, `only-if-cached`) are not followed.
+    /// Only for routes whose clients are trusted (an internal API behind
+    /// the edge), or whose origin can take a call per such request.
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).respect_request_cache_control(true);
+    /// ```
+    #[must_use]
+    pub fn respect_request_cache_control(self, on: bool) -> Self {
+        self.with(|p| p.store.respect_request_cache_control = on)
+    }
+
     /// Opt in to caching requests that carry `Authorization`, `Cookie` or
     /// `Proxy-Authorization`. Only for routes whose answer does not depend on
     /// who asks (or that key on the credential with [`vary`](Self::vary)).
@@ -431,8 +463,9 @@ impl StampedeGuard {
         self.with(|p| p.store.ignore_vary = on)
     }
 
-    /// How long a key whose answer could not be shared skips coalescing
-    /// (default 5 s), so its requests run side by side, not one after another.
+    /// How long a key whose answer could not be shared, or was over
+    /// [`max_body_bytes`](Self::max_body_bytes), skips coalescing (default
+    /// 5 s), so its requests run side by side, not one after another.
     /// The window does not block the key: the first shareable answer one of
     /// those requests gets is stored, and the key is coalesced and hit again.
     ///
@@ -678,6 +711,11 @@ impl StampedeGuard {
         let g = apply(g, &c.namespace, Self::namespace);
         let g = apply(g, &c.respect_cache_control, Self::respect_cache_control);
         let g = apply(g, &c.allow_credentials, Self::allow_credentials);
+        let g = apply(
+            g,
+            &c.respect_request_cache_control,
+            Self::respect_request_cache_control,
+        );
         let g = apply(g, &c.strip_set_cookie, Self::strip_set_cookie);
         let g = apply(g, &c.cache_private, Self::cache_private);
         let g = apply(g, &c.ignore_vary, Self::ignore_vary);

@@ -22,7 +22,8 @@ pub(crate) enum Pass {
     Upgrade,
     /// A GET or HEAD with a body.
     RequestBody,
-    /// The request's `Cache-Control` says `no-store`.
+    /// The request's `Cache-Control` says `no-store`, on a route that
+    /// follows request directives.
     RequestNoStore,
     /// A `Host` the key cannot be made of: several lines, or a target
     /// authority that is no header value.
@@ -40,6 +41,11 @@ pub(crate) enum Pass {
     Vary,
     /// A `206`: a slice of a representation, never one.
     PartialContent,
+    /// The request's `no-cache`, `max-age=0` or `Pragma: no-cache`, on a
+    /// route that follows request directives.
+    RequestNoCache,
+    /// A body larger than the route's `max_body_bytes`: never stored.
+    OverCap,
 }
 
 impl Pass {
@@ -58,6 +64,8 @@ impl Pass {
             Pass::Private => "private, no-store or no-cache",
             Pass::Vary => "vary",
             Pass::PartialContent => "partial content",
+            Pass::RequestNoCache => "request no-cache",
+            Pass::OverCap => "body over max_body_bytes",
         }
     }
 
@@ -123,7 +131,7 @@ impl PassLog {
 mod tests {
     use super::*;
 
-    const ALL: [Pass; 12] = [
+    const ALL: [Pass; 14] = [
         Pass::Method,
         Pass::Credentials,
         Pass::Upgrade,
@@ -136,6 +144,8 @@ mod tests {
         Pass::Private,
         Pass::Vary,
         Pass::PartialContent,
+        Pass::RequestNoCache,
+        Pass::OverCap,
     ];
 
     #[test]

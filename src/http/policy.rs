@@ -9,7 +9,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use http::header::{ACCEPT_ENCODING, CACHE_CONTROL, CONTENT_LENGTH, SET_COOKIE, TRANSFER_ENCODING};
+use http::header::{
+    ACCEPT_ENCODING, CACHE_CONTROL, CONTENT_LENGTH, PRAGMA, SET_COOKIE, TRANSFER_ENCODING,
+};
 use http::{HeaderMap, Method, StatusCode};
 
 use super::cache_status::Presentation;
@@ -52,6 +54,9 @@ pub(crate) struct StoreRules {
     pub statuses: Arc<[StatusCode]>,
     pub respect_cache_control: bool,
     pub allow_credentials: bool,
+    /// Follow the request's own cache directives (RFC 9111 §5.2.1): off by
+    /// default, as a shared cache that did would let any client turn it off.
+    pub respect_request_cache_control: bool,
     pub strip_set_cookie: bool,
     pub cache_private: bool,
     pub ignore_vary: bool,
@@ -79,6 +84,7 @@ impl Default for StoreRules {
                 .collect(),
             respect_cache_control: false,
             allow_credentials: false,
+            respect_request_cache_control: false,
             strip_set_cookie: false,
             cache_private: false,
             ignore_vary: false,
@@ -100,13 +106,12 @@ pub(crate) fn request_bypass(
     }
     // One pass over the names present (usually a handful, none of these)
     // instead of a lookup per header asked about.
-    let (mut credentials, mut upgrade, mut body, mut cache_control) = (false, false, false, false);
+    let (mut credentials, mut upgrade, mut body) = (false, false, false);
     for name in headers.keys() {
         match name.as_str() {
             "authorization" | "cookie" | "proxy-authorization" => credentials = true,
             "upgrade" => upgrade = true,
             "transfer-encoding" | "content-length" => body = true,
-            "cache-control" => cache_control = true,
             _ => {}
         }
     }
@@ -127,22 +132,52 @@ pub(crate) fn request_bypass(
     {
         return Some(Pass::RequestBody);
     }
-    // RFC 9111 §5.2.1.5: nothing of the answer to this request may be stored.
-    // It goes to the origin on its own; no flight waits on it or stores it.
-    // (A request's `no-cache` or `max-age=0` is ignored: on a shared cache it
-    // would let any client force an origin call for everyone.)
-    if cache_control && request_forbids_store(headers) {
-        return Some(Pass::RequestNoStore);
+    // A request's own cache directives (`no-store`, `no-cache`,
+    // `max-age=0`, `Pragma: no-cache`) are ignored unless the route opts in:
+    // on a shared cache any client could otherwise send each request to the
+    // origin. Ignored, such a request is served like any other: from a fresh
+    // entry, or by joining or starting the key's one flight.
+    if store.respect_request_cache_control {
+        return request_directives(headers);
     }
     None
 }
 
-/// Whether a request's `Cache-Control` says `no-store`, wherever it appears.
-fn request_forbids_store(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(CACHE_CONTROL)
-        .iter()
-        .any(|line| tokens(line.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"no-store")))
+/// What a request's cache directives ask of a route that follows them
+/// (RFC 9111 §5.2.1): `no-store` keeps its answer out of the cache (§5.2.1.5);
+/// `no-cache`, `max-age=0` (§5.2.1.4, §5.2.1.1) and, without
+/// `Cache-Control`, `Pragma: no-cache` (§5.4) forbid answering from a stored
+/// entry without the origin. Both go to the origin on their own; no flight
+/// waits on them or stores their answer.
+fn request_directives(headers: &HeaderMap) -> Option<Pass> {
+    let lines = || headers.get_all(CACHE_CONTROL).iter().map(|v| v.as_bytes());
+    if lines().any(|line| tokens(line).any(|t| t.eq_ignore_ascii_case(b"no-store"))) {
+        return Some(Pass::RequestNoStore);
+    }
+    let no_cache = lines().any(|line| {
+        line.split(|b| *b == b',').any(|directive| {
+            let directive = directive.trim_ascii();
+            let (name, value) = match directive.iter().position(|b| *b == b'=') {
+                Some(at) => (&directive[..at], Some(&directive[at + 1..])),
+                None => (directive, None),
+            };
+            let name = name.trim_ascii();
+            let value = value.map(|v| v.trim_ascii());
+            match value {
+                None => name.eq_ignore_ascii_case(b"no-cache"),
+                Some(v) => {
+                    name.eq_ignore_ascii_case(b"no-cache")
+                        || (name.eq_ignore_ascii_case(b"max-age") && (v == b"0" || v == b"\"0\""))
+                }
+            }
+        })
+    });
+    let pragma = !headers.contains_key(CACHE_CONTROL)
+        && headers
+            .get_all(PRAGMA)
+            .iter()
+            .any(|line| tokens(line.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"no-cache")));
+    (no_cache || pragma).then_some(Pass::RequestNoCache)
 }
 
 /// What may be done with an origin response.

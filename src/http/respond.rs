@@ -162,16 +162,25 @@ pub(crate) fn present<B: HttpBody>(
     forward: Option<Forward>,
     now: Instant,
 ) -> Response<Body<B>> {
+    try_present(policy, conditions, held, status, forward, now)
+        .unwrap_or_else(|| failure(policy, FailureKind::Error, status))
+}
+
+/// [`present`], or `None` if the entry is a body streaming past the size
+/// cap whose start is already gone (dropped once every reader that had
+/// joined passed it, within the spool's bound): it cannot be read whole
+/// any more, and the caller goes to the origin instead.
+pub(crate) fn try_present<B: HttpBody>(
+    policy: &Policy,
+    conditions: &Conditions,
+    held: &Held<CachedResponse>,
+    status: CacheStatus,
+    forward: Option<Forward>,
+    now: Instant,
+) -> Option<Response<Body<B>>> {
     let cached = held.value();
     let not_modified = conditions.not_modified(cached);
     let head_only = conditions.head || not_modified;
-    if let (CachedBody::Spooled(hold), false) = (&cached.body, head_only)
-        && !hold.spool().joinable()
-    {
-        // Its start is gone (the hold lagged too far behind the readers
-        // it had): the body cannot be read whole any more.
-        return failure(policy, FailureKind::Error, status);
-    }
     let body = if head_only {
         // Without a stored length (a chunked body over the cap), an exact
         // empty body would be framed as `Content-Length: 0`: a lie.
@@ -182,7 +191,7 @@ pub(crate) fn present<B: HttpBody>(
     } else {
         match &cached.body {
             CachedBody::Full(bytes) => Body::full(bytes.clone()),
-            CachedBody::Spooled(hold) => Body::spooled(hold.spool().clone(), None),
+            CachedBody::Spooled(hold) => Body::try_spooled(hold.spool().clone())?,
         }
     };
     let mut response = Response::new(body);
@@ -229,7 +238,7 @@ pub(crate) fn present<B: HttpBody>(
             .headers_mut()
             .insert(name.clone(), status.header_value());
     }
-    response
+    Some(response)
 }
 
 /// The layer's own answer when a rebuild gave nothing to present: the

@@ -135,6 +135,7 @@ where
         private: (!cookies.is_empty()).then_some(Private::Headers(cookies)),
         // The rebuild adds the stored entry's tags and the 304's.
         tags: TagSet::default(),
+        hit_for_miss: None,
     }
 }
 

@@ -88,6 +88,8 @@ pub struct RouteConfig {
     pub respect_cache_control: Option<bool>,
     /// See [`StampedeGuard::allow_credentials`].
     pub allow_credentials: Option<bool>,
+    /// See [`StampedeGuard::respect_request_cache_control`].
+    pub respect_request_cache_control: Option<bool>,
     /// See [`StampedeGuard::strip_set_cookie`].
     pub strip_set_cookie: Option<bool>,
     /// See [`StampedeGuard::cache_private`].
@@ -248,6 +250,7 @@ mod tests {
         config.forwarded_headers = Some(vec![]);
         config.respect_cache_control = Some(true);
         config.allow_credentials = Some(true);
+        config.respect_request_cache_control = Some(true);
         config.strip_set_cookie = Some(true);
         config.cache_private = Some(true);
         config.ignore_vary = Some(true);
@@ -282,6 +285,7 @@ mod tests {
             p.store.respect_cache_control && p.store.allow_credentials && p.store.strip_set_cookie
         );
         assert!(p.store.cache_private && p.store.ignore_vary && !p.store.invalidate_on_unsafe);
+        assert!(p.store.respect_request_cache_control);
     }
 
     #[test]

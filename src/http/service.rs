@@ -26,7 +26,7 @@ use super::labels::RouteLabels;
 use super::origin::{Origin, CONDITIONAL};
 use super::passes::Pass;
 use super::policy::{request_bypass, Policy};
-use super::respond::{failure, present, tag_with, Conditions};
+use super::respond::{failure, present, tag_with, try_present, Conditions};
 use super::response::CachedResponse;
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
 use crate::backend::Backend;
@@ -286,6 +286,34 @@ where
         return Ok(response);
     }
     match answer {
+        Answer::Shared(served, origin) => {
+            let now = Instant::now();
+            let forward = forward_of(
+                served.status,
+                &served.held,
+                served.stored,
+                had_stale,
+                &forwarded,
+                now,
+            );
+            let status = served.status.into();
+            let presented = try_present(&policy, &conditions, &served.held, status, forward, now);
+            // The entry is let go before any wait: while a waiter holds it,
+            // its body keeps its start for the waiters still to join.
+            drop(served);
+            match presented {
+                Some(response) => Ok(response),
+                // A body over the size cap that went on streaming to the
+                // requests that joined it in time: this one came too late
+                // to read it from the start, and goes to the origin itself
+                // rather than get an error the origin never sent.
+                None => {
+                    policy.passes.request(Pass::OverCap, origin.labels);
+                    crate::metrics::count(crate::metrics::ORIGIN_CALLS, origin.labels);
+                    origin.alone().await
+                }
+            }
+        }
         Answer::Served(served) => {
             let now = Instant::now();
             let forward = forward_of(

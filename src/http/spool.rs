@@ -6,12 +6,15 @@
 //! origin fetch of a body too large to cache.
 //!
 //! Its memory is bounded, not the body's length: a chunk is kept only until
-//! every live reader has passed it (and a [`Hold`] keeps the start for the
-//! readers still to join). Once the first chunk is gone nobody may join. The
-//! filling task stops reading while the spool holds `bound` bytes and no
-//! reader waits for more; when one does, the readers lagging that far behind
-//! it fail instead of holding the bytes. A declared `Content-Length` is
-//! enforced: a body that runs past it, or ends short of it, fails.
+//! every live reader has passed it, and a [`Hold`] keeps the start for the
+//! readers still to join (the waiters of the flight, which drop it once
+//! they all have their readers). Once the first chunk is gone nobody may
+//! join (a request that comes too late goes to the origin itself). The
+//! filling task stops reading while the spool holds `bound` bytes, until
+//! the slowest reader (or the hold) moves on. No reader ever fails for
+//! being slow: the body it streams is the origin's, whole; a slow one only
+//! slows the others that share it. A declared `Content-Length` is enforced:
+//! a body that runs past it, or ends short of it, fails.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -48,7 +51,7 @@ struct State {
     /// The filling task, waiting for room.
     pump: Option<Waker>,
     /// Each live reader (and hold): its id and the number of the next chunk
-    /// it reads. A reader missing from here lagged too far and failed.
+    /// it reads. A reader missing from here came too late, and fails.
     readers: Vec<(u64, usize)>,
     next_id: u64,
 }
@@ -135,11 +138,6 @@ impl Spool {
         self.lock().len
     }
 
-    /// Whether a new reader may still join, from the start.
-    pub(crate) fn joinable(&self) -> bool {
-        self.lock().first == 0
-    }
-
     /// Adds a chunk; `false` if the body failed (now, by running past its
     /// declared length, or before): read no more.
     pub(crate) fn push(&self, chunk: Bytes) -> bool {
@@ -222,34 +220,15 @@ impl Spool {
     }
 
     /// Ready when the filling task may read on: the spool holds less than
-    /// its bound, or a reader waits for more, in which case the readers
-    /// lagging behind it fail until the spool is back under its bound.
+    /// its bound (or nobody is left to read it). Otherwise it waits for the
+    /// slowest reader, or the hold, to move on.
     fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
-        let wakers = {
-            let mut state = self.lock();
-            if state.held < state.bound || state.readers.is_empty() {
-                return Poll::Ready(());
-            }
-            let end = state.end_index();
-            if !state.readers.iter().any(|&(_, at)| at == end) {
-                state.pump = Some(cx.waker().clone());
-                return Poll::Pending;
-            }
-            while state.held >= state.bound {
-                let Some(slowest) = state.readers.iter().map(|&(_, at)| at).min() else {
-                    break;
-                };
-                if slowest == end {
-                    break;
-                }
-                tracing::debug!("a reader lagged too far behind a shared body and fails");
-                state.readers.retain(|&(_, at)| at != slowest);
-                state.trim();
-            }
-            std::mem::take(&mut state.wakers)
-        };
-        wake(wakers);
-        Poll::Ready(())
+        let mut state = self.lock();
+        if state.held < state.bound || state.readers.is_empty() {
+            return Poll::Ready(());
+        }
+        state.pump = Some(cx.waker().clone());
+        Poll::Pending
     }
 
     /// Reads the origin's body into the spool on a task of its own, until
@@ -298,7 +277,7 @@ impl Spool {
 }
 
 /// Keeps a spool's start for the readers still to join (the waiters of the
-/// flight it answers), as long as it lives and does not lag too far.
+/// flight it answers), as long as it lives.
 pub(crate) struct Hold {
     spool: Arc<Spool>,
     id: Option<u64>,
@@ -383,6 +362,11 @@ impl SpoolReader {
             read: 0,
             finished: false,
         }
+    }
+
+    /// Whether it joined at the start (else it reads nothing and fails).
+    pub(crate) fn joined(&self) -> bool {
+        self.id.is_some()
     }
 
     pub(crate) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Option<Read>> {

@@ -9,5 +9,6 @@ mod driver;
 mod failures;
 mod generic_cache;
 mod herd;
+mod rebuild_spans;
 mod refresh_ahead;
 mod refresh_ahead_http;

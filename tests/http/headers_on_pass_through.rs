@@ -73,6 +73,7 @@ async fn a_passed_through_answer_carries_no_tag_header() {
     let guard = StampedeGuard::new(Backend::local())
         .ttl(Duration::from_secs(60))
         .invalidate_on_unsafe(false)
+        .respect_request_cache_control(true)
         .key_fn(|parts| (parts.uri.query() != Some("nokey")).then(|| parts.uri.to_string()));
     let app = tagged_app(&origin, guard);
     for (what, req) in [

@@ -12,6 +12,7 @@ mod common;
 static ALLOCATOR: common::counting::Counting = common::counting::Counting;
 
 mod bodies;
+mod bodies_over_the_cap;
 mod cache_status;
 mod headers_on_pass_through;
 mod headers_per_state;
@@ -24,6 +25,7 @@ mod numbers;
 mod one_client_answers;
 mod range_edges;
 mod ranges;
+mod request_directives;
 mod revalidation;
 mod rfc;
 mod rfc_edges;

@@ -223,29 +223,45 @@ async fn expires_sets_the_lifetime_and_a_past_one_is_never_stored() {
 }
 
 // ---------------------------------------------------------------------------
-// 4. A request's no-store.
+// 4. A request's no-store, on a route that follows request directives.
+// (The default, which does not: `request_directives`.)
 // ---------------------------------------------------------------------------
+
+fn following() -> StampedeGuard {
+    guard().respect_request_cache_control(true)
+}
 
 #[tokio::test]
 async fn a_request_with_no_store_is_answered_but_never_stored() {
     let origin = Origin::default();
-    let app = app_with(&origin, guard(), vec![]);
+    let app = app_with(&origin, following(), vec![]);
     let a = send(&app, report_with(&[("cache-control", "no-store")])).await;
     assert_eq!((a.x_cache(), a.text().as_str()), ("BYPASS", "v1"));
     let b = send(&app, get_req("/report")).await;
     assert_eq!((b.x_cache(), b.text().as_str()), ("MISS", "v2"));
-    // no-cache and max-age=0 from a client cannot force an origin call.
-    for cc in ["no-cache", "max-age=0", "no-cache, max-age=0"] {
-        let c = send(&app, report_with(&[("cache-control", cc)])).await;
-        assert_eq!((c.x_cache(), c.text().as_str()), ("HIT", "v2"), "{cc}");
+    // no-cache, max-age=0 and Pragma: no-cache go to the origin on their
+    // own, and leave the entry as it was.
+    for (n, (name, value)) in [
+        ("cache-control", "no-cache"),
+        ("cache-control", "max-age=0"),
+        ("pragma", "no-cache"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let c = send(&app, report_with(&[(name, value)])).await;
+        let expected = format!("v{}", n + 3);
+        assert_eq!((c.x_cache(), c.text()), ("BYPASS", expected), "{value}");
     }
-    assert_eq!(origin.calls(), 2);
+    let d = send(&app, get_req("/report")).await;
+    assert_eq!((d.x_cache(), d.text().as_str()), ("HIT", "v2"));
+    assert_eq!(origin.calls(), 5);
 }
 
 #[tokio::test]
 async fn a_no_store_request_neither_starves_nor_replaces_a_flight() {
     let origin = Origin::default();
-    let app = counted_app(&origin, guard(), |n| async move {
+    let app = counted_app(&origin, following(), |n| async move {
         tokio::time::sleep(Duration::from_millis(300)).await;
         format!("v{n}")
     });

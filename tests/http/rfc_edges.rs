@@ -212,12 +212,14 @@ async fn revalidation_directives_in_any_spelling_forbid_stale() {
     }
 }
 
-/// A request's `no-store`, however written, keeps its answer out.
+/// A request's `no-store`, however written, keeps its answer out (on a
+/// route that follows request directives).
 #[tokio::test]
 async fn a_request_no_store_in_any_spelling_stores_nothing() {
     for line in ["NO-STORE", "max-age=0;no-store", "no-cache no-store"] {
         let origin = Origin::default();
-        let app = app_with(&origin, guard(), Vec::new);
+        let guard = guard().respect_request_cache_control(true);
+        let app = app_with(&origin, guard, Vec::new);
         let first = send(&app, with("/report", &[("cache-control", line)])).await;
         assert_eq!(first.x_cache(), "BYPASS", "{line}");
         assert_eq!(send(&app, get_req("/report")).await.text(), "v2", "{line}");

@@ -136,10 +136,32 @@ fn expires_gives_the_lifetime_when_respected() {
 }
 
 #[test]
-fn request_no_store_bypasses_and_no_cache_does_not() {
+fn request_directives_change_nothing_by_default() {
     let p = Policy::default();
     let get = Method::GET;
-    for line in ["no-store", "max-age=0; no-store", "No-Store"] {
+    for (name, line) in [
+        ("cache-control", "no-store"),
+        ("cache-control", "no-cache"),
+        ("cache-control", "max-age=0"),
+        ("cache-control", "max-age=0, no-store, no-cache"),
+        ("pragma", "no-cache"),
+    ] {
+        let h = headers(&[(name, line)]);
+        assert_eq!(request_bypass(&p.store, &get, &h), None, "{name}: {line}");
+    }
+}
+
+#[test]
+fn a_route_that_follows_request_directives_passes_them() {
+    let mut p = Policy::default();
+    p.store.respect_request_cache_control = true;
+    let get = Method::GET;
+    for line in [
+        "no-store",
+        "max-age=0; no-store",
+        "No-Store",
+        "no-cache no-store",
+    ] {
         let h = headers(&[("cache-control", line)]);
         assert_eq!(
             request_bypass(&p.store, &get, &h),
@@ -147,10 +169,35 @@ fn request_no_store_bypasses_and_no_cache_does_not() {
             "{line}"
         );
     }
-    for line in ["no-cache", "max-age=0", "no-storex"] {
-        let h = headers(&[("cache-control", line)]);
-        assert_eq!(request_bypass(&p.store, &get, &h), None, "{line}");
+    for (name, line) in [
+        ("cache-control", "no-cache"),
+        ("cache-control", "max-age=0"),
+        ("cache-control", "Max-Age = \"0\" , public"),
+        ("cache-control", "no-cache=\"set-cookie\""),
+        ("pragma", "no-cache"),
+    ] {
+        let h = headers(&[(name, line)]);
+        assert_eq!(
+            request_bypass(&p.store, &get, &h),
+            Some(Pass::RequestNoCache),
+            "{name}: {line}"
+        );
     }
+    for (name, line) in [
+        ("cache-control", "max-age=10"),
+        ("cache-control", "no-storex"),
+        ("cache-control", "max-stale"),
+        ("pragma", "x-no-cache"),
+    ] {
+        let h = headers(&[(name, line)]);
+        assert_eq!(request_bypass(&p.store, &get, &h), None, "{name}: {line}");
+    }
+    // RFC 9111 §5.4: with Cache-Control present, Pragma is not read.
+    let h = headers(&[("cache-control", "max-age=10"), ("pragma", "no-cache")]);
+    assert_eq!(request_bypass(&p.store, &get, &h), None);
+    // The safety rules come first, whatever the directives.
+    let h = headers(&[("authorization", "x"), ("cache-control", "no-store")]);
+    assert_eq!(request_bypass(&p.store, &get, &h), Some(Pass::Credentials));
 }
 
 fn directive() -> impl Strategy<Value = String> {
