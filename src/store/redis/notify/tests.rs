@@ -81,7 +81,11 @@ fn an_invalidation_reaches_the_callback_and_wakes_the_waiter() {
     assert_eq!(seen.lock().unwrap().len(), 2);
     let mut acked = notifier.acks.expect(9);
     notifier.on_push(push(&notifier.invalidation(&key, 9)));
-    assert_eq!(seen.lock().unwrap().len(), 3, "its own echo drops its copies");
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        3,
+        "its own echo drops its copies"
+    );
     assert_eq!(acked.borrow_and_update().count, 1, "and is acknowledged");
     assert!(acked.borrow().by.contains(&notifier.instance), "by itself");
     // Another's, with a nonce: handled, then acknowledged to it.
