@@ -167,6 +167,13 @@ impl Fleet {
         }
     }
 
+    /// Whether the backend is to work through Redis but has not connected
+    /// yet (it started without it, and connects in the background).
+    #[cfg(feature = "redis")]
+    pub(crate) fn is_connecting(&self) -> bool {
+        self.tier.get().is_none() && self.wants_redis.load(Ordering::Acquire)
+    }
+
     /// Where the backend stands with the shared tier now.
     pub(crate) fn standing(&self) -> Standing {
         #[cfg(feature = "redis")]

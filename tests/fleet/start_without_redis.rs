@@ -64,6 +64,11 @@ async fn a_backend_started_without_redis_serves_locally_then_joins_the_fleet() {
     assert!(!state.connected && !state.reachable && !state.subscription_live);
     assert!(matches!(state.breaker, Breaker::Open { .. }));
 
+    // No fleet-wide lock yet, and never a local one in its place.
+    let lock = stampede_guard::Lock::new(first.backend.clone());
+    let refused = lock.try_acquire("job").await.expect_err("no redis yet");
+    assert!(matches!(refused, stampede_guard::LockError::Unavailable(_)));
+
     // Local protection: a burst on one key costs one origin call.
     let answers = fleet_burst(std::slice::from_ref(&first), 50, || get("/report?cold")).await;
     assert!(answers.iter().all(|a| a.status == 200));
@@ -74,6 +79,9 @@ async fn a_backend_started_without_redis_serves_locally_then_joins_the_fleet() {
     let state = first.backend.health().redis.expect("a redis backend");
     assert!(state.connected && state.reachable && state.subscription_live);
     assert_eq!(state.breaker, Breaker::Closed);
+    let held = lock.try_acquire("job").await.expect("redis answers");
+    assert!(held.is_some(), "the lock is taken in redis");
+    drop(held);
 
     // Fleet coalescing is back: a second instance shares the first's
     // rebuild of a cold key.
