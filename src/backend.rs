@@ -10,6 +10,7 @@ use std::sync::Arc;
 #[cfg(feature = "redis")]
 use std::time::Duration;
 
+use crate::engine::fleet::Standing;
 use crate::engine::Engine;
 #[cfg(feature = "redis")]
 use crate::error::{Error, ErrorKind};
@@ -18,7 +19,7 @@ use crate::store::locks::LocalLocks;
 #[cfg(feature = "redis")]
 use crate::store::redis::config::{redact, TlsPem};
 #[cfg(feature = "redis")]
-pub use crate::store::redis::config::{RedisConfig, TlsFiles};
+pub use crate::store::redis::config::{RedisConfig, TlsFiles, DEFAULT_OUTAGE_GRACE};
 #[cfg(feature = "redis")]
 use crate::store::redis::connection::Topology;
 #[cfg(feature = "redis")]
@@ -185,6 +186,66 @@ impl Backend {
         RedisBackendBuilder::from_config(config).connect().await
     }
 
+    /// A readiness answer: whether this backend protects the whole fleet
+    /// now, or only this process, and why. Cheap (a few atomic reads): fit
+    /// for a readiness or health endpoint.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, Status};
+    ///
+    /// let health = Backend::local().health();
+    /// assert_eq!(health.status, Status::Local);
+    /// # #[cfg(feature = "redis")]
+    /// assert!(health.redis.is_none());
+    /// ```
+    pub fn health(&self) -> Health {
+        match self.engine.fleet.standing() {
+            Standing::Embedded => Health {
+                status: Status::Local,
+                #[cfg(feature = "redis")]
+                redis: None,
+            },
+            #[cfg(feature = "redis")]
+            Standing::Connecting => Health {
+                status: Status::Degraded,
+                redis: Some(RedisHealth {
+                    connected: false,
+                    reachable: false,
+                    subscription_live: false,
+                    breaker: Breaker::Open { circuits: 1 },
+                }),
+            },
+            #[cfg(feature = "redis")]
+            Standing::Connected {
+                reachable,
+                subscription_live,
+                open_circuits,
+            } => Health {
+                status: if reachable && subscription_live {
+                    Status::Fleet
+                } else {
+                    Status::Degraded
+                },
+                redis: Some(RedisHealth {
+                    connected: true,
+                    reachable,
+                    subscription_live,
+                    breaker: if open_circuits == 0 && reachable {
+                        Breaker::Closed
+                    } else {
+                        Breaker::Open {
+                            circuits: open_circuits.max(1),
+                        }
+                    },
+                }),
+            },
+            #[cfg(not(feature = "redis"))]
+            Standing::Connecting | Standing::Connected { .. } => Health {
+                status: Status::Local,
+            },
+        }
+    }
+
     /// Counters and state, for diagnostics.
     pub fn stats(&self) -> BackendStats {
         BackendStats {
@@ -208,6 +269,66 @@ impl Backend {
             }),
         }
     }
+}
+
+/// A backend's readiness, from [`Backend::health`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Health {
+    /// What the backend protects now.
+    pub status: Status,
+    /// The Redis tier's state, if the backend has one (connected or not).
+    #[cfg(feature = "redis")]
+    pub redis: Option<RedisHealth>,
+}
+
+/// What a backend protects now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Status {
+    /// The embedded backend: this process, by design.
+    Local,
+    /// The fleet through Redis: Redis answers and the subscription to the
+    /// fleet's invalidations is confirmed live.
+    Fleet,
+    /// A Redis backend running on its in-process tier alone: not connected
+    /// yet, Redis failing, or its subscription not confirmed. Requests are
+    /// still answered, coalesced per process (see the README, "When things
+    /// go wrong").
+    Degraded,
+}
+
+/// The Redis tier's state, in [`Health`].
+#[cfg(feature = "redis")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisHealth {
+    /// Whether the backend has connected to Redis (false while it connects
+    /// in the background after a start-up without Redis).
+    pub connected: bool,
+    /// Whether Redis answers: every circuit closed.
+    pub reachable: bool,
+    /// Whether the subscription to the fleet's invalidations is confirmed
+    /// live (its lease running, no gap).
+    pub subscription_live: bool,
+    /// The circuit breakers.
+    pub breaker: Breaker,
+}
+
+/// The state of a Redis backend's circuit breakers, in [`RedisHealth`].
+#[cfg(feature = "redis")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Breaker {
+    /// Calls go to Redis.
+    Closed,
+    /// Calls are not made: Redis failed (or is not connected yet); a probe
+    /// asks it in the background. On Redis Cluster, `circuits` primaries
+    /// have their circuit open; otherwise 1.
+    Open {
+        /// Circuits open.
+        circuits: u64,
+    },
 }
 
 /// A snapshot of a backend's counters.
@@ -374,6 +495,60 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Fails [`connect`](Self::connect) when Redis cannot be reached
+    /// (refused, or no answer within the connect timeout), as a fail-fast
+    /// deployment wants.
+    ///
+    /// Without it (the default) such a backend starts anyway: it serves
+    /// with in-process protection (its own L1, one origin call per key per
+    /// process), logs one WARN, connects in the background (first after the
+    /// probe interval, then backing off to 5 s), and joins the fleet once
+    /// Redis answers (one INFO). [`Backend::health`] tells which. Errors no
+    /// retry can mend (a malformed URL, refused credentials or permissions,
+    /// TLS, a feature not compiled in) fail at start-up either way.
+    ///
+    /// ```
+    /// # use stampede_guard::Backend;
+    /// let builder = Backend::redis_builder("redis://127.0.0.1:6379").require_redis_at_start();
+    /// ```
+    #[must_use]
+    pub fn require_redis_at_start(mut self) -> Self {
+        self.config.require_redis_at_start = true;
+        self
+    }
+
+    /// How long an instance that cannot hear the fleet's invalidations
+    /// (Redis down, or this instance cut off from it) keeps serving what its
+    /// in-process tier holds, past the 3 s subscription lease (default 30 s,
+    /// [`DEFAULT_OUTAGE_GRACE`](crate::DEFAULT_OUTAGE_GRACE)).
+    ///
+    /// While Redis is down for the whole fleet no invalidation can return
+    /// `Ok` (each fails, and is retried once Redis is back), so serving the
+    /// in-process tier is what keeps the origin at one call per key per
+    /// instance. The grace bounds the other case: an instance cut off from
+    /// a Redis the others still reach may serve an entry another instance
+    /// invalidated (and whose invalidation returned `Ok` once this
+    /// instance's membership lapsed) for at most the lease plus the grace
+    /// after that invalidation. Once the grace has run out, the in-process
+    /// tier is dropped, and then again every `max(grace, 3 s)` while the
+    /// subscription is not back; when it is back, it is dropped once more
+    /// (what was missed is never served past the rejoin).
+    ///
+    /// `Duration::ZERO` keeps the strict rule: nothing read before an
+    /// invalidation is served once it returned `Ok`, on any instance, at
+    /// the cost of dropping the in-process tier at the first sign of a lost
+    /// subscription and every 3 s after, for as long as Redis is gone.
+    ///
+    /// ```
+    /// # use std::time::Duration; use stampede_guard::Backend;
+    /// let builder = Backend::redis_builder("redis://127.0.0.1:6379").outage_grace(Duration::from_secs(10));
+    /// ```
+    #[must_use]
+    pub fn outage_grace(mut self, grace: Duration) -> Self {
+        self.config.outage_grace = grace;
+        self
+    }
+
     /// Trusts this CA (PEM) for `rediss` connections instead of the system's
     /// roots: for a private CA, as managed services and self-hosted TLS use.
     ///
@@ -404,9 +579,15 @@ impl RedisBackendBuilder {
     }
 
     /// Connects, subscribes to the event channel and loads the scripts.
-    /// Fails with the server's reason if Redis is unreachable, refuses the
-    /// credentials or the TLS handshake: a misconfigured backend is a
-    /// start-up error, not a silent fallback.
+    /// Fails with the server's reason if Redis refuses the credentials, a
+    /// permission or the TLS handshake, or the settings are unusable: a
+    /// misconfigured backend is a start-up error, not a silent fallback.
+    ///
+    /// A Redis that cannot be reached (refused, or silent for the connect
+    /// timeout) is no error unless
+    /// [`require_redis_at_start`](Self::require_redis_at_start) is set: the
+    /// backend starts with in-process protection and joins the fleet once
+    /// Redis answers (see [`Backend::health`]).
     ///
     /// # Errors
     ///
@@ -414,10 +595,11 @@ impl RedisBackendBuilder {
     /// [`InvalidConfig`](crate::ErrorKind::InvalidConfig) for a malformed
     /// URL, an unreadable certificate, a feature not compiled in or a
     /// `rediss` URL with no rustls crypto provider installed;
-    /// [`Connect`](crate::ErrorKind::Connect), [`Auth`](crate::ErrorKind::Auth),
-    /// [`Permission`](crate::ErrorKind::Permission), [`Tls`](crate::ErrorKind::Tls)
-    /// or [`Timeout`](crate::ErrorKind::Timeout) for what the server or the
-    /// network answered.
+    /// [`Auth`](crate::ErrorKind::Auth),
+    /// [`Permission`](crate::ErrorKind::Permission) or [`Tls`](crate::ErrorKind::Tls)
+    /// for what the server answered; with `require_redis_at_start`, also
+    /// [`Connect`](crate::ErrorKind::Connect) or
+    /// [`Timeout`](crate::ErrorKind::Timeout) when it cannot be reached.
     pub async fn connect(self) -> Result<Backend, Error> {
         let config = self.config;
         let shown = redact(&config.url);
@@ -445,8 +627,10 @@ impl RedisBackendBuilder {
             deadline: config.deadline,
             connect_timeout: config.connect_timeout,
             probe_interval: config.probe_interval,
+            outage_grace: config.outage_grace,
         };
-        let engine = crate::engine::fleet::connect(l1, tier_config)
+        let require = config.require_redis_at_start;
+        let engine = crate::engine::fleet::connect(l1, tier_config, require)
             .await
             .map_err(|e| crate::store::redis::setup_error(&shown, e))?;
         Ok(Backend {

@@ -115,9 +115,12 @@ pub use crate::http::{
 #[deprecated(note = "renamed `GuardBody`, so as not to clash with `axum::body::Body`")]
 pub type Body<B> = GuardBody<B>;
 pub use crate::metrics::describe_metrics;
-pub use backend::{Backend, BackendBuilder, BackendStats, DEFAULT_L1_MAX_BYTES};
+pub use backend::{Backend, BackendBuilder, BackendStats, Health, Status, DEFAULT_L1_MAX_BYTES};
 #[cfg(feature = "redis")]
-pub use backend::{RedisBackendBuilder, RedisConfig, RedisStats, TlsFiles};
+pub use backend::{
+    Breaker, RedisBackendBuilder, RedisConfig, RedisHealth, RedisStats, TlsFiles,
+    DEFAULT_OUTAGE_GRACE,
+};
 pub use cache::{Cache, RebuildError};
 pub use engine::CacheValue;
 pub use error::{Error, ErrorKind};

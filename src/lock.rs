@@ -283,6 +283,15 @@ impl Lock {
         if let Some(l2) = self.backend.engine.fleet.tier() {
             return self.acquire_redis(l2, id, owner, wait, reenter).await;
         }
+        // A Redis backend still connecting in the background has no
+        // fleet-wide lock yet, and a local one would not exclude the others.
+        #[cfg(feature = "redis")]
+        if self.backend.engine.fleet.is_connecting() {
+            return Err(LockError::Unavailable(crate::Error::new(
+                crate::ErrorKind::Unavailable,
+                "redis is not connected yet: the backend started without it",
+            )));
+        }
         let locks = &self.backend.locks;
         Ok(locks
             .acquire(id, &owner.token, wait, reenter)

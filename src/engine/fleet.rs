@@ -9,7 +9,9 @@
 //! [`Fleet`] works in one of two ways: embedded (no shared tier, because the
 //! crate was built without Redis or the backend has none: the plan is always
 //! "rebuild", and the in-process flight is the only protection), or with the
-//! Redis tier attached once it connected.
+//! Redis tier attached once it connected. A backend whose Redis could not be
+//! reached at start-up works embedded until its tier connects in the
+//! background.
 //!
 //! This is the one file of the engine that knows whether the crate was built
 //! with Redis, and the one that knows the tier's types; everything else in
@@ -115,6 +117,40 @@ pub(crate) struct Fleet {
     /// missed.
     #[cfg(feature = "redis")]
     reloads: Arc<Reloads>,
+    /// Set when the backend is to join a fleet through Redis (whether or
+    /// not it has connected yet).
+    #[cfg(feature = "redis")]
+    wants_redis: AtomicBool,
+    /// The task connecting in the background when Redis could not be
+    /// reached at start-up: it ends once connected, or with the fleet.
+    #[cfg(feature = "redis")]
+    joining: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+#[cfg(feature = "redis")]
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let joining = self.joining.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Some(task) = joining.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Where a backend stands with the shared tier, for its readiness answer.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) enum Standing {
+    /// No shared tier configured.
+    Embedded,
+    /// Configured, not connected yet: connecting in the background.
+    Connecting,
+    /// Connected: whether every circuit is closed, whether the subscription
+    /// is confirmed live, how many circuits are open.
+    Connected {
+        reachable: bool,
+        subscription_live: bool,
+        open_circuits: u64,
+    },
 }
 
 impl Fleet {
@@ -124,7 +160,36 @@ impl Fleet {
             tier: OnceLock::new(),
             #[cfg(feature = "redis")]
             reloads: Arc::new(Reloads::default()),
+            #[cfg(feature = "redis")]
+            wants_redis: AtomicBool::new(false),
+            #[cfg(feature = "redis")]
+            joining: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Whether the backend is to work through Redis but has not connected
+    /// yet (it started without it, and connects in the background).
+    #[cfg(feature = "redis")]
+    pub(crate) fn is_connecting(&self) -> bool {
+        self.tier.get().is_none() && self.wants_redis.load(Ordering::Acquire)
+    }
+
+    /// Where the backend stands with the shared tier now.
+    pub(crate) fn standing(&self) -> Standing {
+        #[cfg(feature = "redis")]
+        {
+            if let Some(tier) = self.tier.get() {
+                return Standing::Connected {
+                    reachable: tier.is_available(),
+                    subscription_live: tier.hears_everything(Instant::now()),
+                    open_circuits: tier.open_circuits(),
+                };
+            }
+            if self.wants_redis.load(Ordering::Acquire) {
+                return Standing::Connecting;
+            }
+        }
+        Standing::Embedded
     }
 
     /// The Redis tier, for the parts of the crate that call it directly
@@ -307,38 +372,124 @@ impl Fleet {
 
 /// Connects the Redis tier behind a new engine: the tier's invalidation
 /// messages reach the engine, and the tag table is loaded once.
+///
+/// If Redis cannot be reached for a reason a retry may mend (refused, no
+/// answer in time, loading), the engine starts without it unless
+/// `require` is set: it serves with in-process protection, and a task
+/// connects in the background, with backoff, and attaches the tier once
+/// Redis answers. Reasons no retry mends (credentials, permissions, TLS,
+/// settings) fail at once either way.
 #[cfg(feature = "redis")]
 pub(crate) async fn connect(
     l1: LocalTier,
     config: TierConfig,
+    require: bool,
 ) -> Result<Arc<Engine>, redis::RedisError> {
     let engine = Arc::new(Engine::new(l1));
-    // Another instance's invalidation is this engine's too: the L1 copy
-    // goes, and a flight running for the key may no longer store.
-    let on_invalidate = {
-        let engine = Arc::downgrade(&engine);
-        Arc::new(move |what| {
-            if let Some(engine) = engine.upgrade() {
-                match what {
-                    Invalidated::Key(key) => engine.invalidate_here(&key),
-                    Invalidated::Everything => engine.invalidate_everything_here(),
-                    Invalidated::Generation(field, generation) => {
-                        generation_heard(&engine, field, generation)
-                    }
+    engine.fleet.wants_redis.store(true, Ordering::Release);
+    let on_invalidate = on_invalidate(&engine);
+    match RedisTier::connect(config.clone(), on_invalidate.clone()).await {
+        Ok(tier) => {
+            attach(&engine, tier).await;
+            Ok(engine)
+        }
+        Err(error) if require || !crate::store::redis::may_mend(&error) => Err(error),
+        Err(error) => {
+            tracing::warn!(
+                error = %error,
+                "redis cannot be reached at start-up; serving with in-process protection \
+                 and connecting in the background"
+            );
+            let task = tokio::spawn(join_later(Arc::downgrade(&engine), config, on_invalidate));
+            *engine
+                .fleet
+                .joining
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+            Ok(engine)
+        }
+    }
+}
+
+/// The longest pause between two attempts to connect in the background.
+#[cfg(feature = "redis")]
+const JOIN_PAUSE_MAX: Duration = Duration::from_secs(5);
+
+/// Connects in the background until Redis answers, then attaches the tier.
+/// Ends with the engine (the fleet aborts it when dropped).
+#[cfg(feature = "redis")]
+async fn join_later(
+    engine: std::sync::Weak<Engine>,
+    config: TierConfig,
+    on_invalidate: crate::store::redis::notify::OnInvalidate,
+) {
+    let mut pause = config.probe_interval.max(Duration::from_millis(10));
+    let mut refused = false;
+    loop {
+        tokio::time::sleep(pause).await;
+        pause = pause.saturating_mul(2).min(JOIN_PAUSE_MAX);
+        if engine.strong_count() == 0 {
+            return;
+        }
+        match RedisTier::connect(config.clone(), on_invalidate.clone()).await {
+            Ok(tier) => {
+                let Some(engine) = engine.upgrade() else {
+                    return;
+                };
+                // Built while this instance was no member of the fleet, the
+                // in-process tier may hold what another instance invalidated
+                // meanwhile: it goes, now that the subscription hears
+                // everything, and so do the flights running.
+                engine.invalidate_everything_here();
+                attach(&engine, tier).await;
+                tracing::info!("connected to redis; this instance joined the fleet");
+                return;
+            }
+            Err(error) if !crate::store::redis::may_mend(&error) => {
+                // Redis answers, and refuses: an operator must act. Said
+                // once, and tried again at the longest pause.
+                if !std::mem::replace(&mut refused, true) {
+                    tracing::error!(
+                        error = %error,
+                        "redis refuses this instance; it keeps serving with in-process \
+                         protection alone"
+                    );
+                }
+                pause = JOIN_PAUSE_MAX;
+            }
+            Err(error) => tracing::debug!(error = %error, "redis cannot be reached yet"),
+        }
+    }
+}
+
+/// Another instance's invalidation is this engine's too: the L1 copy goes,
+/// and a flight running for the key may no longer store.
+#[cfg(feature = "redis")]
+fn on_invalidate(engine: &Arc<Engine>) -> crate::store::redis::notify::OnInvalidate {
+    let engine = Arc::downgrade(engine);
+    Arc::new(move |what| {
+        if let Some(engine) = engine.upgrade() {
+            match what {
+                Invalidated::Key(key) => engine.invalidate_here(&key),
+                Invalidated::Everything => engine.invalidate_everything_here(),
+                Invalidated::Generation(field, generation) => {
+                    generation_heard(&engine, field, generation)
                 }
             }
-        })
-    };
-    let tier = RedisTier::connect(config, on_invalidate).await?;
+        }
+    })
+}
+
+/// Puts the connected tier behind the engine and loads the tag table once.
+#[cfg(feature = "redis")]
+async fn attach(engine: &Engine, tier: Arc<RedisTier>) {
     let fleet = &engine.fleet;
     let _ = fleet.tier.set(tier.clone());
-    // Loads the table once, at start-up.
     let mark = fleet.reloads.mark();
     if let Ok((table, loaded)) = tier.load_generations(None, engine.tags.table_epoch()).await {
         engine.apply(table, loaded);
         fleet.reloads.loaded(mark);
     }
-    Ok(engine)
 }
 
 /// How far ahead of this process's clock, in microseconds, a generation

@@ -342,7 +342,7 @@ impl Engine {
     /// the last drop.
     fn confirm_l1(&self, now: Instant) {
         if self.fleet.must_drop_l1(now) {
-            tracing::info!(
+            tracing::debug!(
                 "the redis subscription is not confirmed live; the in-process tier is dropped"
             );
             self.invalidate_everything_here();

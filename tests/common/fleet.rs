@@ -115,11 +115,14 @@ pub fn wakeups(instances: &[Instance]) -> (u64, u64) {
 }
 
 /// A backend on `url` whose calls have this deadline, probing a broken
-/// link every 100 ms.
+/// link every 100 ms, under the strict invalidation barrier (no outage
+/// grace): the tests built on it check what the barrier promises to an
+/// instance that cannot hear the fleet.
 pub async fn backend_at(url: &str, deadline: Duration) -> Backend {
     Backend::redis_builder(url)
         .deadline(deadline)
         .probe_interval(Duration::from_millis(100))
+        .outage_grace(Duration::ZERO)
         .connect()
         .await
         .expect("redis backend")

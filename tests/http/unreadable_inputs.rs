@@ -27,10 +27,13 @@ fn guard() -> StampedeGuard {
     StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
 }
 
+/// Under the strict invalidation barrier (no outage grace): the tests on
+/// it check that a frozen instance serves nothing from before a purge.
 #[cfg(feature = "redis")]
 async fn backend_at(url: &str, deadline: Duration) -> Backend {
     Backend::redis_builder(url)
         .deadline(deadline)
+        .outage_grace(Duration::ZERO)
         .connect()
         .await
         .expect("redis backend")

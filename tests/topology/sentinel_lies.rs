@@ -79,10 +79,14 @@ fn url_with(setup: &SentinelSetup, fakes: &[u16]) -> String {
     format!("redis-sentinel://{}{rest}", fakes.concat())
 }
 
+/// Fail-fast: what these tests check is the start-up error (without the
+/// opt-in, a backend whose sentinels cannot name a primary yet starts with
+/// in-process protection and keeps asking).
 async fn connect(url: &str) -> Result<Backend, stampede_guard::Error> {
     let connecting = Backend::redis_builder(url)
         .probe_interval(Duration::from_millis(100))
         .connect_timeout(Duration::from_secs(2))
+        .require_redis_at_start()
         .connect();
     tokio::time::timeout(Duration::from_secs(20), connecting)
         .await

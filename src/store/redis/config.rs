@@ -63,7 +63,22 @@ pub struct RedisConfig {
     /// Certificates for `rediss` URLs; without them the system's roots are
     /// trusted and no client certificate is sent.
     pub tls: Option<TlsFiles>,
+    /// Fail at start-up when Redis cannot be reached (default false: the
+    /// backend starts with in-process protection and joins the fleet once
+    /// Redis answers). See
+    /// [`RedisBackendBuilder::require_redis_at_start`](crate::RedisBackendBuilder::require_redis_at_start).
+    pub require_redis_at_start: bool,
+    /// How long after it last heard the fleet's invalidations an instance
+    /// still serves its in-process tier (default 30 s; zero: not past the
+    /// subscription lease). See
+    /// [`RedisBackendBuilder::outage_grace`](crate::RedisBackendBuilder::outage_grace).
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
+    pub outage_grace: Duration,
 }
+
+/// How long an instance that cannot hear the fleet keeps serving its
+/// in-process tier, by default.
+pub const DEFAULT_OUTAGE_GRACE: Duration = Duration::from_secs(30);
 
 impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -76,6 +91,8 @@ impl std::fmt::Debug for RedisConfig {
             .field("probe_interval", &self.probe_interval)
             .field("l1_max_bytes", &self.l1_max_bytes)
             .field("tls", &self.tls)
+            .field("require_redis_at_start", &self.require_redis_at_start)
+            .field("outage_grace", &self.outage_grace)
             .finish()
     }
 }
@@ -90,6 +107,8 @@ impl Default for RedisConfig {
             probe_interval: Duration::from_millis(250),
             l1_max_bytes: crate::store::DEFAULT_L1_MAX_BYTES,
             tls: None,
+            require_redis_at_start: false,
+            outage_grace: DEFAULT_OUTAGE_GRACE,
         }
     }
 }

@@ -33,6 +33,7 @@ use super::health::{Address, Health};
 use super::keys::Keys;
 use super::nodes::{self, NodeConns};
 use super::notify::Notifier;
+use super::outage::{Outage, Sign};
 use super::round_trip;
 use super::scripts::Scripts;
 use super::{TierConfig, TierError, TierStats};
@@ -100,6 +101,8 @@ pub(crate) struct Connections {
     node_conns: NodeConns,
     /// The tier's counters (calls that failed).
     pub(super) stats: Arc<TierStats>,
+    /// The outage running, if any: what is logged while Redis fails.
+    pub(super) outage: Outage,
 }
 
 /// The longest pause between tries of a call made past the breaker.
@@ -146,6 +149,7 @@ impl Connections {
             signals: Signals::default(),
             node_conns: NodeConns::default(),
             stats,
+            outage: Outage::default(),
         })
     }
 
@@ -368,10 +372,13 @@ impl Connections {
         if gate != Gate::Background && breaker.failure(sent) {
             shared.health.openings.fetch_add(1, Ordering::Relaxed);
             m::count_backend(m::CIRCUIT_OPENINGS);
-            tracing::warn!(
-                route,
-                "redis failing; its keys are served from the in-process tier until it answers again"
+            tracing::debug!(
+                redis_key = route,
+                "redis failing; a circuit opened, its keys are served from the in-process tier"
             );
+            shared
+                .outage
+                .sign(Sign::CircuitOpened, shared.notifier.liveness.grace());
             shared.signals.circuit_opened.notify_one();
         }
         Err(error)

@@ -200,6 +200,16 @@ impl ErrorMeaning for RedisError {
 
 /// A failure to set up the Redis tier at `shown` (a URL without its
 /// password), with a hint for the causes people meet at start-up.
+/// Whether a failure to connect may be mended by trying again later (Redis
+/// refused the connection, did not answer in time, was loading or failing
+/// over): not bad credentials, a permission, TLS or the settings.
+pub(crate) fn may_mend(e: &RedisError) -> bool {
+    matches!(
+        e.error_kind(),
+        ErrorKind::Connect | ErrorKind::Timeout | ErrorKind::Unavailable
+    )
+}
+
 pub(crate) fn setup_error(shown: &str, e: RedisError) -> Error {
     let kind = e.error_kind();
     let message = format!("could not set up Redis at {shown}: {e}{}", hint(kind));

@@ -11,6 +11,20 @@
 //! only served if it was built after the last drop. So an instance that did
 //! not acknowledge an invalidation within one lease of its publish has
 //! either handled the message or serves nothing read before it.
+//!
+//! **The outage grace.** Dropping the in-process tier at once costs the
+//! origin one call per key per instance per lease for as long as Redis is
+//! gone, while during an outage of Redis itself no invalidation can return
+//! at all (it cannot reach Redis). So an instance keeps trusting its
+//! in-process tier for a grace beyond the lease ([`Liveness::grace`],
+//! configurable, zero for the strict rule above), and then drops it once
+//! per `max(lease, grace)`. The cost is an instance cut off from Redis while
+//! the others are not: an invalidation made elsewhere returns once this
+//! instance's membership lapsed, and this instance may serve what it held
+//! before that invalidation for at most `lease + grace` after its publish.
+//! When the subscription is back, the gap it leaves drops the in-process
+//! tier once (see [`super::notify`]), so what was missed is not served
+//! past the rejoin.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -20,6 +34,8 @@ use std::time::{Duration, Instant};
 pub(crate) struct Liveness {
     base: Instant,
     lease: Duration,
+    /// How long past the lease the in-process tier is still trusted.
+    grace: Duration,
     /// Milliseconds since `base` until which the subscription is confirmed.
     until: AtomicU64,
     /// Milliseconds since `base` (plus one; zero: never) of the last drop of
@@ -28,10 +44,17 @@ pub(crate) struct Liveness {
 }
 
 impl Liveness {
+    /// The strict rule: no grace past the lease.
+    #[cfg(test)]
     pub(crate) fn new(lease: Duration) -> Self {
+        Self::with_grace(lease, Duration::ZERO)
+    }
+
+    pub(crate) fn with_grace(lease: Duration, grace: Duration) -> Self {
         Liveness {
             base: Instant::now(),
             lease,
+            grace,
             until: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
         }
@@ -39,6 +62,11 @@ impl Liveness {
 
     pub(crate) fn lease(&self) -> Duration {
         self.lease
+    }
+
+    /// How long past the lease the in-process tier is still trusted.
+    pub(crate) fn grace(&self) -> Duration {
+        self.grace
     }
 
     fn ms(&self, at: Instant) -> u64 {
@@ -61,6 +89,17 @@ impl Liveness {
         u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX)
     }
 
+    fn ms_grace(&self) -> u64 {
+        u64::try_from(self.grace.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether the in-process tier is served past the subscription lease
+    /// (a grace is set): then the first sign of a lost subscription does
+    /// not drop it, the grace does.
+    pub(crate) fn has_grace(&self) -> bool {
+        !self.grace.is_zero()
+    }
+
     /// The in-process tier was dropped at `now` (the subscription was seen
     /// to fail).
     pub(crate) fn dropped(&self, now: Instant) {
@@ -69,18 +108,20 @@ impl Liveness {
     }
 
     /// Whether the in-process tier must be dropped before it serves at
-    /// `now`: the lease ran out and it was not dropped since, or it was
-    /// dropped more than one lease ago and the subscription is still not
-    /// confirmed. True for one caller only; that caller drops it.
+    /// `now`: the lease and the grace ran out and it was not dropped since,
+    /// or it was dropped more than `max(lease, grace)` ago and the
+    /// subscription is still not confirmed. True for one caller only; that
+    /// caller drops it.
     pub(crate) fn must_drop(&self, now: Instant) -> bool {
         let now = self.ms(now);
         let until = self.until.load(Ordering::Acquire);
-        if now < until {
+        if now < until.saturating_add(self.ms_grace()) {
             return false;
         }
         let dropped = self.dropped.load(Ordering::Acquire);
         let last = dropped.saturating_sub(1);
-        if dropped != 0 && last >= until && now < last.saturating_add(self.ms_lease()) {
+        let period = self.ms_lease().max(self.ms_grace());
+        if dropped != 0 && last >= until && now < last.saturating_add(period) {
             return false;
         }
         self.dropped
@@ -114,5 +155,27 @@ mod tests {
         );
         live.confirm(lapsed + Duration::from_millis(130));
         assert!(!live.must_drop(lapsed + Duration::from_millis(200)));
+    }
+
+    #[test]
+    fn a_grace_keeps_the_tier_past_the_lease_then_drops_once_per_grace() {
+        let live = Liveness::with_grace(Duration::from_millis(100), Duration::from_millis(1_000));
+        let t0 = live.base;
+        live.confirm(t0);
+        let lapsed = t0 + Duration::from_millis(150);
+        assert!(!live.must_drop(lapsed), "inside the grace");
+        assert!(
+            !live.is_live(lapsed),
+            "yet not live: the barrier's view is strict"
+        );
+        assert!(!live.must_drop(t0 + Duration::from_millis(1_050)));
+        let graced = t0 + Duration::from_millis(1_100);
+        assert!(live.must_drop(graced), "lease and grace over");
+        assert!(!live.must_drop(graced), "once");
+        assert!(!live.must_drop(graced + Duration::from_millis(900)));
+        assert!(
+            live.must_drop(graced + Duration::from_millis(1_000)),
+            "again a grace later"
+        );
     }
 }

@@ -44,7 +44,8 @@
 //! | `keys.rs` | every key and channel name |
 //! | `messages.rs` | invalidation, generation and acknowledgement message formats |
 //! | `carried.rs` | a commit's wake-up that carries a small entry, and its proof |
-//! | `acks.rs`, `liveness.rs` | counting acknowledgements; the subscription lease |
+//! | `acks.rs`, `liveness.rs` | counting acknowledgements; the subscription lease and the outage grace |
+//! | `outage.rs` | what is logged while Redis fails: one WARN, summaries, one INFO |
 //! | `lease.rs`, `renew.rs` | a rebuild lease, and the renewer that keeps a lease or a lock |
 //! | `connection.rs`, `client.rs`, `topology.rs`, `sentinel.rs` | opening the link on one server, a cluster or behind Sentinel |
 //! | `health.rs`, `breaker.rs`, `nodes.rs` | the slot map and one breaker per primary; the cluster's own node connections |
@@ -69,6 +70,7 @@ pub(crate) mod lock;
 mod messages;
 mod nodes;
 pub(crate) mod notify;
+mod outage;
 pub(crate) mod renew;
 mod round_trip;
 mod scripts;
@@ -94,7 +96,7 @@ use connection::{Conn, Topology};
 use connections::Connections;
 use entries::Entries;
 pub(crate) use entries::{Fetched, Remote};
-pub(crate) use error::{migrating, setup_error, TierError};
+pub(crate) use error::{may_mend, migrating, setup_error, TierError};
 pub(crate) use lease::Lease;
 use lock::{Attempt, Locks};
 pub(crate) use notify::Invalidated;
@@ -110,6 +112,10 @@ pub(crate) struct TierConfig {
     pub deadline: Duration,
     pub connect_timeout: Duration,
     pub probe_interval: Duration,
+    /// How long past the subscription lease the in-process tier is still
+    /// served while the subscription is not confirmed (see
+    /// [`liveness`]).
+    pub outage_grace: Duration,
 }
 
 /// Counters of the shared tier, for diagnostics and tests.
@@ -164,7 +170,11 @@ impl RedisTier {
         config: TierConfig,
         on_invalidate: OnInvalidate,
     ) -> Result<Arc<Self>, RedisError> {
-        let notifier = Arc::new(Notifier::new(on_invalidate, supervisor::SUBSCRIPTION_LEASE));
+        let notifier = Arc::new(Notifier::with_grace(
+            on_invalidate,
+            supervisor::SUBSCRIPTION_LEASE,
+            config.outage_grace,
+        ));
         let stats = Arc::new(TierStats::default());
         let started = Instant::now();
         let connect_timeout = config.connect_timeout;

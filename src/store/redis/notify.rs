@@ -183,7 +183,18 @@ pub(crate) struct Notifier {
 impl Notifier {
     /// A notifier whose in-process tier is trusted for `lease` after each
     /// confirmed ping of the subscriber (see [`Liveness`]).
+    #[cfg(test)]
     pub(crate) fn new(on_invalidate: OnInvalidate, lease: Duration) -> Self {
+        Self::with_grace(on_invalidate, lease, Duration::ZERO)
+    }
+
+    /// As [`Notifier::new`], with the in-process tier still served for
+    /// `grace` past the lease while the subscription is not confirmed.
+    pub(crate) fn with_grace(
+        on_invalidate: OnInvalidate,
+        lease: Duration,
+        grace: Duration,
+    ) -> Self {
         let (ack_queue, ack_out) = tokio::sync::mpsc::channel(ACKS_QUEUED_MAX);
         Notifier {
             slots: Mutex::new(HashMap::new()),
@@ -191,7 +202,7 @@ impl Notifier {
             on_invalidate,
             instance: format!("{:016x}", rand::random::<u64>()),
             stats: WakeStats::default(),
-            liveness: Liveness::new(lease),
+            liveness: Liveness::with_grace(lease, grace),
             acks: Acks::default(),
             ack_queue,
             ack_out: Mutex::new(Some(ack_out)),
@@ -291,9 +302,13 @@ impl Notifier {
     /// ping while Redis is down would detach the flights that coalesce this
     /// process's misses. (The subscription lease drops it again once per
     /// lease for as long as the gap lasts.)
+    ///
+    /// With an outage grace (see [`super::liveness`]) nothing is dropped
+    /// here: the grace drops it once it runs out, and the end of the gap
+    /// when the subscription is back.
     pub(crate) fn subscription_lost(&self) {
         self.heard.fetch_add(1, Ordering::AcqRel);
-        if !self.gap.swap(true, Ordering::AcqRel) {
+        if !self.gap.swap(true, Ordering::AcqRel) && !self.liveness.has_grace() {
             self.liveness.dropped(std::time::Instant::now());
             (self.on_invalidate)(Invalidated::Everything);
         }
@@ -367,7 +382,7 @@ impl Notifier {
             PushKind::Subscribe
                 if !self.is_ack_subscription(&push) && self.gap.swap(false, Ordering::AcqRel) =>
             {
-                tracing::info!(
+                tracing::debug!(
                     "event channel subscribed again after a gap; the in-process tier is dropped"
                 );
                 self.heard.fetch_add(1, Ordering::AcqRel);

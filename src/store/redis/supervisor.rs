@@ -28,7 +28,8 @@
 //!   deadline (a frozen link, a dead connection) means invalidations may go
 //!   unheard from now on: the in-process tier is dropped at once, and the
 //!   subscription opened again (then dropped again, since messages may
-//!   have been missed meanwhile);
+//!   have been missed meanwhile; with an outage grace, only once the
+//!   grace ran out: see [`super::liveness`]);
 //!   An answer also renews this instance's fleet membership (see
 //!   [`super::barrier`]), which it leaves when the tier is dropped;
 //! - acknowledges other instances' invalidations (see [`super::barrier`]);
@@ -59,6 +60,7 @@ use super::client::Options;
 use super::connection::{self, Topology};
 use super::connections::Connections;
 use super::messages::AckDue;
+use super::outage::Sign;
 use super::round_trip;
 use super::sentinel;
 
@@ -152,15 +154,19 @@ async fn keepalive(shared: &Connections, barrier: &Barrier) {
                 shared.notifier.disconnected.notify_one();
             } else if barrier.renew_membership().await {
                 shared.notifier.liveness.confirm(sent);
+                if shared.health.all_closed() {
+                    shared.outage.recovered();
+                }
             }
         } else {
-            tracing::info!(
-                "redis subscriber does not answer; the in-process tier is dropped and \
-                 the subscription opened again"
-            );
+            tracing::debug!("redis subscriber does not answer; the subscription is opened again");
+            shared
+                .outage
+                .sign(Sign::SubscriberSilent, shared.notifier.liveness.grace());
             shared.notifier.subscription_lost();
             shared.notifier.disconnected.notify_one();
         }
+        shared.outage.summarise();
     }
 }
 
@@ -313,7 +319,7 @@ async fn probe_once(shared: &Connections) -> bool {
     }
     // The subscriber reconnects (and resubscribes) when used.
     if command.is_some() && ping(link.subscriber.clone()).await.is_some() {
-        tracing::info!("redis answers again; fleet-wide protection restored");
+        tracing::debug!("redis answers again; its circuit is closed");
         shared.health.whole().close();
         return true;
     }
@@ -337,12 +343,12 @@ async fn probe_once(shared: &Connections) -> bool {
 /// timeout does not make the client reconnect.
 async fn resubscribe_once(shared: &Connections) -> bool {
     if !shared.notifier.in_gap() && ping_subscriber(shared).await {
-        tracing::info!("redis subscription re-established on its own connection");
+        tracing::debug!("redis subscription re-established on its own connection");
         return true;
     }
     match tokio::time::timeout(shared.config.connect_timeout, shared.reopen()).await {
         Ok(Ok(())) => {
-            tracing::info!("redis subscription re-established");
+            tracing::debug!("redis subscription re-established");
             true
         }
         Ok(Err(e)) => {

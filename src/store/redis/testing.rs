@@ -23,6 +23,7 @@ pub(crate) fn config(url: &str) -> TierConfig {
         deadline: Duration::from_millis(50),
         connect_timeout: Duration::from_secs(2),
         probe_interval: Duration::from_millis(20),
+        outage_grace: Duration::ZERO,
     }
 }
 

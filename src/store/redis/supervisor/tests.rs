@@ -114,3 +114,96 @@ async fn a_dropped_tier_ends_its_tasks_while_a_background_release_waits_on_redis
         "and lets them go once Redis has answered it"
     );
 }
+
+/// Counts the events logged at INFO and above, and the debug lines that
+/// say a keepalive went unanswered.
+#[derive(Default)]
+struct Logged {
+    loud: std::sync::Mutex<Vec<(tracing::Level, String)>>,
+    silent_keepalives: std::sync::atomic::AtomicUsize,
+}
+
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+struct Counter(Arc<Logged>);
+
+impl tracing::Subscriber for Counter {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        let level = *event.metadata().level();
+        if level <= tracing::Level::INFO {
+            self.0.loud.lock().unwrap().push((level, message.0));
+        } else if message.0.starts_with("redis subscriber does not answer") {
+            self.0
+                .silent_keepalives
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+async fn until(mut done: impl FnMut() -> bool) {
+    for _ in 0..600 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the condition did not come true");
+}
+
+/// An outage logs one WARN when it begins and one INFO when it ends,
+/// however many keepalives go unanswered and probes fail meanwhile.
+/// (A current-thread runtime: every task logs to this test's subscriber.)
+#[tokio::test]
+async fn an_outage_logs_one_warn_and_one_info() {
+    let logged = Arc::new(Logged::default());
+    let _guard = tracing::subscriber::set_default(Counter(logged.clone()));
+    let mut redis = RedisServer::start();
+    let tier = connect(&redis).await;
+    redis.kill();
+    open_circuit(&tier).await;
+    until(|| {
+        logged
+            .silent_keepalives
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 3
+    })
+    .await;
+    redis.restart();
+    until(|| !tier.conns.outage.is_on()).await;
+    let loud = logged.loud.lock().unwrap().clone();
+    let warns: Vec<_> = loud
+        .iter()
+        .filter(|(level, _)| *level == tracing::Level::WARN)
+        .collect();
+    let infos: Vec<_> = loud
+        .iter()
+        .filter(|(level, _)| *level == tracing::Level::INFO)
+        .collect();
+    assert_eq!(warns.len(), 1, "one WARN: {loud:?}");
+    assert!(warns[0].1.starts_with("redis unreachable"), "{loud:?}");
+    assert_eq!(infos.len(), 1, "one INFO: {loud:?}");
+    assert!(
+        infos[0].1.contains("fleet-wide protection restored"),
+        "{loud:?}"
+    );
+}
