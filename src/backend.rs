@@ -519,8 +519,9 @@ impl RedisBackendBuilder {
 
     /// How long an instance that cannot hear the fleet's invalidations
     /// (Redis down, or this instance cut off from it) keeps serving what its
-    /// in-process tier holds, past the 3 s subscription lease (default 30 s,
-    /// [`DEFAULT_OUTAGE_GRACE`](crate::DEFAULT_OUTAGE_GRACE)).
+    /// in-process tier holds, past the 3 s subscription lease (default
+    /// zero, [`DEFAULT_OUTAGE_GRACE`](crate::DEFAULT_OUTAGE_GRACE): the
+    /// strict rule below).
     ///
     /// While Redis is down for the whole fleet no invalidation can return
     /// `Ok` (each fails, and is retried once Redis is back), so serving the
@@ -534,10 +535,12 @@ impl RedisBackendBuilder {
     /// subscription is not back; when it is back, it is dropped once more
     /// (what was missed is never served past the rejoin).
     ///
-    /// `Duration::ZERO` keeps the strict rule: nothing read before an
-    /// invalidation is served once it returned `Ok`, on any instance, at
-    /// the cost of dropping the in-process tier at the first sign of a lost
-    /// subscription and every 3 s after, for as long as Redis is gone.
+    /// `Duration::ZERO`, the default, keeps the strict rule: nothing read
+    /// before an invalidation is served once it returned `Ok`, on any
+    /// instance, at the cost of dropping the in-process tier at the first
+    /// sign of a lost subscription and every 3 s after, for as long as
+    /// Redis is gone. A grace trades that rule, for an instance cut off
+    /// alone, for origin calls saved during a whole outage.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::Backend;

@@ -69,16 +69,17 @@ pub struct RedisConfig {
     /// [`RedisBackendBuilder::require_redis_at_start`](crate::RedisBackendBuilder::require_redis_at_start).
     pub require_redis_at_start: bool,
     /// How long after it last heard the fleet's invalidations an instance
-    /// still serves its in-process tier (default 30 s; zero: not past the
-    /// subscription lease). See
+    /// still serves its in-process tier past the subscription lease
+    /// (default zero: the strict barrier). See
     /// [`RedisBackendBuilder::outage_grace`](crate::RedisBackendBuilder::outage_grace).
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub outage_grace: Duration,
 }
 
 /// How long an instance that cannot hear the fleet keeps serving its
-/// in-process tier, by default.
-pub const DEFAULT_OUTAGE_GRACE: Duration = Duration::from_secs(30);
+/// in-process tier past the subscription lease, by default: not at all,
+/// so that an invalidation that returned `Ok` holds on every instance.
+pub const DEFAULT_OUTAGE_GRACE: Duration = Duration::ZERO;
 
 impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
