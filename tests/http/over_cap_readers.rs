@@ -1,0 +1,334 @@
+//! Bodies over `max_body_bytes` shared by coalesced waiters, with readers
+//! and origins that misbehave: a waiter that never reads, one that leaves
+//! mid-body, an origin whose body fails half way, HEAD and Range requests,
+//! and a body exactly at the cap. Counts only: answers completed within a
+//! generous bound, origin calls, bytes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use stampede_guard::{Backend, StampedeGuard};
+use tokio::sync::{mpsc, Semaphore};
+use tower::ServiceExt;
+
+use crate::common::{send, Answer, Origin};
+
+const CAP: usize = 1024;
+/// Far beyond any time these bodies need: a count, not a timing.
+const GENEROUS: Duration = Duration::from_secs(20);
+
+/// `/big`: `chunks` chunks of `chunk` bytes (byte `i` is `i % 251`), with
+/// its `Content-Length`; fails after `fail_at` chunks if given. Each call
+/// waits for a permit from `gate`.
+fn app(
+    origin: &Origin,
+    gate: &Arc<Semaphore>,
+    chunk: usize,
+    chunks: usize,
+    fail_at: Option<usize>,
+) -> Router {
+    let (origin, gate) = (origin.clone(), gate.clone());
+    let guard = StampedeGuard::new(Backend::local())
+        .ttl(Duration::from_secs(600))
+        .max_body_bytes(CAP);
+    Router::new().route(
+        "/big",
+        get(move || {
+            let (origin, gate) = (origin.clone(), gate.clone());
+            async move {
+                let (_n, running) = origin.enter();
+                gate.acquire().await.expect("gate").forget();
+                let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+                tokio::spawn(async move {
+                    let _running = running;
+                    for c in 0..chunks {
+                        if fail_at == Some(c) {
+                            let _ = tx.send(Err(std::io::Error::other("origin broke"))).await;
+                            return;
+                        }
+                        let part: Vec<u8> = (c * chunk..(c + 1) * chunk)
+                            .map(|i| (i % 251) as u8)
+                            .collect();
+                        if tx.send(Ok(Bytes::from(part))).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                http::Response::builder()
+                    .header("content-length", chunk * chunks)
+                    .body(Body::from_stream(
+                        tokio_stream::wrappers::ReceiverStream::new(rx),
+                    ))
+                    .unwrap()
+            }
+        })
+        .layer(guard),
+    )
+}
+
+fn expected(len: usize) -> Bytes {
+    (0..len)
+        .map(|i| (i % 251) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+fn req(method: &str, range: Option<&str>) -> Request<Body> {
+    let mut r = Request::builder().method(method).uri("/big");
+    if let Some(range) = range {
+        r = r.header("range", range);
+    }
+    r.body(Body::empty()).unwrap()
+}
+
+/// Sends `n` requests at once and returns their heads, once the origin
+/// has been called and `gate` opened.
+async fn heads(
+    app: &Router,
+    origin: &Origin,
+    gate: &Semaphore,
+    n: usize,
+    make: impl Fn() -> Request<Body>,
+) -> Vec<http::Response<Body>> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (app, r) = (app.clone(), make());
+            tokio::spawn(async move { app.oneshot(r).await.unwrap() })
+        })
+        .collect();
+    for _ in 0..2000 {
+        if origin.calls() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for _ in 0..200 {
+        tokio::task::yield_now().await;
+    }
+    gate.add_permits(10_000);
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// Reads each body on its own task; how many end whole within `GENEROUS`.
+async fn whole_within(responses: Vec<http::Response<Body>>, len: usize) -> usize {
+    let tasks: Vec<_> = responses
+        .into_iter()
+        .map(|r| {
+            tokio::spawn(async move {
+                tokio::time::timeout(GENEROUS, r.into_body().collect())
+                    .await
+                    .ok()
+                    .and_then(|b| b.ok())
+                    .map(|b| b.to_bytes())
+            })
+        })
+        .collect();
+    let whole = expected(len);
+    let mut n = 0;
+    for t in tasks {
+        if t.await.unwrap().is_some_and(|b| b == whole) {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// One coalesced waiter that never reads (a client whose window stays
+/// shut): how many of the other 19 get their whole answer. Measured: none
+/// within 20 s; the spool waits for its slowest reader, with no limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "one waiter that never reads stalls every other waiter of an over-cap body"]
+async fn a_waiter_that_never_reads_does_not_stall_the_others() {
+    let (chunk, chunks) = (4 * 1024, 64);
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = app(&origin, &gate, chunk, chunks, None);
+    let mut responses = heads(&app, &origin, &gate, 20, || req("GET", None)).await;
+    let stalled = responses.pop().unwrap();
+    let done = whole_within(responses, chunk * chunks).await;
+    eprintln!(
+        "never-reading waiter: {done} of 19 others whole within {GENEROUS:?}; origin calls {}",
+        origin.calls()
+    );
+    drop(stalled);
+    assert_eq!(done, 19, "a waiter that never reads stalled the others");
+}
+
+/// One waiter reads a chunk and leaves: the others still end whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_leaves_mid_body_does_not_break_the_others() {
+    let (chunk, chunks) = (4 * 1024, 64);
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = app(&origin, &gate, chunk, chunks, None);
+    let mut responses = heads(&app, &origin, &gate, 20, || req("GET", None)).await;
+    let mut leaver = responses.pop().unwrap().into_body();
+    let _ = leaver.frame().await;
+    drop(leaver);
+    let done = whole_within(responses, chunk * chunks).await;
+    eprintln!(
+        "leaver: {done} of 19 whole; origin calls {}",
+        origin.calls()
+    );
+    assert_eq!(done, 19);
+}
+
+/// The origin's body fails half way: every waiter sees a failed body (the
+/// origin's), none waits forever, none gets a whole body that was never sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_origin_body_failing_half_way_ends_every_waiter() {
+    let (chunk, chunks) = (4 * 1024, 16);
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = app(&origin, &gate, chunk, chunks, Some(8));
+    let responses = heads(&app, &origin, &gate, 20, || req("GET", None)).await;
+    let statuses: Vec<_> = responses.iter().map(|r| r.status()).collect();
+    let tasks: Vec<_> = responses
+        .into_iter()
+        .map(|r| {
+            tokio::spawn(
+                async move { tokio::time::timeout(GENEROUS, r.into_body().collect()).await },
+            )
+        })
+        .collect();
+    let (mut failed, mut hung, mut ok) = (0, 0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            Err(_) => hung += 1,
+            Ok(Err(_)) => failed += 1,
+            Ok(Ok(_)) => ok += 1,
+        }
+    }
+    eprintln!(
+        "origin failing mid-body: statuses {statuses:?}; failed {failed}, hung {hung}, ok {ok}; calls {}",
+        origin.calls()
+    );
+    assert_eq!((hung, ok), (0, 0));
+    // Later: the key is not stuck.
+    let after = app.clone().oneshot(req("GET", None)).await.unwrap();
+    let status = after.status();
+    let body = tokio::time::timeout(GENEROUS, after.into_body().collect()).await;
+    eprintln!("after: {status} ended {}", body.is_ok());
+    assert!(body.is_ok(), "a later request hung");
+}
+
+/// HEAD and Range requests coalesced on a body over the cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn head_and_range_requests_on_a_body_over_the_cap() {
+    let (chunk, chunks) = (4 * 1024, 16);
+    let len = chunk * chunks;
+    for (method, range) in [
+        ("HEAD", None),
+        ("GET", Some("bytes=0-9")),
+        ("GET", Some("bytes=-10")),
+    ] {
+        let origin = Origin::default();
+        let gate = Arc::new(Semaphore::new(0));
+        let app = app(&origin, &gate, chunk, chunks, None);
+        let responses = heads(&app, &origin, &gate, 20, || req(method, range)).await;
+        let tasks: Vec<_> = responses
+            .into_iter()
+            .map(|r| {
+                tokio::spawn(async move {
+                    let (parts, body) = r.into_parts();
+                    let body = tokio::time::timeout(GENEROUS, body.collect()).await;
+                    (parts, body)
+                })
+            })
+            .collect();
+        let mut answers: Vec<Answer> = Vec::new();
+        let (mut hung, mut failed) = (0, 0);
+        for t in tasks {
+            let (parts, body) = t.await.unwrap();
+            match body {
+                Err(_) => hung += 1,
+                Ok(Err(_)) => failed += 1,
+                Ok(Ok(b)) => answers.push(Answer {
+                    status: parts.status,
+                    headers: parts.headers,
+                    body: b.to_bytes(),
+                }),
+            }
+        }
+        eprintln!("{method} {range:?}: hung {hung}, failed {failed}");
+        let mut kinds = std::collections::BTreeMap::new();
+        for a in &answers {
+            *kinds
+                .entry((
+                    a.status.as_u16(),
+                    a.body.len(),
+                    a.headers
+                        .get("content-length")
+                        .map(|v| v.to_str().unwrap().to_owned()),
+                    a.headers
+                        .get("content-range")
+                        .map(|v| v.to_str().unwrap().to_owned()),
+                ))
+                .or_insert(0) += 1;
+        }
+        eprintln!(
+            "{method} {range:?}: {kinds:?}; origin calls {}",
+            origin.calls()
+        );
+        assert_eq!((hung, failed), (0, 0), "{method} {range:?}");
+        for a in &answers {
+            match (method, range) {
+                ("HEAD", _) => {
+                    assert_eq!(a.status, StatusCode::OK);
+                    assert!(a.body.is_empty());
+                }
+                (_, Some("bytes=0-9")) => {
+                    assert!(
+                        (a.status == StatusCode::PARTIAL_CONTENT
+                            && a.body == expected(len).slice(0..10))
+                            || (a.status == StatusCode::OK && a.body == expected(len)),
+                        "{:?} {}",
+                        a.status,
+                        a.body.len()
+                    );
+                }
+                _ => {
+                    assert!(
+                        (a.status == StatusCode::PARTIAL_CONTENT
+                            && a.body == expected(len).slice(len - 10..))
+                            || (a.status == StatusCode::OK && a.body == expected(len)),
+                        "{:?} {}",
+                        a.status,
+                        a.body.len()
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A body exactly at the cap is stored; one byte over is not.
+#[tokio::test]
+async fn a_body_exactly_at_the_cap_is_stored_one_byte_over_is_not() {
+    for (len, stored) in [(CAP, true), (CAP + 1, false)] {
+        let origin = Origin::default();
+        let gate = Arc::new(Semaphore::new(10_000));
+        let app = app(&origin, &gate, len, 1, None);
+        for _ in 0..5 {
+            let a = send(&app, req("GET", None)).await;
+            assert!(a.body == expected(len));
+        }
+        eprintln!("len {len}: origin calls {} for 5", origin.calls());
+        assert_eq!(
+            origin.calls() == 1,
+            stored,
+            "len {len}: {} calls",
+            origin.calls()
+        );
+    }
+}
