@@ -15,6 +15,7 @@ mod driver;
 mod failure_backoff;
 mod failures;
 mod invalidation_faults;
+mod join_barrier;
 mod key_lifetimes;
 mod lease_deadline;
 mod model_scripts;
