@@ -156,6 +156,22 @@ async fn a_waiter_that_never_reads_does_not_stall_the_others() {
     let mut responses = heads(&app, &origin, &gate, 20, || req("GET", None)).await;
     let stalled = responses.pop().unwrap();
     let done = whole_within(responses, chunk * chunks).await;
+    // Requests that come while the waiters are stalled.
+    let later: Vec<_> = (0..5)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { app.oneshot(req("GET", None)).await.unwrap() })
+        })
+        .collect();
+    let mut heads = Vec::new();
+    for t in later {
+        if let Ok(Ok(r)) = tokio::time::timeout(GENEROUS, t).await {
+            heads.push(r);
+        }
+    }
+    let got_head = heads.len();
+    let later_done = whole_within(heads, chunk * chunks).await;
+    eprintln!("requests during the stall: {got_head} of 5 got a head, {later_done} whole");
     eprintln!(
         "never-reading waiter: {done} of 19 others whole within {GENEROUS:?}; origin calls {}",
         origin.calls()
