@@ -88,3 +88,30 @@ async fn headers_any_client_can_add_cost_no_origin_call_on_a_warm_key() {
     .await;
     assert!(costly.is_empty(), "{costly:#?}");
 }
+
+/// Thirty requests at once on a warm key, each with a header any client can
+/// add: origin calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a client forces origin calls on a warm key with these headers"]
+async fn a_burst_with_headers_any_client_can_add_costs_no_origin_call_on_a_warm_key() {
+    let mut costly = Vec::new();
+    for headers in [[("upgrade", "h2c")], [("content-length", "1")]] {
+        let origin = Origin::default();
+        let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+        let app = counted_app(&origin, guard, |n| async move { format!("v{n}") });
+        send(&app, get("/report")).await;
+        let body = if headers[0].0 == "content-length" {
+            "x"
+        } else {
+            ""
+        };
+        let _ = crate::common::burst(&app, 30, || request(&headers, body)).await;
+        if origin.calls() > 1 {
+            costly.push(format!(
+                "{headers:?}: {} calls for 30 at once",
+                origin.calls() - 1
+            ));
+        }
+    }
+    assert!(costly.is_empty(), "{costly:#?}");
+}
