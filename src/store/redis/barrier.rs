@@ -520,18 +520,11 @@ impl Barrier {
         // call met a dead node while another is frozen) would fail the
         // renewal, and this instance would drop its in-process tier for
         // every shard's keys.
-        // A renewal is no request's call: it may take a sixth of the lease
-        // (half a keepalive) when that is longer than the deadline, so a
-        // moment of load (a process busy starting, a burst) does not leave
-        // the in-process tier untrusted until the next keepalive.
-        let limit = self
+        let renew = self
             .conns
-            .config
-            .deadline
-            .max(self.notifier.liveness.lease() / 6);
-        let renew = self.conns.routed(&route, limit, |mut conn| async move {
-            invocation.invoke_async::<i64>(&mut conn).await
-        });
+            .routed(&route, self.conns.config.deadline, |mut conn| async move {
+                invocation.invoke_async::<i64>(&mut conn).await
+            });
         match renew.await {
             Ok(_) => true,
             Err(e) => {
