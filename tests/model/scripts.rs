@@ -13,7 +13,7 @@ pub const MODELLED: [(&str, &str, &str); 14] = [
     ),
     (
         "fetch_or_lease.lua",
-        "8eb401f2d943245165c64454ac92490ac6f306594c2623ab287188fea09f07b6",
+        "0d742f0d993a4a689427840200d34be55c2ee695f07d74d3fa74e36011519c43",
         "redis.rs: Redis::fetch_or_lease",
     ),
     (

@@ -164,7 +164,7 @@ impl Entries {
         }
         let value = match withheld.as_str() {
             "" => value,
-            generation => match self.fetch_value(&keys[0], generation).await {
+            withheld => match self.fetch_value(&keys[0], withheld).await {
                 Ok(Some(value)) => value,
                 // Gone or replaced since: a fresh hit is a miss now, and a
                 // stale copy there is none.
@@ -214,18 +214,18 @@ impl Entries {
     }
 
     /// The value at `key` that was too long for the reply of
-    /// `fetch_or_lease`, if it still carries `generation` (the one that
-    /// script found current): read with a plain `GET`, so Redis copies it
-    /// once rather than through a script, under a time limit that allows
-    /// for its size.
-    async fn fetch_value(&self, key: &str, generation: &str) -> Result<Option<Vec<u8>>, TierError> {
-        let size: u64 =
-            self.conns
-                .call(key)
-                .run(|mut conn| async move {
-                    redis::cmd("STRLEN").arg(key).query_async(&mut conn).await
-                })
-                .await?;
+    /// `fetch_or_lease`, which named it `<size>:<generation>`, if it still
+    /// carries that generation (the one the script found current): read
+    /// with a plain `GET`, so Redis copies it once rather than through a
+    /// script, under a time limit that allows for its size.
+    async fn fetch_value(&self, key: &str, withheld: &str) -> Result<Option<Vec<u8>>, TierError> {
+        // Bytes from Redis: a reply that does not parse is no value.
+        let Some((size, generation)) = withheld.split_once(':') else {
+            return Ok(None);
+        };
+        let Ok(size) = size.parse::<u64>() else {
+            return Ok(None);
+        };
         let bytes: Option<Vec<u8>> = self
             .conns
             .call(key)

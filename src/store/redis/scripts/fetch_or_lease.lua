@@ -27,10 +27,10 @@
 -- foreign is 1 when the value key held bytes with no generation prefix at
 -- all (not ours, or written before values carried one): they are none too,
 -- and the caller counts them as unreadable. withheld is '' or, for a
--- value longer than `inline` left out of the reply, the generation it
--- carries: the caller reads it with a plain GET (see entries.rs), under a
--- time limit that allows for its size, and takes it only if it still
--- carries that generation (as if read here).
+-- value longer than `inline` left out of the reply, `<size>:<generation>`:
+-- the caller reads it with a plain GET (see entries.rs), under a time limit
+-- that allows for its size, and takes it only if it still carries that
+-- generation (as if read here).
 -- A value of an older generation of its group was invalidated: it is none.
 -- A value longer than `inline` is not even read whole: its first bytes say
 -- its generation (copying megabytes into the script would hold every other
@@ -52,7 +52,7 @@ local value_pttl = redis.call('PTTL', KEYS[1])
 local withheld = ''
 local sent = value
 if size > tonumber(ARGV[5]) and value ~= '' then
-  withheld = group
+  withheld = size .. ':' .. group
   sent = ''
 end
 local fresh_pttl = redis.call('PTTL', KEYS[2])
