@@ -20,6 +20,14 @@
 //! (with `--listen 127.0.0.1:0` the system picks a free port). An origin that
 //! cannot be reached, or drops the connection, is answered with
 //! `502 Bad Gateway`.
+//!
+//! This is the configuration `scripts/conformance` measures with the public
+//! HTTP caching test suite (CONFORMANCE.md has the figures). In production
+//! a route usually adds stale windows (`stale_while_revalidate`,
+//! `stale_if_error`) so that expiry and origin failures are not felt by
+//! clients; the README describes each setting. The client speaks plain
+//! `http://` to the upstream; for `https://`, build it with a TLS connector
+//! (for instance `hyper-rustls`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
