@@ -181,6 +181,68 @@ async fn a_waiter_that_never_reads_does_not_stall_the_others() {
     assert_eq!(done, 19, "a waiter that never reads stalled the others");
 }
 
+/// Two readers that never read, the first answered (most likely the one
+/// whose request started the fetch) and the last: both are cut off, the
+/// other 18 end whole, and the origin is called once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_readers_that_never_read_starter_included_do_not_stall_the_others() {
+    let (chunk, chunks) = (4 * 1024, 64);
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = app(&origin, &gate, chunk, chunks, None);
+    let mut responses = heads(&app, &origin, &gate, 20, || req("GET", None)).await;
+    let first = responses.remove(0);
+    let last = responses.pop().unwrap();
+    let done = whole_within(responses, chunk * chunks).await;
+    eprintln!(
+        "two never-reading readers: {done} of 18 others whole; origin calls {}",
+        origin.calls()
+    );
+    assert_eq!(done, 18);
+    assert_eq!(origin.calls(), 1);
+    // Cut off: each body ends with an error, never as a whole body.
+    for stalled in [first, last] {
+        let body = tokio::time::timeout(GENEROUS, stalled.into_body().collect()).await;
+        assert!(
+            matches!(body, Ok(Err(_))),
+            "a cut-off body ended whole or hung"
+        );
+    }
+}
+
+/// A reader that reads, only slowly (a pause per chunk far within the
+/// spool's patience): it is never cut off, and every reader ends whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_that_keeps_reading_is_never_cut_off() {
+    let (chunk, chunks) = (4 * 1024, 32);
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = app(&origin, &gate, chunk, chunks, None);
+    let mut responses = heads(&app, &origin, &gate, 10, || req("GET", None)).await;
+    let slow = responses.pop().unwrap();
+    let slow = tokio::spawn(async move {
+        let mut body = slow.into_body();
+        let mut read = Vec::new();
+        while let Some(frame) = tokio::time::timeout(GENEROUS, body.frame()).await.ok()? {
+            if let Ok(data) = frame.ok()?.into_data() {
+                read.extend_from_slice(&data);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Some(Bytes::from(read))
+    });
+    let done = whole_within(responses, chunk * chunks).await;
+    let slow = slow.await.unwrap();
+    eprintln!(
+        "slow reader: whole {}; {done} of 9 others whole",
+        slow.as_ref()
+            .is_some_and(|b| *b == expected(chunk * chunks))
+    );
+    assert_eq!(slow, Some(expected(chunk * chunks)));
+    assert_eq!(done, 9);
+    assert_eq!(origin.calls(), 1);
+}
+
 /// One waiter reads a chunk and leaves: the others still end whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_that_leaves_mid_body_does_not_break_the_others() {
