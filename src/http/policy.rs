@@ -115,12 +115,14 @@ pub(crate) enum Admission {
 }
 
 /// How the cache takes a request with this method, version and headers,
-/// whose body `body_ended` says has no data.
+/// whose body `body_ended` says has no data. An `Upgrade` that asks for no
+/// switch (see [`is_upgrade`]) is removed from a request the cache takes:
+/// the handler of a miss answers the plain GET the cache takes it for.
 pub(crate) fn admission(
     store: &StoreRules,
     method: &Method,
     version: Version,
-    headers: &HeaderMap,
+    headers: &mut HeaderMap,
     body_ended: bool,
 ) -> Admission {
     if method != Method::GET && method != Method::HEAD {
@@ -143,8 +145,11 @@ pub(crate) fn admission(
     // A protocol switch the handler may accept (a WebSocket, say, on a path
     // whose plain GET is cacheable): answered from an entry, it would be
     // refused without the handler ever seeing it.
-    if upgrade && is_upgrade(version, headers) {
-        return Admission::Pass(Pass::Upgrade);
+    if upgrade {
+        if is_upgrade(version, headers) {
+            return Admission::Pass(Pass::Upgrade);
+        }
+        headers.remove(UPGRADE);
     }
     // A request's own cache directives (`no-store`, `no-cache`,
     // `max-age=0`, `Pragma: no-cache`) are ignored unless the route opts in:
@@ -173,7 +178,7 @@ pub(crate) fn request_bypass(
     method: &Method,
     headers: &HeaderMap,
 ) -> Option<Pass> {
-    match admission(store, method, Version::HTTP_11, headers, true) {
+    match admission(store, method, Version::HTTP_11, &mut headers.clone(), true) {
         Admission::Cache => None,
         Admission::FreshOnly(pass) | Admission::Pass(pass) => Some(pass),
     }
@@ -523,7 +528,7 @@ mod tests {
     fn what_a_client_adds_to_a_get_costs_at_most_a_miss() {
         let p = Policy::default();
         let take = |version, h: &[(&'static str, &'static str)], ended| {
-            admission(&p.store, &Method::GET, version, &headers(h), ended)
+            admission(&p.store, &Method::GET, version, &mut headers(h), ended)
         };
         let v11 = Version::HTTP_11;
         let fresh = Admission::FreshOnly(Pass::RequestBody);
@@ -589,6 +594,17 @@ mod tests {
         ] {
             assert_eq!(take(v11, h, ended), expected, "{h:?} ended {ended}");
         }
+        // An `Upgrade` that asks for nothing is gone before the handler; a
+        // switch keeps it.
+        let mut h = headers(&[("upgrade", "h2c")]);
+        assert_eq!(
+            admission(&p.store, &Method::GET, v11, &mut h, true),
+            Admission::Cache
+        );
+        assert!(!h.contains_key(UPGRADE));
+        let mut h = headers(&[("upgrade", "h2c"), ("connection", "upgrade")]);
+        admission(&p.store, &Method::GET, v11, &mut h, true);
+        assert!(h.contains_key(UPGRADE));
         // Over HTTP/1.0 (which must ignore it) and HTTP/2 (which forbids
         // it), `Upgrade` is no switch.
         let switch = [("upgrade", "websocket"), ("connection", "upgrade")];
@@ -600,11 +616,14 @@ mod tests {
             );
         }
         // HEAD alike; another method (in any case) is no GET.
-        let body = headers(&[("content-length", "1")]);
-        assert_eq!(admission(&p.store, &Method::HEAD, v11, &body, false), fresh);
+        let mut body = headers(&[("content-length", "1")]);
+        assert_eq!(
+            admission(&p.store, &Method::HEAD, v11, &mut body, false),
+            fresh
+        );
         let lower = Method::from_bytes(b"get").unwrap();
         assert_eq!(
-            admission(&p.store, &lower, v11, &HeaderMap::new(), true),
+            admission(&p.store, &lower, v11, &mut HeaderMap::new(), true),
             Admission::Pass(Pass::Method)
         );
         // Credentials and a switch outrank a body: they must reach the handler.

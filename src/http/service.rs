@@ -114,7 +114,7 @@ where
             &policy.store,
             &parts.method,
             parts.version,
-            &parts.headers,
+            &mut parts.headers,
             body.is_end_stream(),
         );
         let fresh_only = match admission {
@@ -124,9 +124,6 @@ where
             Admission::FreshOnly(reason) => Some(reason),
             Admission::Cache => None,
         };
-        // An `Upgrade` that asks for no switch (see `is_upgrade`) is dropped:
-        // the handler answers the plain GET the cache takes it for.
-        parts.headers.remove(header::UPGRADE);
         let custom = match &policy.keys.key_fn {
             Some(key_fn) => match key_fn(&parts) {
                 Some(custom) => Some(custom),
