@@ -74,7 +74,8 @@
 //! are sorted by name only, stably; the forwarding headers frameworks read
 //! the host and scheme from are keyed
 //! ([`StampedeGuard::forwarded_headers`]); a `GET`/`HEAD` with a body is
-//! passed through; and `Accept-Encoding` is keyed in a normalised form once
+//! answered from a fresh entry or passed through alone, never stored; and
+//! `Accept-Encoding` is keyed in a normalised form once
 //! the origin varies on it (see [`StampedeGuard::vary`], which also says
 //! where the guard goes relative to a compression layer).
 //!

@@ -168,6 +168,7 @@ where
                             Some(error) => error.into(),
                             None => Box::new(SharedBodyError) as BoxError,
                         }),
+                        Read::CutOff => Err(Box::new(CutOff) as BoxError),
                     })
                 })
             }
@@ -219,3 +220,18 @@ impl std::fmt::Display for SharedBodyError {
 }
 
 impl std::error::Error for SharedBodyError {}
+
+/// The error a shared body ends with for a request that read nothing while
+/// the others sharing it read ahead, for longer than the spool waits.
+#[derive(Debug)]
+struct CutOff;
+
+impl std::fmt::Display for CutOff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "the client read too slowly to share the origin's body with the others: cut off",
+        )
+    }
+}
+
+impl std::error::Error for CutOff {}

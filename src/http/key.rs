@@ -168,21 +168,22 @@ pub(crate) fn target_host(parts: &Parts) -> Option<&str> {
 /// RFC 9112 §3.2.2: when the target has an authority, `Host` is ignored and
 /// replaced by it, so the handler builds its answer from the host the key was
 /// made of. `Err` when that cannot be done, or when the request carries
-/// several `Host` lines (which RFC 9112 §3.2 makes invalid): such a request
-/// bypasses the cache.
+/// several `Host` lines, whatever its target (RFC 9112 §3.2 makes that
+/// invalid, and which line a handler reads is anyone's guess): such a
+/// request is refused.
 pub(crate) fn align_host(parts: &mut Parts) -> Result<(), Pass> {
-    match target_host(parts) {
-        Some(host) => {
-            let value = HeaderValue::from_str(host).map_err(|_| Pass::Host)?;
-            parts.headers.insert(HOST, value);
-            Ok(())
-        }
-        // As many lines as names: no name, `Host` neither, has two (a
-        // check that costs nothing, before the lookup that hashes).
-        None if parts.headers.len() == parts.headers.keys_len() => Ok(()),
-        None if parts.headers.get_all(HOST).iter().nth(1).is_some() => Err(Pass::Host),
-        None => Ok(()),
+    // As many lines as names: no name, `Host` neither, has two (a check
+    // that costs nothing, before the lookup that hashes).
+    if parts.headers.len() != parts.headers.keys_len()
+        && parts.headers.get_all(HOST).iter().nth(1).is_some()
+    {
+        return Err(Pass::Host);
     }
+    if let Some(host) = target_host(parts) {
+        let value = HeaderValue::from_str(host).map_err(|_| Pass::Host)?;
+        parts.headers.insert(HOST, value);
+    }
+    Ok(())
 }
 
 /// A request's key in two parts (RFC 9111 §4.1): the URL's key, which names

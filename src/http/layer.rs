@@ -174,9 +174,15 @@ impl StampedeGuard {
     /// Largest body stored (default 4 MiB). A larger response is not stored:
     /// it is read from the origin once and streamed to every request that
     /// waited for it, each from the start, within `4 × bytes` (plus one
-    /// chunk): the origin is read on as the slowest of those requests reads,
-    /// and none of them fails for being slow. A request that comes after
-    /// the start was let go calls the origin itself. The key then skips
+    /// chunk): the origin is read on as the slowest of those requests reads.
+    /// No request holds the others back for long: when that window is full
+    /// and a request has read nothing of its next chunk for 10 seconds while
+    /// others read ahead of it (a client whose receive window stays shut),
+    /// its body ends with an error, so its connection is closed, and the
+    /// others go on. A request that reads at all keeps its place; one that
+    /// hangs up lets go of the window at once; one reading alone is never
+    /// cut off. A request that comes after the start was let go calls the
+    /// origin itself. The key then skips
     /// coalescing for the [`hit_for_miss`](Self::hit_for_miss) window, so
     /// later requests go to the origin side by side rather than queue
     /// behind a body that will not be stored.

@@ -34,7 +34,8 @@
 //! A route's policy, split by who reads it:
 //! - `policy.rs`: `Policy`, the whole of a route's settings as pieces;
 //!   `StoreRules` with `classify` (what may become of an origin answer) and
-//!   `request_bypass` (what requests the cache does not take).
+//!   `admission` (how the cache takes a request: whole, from a fresh entry
+//!   only, or not at all).
 //! - `flight.rs`: `FlightSettings`, how misses run in the engine, and
 //!   [`WaitTimeout`].
 //! - `vary.rs`: a response's `Vary` against the key.

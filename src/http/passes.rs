@@ -18,15 +18,16 @@ pub(crate) enum Pass {
     /// `Authorization`, `Cookie` or `Proxy-Authorization`, on a route that
     /// does not allow them.
     Credentials,
-    /// An `Upgrade`: a connection, not a document.
+    /// A protocol switch (`Upgrade` with `Connection: upgrade`): a
+    /// connection, not a document.
     Upgrade,
-    /// A GET or HEAD with a body.
+    /// A GET or HEAD with a body, and no fresh entry to answer it.
     RequestBody,
     /// The request's `Cache-Control` says `no-store`, on a route that
     /// follows request directives.
     RequestNoStore,
     /// A `Host` the key cannot be made of: several lines, or a target
-    /// authority that is no header value.
+    /// authority that is no header value. Such a request is refused (`400`).
     Host,
     /// The route's key function declined the request.
     KeyFn,

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::header::{
-    ACCEPT_ENCODING, CACHE_CONTROL, CONTENT_LENGTH, PRAGMA, SET_COOKIE, TRANSFER_ENCODING,
+    ACCEPT_ENCODING, CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, PRAGMA, SET_COOKIE,
+    TRANSFER_ENCODING, UPGRADE,
 };
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
 
 use super::cache_status::Presentation;
 use super::flight::FlightSettings;
@@ -95,52 +96,122 @@ impl Default for StoreRules {
     }
 }
 
-/// Why a request does not use the cache.
-pub(crate) fn request_bypass(
+/// How the cache takes a request: the one place that decides it.
+///
+/// Nothing a client adds to a GET or HEAD may cost the origin more than the
+/// one miss per key the cache costs anyway, except what must reach the
+/// handler to be answered right: another method, credentials, a protocol
+/// switch, or request directives on a route that opts in to them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// From an entry, or the key's one flight.
+    Cache,
+    /// From a fresh entry when there is one (what the handler answered
+    /// without what this request adds); otherwise passed through alone. It
+    /// never starts or joins a flight, whose stored answer it could shape.
+    FreshOnly(Pass),
+    /// Passed through: only the handler may answer it.
+    Pass(Pass),
+}
+
+/// How the cache takes a request with this method, version and headers,
+/// whose body `body_ended` says has no data. An `Upgrade` that asks for no
+/// switch (see [`is_upgrade`]) is removed from a request the cache takes:
+/// the handler of a miss answers the plain GET the cache takes it for.
+pub(crate) fn admission(
     store: &StoreRules,
     method: &Method,
-    headers: &HeaderMap,
-) -> Option<Pass> {
+    version: Version,
+    headers: &mut HeaderMap,
+    body_ended: bool,
+) -> Admission {
     if method != Method::GET && method != Method::HEAD {
-        return Some(Pass::Method);
+        return Admission::Pass(Pass::Method);
     }
     // One pass over the names present (usually a handful, none of these)
     // instead of a lookup per header asked about.
-    let (mut credentials, mut upgrade, mut body) = (false, false, false);
+    let (mut credentials, mut upgrade, mut framing) = (false, false, false);
     for name in headers.keys() {
         match name.as_str() {
             "authorization" | "cookie" | "proxy-authorization" => credentials = true,
             "upgrade" => upgrade = true,
-            "transfer-encoding" | "content-length" => body = true,
+            "transfer-encoding" | "content-length" => framing = true,
             _ => {}
         }
     }
     if credentials && !store.allow_credentials {
-        return Some(Pass::Credentials);
+        return Admission::Pass(Pass::Credentials);
     }
-    // An upgrade is a connection, not a document. (A range is answered from
-    // the whole entry.)
+    // A protocol switch the handler may accept (a WebSocket, say, on a path
+    // whose plain GET is cacheable): answered from an entry, it would be
+    // refused without the handler ever seeing it.
     if upgrade {
-        return Some(Pass::Upgrade);
-    }
-    // A GET or HEAD with a body: the handler may read it, and the answer the
-    // leader's body shaped would be stored for everyone.
-    let zero = |v: &http::HeaderValue| v.to_str().is_ok_and(|v| v.trim().parse() == Ok(0u64));
-    if body
-        && (headers.contains_key(TRANSFER_ENCODING)
-            || !headers.get_all(CONTENT_LENGTH).iter().all(zero))
-    {
-        return Some(Pass::RequestBody);
+        if is_upgrade(version, headers) {
+            return Admission::Pass(Pass::Upgrade);
+        }
+        headers.remove(UPGRADE);
     }
     // A request's own cache directives (`no-store`, `no-cache`,
     // `max-age=0`, `Pragma: no-cache`) are ignored unless the route opts in:
     // on a shared cache any client could otherwise send each request to the
     // origin. Ignored, such a request is served like any other: from a fresh
     // entry, or by joining or starting the key's one flight.
-    if store.respect_request_cache_control {
-        return request_directives(headers);
+    if store.respect_request_cache_control
+        && let Some(pass) = request_directives(headers)
+    {
+        return Admission::Pass(pass);
     }
-    None
+    // A GET or HEAD with a body: content in a GET has no defined meaning
+    // (RFC 9110 §9.3.1), so a fresh entry answers it; but the handler may
+    // read it, so its answer is never stored for everyone.
+    if !body_ended || (framing && has_body(headers)) {
+        return Admission::FreshOnly(Pass::RequestBody);
+    }
+    Admission::Cache
+}
+
+/// Why a request does not go the whole way through the cache, if it does
+/// not: a pass, or an answer from a fresh entry only.
+#[cfg(test)]
+pub(crate) fn request_bypass(
+    store: &StoreRules,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Option<Pass> {
+    match admission(store, method, Version::HTTP_11, &mut headers.clone(), true) {
+        Admission::Cache => None,
+        Admission::FreshOnly(pass) | Admission::Pass(pass) => Some(pass),
+    }
+}
+
+/// Whether the request asks to switch protocols (RFC 9110 §7.8): an
+/// `Upgrade` naming a protocol, with the `upgrade` option in `Connection`,
+/// which a sender of `Upgrade` must send, over HTTP/1.1 (an HTTP/1.0
+/// `Upgrade` must be ignored; HTTP/2 and HTTP/3 forbid both fields). Any
+/// other `Upgrade` is no upgrade, and the cache treats the request as if it
+/// had none.
+pub(crate) fn is_upgrade(version: Version, headers: &HeaderMap) -> bool {
+    version == Version::HTTP_11
+        && headers
+            .get_all(UPGRADE)
+            .iter()
+            .any(|line| tokens(line.as_bytes()).next().is_some())
+        && headers
+            .get_all(CONNECTION)
+            .iter()
+            .any(|line| tokens(line.as_bytes()).any(|t| t.eq_ignore_ascii_case(b"upgrade")))
+}
+
+/// Whether the framing headers announce content: a `Transfer-Encoding`, or
+/// a `Content-Length` other than zero (a list of zeros is zero).
+fn has_body(headers: &HeaderMap) -> bool {
+    let zero = |v: &HeaderValue| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .all(|n| n.trim().parse::<u64>().is_ok_and(|n| n == 0))
+        })
+    };
+    headers.contains_key(TRANSFER_ENCODING) || !headers.get_all(CONTENT_LENGTH).iter().all(zero)
 }
 
 /// What a request's cache directives ask of a route that follows them
@@ -262,7 +333,7 @@ pub(crate) fn classify(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::{HeaderName, HeaderValue};
+    use http::HeaderName;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -432,11 +503,7 @@ mod tests {
         let range = headers(&[("range", "bytes=0-1")]);
         assert_eq!(request_bypass(&p.store, &get, &range), None);
         assert!(request_bypass(&p.store, &Method::POST, &HeaderMap::new()).is_some());
-        for h in [
-            ("authorization", "Bearer x"),
-            ("cookie", "a=b"),
-            ("upgrade", "websocket"),
-        ] {
+        for h in [("authorization", "Bearer x"), ("cookie", "a=b")] {
             assert!(
                 request_bypass(&p.store, &get, &headers(&[h])).is_some(),
                 "{h:?}"
@@ -453,6 +520,121 @@ mod tests {
             request_bypass(&opted.store, &get, &headers(&[("authorization", "x")])),
             None
         );
+    }
+
+    /// Every request property a client controls, on a GET: what the cache
+    /// makes of it.
+    #[test]
+    fn what_a_client_adds_to_a_get_costs_at_most_a_miss() {
+        let p = Policy::default();
+        let take = |version, h: &[(&'static str, &'static str)], ended| {
+            admission(&p.store, &Method::GET, version, &mut headers(h), ended)
+        };
+        let v11 = Version::HTTP_11;
+        let fresh = Admission::FreshOnly(Pass::RequestBody);
+        for (h, ended, expected) in [
+            // No switch asked: an `Upgrade` alone, or `Connection: upgrade`
+            // alone, is nothing.
+            (&[("upgrade", "h2c")][..], true, Admission::Cache),
+            (
+                &[("upgrade", "websocket"), ("connection", "close")],
+                true,
+                Admission::Cache,
+            ),
+            (&[("connection", "upgrade")], true, Admission::Cache),
+            (
+                &[("connection", "upgrade"), ("upgrade", " , ")],
+                true,
+                Admission::Cache,
+            ),
+            // A switch: only the handler can make it.
+            (
+                &[
+                    ("upgrade", "websocket"),
+                    ("connection", "keep-alive, Upgrade"),
+                ],
+                true,
+                Admission::Pass(Pass::Upgrade),
+            ),
+            // Framing that announces no content.
+            (&[("content-length", "0")], true, Admission::Cache),
+            (&[("content-length", "0, 0")], true, Admission::Cache),
+            (
+                &[("content-length", "0"), ("content-length", " 0 ")],
+                true,
+                Admission::Cache,
+            ),
+            (&[("expect", "100-continue")], true, Admission::Cache),
+            // Hop-by-hop and forwarding fields that change nothing.
+            (
+                &[("te", "trailers"), ("connection", "te")],
+                true,
+                Admission::Cache,
+            ),
+            (&[("max-forwards", "0")], true, Admission::Cache),
+            (
+                &[("connection", "cache-control, host")],
+                true,
+                Admission::Cache,
+            ),
+            // Content, announced or not: a fresh entry answers it.
+            (&[("content-length", "1")], false, fresh),
+            (&[("content-length", "1")], true, fresh),
+            (&[("content-length", "0, 1")], true, fresh),
+            (&[("content-length", "x")], true, fresh),
+            (&[("content-length", "-0")], true, fresh),
+            (&[("transfer-encoding", "chunked")], true, fresh),
+            (&[("transfer-encoding", "identity")], true, fresh),
+            (
+                &[("expect", "100-continue"), ("content-length", "3")],
+                false,
+                fresh,
+            ),
+            (&[], false, fresh),
+        ] {
+            assert_eq!(take(v11, h, ended), expected, "{h:?} ended {ended}");
+        }
+        // An `Upgrade` that asks for nothing is gone before the handler; a
+        // switch keeps it.
+        let mut h = headers(&[("upgrade", "h2c")]);
+        assert_eq!(
+            admission(&p.store, &Method::GET, v11, &mut h, true),
+            Admission::Cache
+        );
+        assert!(!h.contains_key(UPGRADE));
+        let mut h = headers(&[("upgrade", "h2c"), ("connection", "upgrade")]);
+        admission(&p.store, &Method::GET, v11, &mut h, true);
+        assert!(h.contains_key(UPGRADE));
+        // Over HTTP/1.0 (which must ignore it) and HTTP/2 (which forbids
+        // it), `Upgrade` is no switch.
+        let switch = [("upgrade", "websocket"), ("connection", "upgrade")];
+        for version in [Version::HTTP_10, Version::HTTP_2, Version::HTTP_3] {
+            assert_eq!(
+                take(version, &switch, true),
+                Admission::Cache,
+                "{version:?}"
+            );
+        }
+        // HEAD alike; another method (in any case) is no GET.
+        let mut body = headers(&[("content-length", "1")]);
+        assert_eq!(
+            admission(&p.store, &Method::HEAD, v11, &mut body, false),
+            fresh
+        );
+        let lower = Method::from_bytes(b"get").unwrap();
+        assert_eq!(
+            admission(&p.store, &lower, v11, &mut HeaderMap::new(), true),
+            Admission::Pass(Pass::Method)
+        );
+        // Credentials and a switch outrank a body: they must reach the handler.
+        let both = [("authorization", "x"), ("content-length", "1")];
+        assert_eq!(take(v11, &both, false), Admission::Pass(Pass::Credentials));
+        let both = [
+            ("upgrade", "h2c"),
+            ("connection", "upgrade"),
+            ("content-length", "1"),
+        ];
+        assert_eq!(take(v11, &both, false), Admission::Pass(Pass::Upgrade));
     }
 }
 

@@ -25,7 +25,7 @@ use super::key::{align_host, request_key, KeyRules, Keyed};
 use super::labels::RouteLabels;
 use super::origin::{Origin, CONDITIONAL};
 use super::passes::Pass;
-use super::policy::{request_bypass, Policy};
+use super::policy::{admission, Admission, Policy};
 use super::respond::{failure, present, tag_with, try_present, Conditions};
 use super::response::CachedResponse;
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
@@ -102,16 +102,28 @@ where
         let labels = self.route.of(&parts);
         // Host follows the target before anything else, so the inner service
         // sees the host the key is made of on every path, pass-through too.
+        // A request whose host cannot be told (several `Host` lines) is
+        // malformed (RFC 9112 §3.2): refused, on every path.
         if let Err(reason) = align_host(&mut parts) {
-            return self.pass_through(Request::from_parts(parts, body), reason, labels);
+            return self.bad_request(reason, labels);
         }
         if policy.store.invalidate_on_unsafe && is_unsafe(&parts.method) {
             return self.unsafe_method(Request::from_parts(parts, body), labels);
         }
-        let bypass = request_bypass(&policy.store, &parts.method, &parts.headers);
-        if let Some(reason) = bypass.or_else(|| body_pending(&body)) {
-            return self.pass_through(Request::from_parts(parts, body), reason, labels);
-        }
+        let admission = admission(
+            &policy.store,
+            &parts.method,
+            parts.version,
+            &mut parts.headers,
+            body.is_end_stream(),
+        );
+        let fresh_only = match admission {
+            Admission::Pass(reason) => {
+                return self.pass_through(Request::from_parts(parts, body), reason, labels);
+            }
+            Admission::FreshOnly(reason) => Some(reason),
+            Admission::Cache => None,
+        };
         let custom = match &policy.keys.key_fn {
             Some(key_fn) => match key_fn(&parts) {
                 Some(custom) => Some(custom),
@@ -134,6 +146,16 @@ where
         let flight = policy.flight.policy(labels);
         let now = Instant::now();
         let engine = &self.backend.engine;
+        if let Some(reason) = fresh_only {
+            return match engine.peek::<CachedResponse>(&key, now) {
+                Some(held) => {
+                    crate::metrics::count_hit(labels);
+                    let status = crate::engine::Status::Hit.into();
+                    ResponseFuture::ready(present(policy, &conditions, &held, status, None, now))
+                }
+                None => self.pass_through(request, reason, labels),
+            };
+        }
         match engine.lookup::<CachedResponse>(key, &flight, now) {
             Looked::Hit {
                 held,
@@ -208,6 +230,31 @@ impl<S> GuardService<S> {
         }))
     }
 
+    /// A malformed request: `400`, and the handler never sees it.
+    fn bad_request<ReqBody, ResBody>(
+        &self,
+        reason: Pass,
+        labels: Labels,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        ResBody: HttpBody,
+    {
+        self.policy.passes.request(reason, labels);
+        let mut response = Response::new(Body::empty());
+        *response.status_mut() = http::StatusCode::BAD_REQUEST;
+        let forward = Forward {
+            detail: Some(reason.as_str()),
+            ..Forward::new(Fwd::of_bypass(reason))
+        };
+        ResponseFuture::ready(tag_with(
+            &self.policy,
+            response,
+            CacheStatus::Bypass,
+            forward,
+        ))
+    }
+
     fn pass_through<ReqBody, ResBody>(
         &mut self,
         request: Request<ReqBody>,
@@ -231,17 +278,6 @@ impl<S> GuardService<S> {
         );
         ResponseFuture::passthrough(self.inner.call(request), status)
     }
-}
-
-/// A body no header announced: an HTTP/2 request may send DATA frames
-/// without `Content-Length`. Whatever the body's type (axum's, hyper's
-/// `Incoming` when the guard wraps a whole router, or the caller's own), a
-/// body that may still hold data makes the request bypass.
-fn body_pending<B: HttpBody>(body: &B) -> Option<Pass> {
-    // Only the body's own word that it has ended counts: an exact size of 0
-    // counts data bytes, and trailers may still follow.
-    let empty = body.is_end_stream();
-    (!empty).then_some(Pass::RequestBody)
 }
 
 /// A miss: what the engine's flight gives, as a response.

@@ -11,19 +11,36 @@
 //! they all have their readers). Once the first chunk is gone nobody may
 //! join (a request that comes too late goes to the origin itself). The
 //! filling task stops reading while the spool holds `bound` bytes, until
-//! the slowest reader (or the hold) moves on. No reader ever fails for
-//! being slow: the body it streams is the origin's, whole; a slow one only
-//! slows the others that share it. A declared `Content-Length` is enforced:
-//! a body that runs past it, or ends short of it, fails.
+//! the slowest reader (or the hold) moves on.
+//!
+//! No reader holds the others back for long: while the spool is full, a
+//! reader that others read ahead of, and whose next chunk has waited for it
+//! longer than [`LAG_LIMIT`], is cut off (its body ends with an error, so
+//! its connection closes rather than pretend the body was whole), and the
+//! others go on. A reader that is dropped lets go of its chunks at once.
+//! Readers that keep within the window, and a reader alone, are never cut:
+//! they slow nobody but themselves. A declared `Content-Length` is
+//! enforced: a body that runs past it, or ends short of it, fails.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::{HeaderMap, HeaderName};
 use http_body::{Body as HttpBody, Frame};
+use tokio::time::Instant;
+
+/// How long a chunk may wait for a reader that others read ahead of, while
+/// the spool is full, before that reader is cut off. Like a server's send
+/// timeout, it bounds how long one client whose window stays shut can
+/// stall the others; a client that reads at all keeps up with this easily
+/// (it needs to read `bound` bytes in this time, only while it is the one
+/// the others wait for).
+pub(crate) const LAG_LIMIT: Duration = Duration::from_secs(10);
 
 /// How far the filling task got.
 enum End {
@@ -37,6 +54,8 @@ enum End {
 struct State {
     /// The chunks still held; `chunks[0]` is the body's chunk number `first`.
     chunks: VecDeque<Bytes>,
+    /// When each chunk in `chunks` arrived.
+    arrived: VecDeque<Instant>,
     first: usize,
     /// Bytes in `chunks`.
     held: usize,
@@ -54,6 +73,8 @@ struct State {
     /// it reads. A reader missing from here came too late, and fails.
     readers: Vec<(u64, usize)>,
     next_id: u64,
+    /// How long a full spool waits for a reader others read ahead of.
+    lag: Duration,
 }
 
 impl State {
@@ -72,8 +93,41 @@ impl State {
                 Some(chunk) => self.held -= chunk.len(),
                 None => break,
             }
+            self.arrived.pop_front();
             self.first += 1;
         }
+    }
+
+    fn full(&self) -> bool {
+        self.held >= self.bound && !self.readers.is_empty()
+    }
+
+    /// When the slowest readers are cut off, if the spool stays full: only
+    /// while some reader reads ahead of them (a reader alone, or readers
+    /// all at the same place, hold nobody back).
+    fn lag_deadline(&self) -> Option<Instant> {
+        let slowest = self.readers.iter().map(|&(_, at)| at).min()?;
+        if !self.readers.iter().any(|&(_, at)| at > slowest) {
+            return None;
+        }
+        let waiting = self.arrived.get(slowest.checked_sub(self.first)?)?;
+        Some(*waiting + self.lag)
+    }
+
+    /// Cuts off the slowest readers: their chunks go, and their next read
+    /// fails.
+    fn cut_slowest(&mut self) -> Vec<Waker> {
+        let Some(slowest) = self.readers.iter().map(|&(_, at)| at).min() else {
+            return Vec::new();
+        };
+        let before = self.readers.len();
+        self.readers.retain(|&(_, at)| at != slowest);
+        tracing::debug!(
+            readers = before - self.readers.len(),
+            "readers of a shared body cut off: others read ahead while they read nothing"
+        );
+        self.trim();
+        self.wake()
     }
 
     fn wake(&mut self) -> Vec<Waker> {
@@ -114,6 +168,7 @@ impl Spool {
         Arc::new(Spool {
             state: Mutex::new(State {
                 chunks: VecDeque::new(),
+                arrived: VecDeque::new(),
                 first: 0,
                 held: 0,
                 len: 0,
@@ -124,6 +179,7 @@ impl Spool {
                 pump: None,
                 readers: Vec::new(),
                 next_id: 0,
+                lag: LAG_LIMIT,
             }),
         })
     }
@@ -157,6 +213,7 @@ impl Spool {
                 state.len = len;
                 state.held += chunk.len();
                 state.chunks.push_back(chunk);
+                state.arrived.push_back(Instant::now());
             }
             state.wake()
         };
@@ -222,13 +279,47 @@ impl Spool {
     /// Ready when the filling task may read on: the spool holds less than
     /// its bound (or nobody is left to read it). Otherwise it waits for the
     /// slowest reader, or the hold, to move on.
+    #[cfg(test)]
     fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
         let mut state = self.lock();
-        if state.held < state.bound || state.readers.is_empty() {
+        if !state.full() {
             return Poll::Ready(());
         }
         state.pump = Some(cx.waker().clone());
         Poll::Pending
+    }
+
+    /// Waits for room, cutting off the readers that hold the others back
+    /// past their deadline (see [`LAG_LIMIT`]).
+    async fn room(&self) {
+        let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        std::future::poll_fn(|cx| loop {
+            let mut state = self.lock();
+            if !state.full() {
+                return Poll::Ready(());
+            }
+            let Some(deadline) = state.lag_deadline() else {
+                // Woken when a reader moves or leaves.
+                state.pump = Some(cx.waker().clone());
+                return Poll::Pending;
+            };
+            if deadline <= Instant::now() {
+                let wakers = state.cut_slowest();
+                drop(state);
+                wake(wakers);
+                continue;
+            }
+            state.pump = Some(cx.waker().clone());
+            drop(state);
+            let sleep = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            if sleep.deadline() != deadline {
+                sleep.as_mut().reset(deadline);
+            }
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        })
+        .await
     }
 
     /// Reads the origin's body into the spool on a task of its own, until
@@ -248,7 +339,7 @@ impl Spool {
             let _filling = filling;
             let mut body = body;
             loop {
-                std::future::poll_fn(|cx| self.poll_room(cx)).await;
+                self.room().await;
                 // No reader left, and no flight to hand it to a waiter.
                 if Arc::strong_count(&self) == 1 || self.lock().readers.is_empty() {
                     return;
@@ -349,6 +440,8 @@ pub(crate) struct SpoolReader {
 pub(crate) enum Read {
     Frame(Frame<Bytes>),
     Failed,
+    /// It was cut off for holding the other readers back.
+    CutOff,
 }
 
 impl SpoolReader {
@@ -378,9 +471,13 @@ impl SpoolReader {
             .id
             .and_then(|id| state.readers.iter().position(|&(r, _)| r == id));
         let Some(place) = place else {
-            // Late, or lagged too far behind.
             self.finished = true;
-            return Poll::Ready(Some(Read::Failed));
+            return Poll::Ready(Some(match self.id {
+                // Cut off: it held the others back.
+                Some(_) => Read::CutOff,
+                // Late: the start was gone.
+                None => Read::Failed,
+            }));
         };
         let at = self.next.wrapping_sub(state.first);
         if let Some(chunk) = state.chunks.get(at).cloned() {

@@ -88,7 +88,14 @@ async fn a_passed_through_answer_carries_no_tag_header() {
         ),
         ("POST", with("/r", &[], "POST")),
         ("key_fn None", with("/r?nokey", &[], "GET")),
-        ("upgrade", with("/r", &[("upgrade", "websocket")], "GET")),
+        (
+            "upgrade",
+            with(
+                "/r",
+                &[("upgrade", "websocket"), ("connection", "upgrade")],
+                "GET",
+            ),
+        ),
     ] {
         let answer = send(&app, req).await;
         assert_eq!(answer.x_cache(), "BYPASS", "{what}");

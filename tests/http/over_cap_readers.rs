@@ -20,8 +20,10 @@ use tower::ServiceExt;
 use crate::common::{send, Answer, Origin};
 
 const CAP: usize = 1024;
-/// Far beyond any time these bodies need: a count, not a timing.
-const GENEROUS: Duration = Duration::from_secs(20);
+/// Far beyond any time these bodies need, the spool's ten seconds of
+/// patience with a reader that holds the others back included: a count, not
+/// a timing.
+const GENEROUS: Duration = Duration::from_secs(60);
 
 /// `/big`: `chunks` chunks of `chunk` bytes (byte `i` is `i % 251`), with
 /// its `Content-Length`; fails after `fail_at` chunks if given. Each call
@@ -144,10 +146,9 @@ async fn whole_within(responses: Vec<http::Response<Body>>, len: usize) -> usize
 }
 
 /// One coalesced waiter that never reads (a client whose window stays
-/// shut): how many of the other 19 get their whole answer. Measured: none
-/// within 20 s; the spool waits for its slowest reader, with no limit.
+/// shut): how many of the other 19 get their whole answer. The stalled one
+/// is cut off once the others have waited for it the spool's lag limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "one waiter that never reads stalls every other waiter of an over-cap body"]
 async fn a_waiter_that_never_reads_does_not_stall_the_others() {
     let (chunk, chunks) = (4 * 1024, 64);
     let origin = Origin::default();
@@ -178,6 +179,68 @@ async fn a_waiter_that_never_reads_does_not_stall_the_others() {
     );
     drop(stalled);
     assert_eq!(done, 19, "a waiter that never reads stalled the others");
+}
+
+/// Two readers that never read, the first answered (most likely the one
+/// whose request started the fetch) and the last: both are cut off, the
+/// other 18 end whole, and the origin is called once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_readers_that_never_read_starter_included_do_not_stall_the_others() {
+    let (chunk, chunks) = (4 * 1024, 64);
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = app(&origin, &gate, chunk, chunks, None);
+    let mut responses = heads(&app, &origin, &gate, 20, || req("GET", None)).await;
+    let first = responses.remove(0);
+    let last = responses.pop().unwrap();
+    let done = whole_within(responses, chunk * chunks).await;
+    eprintln!(
+        "two never-reading readers: {done} of 18 others whole; origin calls {}",
+        origin.calls()
+    );
+    assert_eq!(done, 18);
+    assert_eq!(origin.calls(), 1);
+    // Cut off: each body ends with an error, never as a whole body.
+    for stalled in [first, last] {
+        let body = tokio::time::timeout(GENEROUS, stalled.into_body().collect()).await;
+        assert!(
+            matches!(body, Ok(Err(_))),
+            "a cut-off body ended whole or hung"
+        );
+    }
+}
+
+/// A reader that reads, only slowly (a pause per chunk far within the
+/// spool's patience): it is never cut off, and every reader ends whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_that_keeps_reading_is_never_cut_off() {
+    let (chunk, chunks) = (4 * 1024, 32);
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = app(&origin, &gate, chunk, chunks, None);
+    let mut responses = heads(&app, &origin, &gate, 10, || req("GET", None)).await;
+    let slow = responses.pop().unwrap();
+    let slow = tokio::spawn(async move {
+        let mut body = slow.into_body();
+        let mut read = Vec::new();
+        while let Some(frame) = tokio::time::timeout(GENEROUS, body.frame()).await.ok()? {
+            if let Ok(data) = frame.ok()?.into_data() {
+                read.extend_from_slice(&data);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Some(Bytes::from(read))
+    });
+    let done = whole_within(responses, chunk * chunks).await;
+    let slow = slow.await.unwrap();
+    eprintln!(
+        "slow reader: whole {}; {done} of 9 others whole",
+        slow.as_ref()
+            .is_some_and(|b| *b == expected(chunk * chunks))
+    );
+    assert_eq!(slow, Some(expected(chunk * chunks)));
+    assert_eq!(done, 9);
+    assert_eq!(origin.calls(), 1);
 }
 
 /// One waiter reads a chunk and leaves: the others still end whole.

@@ -222,6 +222,9 @@ fn two_host_lines_are_refused() {
     let mut p = parts("/r", &[("host", "a.test")]);
     assert_eq!(align_host(&mut p), Ok(()));
     assert_eq!(p.headers[HOST], "a.test");
+    // Whatever the target: an absolute form does not make them one.
+    let mut p = parts("http://a.test/r", &[("host", "a.test"), ("host", "b.test")]);
+    assert_eq!(align_host(&mut p), Err(Pass::Host));
 }
 
 #[cfg(feature = "axum")]

@@ -2,6 +2,7 @@
 
 use super::*;
 use std::task::Wake;
+use std::time::Duration;
 
 struct Noop;
 
@@ -123,7 +124,7 @@ fn chunks_go_once_every_reader_passed_them_and_then_nobody_joins() {
 }
 
 #[test]
-fn a_slow_reader_holds_the_filling_task_back_and_never_fails() {
+fn a_slow_reader_holds_the_filling_task_back_within_the_window() {
     let spool = Spool::new(None, 4);
     let hold = Hold::new(&spool);
     let mut slow = SpoolReader::new(spool.clone());
@@ -153,4 +154,93 @@ fn a_slow_reader_holds_the_filling_task_back_and_never_fails() {
     assert_eq!(data(read(&mut fast)), "ef");
     assert_eq!(data(read(&mut slow)), "cd");
     assert_eq!(data(read(&mut slow)), "ef");
+}
+
+fn cut_off(poll: Poll<Option<Read>>) -> bool {
+    matches!(poll, Poll::Ready(Some(Read::CutOff)))
+}
+
+/// Whether the filling task gets room within `wait` (of paused time).
+async fn room_within(spool: &Spool, wait: Duration) -> bool {
+    tokio::time::timeout(wait, spool.room()).await.is_ok()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reader_that_reads_nothing_while_others_read_ahead_is_cut_off() {
+    let spool = Spool::new(None, 4);
+    let mut stalled = SpoolReader::new(spool.clone());
+    let mut fast = SpoolReader::new(spool.clone());
+    spool.push(Bytes::from_static(b"ab"));
+    spool.push(Bytes::from_static(b"cd"));
+    assert_eq!(data(read(&mut fast)), "ab");
+    assert_eq!(data(read(&mut fast)), "cd");
+    // Before the limit: the others wait for it.
+    assert!(!room_within(&spool, LAG_LIMIT / 2).await);
+    assert_eq!(spool.lock().held, 4);
+    // After it: cut off, its chunks let go, the others go on.
+    assert!(room_within(&spool, LAG_LIMIT).await);
+    assert_eq!(spool.lock().held, 0);
+    assert!(cut_off(read(&mut stalled)));
+    assert!(matches!(read(&mut stalled), Poll::Ready(None)));
+    spool.push(Bytes::from_static(b"ef"));
+    spool.finish(None);
+    assert_eq!(data(read(&mut fast)), "ef");
+    assert!(matches!(read(&mut fast), Poll::Ready(None)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reader_alone_or_level_with_the_others_is_never_cut_off() {
+    // Alone: it slows nobody.
+    let spool = Spool::new(None, 4);
+    let mut alone = SpoolReader::new(spool.clone());
+    spool.push(Bytes::from_static(b"abcd"));
+    assert!(!room_within(&spool, LAG_LIMIT * 3).await);
+    assert_eq!(data(read(&mut alone)), "abcd");
+    assert!(room_within(&spool, Duration::ZERO).await);
+
+    // Several, all at the same place: nobody waits for another.
+    let spool = Spool::new(None, 4);
+    let mut a = SpoolReader::new(spool.clone());
+    let mut b = SpoolReader::new(spool.clone());
+    spool.push(Bytes::from_static(b"abcd"));
+    assert!(!room_within(&spool, LAG_LIMIT * 3).await);
+    assert_eq!(data(read(&mut a)), "abcd");
+    assert_eq!(data(read(&mut b)), "abcd");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reader_that_keeps_within_the_limit_is_never_cut_off() {
+    let spool = Spool::new(None, 4);
+    let mut slow = SpoolReader::new(spool.clone());
+    let mut fast = SpoolReader::new(spool.clone());
+    let chunks = [b"ab", b"cd", b"ef", b"gh", b"ij", b"kl"];
+    spool.push(Bytes::from_static(chunks[0]));
+    assert_eq!(data(read(&mut fast)), "ab");
+    for pair in chunks.windows(2) {
+        // Full: the fast reader and the filling task wait for the slow
+        // one, which reads a chunk behind, each a third of the limit
+        // after it came.
+        spool.push(Bytes::from_static(pair[1]));
+        assert_eq!(data(read(&mut fast)), Bytes::from_static(pair[1]));
+        assert!(!room_within(&spool, LAG_LIMIT / 3).await);
+        assert_eq!(data(read(&mut slow)), Bytes::from_static(pair[0]));
+        assert!(room_within(&spool, Duration::ZERO).await);
+    }
+    spool.finish(None);
+    assert_eq!(data(read(&mut slow)), "kl");
+    assert!(matches!(read(&mut slow), Poll::Ready(None)));
+}
+
+#[test]
+fn a_reader_dropped_lets_go_of_its_chunks_at_once() {
+    let spool = Spool::new(None, 4);
+    let gone = SpoolReader::new(spool.clone());
+    let mut fast = SpoolReader::new(spool.clone());
+    spool.push(Bytes::from_static(b"abcd"));
+    assert_eq!(data(read(&mut fast)), "abcd");
+    assert_eq!(spool.lock().held, 4);
+    drop(gone);
+    assert_eq!(spool.lock().held, 0);
+    let waker = Waker::from(Arc::new(Noop));
+    assert!(spool.poll_room(&mut Context::from_waker(&waker)).is_ready());
 }
