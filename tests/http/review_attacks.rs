@@ -426,3 +426,70 @@ async fn a_waiter_that_reads_every_half_second_is_never_cut_off() {
         "a reader that read a chunk every half second was cut off after {bytes} bytes"
     );
 }
+
+/// Request heads any client can write on the wire, each sent ten times in
+/// a row on a warm key of its own app: the origin calls each costs (at most
+/// the one miss of a new key). Directives in every spelling and repeated,
+/// obs-fold, HTTP/1.0, host casing, absolute form, hop-by-hop lists naming
+/// keyed or framing fields, expectations, trailers, a content type, framing
+/// that announces no content, a chunked body that has none, conditions,
+/// ranges, HEAD, OPTIONS, a lowercase method, an encoded path, an empty
+/// query, and forwarding fields the key does not use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wire_shapes_any_client_can_send_cost_at_most_one_miss_on_a_warm_key() {
+    let shapes: &[&str] = &[
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nCache-Control: no-store\r\nCache-Control: no-cache, max-age=0\r\nPragma: no-cache\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nCache-Control: no-cache\r\n no-store\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nCache-Control:no-store\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\ncache-control: \"no-store\"\r\n",
+        "GET /report HTTP/1.0\r\nHost: a.test\r\n",
+        "GET /report HTTP/1.1\r\nHost: A.TEST\r\n",
+        "GET http://a.test/report HTTP/1.1\r\nHost: b.test\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nConnection: x-forwarded-host, host, content-length\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nExpect: 100-continue\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nTE: trailers\r\nConnection: TE\r\nTrailer: x-t\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nContent-Type: application/json\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nContent-Length: 0\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nContent-Length: 00\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nRange: bytes=0-0\r\nIf-Range: \"x\"\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nIf-None-Match: *\r\nIf-Modified-Since: Thu, 01 Jan 1970 00:00:00 GMT\r\n",
+        "HEAD /report HTTP/1.1\r\nHost: a.test\r\n",
+        "OPTIONS /report HTTP/1.1\r\nHost: a.test\r\n",
+        "get /report HTTP/1.1\r\nHost: a.test\r\n",
+        "GET /%72eport HTTP/1.1\r\nHost: a.test\r\n",
+        "GET /report? HTTP/1.1\r\nHost: a.test\r\n",
+        "GET /report?& HTTP/1.1\r\nHost: a.test\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nMax-Forwards: 0\r\nVia: 1.1 x\r\nX-Forwarded-For: 1.2.3.4\r\n",
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nHost: a.test\r\n",
+    ];
+    let mut costly = Vec::new();
+    for shape in shapes {
+        let origin = Origin::default();
+        let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+        let app = counted_app(&origin, guard, |n| async move { format!("v{n}") });
+        let addr = serve(app).await;
+        assert_eq!(raw(addr, PLAIN).await.0, 200);
+        let request = match shape.contains("\r\n\r\n") {
+            // The chunked shape carries its (empty) body.
+            true => format!("{shape}\r\n"),
+            false => format!("{shape}Connection: close\r\n\r\n"),
+        };
+        let request = if shape.contains("Transfer-Encoding") {
+            shape.replace("\r\n\r\n0\r\n", "\r\nConnection: close\r\n\r\n0\r\n\r\n")
+        } else {
+            request
+        };
+        let mut statuses = Vec::new();
+        for _ in 0..10 {
+            statuses.push(raw(addr, &request).await.0);
+        }
+        let calls = origin.calls() - 1;
+        eprintln!("{shape:?}: statuses {statuses:?}, {calls} origin calls");
+        if calls > 1 {
+            costly.push(format!("{shape:?}: {calls} calls for 10"));
+        }
+    }
+    assert!(costly.is_empty(), "{costly:#?}");
+}
