@@ -493,3 +493,252 @@ async fn wire_shapes_any_client_can_send_cost_at_most_one_miss_on_a_warm_key() {
     }
     assert!(costly.is_empty(), "{costly:#?}");
 }
+
+/// `/big` over the cap on a backend of its own.
+#[cfg(feature = "redis")]
+fn big_app_on(
+    backend: Backend,
+    origin: &Origin,
+    gate: &Arc<Semaphore>,
+    chunk: usize,
+    chunks: usize,
+) -> Router {
+    let (origin, gate) = (origin.clone(), gate.clone());
+    let guard = StampedeGuard::new(backend)
+        .ttl(Duration::from_secs(600))
+        .max_body_bytes(1024);
+    Router::new().route(
+        "/big",
+        get(move || {
+            let (origin, gate) = (origin.clone(), gate.clone());
+            async move {
+                let (_n, running) = origin.enter();
+                gate.acquire().await.expect("gate").forget();
+                let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
+                tokio::spawn(async move {
+                    let _running = running;
+                    for c in 0..chunks {
+                        let part: Vec<u8> = (c * chunk..(c + 1) * chunk)
+                            .map(|i| (i % 251) as u8)
+                            .collect();
+                        if tx.send(Ok(Bytes::from(part))).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                http::Response::builder()
+                    .header("content-length", chunk * chunks)
+                    .body(Body::from_stream(
+                        tokio_stream::wrappers::ReceiverStream::new(rx),
+                    ))
+                    .unwrap()
+            }
+        })
+        .layer(guard),
+    )
+}
+
+/// Two instances on one real redis-server, ten requests at once on each for
+/// a body over the cap: every request gets it whole; the origin calls the
+/// fleet makes.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_cap_requested_on_two_instances_at_once() {
+    use crate::common::fleet::backend_at;
+    use crate::common::redis::RedisServer;
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let mut apps = Vec::new();
+    for _ in 0..2 {
+        let backend = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
+        apps.push(big_app_on(backend, &origin, &gate, 4096, 16));
+    }
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let app = apps[i % 2].clone();
+            tokio::spawn(async move {
+                let r = app
+                    .oneshot(crate::common::get("/big"))
+                    .await
+                    .expect("infallible");
+                tokio::time::timeout(GENEROUS, r.into_body().collect())
+                    .await
+                    .ok()
+                    .and_then(|b| b.ok())
+                    .is_some_and(|b| b.to_bytes() == expected(4096 * 16))
+            })
+        })
+        .collect();
+    for _ in 0..2000 {
+        if origin.calls() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before_gate = origin.calls();
+    gate.add_permits(10_000);
+    let mut whole = 0;
+    for t in tasks {
+        whole += usize::from(t.await.unwrap());
+    }
+    eprintln!(
+        "20 requests on 2 instances for a body over the cap: {whole} whole, {} origin calls ({before_gate} before the origin answered)",
+        origin.calls()
+    );
+    assert_eq!(whole, 20);
+    assert!(origin.calls() <= 2, "{} origin calls", origin.calls());
+}
+
+/// A handler that sets a cookie for some requests only, by a header they
+/// carry (a locale, consent or experiment cookie set on a first visit; here
+/// `X-Probe`). One such request that starts the key's rebuild marks the key
+/// hit-for-miss for everyone: the next thirty plain requests, which would
+/// have coalesced on one call, go to the origin one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "one request whose answer sets a cookie marks the key hit-for-miss: every plain request then reaches the origin"]
+async fn one_request_whose_answer_sets_a_cookie_does_not_turn_coalescing_off_for_everyone() {
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+    let app = {
+        let origin = origin.clone();
+        Router::new().route(
+            "/report",
+            get(move |headers: HeaderMap| {
+                let origin = origin.clone();
+                async move {
+                    let (n, _running) = origin.enter();
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let mut response = http::Response::new(Body::from(format!("v{n}")));
+                    if headers.contains_key("x-probe") {
+                        response
+                            .headers_mut()
+                            .insert("set-cookie", http::HeaderValue::from_static("seen=1"));
+                    }
+                    response
+                }
+            })
+            .layer(guard),
+        )
+    };
+    let addr = serve(app).await;
+    let probe = "GET /report HTTP/1.1\r\nHost: a.test\r\nX-Probe: 1\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw(addr, probe).await.0, 200);
+    let answers = raw_burst(addr, 30, PLAIN).await;
+    let ok = answers.iter().filter(|(s, _)| *s == 200).count();
+    let calls = origin.calls() - 1;
+    eprintln!("one request answered with a cookie, then 30 plain at once: {ok} answered, {calls} origin calls");
+    assert_eq!(ok, 30);
+    assert!(
+        calls <= 1,
+        "30 plain requests after one whose answer set a cookie cost {calls} origin calls"
+    );
+}
+
+/// The same through a stale entry: a request answered stale starts the
+/// background refresh with its own headers; its answer sets a cookie (for
+/// that request alone), and the stale entry gives way to a hit-for-miss
+/// mark. The next thirty plain requests, which the stale entry (and one
+/// refresh) would have answered, reach the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a stale hit whose refresh answer sets a cookie drops the stale entry for a hit-for-miss mark: every plain request then reaches the origin"]
+async fn a_refresh_answered_with_a_cookie_does_not_turn_coalescing_off_for_everyone() {
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(Backend::local())
+        .ttl(Duration::from_secs(1))
+        .stale_while_revalidate(Duration::from_secs(600));
+    let app = {
+        let origin = origin.clone();
+        Router::new().route(
+            "/report",
+            get(move |headers: HeaderMap| {
+                let origin = origin.clone();
+                async move {
+                    let (n, _running) = origin.enter();
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let mut response = http::Response::new(Body::from(format!("v{n}")));
+                    if headers.contains_key("x-probe") {
+                        response
+                            .headers_mut()
+                            .insert("set-cookie", http::HeaderValue::from_static("seen=1"));
+                    }
+                    response
+                }
+            })
+            .layer(guard),
+        )
+    };
+    let addr = serve(app).await;
+    assert_eq!(raw(addr, PLAIN).await.0, 200);
+    // Past the one-second ttl, well within the stale window.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let probe = "GET /report HTTP/1.1\r\nHost: a.test\r\nX-Probe: 1\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw(addr, probe).await.0, 200);
+    // The refresh it started has run.
+    for _ in 0..2000 {
+        if origin.calls() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after_probe = origin.calls();
+    let answers = raw_burst(addr, 30, PLAIN).await;
+    let ok = answers.iter().filter(|(s, _)| *s == 200).count();
+    let calls = origin.calls() - after_probe;
+    eprintln!("stale hit whose refresh set a cookie, then 30 plain at once: {ok} answered, {calls} origin calls ({after_probe} before)");
+    assert_eq!(ok, 30);
+    assert!(
+        calls <= 1,
+        "30 plain requests after a refresh answered with a cookie cost {calls} origin calls"
+    );
+}
+
+/// A client the handler refuses (a `429` for a caller over its rate limit,
+/// told apart by a header the key does not use) sends two requests at once
+/// on a cold key: the second waits on the first's rebuild, is refused as
+/// the re-leader, and the key is marked hit-for-miss for everyone. The next
+/// thirty plain requests, which would coalesce on one call, reach the
+/// origin one by one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "two refused requests in a row on one flight mark the key hit-for-miss: every plain request then reaches the origin"]
+async fn a_refused_client_does_not_turn_coalescing_off_for_everyone() {
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+    let app = {
+        let origin = origin.clone();
+        Router::new().route(
+            "/report",
+            get(move |headers: HeaderMap| {
+                let origin = origin.clone();
+                async move {
+                    let (n, _running) = origin.enter();
+                    if headers.get("x-client").is_some_and(|c| c == "over-limit") {
+                        // Long enough for the other refused request to join.
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        return (StatusCode::TOO_MANY_REQUESTS, "slow down".to_owned());
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    (StatusCode::OK, format!("v{n}"))
+                }
+            })
+            .layer(guard),
+        )
+    };
+    let addr = serve(app).await;
+    const REFUSED: &str =
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nX-Client: over-limit\r\nConnection: close\r\n\r\n";
+    let refused = raw_burst(addr, 2, REFUSED).await;
+    assert!(refused.iter().all(|(s, _)| *s == 429), "{refused:?}");
+    let after_refusals = origin.calls();
+    let answers = raw_burst(addr, 30, PLAIN).await;
+    let ok = answers.iter().filter(|(s, _)| *s == 200).count();
+    let calls = origin.calls() - after_refusals;
+    eprintln!("two refused at once, then 30 plain at once: {ok} answered, {calls} origin calls ({after_refusals} for the refused)");
+    assert_eq!(ok, 30);
+    assert!(
+        calls <= 1,
+        "30 plain requests after two refused ones cost {calls} origin calls"
+    );
+}
