@@ -742,3 +742,79 @@ async fn a_refused_client_does_not_turn_coalescing_off_for_everyone() {
         "30 plain requests after two refused ones cost {calls} origin calls"
     );
 }
+
+/// `/report` on `backend`: `500` (with `Vary: x-mode`) for a request that
+/// carries `x-mode`, `v<call>` for any other.
+#[cfg(feature = "redis")]
+fn fails_for_x_mode(backend: Backend, origin: &Origin) -> Router {
+    let origin = origin.clone();
+    let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(600));
+    Router::new().route(
+        "/report",
+        get(move |headers: HeaderMap| {
+            let origin = origin.clone();
+            async move {
+                let (n, _running) = origin.enter();
+                if headers.contains_key("x-mode") {
+                    return (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        [("vary", "x-mode")],
+                        "x-mode not supported".to_owned(),
+                    );
+                }
+                (StatusCode::OK, [("x-n", "0")], format!("v{n}"))
+            }
+        })
+        .layer(guard),
+    )
+}
+
+/// A fleet of two on a real redis-server. One client's requests carry a
+/// header the handler fails on (its `500` says `Vary: x-mode`); each of its
+/// failures leaves the key's failure marker, whose backoff doubles, and
+/// during it every instance answers every request for the key with the
+/// failure, without asking the origin. After a few such requests (one per
+/// backoff, here until the origin has failed five times), plain requests on
+/// the other instance, which the origin would answer `200`, get `5xx`.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a 5xx the client's own header caused starts a fleet-wide failure backoff: other clients on other instances get 5xx"]
+async fn one_clients_failure_never_answers_other_clients_on_the_fleet() {
+    use crate::common::fleet::backend_at;
+    use crate::common::redis::RedisServer;
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let mut addrs = Vec::new();
+    for _ in 0..2 {
+        let backend = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
+        addrs.push(serve(fails_for_x_mode(backend, &origin)).await);
+    }
+    const BROKEN: &str =
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nX-Mode: broken\r\nConnection: close\r\n\r\n";
+    // One request each time the backoff lets one through (the others are
+    // answered with the failure, by the layer): the backoff doubles.
+    let mut attacker_requests = 0;
+    for _ in 0..2000 {
+        if origin.calls() >= 5 {
+            break;
+        }
+        let (status, _) = raw(addrs[0], BROKEN).await;
+        assert!(status >= 500, "{status}");
+        attacker_requests += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let after_attack = origin.calls();
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        statuses.push(raw(addrs[1], PLAIN).await.0);
+    }
+    let failed = statuses.iter().filter(|s| **s >= 500).count();
+    eprintln!(
+        "{attacker_requests} requests with x-mode ({after_attack} reached the origin); then 10 plain on the other instance: {statuses:?}, {} origin calls",
+        origin.calls() - after_attack
+    );
+    assert_eq!(
+        failed, 0,
+        "{failed} of 10 plain requests on another instance got the failure another client's header caused"
+    );
+}
