@@ -29,6 +29,7 @@ mod range_edges;
 mod ranges;
 mod request_directives;
 mod revalidation;
+mod review_attacks;
 mod rfc;
 mod rfc_edges;
 mod rfc_waiters;
