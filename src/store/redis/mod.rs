@@ -63,6 +63,7 @@ mod connections;
 mod entries;
 mod error;
 mod health;
+pub(crate) mod held;
 mod keys;
 pub(crate) mod lease;
 mod liveness;
@@ -157,8 +158,10 @@ pub(crate) struct RedisTier {
     stats: Arc<TierStats>,
     /// The eviction policy read at start-up, when Redis may evict our keys.
     eviction: Option<String>,
-    /// Stops the supervisor when the tier is dropped.
-    _supervisor: SupervisorGuard,
+    /// Every lease this process holds now (see [`held`]).
+    pub(crate) held: held::HeldLeases,
+    /// Stops the supervisor when the tier is dropped, or at shutdown.
+    supervisor: SupervisorGuard,
 }
 
 impl RedisTier {
@@ -192,7 +195,8 @@ impl RedisTier {
         conns.refresh_slots().await;
         let barrier = Arc::new(Barrier::new(conns.clone(), notifier.clone()));
         let tier = Arc::new(RedisTier {
-            _supervisor: supervisor::start(conns.clone(), barrier.clone()),
+            supervisor: supervisor::start(conns.clone(), barrier.clone()),
+            held: held::HeldLeases::default(),
             entries: Arc::new(Entries::new(conns.clone(), barrier.clone())),
             locks: Arc::new(Locks::new(conns.clone())),
             barrier,
@@ -208,6 +212,30 @@ impl RedisTier {
             tier.notifier.liveness.confirm(started);
         }
         Ok(tier)
+    }
+
+    /// Leaves the fleet: waits until `deadline` for the rebuilds holding a
+    /// lease to commit or give it up, hands back every lease and lock hold
+    /// still held (a rebuild lease's release wakes the instances waiting
+    /// for it, so one of them takes over at once), stops the supervisor
+    /// (which leaves the membership on its way out) and closes the
+    /// connections. Returns how many rebuilds had not finished, and what
+    /// was handed back.
+    pub(crate) async fn shutdown(self: &Arc<Self>, deadline: Instant) -> (usize, held::HandedBack) {
+        let unfinished = self.held.drained(deadline).await;
+        let patience = self.conns.config.connect_timeout;
+        let handed = self.held.hand_back(self, patience).await;
+        self.supervisor.stop(patience).await;
+        self.conns.close();
+        // Waiters here ask again, and find no tier.
+        self.notifier.wake_all();
+        (unfinished, handed)
+    }
+
+    /// Stops the background work without waiting: the supervisor (which
+    /// leaves the membership on its way out). Calls still work.
+    pub(crate) fn stop_background(&self) {
+        self.supervisor.stop_now();
     }
 
     /// Whether the in-process tier must be dropped before anything is
