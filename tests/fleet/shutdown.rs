@@ -218,3 +218,24 @@ async fn a_rebuild_that_finishes_within_the_deadline_serves_the_fleet() {
     assert_eq!(a_answer.status, 200);
     assert!(answers.iter().all(|a| a.body == a_answer.body));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_last_handle_leaves_the_membership_while_a_rebuild_runs() {
+    let redis = RedisServer::start();
+    let (origin_a, origin_b) = (Origin::default(), Origin::default());
+    let pair = pair(&redis, &origin_a, Duration::from_secs(600), &origin_b).await;
+    let app = pair.a.app.clone();
+    let a_request = tokio::spawn(async move { send(&app, get("/report/hot")).await });
+    until("A's handler runs", || origin_a.calls() == 1).await;
+    let Pair { a, b, .. } = pair;
+    // The request gives up; the rebuild, on its own task, runs on.
+    a_request.abort();
+    drop(a);
+    until("A left the membership", || members(&redis) == 1).await;
+    assert_eq!(
+        keys_like(&redis, "sg:*:l").len(),
+        1,
+        "its lease is still held"
+    );
+    drop(b);
+}
