@@ -192,8 +192,9 @@ impl Fleet {
         }
     }
 
-    /// Whether the backend is to work through Redis but has not connected
-    /// yet (it started without it, and connects in the background).
+    /// Whether the backend is to work through Redis but has no tier to
+    /// call: not connected yet (it started without it, and connects in the
+    /// background), or shut down.
     #[cfg(feature = "redis")]
     pub(crate) fn is_connecting(&self) -> bool {
         self.live().is_none() && self.wants_redis.load(Ordering::Acquire)
@@ -243,7 +244,7 @@ impl Fleet {
     }
 
     #[cfg(feature = "redis")]
-    fn is_shut(&self) -> bool {
+    pub(crate) fn is_shut(&self) -> bool {
         self.shutdown.load(Ordering::Acquire) == SHUT
     }
 
@@ -263,8 +264,9 @@ impl Fleet {
             {
                 return Shutdown::default();
             }
+            // `wants_redis` stays set: a lock asked for from now on is
+            // refused, never taken in this process alone.
             self.stop_joining();
-            self.wants_redis.store(false, Ordering::Release);
             let mut report = Shutdown::default();
             if let Some(tier) = self.tier.get() {
                 let (unfinished, handed) = tier.shutdown(deadline).await;

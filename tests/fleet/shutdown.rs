@@ -239,3 +239,28 @@ async fn dropping_the_last_handle_leaves_the_membership_while_a_rebuild_runs() {
     );
     drop(b);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_at_shutdown_is_handed_back_and_reported_lost() {
+    use stampede_guard::{Lock, LockError};
+    let redis = RedisServer::start();
+    let (a, b) = (connect(&redis).await, connect(&redis).await);
+    let lock = |backend: &Backend| Lock::new(backend.clone()).lease(LEASE);
+    let held = lock(&a).acquire("job").await.expect("A takes the lock");
+    assert!(lock(&b).try_acquire("job").await.expect("B asks").is_none());
+
+    let report = a.shutdown(Duration::from_millis(100)).await;
+    assert_eq!(report.locks_handed_back, 1);
+    assert_eq!(report.not_handed_back, 0);
+    assert!(held.is_lost(), "A's guard is told");
+    let taken = lock(&b).try_acquire("job").await.expect("B asks again");
+    assert!(
+        taken.is_some(),
+        "B takes it at once, long before its lease ends"
+    );
+    // A shut-down backend takes no lock, not even one of its own.
+    assert!(matches!(
+        lock(&a).try_acquire("other").await,
+        Err(LockError::Unavailable(_))
+    ));
+}

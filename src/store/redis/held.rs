@@ -115,11 +115,12 @@ impl HeldLeases {
                 .filter_map(|id| holds.remove(&id))
                 .map(|hold| {
                     hold.settled.store(true, Ordering::Release);
-                    if let Some(task) = &hold.task {
-                        task.abort();
-                    }
+                    // Told before the task (which owns the flag) is stopped.
                     if let Some(lost) = hold.lost.upgrade() {
                         lost.send_replace(true);
+                    }
+                    if let Some(task) = &hold.task {
+                        task.abort();
                     }
                     let ends = *hold.ends.lock().unwrap_or_else(|p| p.into_inner());
                     (hold.kind, hold.key, hold.token, ends)
