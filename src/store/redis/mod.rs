@@ -25,7 +25,8 @@
 //! protects the process with its in-process tier alone. The tier's one
 //! background task, its supervisor, closes the circuit again, repairs the
 //! connections, acknowledges other instances' invalidations and retries
-//! this one's pending ones; it lives and dies with the tier.
+//! this one's pending ones; it lives and dies with the tier, or stops at
+//! [`RedisTier::shutdown`], which also closes the connections.
 //!
 //! # Where things are
 //!
@@ -47,6 +48,7 @@
 //! | `acks.rs`, `liveness.rs` | counting acknowledgements; the subscription lease and the outage grace |
 //! | `outage.rs` | what is logged while Redis fails: one WARN, summaries, one INFO |
 //! | `lease.rs`, `renew.rs` | a rebuild lease, and the renewer that keeps a lease or a lock |
+//! | `held.rs` | every lease and lock hold this process has, for a shutdown to wait for or hand back |
 //! | `connection.rs`, `client.rs`, `topology.rs`, `sentinel.rs` | opening the link on one server, a cluster or behind Sentinel |
 //! | `health.rs`, `breaker.rs`, `nodes.rs` | the slot map and one breaker per primary; the cluster's own node connections |
 //! | `round_trip.rs` | the link's measured round trip, and how long a call may go unanswered |

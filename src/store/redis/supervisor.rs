@@ -31,7 +31,8 @@
 //!   have been missed meanwhile; with an outage grace, only once the
 //!   grace ran out: see [`super::liveness`]);
 //!   An answer also renews this instance's fleet membership (see
-//!   [`super::barrier`]), which it leaves when the tier is dropped;
+//!   [`super::barrier`]), which it leaves when it is stopped (the tier
+//!   dropped or shut down, or the backend's last handle dropped);
 //! - acknowledges other instances' invalidations (see [`super::barrier`]);
 //! - retries, every probe interval, the invalidations that did not reach
 //!   Redis, until they do;
