@@ -160,6 +160,20 @@ impl Drop for Fleet {
     }
 }
 
+/// Ends a shutdown, however its future ends.
+#[cfg(feature = "redis")]
+struct ShutOnDrop<'a>(&'a Fleet);
+
+#[cfg(feature = "redis")]
+impl Drop for ShutOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.shutdown.store(SHUT, Ordering::Release);
+        if let Some(tier) = self.0.tier.get() {
+            tier.close_soon();
+        }
+    }
+}
+
 /// Where a backend stands with the shared tier, for its readiness answer.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) enum Standing {
@@ -267,6 +281,11 @@ impl Fleet {
             // `wants_redis` stays set: a lock asked for from now on is
             // refused, never taken in this process alone.
             self.stop_joining();
+            // Whether this future completes or is dropped half way, the
+            // backend ends shut: it leaves the membership and its
+            // connections close (leases not handed back yet then lapse by
+            // themselves).
+            let _shut = ShutOnDrop(self);
             let mut report = Shutdown::default();
             if let Some(tier) = self.tier.get() {
                 let (unfinished, handed) = tier.shutdown(deadline).await;
@@ -277,7 +296,6 @@ impl Fleet {
                     not_handed_back: handed.lost,
                 };
             }
-            self.shutdown.store(SHUT, Ordering::Release);
             report
         }
         #[cfg(not(feature = "redis"))]

@@ -264,3 +264,27 @@ async fn a_lock_held_at_shutdown_is_handed_back_and_reported_lost() {
         Err(LockError::Unavailable(_))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_given_up_half_way_still_leaves_the_fleet() {
+    let redis = RedisServer::start();
+    let (origin_a, origin_b) = (Origin::default(), Origin::default());
+    let pair = pair(&redis, &origin_a, Duration::from_secs(600), &origin_b).await;
+    let app = pair.a.app.clone();
+    let a_request = tokio::spawn(async move { send(&app, get("/report/hot")).await });
+    until("A's handler runs", || origin_a.calls() == 1).await;
+    // The caller stops waiting while the shutdown waits for the rebuild.
+    let shutdown = pair.a.backend.shutdown(Duration::from_secs(600));
+    assert!(tokio::time::timeout(Duration::from_millis(50), shutdown)
+        .await
+        .is_err());
+    assert_eq!(pair.a.backend.health().status, Status::Local);
+    until("A left the membership", || members(&redis) == 1).await;
+    // Left, not lapsed: its own ZREM (nothing else here issues one).
+    assert!(redis.command_calls().get("zrem").is_some_and(|&n| n >= 1));
+    until("A's connections are closed", || {
+        client_ids(&redis).is_disjoint(&pair.a_clients)
+    })
+    .await;
+    a_request.abort();
+}

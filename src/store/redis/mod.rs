@@ -228,10 +228,33 @@ impl RedisTier {
         let patience = self.conns.config.connect_timeout;
         let handed = self.held.hand_back(self, patience).await;
         self.supervisor.stop(patience).await;
+        self.close();
+        (unfinished, handed)
+    }
+
+    /// Closes the connections: every call from now on fails at once.
+    /// Idempotent.
+    fn close(&self) {
+        self.supervisor.stop_now();
         self.conns.close();
         // Waiters here ask again, and find no tier.
         self.notifier.wake_all();
-        (unfinished, handed)
+    }
+
+    /// [`close`](Self::close), once the supervisor has stopped (and left
+    /// the membership) on a task of its own; at once without a runtime.
+    pub(crate) fn close_soon(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.close();
+            return;
+        };
+        let tier = self.clone();
+        runtime.spawn(async move {
+            tier.supervisor
+                .stop(tier.conns.config.connect_timeout)
+                .await;
+            tier.close();
+        });
     }
 
     /// Stops the background work without waiting: the supervisor (which
