@@ -305,10 +305,15 @@ impl Backend {
     ///    connections close.
     ///
     /// Afterwards the backend keeps answering, as an embedded one
-    /// ([`health`](Self::health) says [`Status::Local`]). Call it once per
+    /// ([`health`](Self::health) says [`Status::Local`]), but a
+    /// [`Lock`](crate::Lock) is refused (`LockError::Unavailable`): a lock
+    /// taken in this process alone would exclude nobody. Call it once per
     /// backend, after the server stopped taking requests (every guard built
     /// on it is shut down with it); later calls return at once with an
-    /// empty report. On the embedded backend it does nothing.
+    /// empty report. If the returned future is dropped before it completes,
+    /// the backend still leaves the membership and closes its connections;
+    /// leases not handed back yet then lapse. On the embedded backend it
+    /// does nothing.
     ///
     /// Dropping the last handle of a backend without it only stops the
     /// background tasks (and leaves the membership); a lease held by a
