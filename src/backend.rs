@@ -7,8 +7,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-#[cfg(feature = "redis")]
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::engine::fleet::Standing;
 use crate::engine::Engine;
@@ -42,6 +41,38 @@ pub struct Backend {
     pub(crate) engine: Arc<Engine>,
     /// Locks of the embedded backend (unused when Redis holds them).
     pub(crate) locks: Arc<LocalLocks>,
+    /// Shared by every clone: when the last one goes, the background tasks
+    /// stop.
+    _last: Arc<LastHandle>,
+}
+
+/// Stops the engine's background tasks when the last handle of a backend
+/// is dropped (flights still running keep the engine itself alive, and
+/// may still commit).
+struct LastHandle(Arc<Engine>);
+
+impl Drop for LastHandle {
+    fn drop(&mut self) {
+        self.0.fleet.stop_background();
+    }
+}
+
+/// What [`Backend::shutdown`] found and did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Rebuilds that held a fleet lease and had not finished by the
+    /// deadline.
+    pub unfinished_rebuilds: u64,
+    /// Rebuild leases handed back: the instances waiting for them were
+    /// told to retry, and one of them rebuilt.
+    pub leases_handed_back: u64,
+    /// Lock holds ([`Lock`](crate::Lock)) handed back; their guards report
+    /// the lock lost.
+    pub locks_handed_back: u64,
+    /// Leases or lock holds that could not be handed back (no longer ours,
+    /// or Redis did not answer): they lapse when their time runs out.
+    pub not_handed_back: u64,
 }
 
 impl Backend {
@@ -54,6 +85,14 @@ impl Backend {
     #[must_use]
     pub fn local() -> Self {
         Self::builder().build()
+    }
+
+    fn with_engine(engine: Arc<Engine>) -> Self {
+        Backend {
+            _last: Arc::new(LastHandle(engine.clone())),
+            engine,
+            locks: Arc::default(),
+        }
     }
 
     /// Settings for a backend.
@@ -243,6 +282,61 @@ impl Backend {
             Standing::Connecting | Standing::Connected { .. } => Health {
                 status: Status::Local,
             },
+        }
+    }
+
+    /// Stops cleanly: leaves the fleet without leaving anything for other
+    /// instances to wait out.
+    ///
+    /// 1. From the call on, no flight takes a fleet lease: a miss is
+    ///    answered as on the embedded backend (this process's L1, one
+    ///    origin call per key per process).
+    /// 2. Rebuilds that hold a lease get until `deadline` from now to
+    ///    finish; those that do commit and publish as usual, so the fleet
+    ///    is served from them.
+    /// 3. At the deadline every lease still held is handed back by its
+    ///    token, which wakes the instances waiting for it: one of them
+    ///    takes the key over at once instead of waiting for the lease to
+    ///    expire. Held [`Lock`](crate::Lock)s are handed back the same way
+    ///    and their guards report them lost. A rebuild that finishes later
+    ///    still answers its own waiters, but stores nothing in Redis.
+    /// 4. The instance leaves the fleet's membership (invalidations stop
+    ///    waiting for it), its background tasks stop and its Redis
+    ///    connections close.
+    ///
+    /// Afterwards the backend keeps answering, as an embedded one
+    /// ([`health`](Self::health) says [`Status::Local`]), but a
+    /// [`Lock`](crate::Lock) is refused (`LockError::Unavailable`): a lock
+    /// taken in this process alone would exclude nobody. Call it once per
+    /// backend, after the server stopped taking requests (every guard built
+    /// on it is shut down with it); later calls return at once with an
+    /// empty report. If the returned future is dropped before it completes,
+    /// the backend still leaves the membership and closes its connections;
+    /// leases not handed back yet then lapse. On the embedded backend it
+    /// does nothing.
+    ///
+    /// Dropping the last handle of a backend without it only stops the
+    /// background tasks (and leaves the membership); a lease held by a
+    /// rebuild then lapses after its lease time.
+    ///
+    /// ```
+    /// # async fn run() {
+    /// # use std::time::Duration;
+    /// let backend = stampede_guard::Backend::local();
+    /// let report = backend.shutdown(Duration::from_secs(5)).await;
+    /// assert_eq!(report.leases_handed_back, 0);
+    /// # }
+    /// ```
+    pub async fn shutdown(&self, deadline: Duration) -> ShutdownReport {
+        let deadline = Instant::now()
+            .checked_add(deadline)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400 * 365));
+        let done = self.engine.fleet.shutdown(deadline).await;
+        ShutdownReport {
+            unfinished_rebuilds: done.unfinished,
+            leases_handed_back: done.handed_back,
+            locks_handed_back: done.locks_handed_back,
+            not_handed_back: done.not_handed_back,
         }
     }
 
@@ -636,10 +730,7 @@ impl RedisBackendBuilder {
         let engine = crate::engine::fleet::connect(l1, tier_config, require)
             .await
             .map_err(|e| crate::store::redis::setup_error(&shown, e))?;
-        Ok(Backend {
-            engine,
-            locks: Arc::default(),
-        })
+        Ok(Backend::with_engine(engine))
     }
 }
 
@@ -669,9 +760,6 @@ impl BackendBuilder {
     /// ```
     #[must_use]
     pub fn build(self) -> Backend {
-        Backend {
-            engine: Arc::new(Engine::new(LocalTier::new(self.l1_max_bytes))),
-            locks: Arc::default(),
-        }
+        Backend::with_engine(Arc::new(Engine::new(LocalTier::new(self.l1_max_bytes))))
     }
 }

@@ -116,7 +116,9 @@ pub use crate::http::{
 #[deprecated(note = "renamed `GuardBody`, so as not to clash with `axum::body::Body`")]
 pub type Body<B> = GuardBody<B>;
 pub use crate::metrics::describe_metrics;
-pub use backend::{Backend, BackendBuilder, BackendStats, Health, Status, DEFAULT_L1_MAX_BYTES};
+pub use backend::{
+    Backend, BackendBuilder, BackendStats, Health, ShutdownReport, Status, DEFAULT_L1_MAX_BYTES,
+};
 #[cfg(feature = "redis")]
 pub use backend::{
     Breaker, RedisBackendBuilder, RedisConfig, RedisHealth, RedisStats, TlsFiles,

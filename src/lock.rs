@@ -287,9 +287,14 @@ impl Lock {
         // fleet-wide lock yet, and a local one would not exclude the others.
         #[cfg(feature = "redis")]
         if self.backend.engine.fleet.is_connecting() {
+            let why = if self.backend.engine.fleet.is_shut() {
+                "the backend was shut down"
+            } else {
+                "redis is not connected yet: the backend started without it"
+            };
             return Err(LockError::Unavailable(crate::Error::new(
                 crate::ErrorKind::Unavailable,
-                "redis is not connected yet: the backend started without it",
+                why,
             )));
         }
         let locks = &self.backend.locks;

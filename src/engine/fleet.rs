@@ -125,14 +125,51 @@ pub(crate) struct Fleet {
     /// reached at start-up: it ends once connected, or with the fleet.
     #[cfg(feature = "redis")]
     joining: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
+    /// Where a shutdown stands: [`OPEN`], [`DRAINING`] or [`SHUT`].
+    #[cfg(feature = "redis")]
+    shutdown: std::sync::atomic::AtomicU8,
+}
+
+/// No shutdown asked.
+#[cfg(feature = "redis")]
+const OPEN: u8 = 0;
+/// A shutdown runs: no new lease is taken, the rebuilds holding one finish.
+#[cfg(feature = "redis")]
+const DRAINING: u8 = 1;
+/// Shut down: the tier is no longer called.
+#[cfg(feature = "redis")]
+const SHUT: u8 = 2;
+
+/// What a shutdown found and did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Shutdown {
+    /// Rebuilds still holding their lease when the deadline came.
+    pub unfinished: u64,
+    /// Rebuild leases handed back (their waiters told to retry).
+    pub handed_back: u64,
+    /// Lock holds handed back.
+    pub locks_handed_back: u64,
+    /// Leases or locks that could not be handed back: they lapse.
+    pub not_handed_back: u64,
 }
 
 #[cfg(feature = "redis")]
 impl Drop for Fleet {
     fn drop(&mut self) {
-        let joining = self.joining.get_mut().unwrap_or_else(|p| p.into_inner());
-        if let Some(task) = joining.take() {
-            task.abort();
+        self.stop_joining();
+    }
+}
+
+/// Ends a shutdown, however its future ends.
+#[cfg(feature = "redis")]
+struct ShutOnDrop<'a>(&'a Fleet);
+
+#[cfg(feature = "redis")]
+impl Drop for ShutOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.shutdown.store(SHUT, Ordering::Release);
+        if let Some(tier) = self.0.tier.get() {
+            tier.close_soon();
         }
     }
 }
@@ -164,20 +201,26 @@ impl Fleet {
             wants_redis: AtomicBool::new(false),
             #[cfg(feature = "redis")]
             joining: std::sync::Mutex::new(None),
+            #[cfg(feature = "redis")]
+            shutdown: std::sync::atomic::AtomicU8::new(OPEN),
         }
     }
 
-    /// Whether the backend is to work through Redis but has not connected
-    /// yet (it started without it, and connects in the background).
+    /// Whether the backend is to work through Redis but has no tier to
+    /// call: not connected yet (it started without it, and connects in the
+    /// background), or shut down.
     #[cfg(feature = "redis")]
     pub(crate) fn is_connecting(&self) -> bool {
-        self.tier.get().is_none() && self.wants_redis.load(Ordering::Acquire)
+        self.live().is_none() && self.wants_redis.load(Ordering::Acquire)
     }
 
     /// Where the backend stands with the shared tier now.
     pub(crate) fn standing(&self) -> Standing {
         #[cfg(feature = "redis")]
         {
+            if self.is_shut() {
+                return Standing::Embedded;
+            }
             if let Some(tier) = self.tier.get() {
                 return Standing::Connected {
                     reachable: tier.is_available(),
@@ -196,13 +239,101 @@ impl Fleet {
     /// (locks, counters).
     #[cfg(feature = "redis")]
     pub(crate) fn tier(&self) -> Option<&Arc<RedisTier>> {
-        self.tier.get()
+        self.live()
+    }
+
+    /// The tier, unless the backend was shut down.
+    #[cfg(feature = "redis")]
+    fn live(&self) -> Option<&Arc<RedisTier>> {
+        self.tier.get().filter(|_| !self.is_shut())
+    }
+
+    /// The tier, if new flights may still take leases: not once a shutdown
+    /// began.
+    #[cfg(feature = "redis")]
+    fn admitting(&self) -> Option<&Arc<RedisTier>> {
+        self.tier
+            .get()
+            .filter(|_| self.shutdown.load(Ordering::Acquire) == OPEN)
+    }
+
+    #[cfg(feature = "redis")]
+    pub(crate) fn is_shut(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire) == SHUT
+    }
+
+    /// Leaves the fleet (see [`Backend::shutdown`](crate::Backend::shutdown)):
+    /// new flights take no lease from now on; the rebuilds holding one get
+    /// until `deadline` to commit; then every lease and lock still held is
+    /// handed back, the membership left, the background tasks stopped and
+    /// the connections closed. From then on the backend works embedded.
+    /// Only the first call does anything.
+    pub(crate) async fn shutdown(&self, deadline: Instant) -> Shutdown {
+        #[cfg(feature = "redis")]
+        {
+            if self
+                .shutdown
+                .compare_exchange(OPEN, DRAINING, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                return Shutdown::default();
+            }
+            // `wants_redis` stays set: a lock asked for from now on is
+            // refused, never taken in this process alone.
+            self.stop_joining();
+            // Whether this future completes or is dropped half way, the
+            // backend ends shut: it leaves the membership and its
+            // connections close (leases not handed back yet then lapse by
+            // themselves).
+            let _shut = ShutOnDrop(self);
+            let mut report = Shutdown::default();
+            if let Some(tier) = self.tier.get() {
+                let (unfinished, handed) = tier.shutdown(deadline).await;
+                report = Shutdown {
+                    unfinished: unfinished as u64,
+                    handed_back: handed.rebuilds,
+                    locks_handed_back: handed.locks,
+                    not_handed_back: handed.lost,
+                };
+            }
+            report
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            let _ = deadline;
+            Shutdown::default()
+        }
+    }
+
+    /// What dropping the last handle of a backend does: the background
+    /// tasks stop (the supervisor leaving the membership on its way out),
+    /// while rebuilds still running may commit.
+    pub(crate) fn stop_background(&self) {
+        #[cfg(feature = "redis")]
+        {
+            self.stop_joining();
+            if let Some(tier) = self.tier.get() {
+                tier.stop_background();
+            }
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    fn stop_joining(&self) {
+        let joining = self
+            .joining
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(task) = joining {
+            task.abort();
+        }
     }
 
     /// Whether entries are kept in this process alone.
     pub(crate) fn is_embedded(&self) -> bool {
         #[cfg(feature = "redis")]
-        if self.tier.get().is_some() {
+        if self.live().is_some() {
             return false;
         }
         true
@@ -215,7 +346,7 @@ impl Fleet {
     /// confirmed.
     pub(crate) fn must_drop_l1(&self, now: Instant) -> bool {
         #[cfg(feature = "redis")]
-        if let Some(tier) = self.tier.get() {
+        if let Some(tier) = self.live() {
             return tier.must_drop_l1(now);
         }
         let _ = now;
@@ -232,7 +363,7 @@ impl Fleet {
         ask: Ask,
     ) -> Plan {
         #[cfg(feature = "redis")]
-        if let Some(tier) = self.tier.get().filter(|_| V::SHARED) {
+        if let Some(tier) = self.admitting().filter(|_| V::SHARED) {
             return plan_shared::<V>(engine, tier, &self.reloads, key, stale, ask).await;
         }
         let _ = (engine, key, ask, V::SHARED);
@@ -305,7 +436,7 @@ impl Fleet {
     /// other instance. Nothing to do without a shared tier.
     pub(crate) async fn invalidate(&self, key: &Key) -> Result<(), crate::Error> {
         #[cfg(feature = "redis")]
-        if let Some(tier) = self.tier.get() {
+        if let Some(tier) = self.live() {
             return tier.invalidate(key).await.map_err(crate::Error::from);
         }
         let _ = key;
@@ -321,7 +452,7 @@ impl Fleet {
         moved: impl Fn(u64),
     ) -> Option<Result<(), crate::Error>> {
         #[cfg(feature = "redis")]
-        if let Some(tier) = self.tier.get() {
+        if let Some(tier) = self.live() {
             let moved = tier.bump_generation(field, moved).await;
             return Some(moved.map_err(crate::Error::from));
         }
@@ -334,7 +465,7 @@ impl Fleet {
     /// hears everything. Always without a shared tier.
     pub(crate) fn trusts_table(&self, now: Instant) -> bool {
         #[cfg(feature = "redis")]
-        if let Some(tier) = self.tier.get() {
+        if let Some(tier) = self.live() {
             return trusts_table(tier, &self.reloads, now);
         }
         let _ = now;
@@ -349,7 +480,7 @@ impl Fleet {
         known_epoch: u64,
     ) -> Option<(u64, Vec<(Field, u64)>)> {
         #[cfg(feature = "redis")]
-        if let Some(tier) = self.tier.get() {
+        if let Some(tier) = self.live() {
             return tier.load_generations(fields, known_epoch).await.ok();
         }
         let _ = (fields, known_epoch);
@@ -362,7 +493,7 @@ impl Fleet {
         #[cfg(feature = "redis")]
         {
             self.reloads.lost();
-            if let Some(tier) = self.tier.get() {
+            if let Some(tier) = self.live() {
                 reload_tags(engine, tier, &self.reloads);
             }
         }

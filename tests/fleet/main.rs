@@ -26,4 +26,5 @@ mod real_faults;
 mod redis_down;
 mod redis_keys;
 mod refresh_ahead;
+mod shutdown;
 mod start_without_redis;

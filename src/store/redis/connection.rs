@@ -31,6 +31,27 @@ pub(crate) enum Conn {
     Cluster(redis::cluster_async::ClusterConnection),
     /// A connection of its own to one cluster node (see `calls`).
     Node(redis::aio::MultiplexedConnection),
+    /// No connection: the tier was shut down. Every call fails at once.
+    Closed,
+}
+
+fn closed<'a, T: Send + 'a>() -> RedisFuture<'a, T> {
+    Box::pin(std::future::ready(Err(RedisError::from((
+        redis::ErrorKind::Io,
+        "the redis tier was shut down",
+    )))))
+}
+
+impl Link {
+    /// A link with no connections, swapped in when the tier shuts down.
+    pub(crate) fn closed() -> Self {
+        Link {
+            conn: Conn::Closed,
+            subscriber: Conn::Closed,
+            primary: None,
+            retired: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+        }
+    }
 }
 
 impl ConnectionLike for Conn {
@@ -40,6 +61,7 @@ impl ConnectionLike for Conn {
             #[cfg(feature = "redis-cluster")]
             Conn::Cluster(c) => c.req_packed_command(cmd),
             Conn::Node(c) => c.req_packed_command(cmd),
+            Conn::Closed => closed(),
         }
     }
 
@@ -54,6 +76,7 @@ impl ConnectionLike for Conn {
             #[cfg(feature = "redis-cluster")]
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
             Conn::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Closed => closed(),
         }
     }
 
@@ -63,6 +86,7 @@ impl ConnectionLike for Conn {
             #[cfg(feature = "redis-cluster")]
             Conn::Cluster(c) => c.get_db(),
             Conn::Node(c) => c.get_db(),
+            Conn::Closed => 0,
         }
     }
 }

@@ -162,6 +162,17 @@ impl Connections {
         self.link.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Drops the connections: every call from now on fails at once, and
+    /// the sockets close once the calls still running on them end.
+    pub(super) fn close(&self) {
+        let old = std::mem::replace(
+            &mut *self.link.write().unwrap_or_else(|p| p.into_inner()),
+            Arc::new(Link::closed()),
+        );
+        old.retired.store(true, Ordering::Release);
+        self.node_conns.clear();
+    }
+
     /// Opens new connections and swaps them in. Waiters are woken: messages
     /// sent while the old ones failed were lost.
     pub(super) async fn reopen(&self) -> Result<(), RedisError> {

@@ -25,7 +25,8 @@
 //! protects the process with its in-process tier alone. The tier's one
 //! background task, its supervisor, closes the circuit again, repairs the
 //! connections, acknowledges other instances' invalidations and retries
-//! this one's pending ones; it lives and dies with the tier.
+//! this one's pending ones; it lives and dies with the tier, or stops at
+//! [`RedisTier::shutdown`], which also closes the connections.
 //!
 //! # Where things are
 //!
@@ -47,6 +48,7 @@
 //! | `acks.rs`, `liveness.rs` | counting acknowledgements; the subscription lease and the outage grace |
 //! | `outage.rs` | what is logged while Redis fails: one WARN, summaries, one INFO |
 //! | `lease.rs`, `renew.rs` | a rebuild lease, and the renewer that keeps a lease or a lock |
+//! | `held.rs` | every lease and lock hold this process has, for a shutdown to wait for or hand back |
 //! | `connection.rs`, `client.rs`, `topology.rs`, `sentinel.rs` | opening the link on one server, a cluster or behind Sentinel |
 //! | `health.rs`, `breaker.rs`, `nodes.rs` | the slot map and one breaker per primary; the cluster's own node connections |
 //! | `round_trip.rs` | the link's measured round trip, and how long a call may go unanswered |
@@ -63,6 +65,7 @@ mod connections;
 mod entries;
 mod error;
 mod health;
+pub(crate) mod held;
 mod keys;
 pub(crate) mod lease;
 mod liveness;
@@ -157,8 +160,10 @@ pub(crate) struct RedisTier {
     stats: Arc<TierStats>,
     /// The eviction policy read at start-up, when Redis may evict our keys.
     eviction: Option<String>,
-    /// Stops the supervisor when the tier is dropped.
-    _supervisor: SupervisorGuard,
+    /// Every lease this process holds now (see [`held`]).
+    pub(crate) held: held::HeldLeases,
+    /// Stops the supervisor when the tier is dropped, or at shutdown.
+    supervisor: SupervisorGuard,
 }
 
 impl RedisTier {
@@ -192,7 +197,8 @@ impl RedisTier {
         conns.refresh_slots().await;
         let barrier = Arc::new(Barrier::new(conns.clone(), notifier.clone()));
         let tier = Arc::new(RedisTier {
-            _supervisor: supervisor::start(conns.clone(), barrier.clone()),
+            supervisor: supervisor::start(conns.clone(), barrier.clone()),
+            held: held::HeldLeases::default(),
             entries: Arc::new(Entries::new(conns.clone(), barrier.clone())),
             locks: Arc::new(Locks::new(conns.clone())),
             barrier,
@@ -208,6 +214,53 @@ impl RedisTier {
             tier.notifier.liveness.confirm(started);
         }
         Ok(tier)
+    }
+
+    /// Leaves the fleet: waits until `deadline` for the rebuilds holding a
+    /// lease to commit or give it up, hands back every lease and lock hold
+    /// still held (a rebuild lease's release wakes the instances waiting
+    /// for it, so one of them takes over at once), stops the supervisor
+    /// (which leaves the membership on its way out) and closes the
+    /// connections. Returns how many rebuilds had not finished, and what
+    /// was handed back.
+    pub(crate) async fn shutdown(self: &Arc<Self>, deadline: Instant) -> (usize, held::HandedBack) {
+        let unfinished = self.held.drained(deadline).await;
+        let patience = self.conns.config.connect_timeout;
+        let handed = self.held.hand_back(self, patience).await;
+        self.supervisor.stop(patience).await;
+        self.close();
+        (unfinished, handed)
+    }
+
+    /// Closes the connections: every call from now on fails at once.
+    /// Idempotent.
+    fn close(&self) {
+        self.supervisor.stop_now();
+        self.conns.close();
+        // Waiters here ask again, and find no tier.
+        self.notifier.wake_all();
+    }
+
+    /// [`close`](Self::close), once the supervisor has stopped (and left
+    /// the membership) on a task of its own; at once without a runtime.
+    pub(crate) fn close_soon(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.close();
+            return;
+        };
+        let tier = self.clone();
+        runtime.spawn(async move {
+            tier.supervisor
+                .stop(tier.conns.config.connect_timeout)
+                .await;
+            tier.close();
+        });
+    }
+
+    /// Stops the background work without waiting: the supervisor (which
+    /// leaves the membership on its way out). Calls still work.
+    pub(crate) fn stop_background(&self) {
+        self.supervisor.stop_now();
     }
 
     /// Whether the in-process tier must be dropped before anything is

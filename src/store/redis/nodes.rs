@@ -41,6 +41,11 @@ impl NodeConns {
         self.lock().remove(address);
     }
 
+    /// Drops every node's connection.
+    pub(super) fn clear(&self) {
+        self.lock().clear();
+    }
+
     /// Keeps the connections of `nodes` only.
     pub(super) fn retain(&self, nodes: &[Address]) {
         self.lock().retain(|a, _| nodes.contains(a));

@@ -22,12 +22,14 @@
 //! confirmed renewal, the lease is reported lost, whether Redis refused the
 //! renewal, did not answer, or the renewal is still on its way.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::held::Hold;
 use super::{RedisTier, TierError};
 use crate::key::Key;
 
@@ -56,7 +58,7 @@ impl LeaseKind {
     }
 
     /// Gives the lease back; a lock's release is retried until `until`.
-    async fn release(
+    pub(super) async fn release(
         &self,
         tier: &Arc<RedisTier>,
         key: &Key,
@@ -108,9 +110,11 @@ pub(crate) struct Renewer {
     /// the channel closes with `false`.
     lost: watch::Receiver<bool>,
     task: Option<JoinHandle<()>>,
-    /// Set when the holder committed or released the lease itself, so the
-    /// drop must not release it again.
-    settled: bool,
+    /// Set when the holder committed or released the lease itself (or a
+    /// shutdown handed it back), so the drop must not release it again.
+    settled: Arc<AtomicBool>,
+    /// Its place in the tier's registry of leases held.
+    registered: u64,
 }
 
 impl Renewer {
@@ -127,6 +131,7 @@ impl Renewer {
         max_hold: Option<Duration>,
     ) -> Self {
         let (report, lost) = watch::channel(false);
+        let report = Arc::new(report);
         let ends = Arc::new(Mutex::new(granted + time));
         let stop_at = max_hold.map(|hold| granted + hold);
         let task = tokio::runtime::Handle::try_current().ok().map(|runtime| {
@@ -138,8 +143,18 @@ impl Renewer {
                 time,
                 ends.clone(),
                 stop_at,
-                report,
+                report.clone(),
             ))
+        });
+        let settled = Arc::new(AtomicBool::new(false));
+        let registered = tier.held.register(Hold {
+            kind: kind.clone(),
+            key,
+            token: token.clone(),
+            ends: ends.clone(),
+            settled: settled.clone(),
+            task: task.as_ref().map(JoinHandle::abort_handle),
+            lost: Arc::downgrade(&report),
         });
         Renewer {
             margin: validity_margin(time),
@@ -150,7 +165,8 @@ impl Renewer {
             ends,
             lost,
             task,
-            settled: false,
+            settled,
+            registered,
         }
     }
 
@@ -171,7 +187,7 @@ impl Renewer {
             return true;
         }
         match self.kind {
-            LeaseKind::Lock { .. } if !self.settled => {
+            LeaseKind::Lock { .. } if !self.is_settled() => {
                 let ends = *self.ends.lock().unwrap_or_else(|p| p.into_inner());
                 Instant::now() + self.margin >= ends
             }
@@ -188,8 +204,12 @@ impl Renewer {
     /// The holder commits or releases the lease itself: stop renewing, and
     /// leave it alone on drop.
     pub(crate) fn settle(&mut self) {
-        self.settled = true;
+        self.settled.store(true, Ordering::Release);
         self.stop();
+    }
+
+    fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::Acquire)
     }
 
     /// Settles the lease by giving it back now, retrying until it would
@@ -216,11 +236,12 @@ impl Renewer {
 impl Drop for Renewer {
     fn drop(&mut self) {
         self.stop();
+        self.tier.held.deregister(self.registered);
         // A lost rebuild lease is not ours to release: the token is gone, or
         // about to be. A lock's hold reported lost may still be there (loss
         // is reported before the lease ends), and giving it back is a
         // compare-token-and-fence script: a no-op if it is not ours.
-        if self.settled || (self.is_lost() && self.kind == LeaseKind::Rebuild) {
+        if self.is_settled() || (self.is_lost() && self.kind == LeaseKind::Rebuild) {
             return;
         }
         // Abandoned: free the key now (a rebuild lease also tells its waiters
@@ -250,7 +271,7 @@ async fn renew(
     time: Duration,
     ends: Arc<Mutex<Instant>>,
     stop_at: Option<Instant>,
-    lost: watch::Sender<bool>,
+    lost: Arc<watch::Sender<bool>>,
 ) {
     let period = (time / 3).max(Duration::from_millis(1));
     // A lock's holder is told it lost the lock before anyone else can hold

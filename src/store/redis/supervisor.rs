@@ -31,7 +31,8 @@
 //!   have been missed meanwhile; with an outage grace, only once the
 //!   grace ran out: see [`super::liveness`]);
 //!   An answer also renews this instance's fleet membership (see
-//!   [`super::barrier`]), which it leaves when the tier is dropped;
+//!   [`super::barrier`]), which it leaves when it is stopped (the tier
+//!   dropped or shut down, or the backend's last handle dropped);
 //! - acknowledges other instances' invalidations (see [`super::barrier`]);
 //! - retries, every probe interval, the invalidations that did not reach
 //!   Redis, until they do;
@@ -68,6 +69,28 @@ use super::sentinel;
 /// exactly as long as the tier.
 pub(crate) struct SupervisorGuard {
     stop: watch::Sender<bool>,
+    task: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl SupervisorGuard {
+    /// Stops the supervisor and waits (at most `patience`) for it to end,
+    /// having left the fleet's membership. Idempotent.
+    pub(crate) async fn stop(&self, patience: Duration) {
+        self.stop.send_replace(true);
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(patience, task).await.is_err() {
+                abort.abort();
+            }
+        }
+    }
+
+    /// Stops the supervisor without waiting for it (it still leaves the
+    /// membership, on its own task).
+    pub(crate) fn stop_now(&self) {
+        self.stop.send_replace(true);
+    }
 }
 
 impl Drop for SupervisorGuard {
@@ -80,7 +103,7 @@ impl Drop for SupervisorGuard {
 pub(crate) fn start(shared: Arc<Connections>, barrier: Arc<Barrier>) -> SupervisorGuard {
     let (stop, mut stopped) = watch::channel(false);
     let acks = shared.notifier.take_ack_queue();
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let stop = async { stopped.wait_for(|stop| *stop).await.is_ok() };
         let stopped_cleanly = tokio::select! {
             // A closed channel (the guard gone without a word) means the same.
@@ -97,7 +120,10 @@ pub(crate) fn start(shared: Arc<Connections>, barrier: Arc<Barrier>) -> Supervis
             barrier.leave().await;
         }
     });
-    SupervisorGuard { stop }
+    SupervisorGuard {
+        stop,
+        task: std::sync::Mutex::new(Some(task)),
+    }
 }
 
 /// Retries the pending invalidations every probe interval, until they

@@ -1,0 +1,143 @@
+//! Every lease this process holds now, rebuild leases and locks alike, so
+//! a shutdown can wait for the rebuilds to settle and hand back whatever is
+//! still held when its deadline comes.
+//!
+//! A [`Renewer`](super::renew::Renewer) registers its lease when it starts
+//! and takes it out when it is dropped: a rebuild lease stays registered
+//! while its commit or release runs, so "none registered" means every
+//! rebuild's publish has landed (or failed).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{watch, Notify};
+use tokio::task::AbortHandle;
+
+use super::renew::LeaseKind;
+use super::RedisTier;
+use crate::key::Key;
+
+/// One lease held, as the registry sees it.
+pub(super) struct Hold {
+    pub kind: LeaseKind,
+    pub key: Key,
+    pub token: String,
+    /// When the lease ends on Redis unless renewed (shared with its
+    /// renewer).
+    pub ends: Arc<Mutex<Instant>>,
+    /// Set once its holder committed or released it itself.
+    pub settled: Arc<AtomicBool>,
+    /// The renewal task, stopped when the lease is handed back.
+    pub task: Option<AbortHandle>,
+    /// The renewer's loss flag, told when the lease is handed back (gone
+    /// once the renewal task ended).
+    pub lost: Weak<watch::Sender<bool>>,
+}
+
+/// The leases held now, and a signal for every change.
+#[derive(Default)]
+pub(crate) struct HeldLeases {
+    next: AtomicU64,
+    holds: Mutex<HashMap<u64, Hold>>,
+    changed: Notify,
+}
+
+/// What a shutdown did with the leases it found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HandedBack {
+    /// Rebuild leases given back by token (their waiters told to retry).
+    pub rebuilds: u64,
+    /// Lock holds given back by token and fence.
+    pub locks: u64,
+    /// Leases that could not be given back (no longer ours, or Redis did
+    /// not answer): they lapse by themselves.
+    pub lost: u64,
+}
+
+impl HeldLeases {
+    pub(super) fn register(&self, hold: Hold) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, hold);
+        id
+    }
+
+    pub(super) fn deregister(&self, id: u64) {
+        if self.lock().remove(&id).is_some() {
+            self.changed.notify_waiters();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Hold>> {
+        self.holds.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn rebuilds(&self) -> usize {
+        self.lock()
+            .values()
+            .filter(|h| h.kind == LeaseKind::Rebuild)
+            .count()
+    }
+
+    /// Waits until no rebuild lease is held, or until `deadline`. Returns
+    /// how many are still held.
+    pub(crate) async fn drained(&self, deadline: Instant) -> usize {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let held = self.rebuilds();
+            if held == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline.into(), changed)
+                .await
+                .is_err()
+            {
+                return self.rebuilds();
+            }
+        }
+    }
+
+    /// Stops renewing every lease not settled by its holder, tells its
+    /// holder it is lost, and gives it back by token, so another instance
+    /// takes over at once (a rebuild lease's release wakes its waiters).
+    pub(crate) async fn hand_back(&self, tier: &Arc<RedisTier>, patience: Duration) -> HandedBack {
+        let taken: Vec<(LeaseKind, Key, String, Instant)> = {
+            let mut holds = self.lock();
+            let ids: Vec<u64> = holds
+                .iter()
+                .filter(|(_, h)| !h.settled.load(Ordering::Acquire))
+                .map(|(&id, _)| id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| holds.remove(&id))
+                .map(|hold| {
+                    hold.settled.store(true, Ordering::Release);
+                    // Told before the task (which owns the flag) is stopped.
+                    if let Some(lost) = hold.lost.upgrade() {
+                        lost.send_replace(true);
+                    }
+                    if let Some(task) = &hold.task {
+                        task.abort();
+                    }
+                    let ends = *hold.ends.lock().unwrap_or_else(|p| p.into_inner());
+                    (hold.kind, hold.key, hold.token, ends)
+                })
+                .collect()
+        };
+        self.changed.notify_waiters();
+        let mut done = HandedBack::default();
+        let until = Instant::now() + patience;
+        for (kind, key, token, ends) in taken {
+            let released = kind.release(tier, &key, &token, until.min(ends)).await;
+            match (released, &kind) {
+                (Ok(true), LeaseKind::Rebuild) => done.rebuilds += 1,
+                (Ok(true), LeaseKind::Lock { .. }) => done.locks += 1,
+                _ => done.lost += 1,
+            }
+        }
+        done
+    }
+}
