@@ -82,9 +82,10 @@ use crate::backend::Backend;
 use crate::engine::MAX_DELTA;
 use crate::key::Key;
 #[cfg(feature = "redis")]
-use crate::store::redis::lock::{new_attempt, AbandonOnDrop, Attempt, QUEUE_HEARTBEAT};
+use crate::store::redis::held::LeaseKind;
 #[cfg(feature = "redis")]
-use crate::store::redis::renew::{LeaseKind, Renewer};
+use crate::store::redis::lock::{new_attempt, AbandonOnDrop, Attempt, QUEUE_HEARTBEAT};
+use crate::store::redis::renew::Renewer;
 #[cfg(feature = "redis")]
 use crate::store::redis::{migrating, RedisTier};
 

@@ -296,6 +296,13 @@ impl Fleet {
                     not_handed_back: handed.lost,
                 };
             }
+            tracing::info!(
+                unfinished_rebuilds = report.unfinished,
+                leases_handed_back = report.handed_back,
+                locks_handed_back = report.locks_handed_back,
+                not_handed_back = report.not_handed_back,
+                "shut down: left the fleet"
+            );
             report
         }
         #[cfg(not(feature = "redis"))]

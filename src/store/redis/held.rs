@@ -15,9 +15,59 @@ use std::time::{Duration, Instant};
 use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 
-use super::renew::LeaseKind;
-use super::RedisTier;
+use super::{RedisTier, TierError};
 use crate::key::Key;
+
+/// Which compare-token scripts keep a lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum LeaseKind {
+    /// A cache entry's rebuild lease (`renew.lua`, `release.lua`).
+    Rebuild,
+    /// A public lock (`lock_renew.lua`, `lock_release.lua`): a hold is the
+    /// owner token, the tenure's fencing number and the attempt that took it.
+    Lock { fence: u64, attempt: String },
+}
+
+impl LeaseKind {
+    pub(super) async fn renew(
+        &self,
+        tier: &Arc<RedisTier>,
+        key: &Key,
+        token: &str,
+        time: Duration,
+    ) -> Result<bool, TierError> {
+        match self {
+            LeaseKind::Rebuild => tier.renew(key, token, time).await,
+            LeaseKind::Lock { fence, .. } => tier.lock_renew(key, token, *fence, time).await,
+        }
+    }
+
+    /// Gives the lease back; a lock's release is retried until `until`.
+    pub(super) async fn release(
+        &self,
+        tier: &Arc<RedisTier>,
+        key: &Key,
+        token: &str,
+        until: Instant,
+    ) -> Result<bool, TierError> {
+        match self {
+            LeaseKind::Rebuild => tier.release_token(key, token).await,
+            LeaseKind::Lock { fence, attempt } => {
+                tier.lock_release(key, token, *fence, attempt, until).await
+            }
+        }
+    }
+
+    pub(super) fn report_loss(&self, key: &Key) {
+        match self {
+            LeaseKind::Rebuild => tracing::warn!(
+                key = %key,
+                "rebuild lease lost: another instance may rebuild this key"
+            ),
+            LeaseKind::Lock { .. } => tracing::warn!(lock = %key, "lock lease lost"),
+        }
+    }
+}
 
 /// One lease held, as the registry sees it.
 pub(super) struct Hold {

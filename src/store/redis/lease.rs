@@ -16,7 +16,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::renew::{LeaseKind, Renewer};
+use super::held::LeaseKind;
+use super::renew::Renewer;
 use super::RedisTier;
 use crate::key::Key;
 
