@@ -624,7 +624,7 @@ async fn attach(engine: &Engine, tier: Arc<RedisTier>) {
     let fleet = &engine.fleet;
     let _ = fleet.tier.set(tier.clone());
     let mark = fleet.reloads.mark();
-    if let Ok((table, loaded)) = tier.load_generations(None, engine.tags.table_epoch()).await {
+    if let Ok((table, loaded)) = tier.load_table_joining(engine.tags.table_epoch()).await {
         engine.apply(table, loaded);
         fleet.reloads.loaded(mark);
     }

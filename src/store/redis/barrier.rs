@@ -346,6 +346,17 @@ impl Barrier {
         fields: Option<&[Field]>,
         floor: u64,
     ) -> Result<(u64, Vec<(Field, u64)>), TierError> {
+        self.load_generations_until(fields, floor, None).await
+    }
+
+    /// [`Barrier::load_generations`]; a whole reload with `until` is tried
+    /// again, past the breaker, until Redis answers or that instant passes.
+    pub(crate) async fn load_generations_until(
+        &self,
+        fields: Option<&[Field]>,
+        floor: u64,
+        until: Option<std::time::Instant>,
+    ) -> Result<(u64, Vec<(Field, u64)>), TierError> {
         let all: Vec<Field>;
         let reload = fields.is_none();
         let fields = match fields {
@@ -367,9 +378,12 @@ impl Barrier {
         // A whole reload happens after a gap or at start-up, off any
         // request's path: its failure is not the breaker's business.
         let values: Vec<Option<Vec<u8>>> = if reload {
-            self.conns
-                .call_past_breaker()
-                .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
+            let call = self.conns.call_past_breaker();
+            let call = match until {
+                Some(until) => call.until(until),
+                None => call,
+            };
+            call.run(move |mut conn| async move { script.invoke_async(&mut conn).await })
                 .await?
         } else {
             self.conns
@@ -507,8 +521,10 @@ impl Barrier {
     /// subscription lease only if it returns true: an instance that is not
     /// a member is not waited for, so it must not trust its in-process tier
     /// past its membership. Best effort: a renewal that fails leaves the
-    /// member to lapse, as a dead one would.
-    pub(super) async fn renew_membership(&self) -> bool {
+    /// member to lapse, as a dead one would. `limit` is how long it may go
+    /// unanswered (stretched, like any call's, by the link's measured round
+    /// trip).
+    pub(super) async fn renew_membership(&self, limit: Duration) -> bool {
         let route = self.conns.keys.members();
         let mut invocation = self.conns.scripts.member_renew.key(&route);
         invocation
@@ -520,11 +536,9 @@ impl Barrier {
         // call met a dead node while another is frozen) would fail the
         // renewal, and this instance would drop its in-process tier for
         // every shard's keys.
-        let renew = self
-            .conns
-            .routed(&route, self.conns.config.deadline, |mut conn| async move {
-                invocation.invoke_async::<i64>(&mut conn).await
-            });
+        let renew = self.conns.routed(&route, limit, |mut conn| async move {
+            invocation.invoke_async::<i64>(&mut conn).await
+        });
         match renew.await {
             Ok(_) => true,
             Err(e) => {

@@ -209,8 +209,15 @@ impl RedisTier {
         });
         // A member from the start: a subscription confirmed just now.
         // Subscribed, every message published from `started` on is heard;
-        // the in-process tier is trusted once the membership holds.
-        if tier.barrier.renew_membership().await {
+        // the in-process tier is trusted once the membership holds. The
+        // first renewal is part of connecting, and has the connect timeout
+        // as every other step of it: under the request deadline a busy
+        // process start (CPU load, a burst of connects) would leave the
+        // in-process tier untrusted until the first keepalive, and the first
+        // requests would all go to Redis. The trust still counts from
+        // `started`, before the renewal was sent, so it never outlasts the
+        // membership Redis records.
+        if tier.barrier.renew_membership(connect_timeout).await {
             tier.notifier.liveness.confirm(started);
         }
         Ok(tier)
@@ -422,6 +429,23 @@ impl RedisTier {
         floor: u64,
     ) -> Result<(u64, Vec<(Field, u64)>), TierError> {
         self.barrier.load_generations(fields, floor).await
+    }
+
+    /// The whole invalidation table, read as a step of joining the fleet:
+    /// tried again until Redis answers or the connect timeout passes, not
+    /// once under the request deadline. Until the table is read, every
+    /// entry rebuilt here is built under an epoch this instance does not
+    /// know yet, and the read that learns it drops that entry (it is not
+    /// stored, here nor in Redis): a read that misses the deadline would
+    /// cost every key rebuilt meanwhile a second origin call.
+    pub(crate) async fn load_table_joining(
+        self: &Arc<Self>,
+        floor: u64,
+    ) -> Result<(u64, Vec<(Field, u64)>), TierError> {
+        let until = Instant::now() + self.conns.config.connect_timeout;
+        self.barrier
+            .load_generations_until(None, floor, Some(until))
+            .await
     }
 
     // The lease as a distributed lock (see [`lock`]).

@@ -169,6 +169,11 @@ async fn keepalive(shared: &Connections, barrier: &Barrier) {
             // and the in-process tier is trusted only as long as the
             // membership the invalidations wait for: a keepalive whose
             // renewal failed extends nothing.
+            // The renewal runs under the deadline, as a request's call: a
+            // link that cannot answer within it keeps no in-process tier
+            // trusted, and its requests go to Redis, where the breaker
+            // judges the link. (Only the first renewal, part of connecting,
+            // has the connect timeout: see `RedisTier::connect`.)
             if !subscribed || shared.notifier.in_gap() {
                 // Whatever left the gap open (a reopen that failed, a
                 // resubscription the server refused), the supervisor
@@ -178,7 +183,7 @@ async fn keepalive(shared: &Connections, barrier: &Barrier) {
                      the subscription lease is not renewed"
                 );
                 shared.notifier.disconnected.notify_one();
-            } else if barrier.renew_membership().await {
+            } else if barrier.renew_membership(shared.config.deadline).await {
                 shared.notifier.liveness.confirm(sent);
                 if shared.health.all_closed() {
                     shared.outage.recovered();
