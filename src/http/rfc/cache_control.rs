@@ -195,20 +195,20 @@ pub(crate) fn expires_lifetime(headers: &HeaderMap, now: SystemTime) -> Option<D
 /// (none when `Date` is missing, invalid or in the future), at most
 /// [`MAX_DELTA`].
 ///
-/// `Age` is delta-seconds (its first member, RFC 9111 §5.1); one too large
-/// to represent is 2^31 s, never zero. An `Age` that is not delta-seconds
-/// gives [`MAX_DELTA`]: RFC 9111 §5.1 lets a cache ignore it, but an age
-/// nobody can read may hide any age, so failing safe the response is taken
-/// as older than any lifetime and never served from the cache.
+/// `Age` is delta-seconds; a list (several members, or several lines) is
+/// read by its first member, without any parameters (`7200;foo=bar` is
+/// 7200). One too large to represent is 2^31 s, never zero. A first member
+/// that is not delta-seconds (negative, decimal, not a number, empty) is
+/// ignored, as RFC 9111 §5.1 says: the apparent age still counts.
 pub(crate) fn initial_age(headers: &HeaderMap, now: SystemTime) -> Duration {
-    let age = match headers.get(AGE) {
-        None => Duration::ZERO,
-        Some(value) => value
-            .to_str()
-            .ok()
-            .and_then(|v| delta_seconds(v.split(',').next().unwrap_or_default().trim()))
-            .map_or(MAX_DELTA, Duration::from_secs),
-    };
+    let age = headers
+        .get(AGE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| {
+            let first = value.split(',').next().unwrap_or_default();
+            delta_seconds(first.split(';').next().unwrap_or_default().trim())
+        })
+        .map_or(Duration::ZERO, Duration::from_secs);
     let apparent = headers
         .get(DATE)
         .and_then(http_date)
@@ -391,10 +391,21 @@ mod tests {
         for huge in ["18446744073709551616", "99999999999999999999999999"] {
             assert_eq!(age(&[(AGE, value(huge))]), MAX_DELTA, "{huge}");
         }
-        // Not delta-seconds: failing safe, older than any lifetime.
-        for invalid in ["-1", "1.5", "soon", ""] {
-            assert_eq!(age(&[(AGE, value(invalid))]), MAX_DELTA, "{invalid:?}");
+        // Not delta-seconds: ignored (RFC 9111 §5.1).
+        for invalid in ["-1", "-7200", "1.5", "7200.0", "soon", "abc", ""] {
+            assert_eq!(age(&[(AGE, value(invalid))]), Duration::ZERO, "{invalid:?}");
         }
+        // A parameter does not hide the number before it.
+        assert_eq!(age(&[(AGE, value("7200;foo=bar"))]), secs(7200));
+        // Several lines: the first member of the first.
+        assert_eq!(age(&[(AGE, value("7200")), (AGE, value("0"))]), secs(7200));
+        assert_eq!(
+            age(&[(AGE, value("0")), (AGE, value("7200"))]),
+            Duration::ZERO
+        );
+        // An ignored Age leaves the apparent age.
+        let old = at(now - secs(60));
+        assert_eq!(age(&[(DATE, old), (AGE, value("-5"))]), secs(60));
         // Apparent age: now minus Date, when Date is in the past.
         let old = at(now - secs(3600));
         assert_eq!(age(&[(DATE, old.clone())]), secs(3600));
