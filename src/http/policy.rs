@@ -12,13 +12,13 @@ use std::time::{Duration, SystemTime};
 use http::header::{
     ACCEPT_ENCODING, CACHE_CONTROL, CONTENT_LENGTH, PRAGMA, SET_COOKIE, TRANSFER_ENCODING,
 };
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, HeaderName, Method, StatusCode};
 
 use super::cache_status::Presentation;
 use super::flight::FlightSettings;
 use super::key::{KeySettings, Keyed};
 use super::passes::{Pass, PassLog};
-use super::rfc::cache_control::{expires_lifetime, tokens, CacheControl};
+use super::rfc::cache_control::{expires_lifetime, targeted, tokens, CacheControl};
 use super::tags::TagRules;
 use super::vary::{names_in_vary, vary_is_covered};
 use crate::engine::Lifetime;
@@ -28,6 +28,10 @@ use crate::engine::Lifetime;
 /// route is better off not remembering. `404` and `410` are kept: caching
 /// "not found" stops a herd of requests for a missing key reaching the origin.
 pub(crate) const DEFAULT_STATUSES: [u16; 8] = [200, 203, 204, 300, 301, 308, 404, 410];
+
+/// The targeted cache-control fields (RFC 9213) read by default: the one
+/// every CDN-like cache is meant to follow.
+pub(crate) static DEFAULT_TARGETS: [HeaderName; 1] = [HeaderName::from_static("cdn-cache-control")];
 
 /// A route's whole configuration, by who reads it: the engine its flight
 /// settings, the key its key settings, admission its store rules, the
@@ -53,6 +57,10 @@ pub(crate) struct StoreRules {
     pub max_body_bytes: usize,
     pub statuses: Arc<[StatusCode]>,
     pub respect_cache_control: bool,
+    /// Targeted cache-control fields (RFC 9213 §2.1), in order: the first
+    /// present and valid one replaces `Cache-Control` and `Expires` for
+    /// this cache.
+    pub cache_control_targets: Arc<[HeaderName]>,
     pub allow_credentials: bool,
     /// Follow the request's own cache directives (RFC 9111 §5.2.1): off by
     /// default, as a shared cache that did would let any client turn it off.
@@ -83,6 +91,7 @@ impl Default for StoreRules {
                 .filter_map(|s| StatusCode::from_u16(*s).ok())
                 .collect(),
             respect_cache_control: false,
+            cache_control_targets: Arc::from(DEFAULT_TARGETS.as_slice()),
             allow_credentials: false,
             respect_request_cache_control: false,
             strip_set_cookie: false,
@@ -204,8 +213,12 @@ pub(crate) fn classify(
     if headers.contains_key(SET_COOKIE) && !store.strip_set_cookie {
         return Verdict::Pass(Pass::SetCookie);
     }
-    let cc = CacheControl::parse(headers);
-    if cc.unparseable {
+    let Directives {
+        cc,
+        unparseable,
+        expires_speaks,
+    } = directives(store, headers);
+    if unparseable {
         return Verdict::Pass(Pass::UnparseableCacheControl);
     }
     if (cc.private || cc.no_store || cc.no_cache) && !store.cache_private {
@@ -222,11 +235,12 @@ pub(crate) fn classify(
     }
     let mut lifetime = store.lifetime;
     let explicit = cc.s_maxage.or(cc.max_age);
-    // Without max-age, `Expires` speaks (RFC 9111 §4.2.1). One already past,
-    // or invalid (`0`), is stale on arrival: never stored, whatever the route
-    // says, as the HTTP/1.0 way of saying "do not cache". A future one sets
-    // the lifetime only where the route respects the origin.
-    let expires = if explicit.is_none() {
+    // Without max-age, `Expires` speaks (RFC 9111 §4.2.1), unless a
+    // targeted field does (RFC 9213 §2.1). One already past, or invalid
+    // (`0`), is stale on arrival: never stored, whatever the route says, as
+    // the HTTP/1.0 way of saying "do not cache". A future one sets the
+    // lifetime only where the route respects the origin.
+    let expires = if explicit.is_none() && expires_speaks {
         expires_lifetime(headers, SystemTime::now())
     } else {
         None
@@ -252,10 +266,101 @@ pub(crate) fn classify(
         lifetime.stale_while_revalidate = Duration::ZERO;
         lifetime.stale_if_error = Duration::ZERO;
     }
-    let kept = store.statuses.contains(&status) && !lifetime.ttl.is_zero() && !expired;
+    // RFC 9111 §3: an answer of any final status may be stored when the
+    // origin gave it explicit freshness, where the route follows the
+    // origin's freshness. The route's statuses alone are stored on the
+    // route's own lifetime (heuristic freshness, or the route's ttl).
+    let explicitly_fresh = store.respect_cache_control
+        && (explicit.is_some() || expires.is_some())
+        && storable_with_explicit_freshness(status);
+    let kept = (store.statuses.contains(&status) || explicitly_fresh)
+        && !lifetime.ttl.is_zero()
+        && !expired;
     Verdict::Share {
         lifetime,
         store: kept,
+    }
+}
+
+/// The directives that speak for this cache, and how to read the rest.
+struct Directives {
+    cc: CacheControl,
+    /// `Cache-Control` speaks and is not a list of directives.
+    unparseable: bool,
+    /// `Expires` may set or end the lifetime (no targeted field speaks).
+    expires_speaks: bool,
+}
+
+/// Which field speaks (RFC 9213 §2.1): where the route follows the
+/// origin's freshness, the first valid targeted field replaces
+/// `Cache-Control` and `Expires` entirely. Where the route keeps its own
+/// lifetime, only the words that forbid storing or serving stale are read,
+/// and a forbidding word in either field counts: the route's ttl is not the
+/// origin's to extend, and a safer reading costs at most a miss.
+fn directives(store: &StoreRules, headers: &HeaderMap) -> Directives {
+    let own = CacheControl::parse(headers);
+    let target = match store.cache_control_targets.is_empty() {
+        true => None,
+        false => targeted(headers, &store.cache_control_targets),
+    };
+    match target {
+        Some(target) if store.respect_cache_control => Directives {
+            cc: target,
+            unparseable: false,
+            expires_speaks: false,
+        },
+        Some(target) => {
+            let unparseable = own.unparseable;
+            let mut cc = own;
+            cc.private |= target.private;
+            cc.no_store |= target.no_store;
+            cc.no_cache |= target.no_cache;
+            cc.must_revalidate |= target.must_revalidate;
+            cc.proxy_revalidate |= target.proxy_revalidate;
+            Directives {
+                cc,
+                unparseable,
+                expires_speaks: true,
+            }
+        }
+        None => Directives {
+            unparseable: own.unparseable,
+            cc: own,
+            expires_speaks: true,
+        },
+    }
+}
+
+/// A final status whose answer is a whole representation, storable with
+/// explicit freshness (RFC 9111 §3): not a part (`206`), not a `304`
+/// (which only refreshes a stored answer), not an interim one.
+fn storable_with_explicit_freshness(status: StatusCode) -> bool {
+    status.as_u16() >= 200
+        && status != StatusCode::PARTIAL_CONTENT
+        && status != StatusCode::NOT_MODIFIED
+}
+
+/// Whether an answer of a status the route does not list may still be
+/// stored: the route follows the origin's freshness, and the origin gave
+/// this one explicit freshness (`max-age`, `s-maxage` or a future
+/// `Expires`, in the field that speaks) that is not zero.
+pub(crate) fn explicitly_fresh(
+    store: &StoreRules,
+    status: StatusCode,
+    headers: &HeaderMap,
+) -> bool {
+    if !store.respect_cache_control || !storable_with_explicit_freshness(status) {
+        return false;
+    }
+    let Directives {
+        cc, expires_speaks, ..
+    } = directives(store, headers);
+    match cc.s_maxage.or(cc.max_age) {
+        Some(seconds) => seconds > 0,
+        None => {
+            expires_speaks
+                && expires_lifetime(headers, SystemTime::now()).is_some_and(|ttl| !ttl.is_zero())
+        }
     }
 }
 

@@ -4,8 +4,9 @@
 use std::time::{Duration, SystemTime};
 
 use http::header::{AGE, CACHE_CONTROL, DATE, EXPIRES};
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
+use super::structured::{dictionary, Value};
 use crate::engine::MAX_DELTA;
 
 /// The `Cache-Control` directives a shared cache acts on.
@@ -77,6 +78,64 @@ impl CacheControl {
         }
         cc
     }
+}
+
+/// The directives of the first targeted field among `targets` that is
+/// present and valid (RFC 9213 §2.1), or `None`: then `Cache-Control` (and
+/// `Expires`) speak. A targeted field is an RFC 8941 Dictionary (its lines
+/// combined); one that is empty, does not parse, or gives a directive this
+/// layer reads a value of the wrong type (`max-age="60"`, `max-age=-1`,
+/// `no-store=5`) is ignored as if absent, and the next target is tried.
+pub(crate) fn targeted(headers: &HeaderMap, targets: &[HeaderName]) -> Option<CacheControl> {
+    targets.iter().find_map(|name| {
+        let mut lines = headers.get_all(name).iter().peekable();
+        lines.peek()?;
+        let mut field = Vec::new();
+        for line in lines {
+            if !field.is_empty() {
+                field.extend_from_slice(b", ");
+            }
+            field.extend_from_slice(line.as_bytes());
+        }
+        if field.iter().all(|b| *b == b' ' || *b == b'\t') {
+            return None;
+        }
+        from_dictionary(&dictionary(&field)?)
+    })
+}
+
+/// A targeted field's members as directives; `None` if one this layer
+/// reads has a value of the wrong type.
+fn from_dictionary(members: &[(String, Value)]) -> Option<CacheControl> {
+    let mut cc = CacheControl::default();
+    for (name, value) in members {
+        let seconds = || match value {
+            Value::Integer(n) if *n >= 0 => {
+                Some(u64::try_from(*n).map_or(MAX_DELTA.as_secs(), |n| n.min(MAX_DELTA.as_secs())))
+            }
+            _ => None,
+        };
+        // A flag: `true` (no value), `?0`, or a list of field names (the
+        // qualified `private` and `no-cache`, taken like the plain ones).
+        let flag = || match value {
+            Value::Boolean(on) => Some(*on),
+            Value::String(_) => Some(true),
+            _ => None,
+        };
+        match name.as_str() {
+            "max-age" => cc.max_age = Some(seconds()?),
+            "s-maxage" => cc.s_maxage = Some(seconds()?),
+            "stale-while-revalidate" => cc.stale_while_revalidate = Some(seconds()?),
+            "stale-if-error" => cc.stale_if_error = Some(seconds()?),
+            "no-store" => cc.no_store = flag()?,
+            "no-cache" => cc.no_cache = flag()?,
+            "private" => cc.private = flag()?,
+            "must-revalidate" => cc.must_revalidate = flag()?,
+            "proxy-revalidate" => cc.proxy_revalidate = flag()?,
+            _ => {}
+        }
+    }
+    Some(cc)
 }
 
 /// Records a freshness directive: invalid, or conflicting with an earlier
@@ -322,6 +381,54 @@ mod tests {
         let cc = CacheControl::parse(&headers(&[("cache-control", "max-age=\"60\", ,")]));
         assert!(!cc.unparseable);
         assert_eq!(cc.max_age, Some(60));
+    }
+
+    #[test]
+    fn the_first_valid_targeted_field_speaks() {
+        let acme = HeaderName::from_static("acme-cache-control");
+        let cdn = HeaderName::from_static("cdn-cache-control");
+        let targets = [acme.clone(), cdn.clone()];
+        let h = headers(&[
+            ("cdn-cache-control", "max-age=60"),
+            ("acme-cache-control", "max-age=600, stale-if-error=30"),
+        ]);
+        let cc = targeted(&h, &targets).unwrap();
+        assert_eq!((cc.max_age, cc.stale_if_error), (Some(600), Some(30)));
+        // An invalid first target gives way to the next one.
+        for acme in [
+            "max-age=\"600\"",
+            "max-age=-1",
+            "&&",
+            "",
+            "no-store=5",
+            "MAX-AGE=1",
+        ] {
+            let h = headers(&[
+                ("acme-cache-control", acme),
+                ("cdn-cache-control", "max-age=60"),
+            ]);
+            assert_eq!(
+                targeted(&h, &targets).unwrap().max_age,
+                Some(60),
+                "{acme:?}"
+            );
+        }
+        // Lines combine; a huge value saturates; flags and their lists.
+        let h = headers(&[
+            ("cdn-cache-control", "max-age=99999999999"),
+            ("cdn-cache-control", "private=\"x-a\", no-store=?0"),
+        ]);
+        let cc = targeted(&h, &targets).unwrap();
+        assert_eq!(cc.max_age, Some(1 << 31));
+        assert!(cc.private && !cc.no_store);
+        // None present or none valid: Cache-Control speaks.
+        assert_eq!(
+            targeted(&headers(&[("cache-control", "max-age=1")]), &targets),
+            None
+        );
+        let h = headers(&[("cdn-cache-control", "max-age =100")]);
+        assert_eq!(targeted(&h, &targets), None);
+        assert_eq!(targeted(&h, &[]), None);
     }
 
     #[test]
