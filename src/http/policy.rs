@@ -3,8 +3,8 @@
 //!
 //! The defaults are safe for a shared cache: nothing personal is stored or
 //! shared. A request with credentials, a response that sets a cookie or says
-//! `private`/`no-store`/`no-cache`, or one whose `Vary` the route does not key
-//! on, passes through untouched unless the route opts in explicitly.
+//! `private`/`no-store`/`no-cache`, or one whose `Vary` can never match
+//! (`*`), passes through untouched unless the route opts in explicitly.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -20,7 +20,7 @@ use super::key::{KeySettings, Keyed};
 use super::passes::{Pass, PassLog};
 use super::rfc::cache_control::{expires_lifetime, targeted, tokens, CacheControl};
 use super::tags::TagRules;
-use super::vary::{names_in_vary, vary_is_covered};
+use super::vary::{names_in_vary, nominated, Nominated};
 use crate::engine::Lifetime;
 
 /// Statuses stored by default: those RFC 9111 lets a cache store without
@@ -230,7 +230,15 @@ pub(crate) fn classify(
         // shared (unless the route ignores Vary).
         keys.learned_encoding.set();
     }
-    if !store.ignore_vary && !vary_is_covered(headers, &keys.vary, keyed) {
+    // A header the key does not cover is learned from the response: the
+    // entry is stored with a digest of its request's values of those
+    // headers, and serves only requests with the same (vary.rs). Not
+    // `Accept-Encoding`, which the route learns to key on instead, nor a
+    // `Vary` that can never match (`*`).
+    if !store.ignore_vary
+        && ((!keyed.accept_encoding && names_in_vary(headers, &ACCEPT_ENCODING))
+            || nominated(headers, &keys.vary, keyed) == Nominated::Never)
+    {
         return Verdict::Pass(Pass::Vary);
     }
     let mut lifetime = store.lifetime;
@@ -398,8 +406,10 @@ mod tests {
         assert_eq!(v, Verdict::Pass(Pass::Vary));
         let v = classify(&p, StatusCode::OK, &varying("accept-encoding"), after);
         assert!(matches!(v, Verdict::Share { store: true, .. }));
-        // Learning one header covers only that one.
+        // Another header is learned per URL: stored, selected by its values.
         let v = classify(&p, StatusCode::OK, &varying("accept-encoding, x-a"), after);
+        assert!(matches!(v, Verdict::Share { store: true, .. }));
+        let v = classify(&p, StatusCode::OK, &varying("x-a, *"), after);
         assert_eq!(v, Verdict::Pass(Pass::Vary));
         // Clones made from the route keep what it learned.
         assert!(Keyed::now(&p.clone().keys).accept_encoding);

@@ -84,9 +84,7 @@ pub(crate) fn dictionary(field: &[u8]) -> Option<Vec<(String, Value)>> {
             Some(b',') => p.ows(),
             Some(_) => return None,
         }
-        if p.peek().is_none() {
-            return None;
-        }
+        p.peek()?;
     }
 }
 
