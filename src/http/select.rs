@@ -9,8 +9,6 @@
 //! key of its own in the engine, so its misses coalesce per key: the
 //! requests of one variant share one origin call.
 
-use std::sync::{Arc, Mutex};
-
 use bytes::Buf;
 use http::{HeaderMap, Request, Response};
 use http_body::Body as HttpBody;
@@ -58,8 +56,10 @@ impl Lane {
 }
 
 /// Where an origin the engine did not run is handed back: it gave the
-/// request an entry instead, which may be another variant's.
-pub(crate) type Back<S, ReqBody, ResBody> = Arc<Mutex<Option<Origin<S, ReqBody, ResBody>>>>;
+/// request an entry instead, which may be another variant's. Closed without
+/// one as soon as the origin starts to run (or the engine drops it).
+pub(crate) type Back<S, ReqBody, ResBody> =
+    tokio::sync::oneshot::Sender<Origin<S, ReqBody, ResBody>>;
 
 /// An `Origin` that stamps what it stores with its request's nominated
 /// values, and stores nothing in the `Exact` lane. Dropped unrun, it hands
@@ -92,11 +92,8 @@ impl<S, ReqBody, ResBody: HttpBody> Selecting<S, ReqBody, ResBody> {
 
 impl<S, ReqBody, ResBody: HttpBody> Drop for Selecting<S, ReqBody, ResBody> {
     fn drop(&mut self) {
-        if let (Some(origin), Some(Ok(mut slot))) = (
-            self.origin.take(),
-            self.back.as_ref().map(|back| back.lock()),
-        ) {
-            *slot = Some(origin);
+        if let (Some(origin), Some(back)) = (self.origin.take(), self.back.take()) {
+            let _ = back.send(origin);
         }
     }
 }
@@ -119,6 +116,8 @@ where
         stale: Option<Held<CachedResponse>>,
         overtaken: Overtaken,
     ) -> Admitted<ResBody, S::Error> {
+        // It runs: nothing comes back, and whoever waits for it knows now.
+        drop(self.back.take());
         let Some(origin) = self.origin.take() else {
             return Built::Failed {
                 shared: None,

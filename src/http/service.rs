@@ -311,8 +311,9 @@ where
         origin.labels,
     );
     let selected = |stored: &http::HeaderMap| selects(stored, &request, &policy.keys.vary, keyed);
-    let back: Back<S, ReqBody, ResBody> = Arc::default();
-    let rebuild = Selecting::new(origin, Some(back.clone()), lane);
+    let (back, unrun) = oneshot::channel();
+    let back: Back<S, ReqBody, ResBody> = back;
+    let rebuild = Selecting::new(origin, Some(back), lane);
     let flying = engine.clone();
     let mut answer = Box::pin(async move { flying.resolve(miss, flight, rebuild).await });
     let answer = tokio::select! {
@@ -324,7 +325,6 @@ where
     if let Ok(response) = streamed.try_recv() {
         return Ok(response);
     }
-    let unrun = || back.lock().ok().and_then(|mut back| back.take());
     match answer {
         Answer::Shared(served, rebuild) if !selected(&served.held.value().headers) => {
             let stored = served.held.value().headers.clone();
@@ -341,7 +341,7 @@ where
         Answer::Served(served) if !selected(&served.held.value().headers) => {
             let stored = served.held.value().headers.clone();
             drop(served);
-            match unrun() {
+            match unrun.await.ok() {
                 Some(origin) => next_lane(engine, conditions, origin, primary, lane, stored).await,
                 // Its rebuild ran and failed; what stands in for the
                 // failure is another variant's.
