@@ -207,8 +207,11 @@ impl StampedeGuard {
     }
 
     /// Request headers whose values select different responses (for example
-    /// `accept-language`). They become part of the key; a response whose own
-    /// `Vary` names a header not listed here is not stored.
+    /// `accept-language`). They become part of the key. A response whose own
+    /// `Vary` names a header not listed here is stored too, per URL, and
+    /// served only to requests with the same values of the headers it
+    /// nominates (at most 65 variants per URL; `Vary: *` is never stored):
+    /// listing a header keys on it from the first request instead.
     ///
     /// `accept-encoding` is keyed in a normalised form: the codings among
     /// zstd, br, gzip and deflate the client accepts (q > 0), ordered by q
@@ -489,8 +492,9 @@ impl StampedeGuard {
         self.with(|p| p.store.cache_private = on)
     }
 
-    /// Opt in to storing responses whose `Vary` is `*` or names headers the
-    /// route does not key on.
+    /// Opt in to ignoring a response's `Vary`: stored under the request's
+    /// key whatever it nominates (`*` too), and served to every request for
+    /// that key, whatever its values of the nominated headers.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};

@@ -15,9 +15,11 @@ use http_body::Body as HttpBody;
 use tower_service::Service;
 
 use super::admit::{Admitted, Private};
+use super::key::Keyed;
 use super::origin::Origin;
+use super::policy::Policy;
 use super::response::CachedResponse;
-use super::vary::{nominated, selection, stamp, variant_slot, Nominated};
+use super::vary::{nominated, selection, selects, stamp, variant_slot, Nominated};
 use crate::engine::{Built, Held, Overtaken, Rebuild};
 use crate::key::Key;
 
@@ -41,7 +43,7 @@ impl Lane {
         primary: &Key,
         stored: &HeaderMap,
         request: &HeaderMap,
-        origin_keys: (&[http::HeaderName], super::key::Keyed),
+        origin_keys: (&[http::HeaderName], Keyed),
     ) -> Option<(Lane, Key)> {
         let Nominated::Learned(names) = nominated(stored, origin_keys.0, origin_keys.1) else {
             return None;
@@ -53,6 +55,18 @@ impl Lane {
             Lane::Exact => None,
         }
     }
+}
+
+/// Whether an entry with `stored` headers may answer a request with
+/// `request` headers on `policy`'s route, its key made as `keyed` says (on
+/// a route that ignores `Vary`, any).
+pub(crate) fn selected(
+    policy: &Policy,
+    stored: &HeaderMap,
+    request: &HeaderMap,
+    keyed: Keyed,
+) -> bool {
+    policy.store.ignore_vary || selects(stored, request, &policy.keys.vary, keyed)
 }
 
 /// Where an origin the engine did not run is handed back: it gave the
@@ -127,7 +141,7 @@ where
         let request = origin.request.headers().clone();
         let (policy, keyed) = (origin.policy.clone(), origin.keyed);
         let mut built = origin.rebuild(stale, overtaken).await;
-        if let Built::Value { value, store, .. } = &mut built {
+        if let (Built::Value { value, store, .. }, false) = (&mut built, policy.store.ignore_vary) {
             let selectable = stamp(&mut value.headers, &request, &policy.keys.vary, keyed);
             if !selectable || self.lane == Lane::Exact {
                 *store = false;

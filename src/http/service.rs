@@ -28,9 +28,8 @@ use super::passes::Pass;
 use super::policy::{request_bypass, Policy};
 use super::respond::{failure, present, tag_with, try_present, Conditions};
 use super::response::CachedResponse;
-use super::select::{Back, Lane, Selecting};
+use super::select::{selected, Back, Lane, Selecting};
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
-use super::vary::selects;
 use crate::backend::Backend;
 use crate::engine::{Answer, Engine, Looked, Miss};
 use crate::key::Key;
@@ -142,13 +141,7 @@ where
                 held,
                 status,
                 refresh,
-            } if selects(
-                &held.value().headers,
-                request.headers(),
-                &policy.keys.vary,
-                keyed,
-            ) =>
-            {
+            } if selected(policy, &held.value().headers, request.headers(), keyed) => {
                 let response = present(policy, &conditions, &held, status.into(), None, now);
                 if let Some(refresh) = refresh {
                     let origin = Origin {
@@ -310,7 +303,7 @@ where
         origin.keyed,
         origin.labels,
     );
-    let selected = |stored: &http::HeaderMap| selects(stored, &request, &policy.keys.vary, keyed);
+    let selects = |stored: &http::HeaderMap| selected(&policy, stored, &request, keyed);
     let (back, unrun) = oneshot::channel();
     let back: Back<S, ReqBody, ResBody> = back;
     let rebuild = Selecting::new(origin, Some(back), lane);
@@ -326,7 +319,7 @@ where
         return Ok(response);
     }
     match answer {
-        Answer::Shared(served, rebuild) if !selected(&served.held.value().headers) => {
+        Answer::Shared(served, rebuild) if !selects(&served.held.value().headers) => {
             let stored = served.held.value().headers.clone();
             drop(served);
             match rebuild.into_origin() {
@@ -338,7 +331,7 @@ where
                 )),
             }
         }
-        Answer::Served(served) if !selected(&served.held.value().headers) => {
+        Answer::Served(served) if !selects(&served.held.value().headers) => {
             let stored = served.held.value().headers.clone();
             drop(served);
             match unrun.await.ok() {
@@ -466,10 +459,10 @@ where
                 held,
                 status,
                 refresh,
-            } if selects(
+            } if selected(
+                &policy,
                 &held.value().headers,
                 origin.request.headers(),
-                &policy.keys.vary,
                 origin.keyed,
             ) =>
             {

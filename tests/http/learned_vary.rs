@@ -16,8 +16,12 @@ use crate::common::{send, Answer, Origin};
 
 /// `/v`: answers `<foo> #<call>`, `Vary: Foo`, after `delay` (for herds).
 fn varying_app(origin: &Origin, backend: Backend, delay: Duration) -> Router {
-    let origin = origin.clone();
     let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
+    varying_app_with(origin, guard, delay)
+}
+
+fn varying_app_with(origin: &Origin, guard: StampedeGuard, delay: Duration) -> Router {
+    let origin = origin.clone();
     Router::new()
         .route(
             "/v",
@@ -262,4 +266,20 @@ async fn vary_star_is_never_stored_embedded() {
 async fn vary_star_is_never_stored_with_redis() {
     let redis = crate::common::redis::RedisServer::start();
     vary_star_is_never_stored(redis_backend(&redis).await).await;
+}
+
+/// A route that ignores `Vary` keeps one entry per key and serves it to
+/// every request, whatever its values.
+#[tokio::test]
+async fn a_route_that_ignores_vary_serves_one_entry_to_all() {
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(Backend::local())
+        .ttl(Duration::from_secs(60))
+        .ignore_vary(true);
+    let app = varying_app_with(&origin, guard, Duration::ZERO);
+    assert_eq!(send(&app, with_foo(&["1"])).await.text(), "1 #1");
+    let other = send(&app, with_foo(&["2"])).await;
+    assert_eq!(other.text(), "1 #1");
+    assert_never_presents_the_digest(&other);
+    assert_eq!(origin.calls(), 1);
 }
