@@ -221,7 +221,11 @@ pub(crate) fn classify(
     if unparseable {
         return Verdict::Pass(Pass::UnparseableCacheControl);
     }
-    if (cc.private || cc.no_store || cc.no_cache) && !store.cache_private {
+    // must-understand (RFC 9111 §5.2.2.3): a status whose requirements
+    // this cache knows lets `no-store` be ignored; any other is not stored.
+    let understood = understands(status);
+    let no_store = cc.no_store && !(cc.must_understand && understood);
+    if (cc.private || no_store || cc.no_cache) && !store.cache_private {
         return Verdict::Pass(Pass::Private);
     }
     if !keyed.accept_encoding && names_in_vary(headers, &ACCEPT_ENCODING) {
@@ -283,7 +287,8 @@ pub(crate) fn classify(
         && storable_with_explicit_freshness(status);
     let kept = (store.statuses.contains(&status) || explicitly_fresh)
         && !lifetime.ttl.is_zero()
-        && !expired;
+        && !expired
+        && (understood || !cc.must_understand);
     Verdict::Share {
         lifetime,
         store: kept,
@@ -339,6 +344,15 @@ fn directives(store: &StoreRules, headers: &HeaderMap) -> Directives {
     }
 }
 
+/// The statuses RFC 9110 defines (§15), whose caching requirements this
+/// cache knows, for `must-understand`.
+fn understands(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        100..=101 | 200..=206 | 300..=305 | 307..=308 | 400..=417 | 421..=422 | 426 | 500..=505
+    )
+}
+
 /// A final status whose answer is a whole representation, storable with
 /// explicit freshness (RFC 9111 §3): not a part (`206`), not a `304`
 /// (which only refreshes a stored answer), not an interim one.
@@ -363,6 +377,9 @@ pub(crate) fn explicitly_fresh(
     let Directives {
         cc, expires_speaks, ..
     } = directives(store, headers);
+    if cc.must_understand && !understands(status) {
+        return false;
+    }
     match cc.s_maxage.or(cc.max_age) {
         Some(seconds) => seconds > 0,
         None => {
@@ -522,6 +539,29 @@ mod tests {
             Keyed::now(&p.keys),
         );
         assert!(matches!(v, Verdict::Share { store: false, .. }));
+    }
+
+    #[test]
+    fn must_understand_overrides_no_store_for_known_statuses_only() {
+        let p = Policy {
+            store: StoreRules {
+                respect_cache_control: true,
+                ..StoreRules::default()
+            },
+            ..Policy::default()
+        };
+        let mu = headers(&[("cache-control", "max-age=60, no-store, must-understand")]);
+        let v = classify(&p, StatusCode::OK, &mu, Keyed::now(&p.keys));
+        assert!(matches!(v, Verdict::Share { store: true, .. }), "{v:?}");
+        let status = StatusCode::from_u16(599).unwrap();
+        let v = classify(&p, status, &mu, Keyed::now(&p.keys));
+        assert_eq!(v, Verdict::Pass(Pass::Private));
+        let fresh = headers(&[("cache-control", "max-age=60, must-understand")]);
+        let v = classify(&p, status, &fresh, Keyed::now(&p.keys));
+        assert!(matches!(v, Verdict::Share { store: false, .. }), "{v:?}");
+        assert!(!explicitly_fresh(&p.store, status, &fresh));
+        let v = classify(&p, StatusCode::NOT_FOUND, &fresh, Keyed::now(&p.keys));
+        assert!(matches!(v, Verdict::Share { store: true, .. }), "{v:?}");
     }
 
     #[test]

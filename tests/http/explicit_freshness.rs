@@ -98,9 +98,18 @@ async fn any_final_status_with_explicit_freshness_is_stored(
             2,
             "{code} zero"
         );
+        // must-understand: a status RFC 9110 defines is understood, and its
+        // `no-store` ignored; an unknown one (299, 499, 599) is not stored.
         let must: &[(&str, &str)] = &[("cache-control", "max-age=60, no-store, must-understand")];
+        let known = ![299, 499, 599].contains(&code);
         assert_eq!(
             calls_for_two(backend(), true, status, must, None).await,
+            if known { 1 } else { 2 },
+            "{code} must-understand"
+        );
+        let plain: &[(&str, &str)] = &[("cache-control", "max-age=60, no-store")];
+        assert_eq!(
+            calls_for_two(backend(), true, status, plain, None).await,
             2,
             "{code} no-store"
         );
@@ -137,7 +146,7 @@ async fn any_final_status_with_explicit_freshness_is_stored_with_redis() {
     // One backend per case, all on one server: each answer on its own URL
     // would do too, but a backend each keeps the cases apart.
     let mut backends = Vec::new();
-    for _ in 0..(12 * 5 + 2) {
+    for _ in 0..(12 * 6 + 2) {
         backends.push(
             Backend::redis_builder(&url)
                 .prefix(format!("case{}", backends.len()))

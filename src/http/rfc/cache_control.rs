@@ -17,6 +17,10 @@ pub(crate) struct CacheControl {
     pub private: bool,
     pub must_revalidate: bool,
     pub proxy_revalidate: bool,
+    /// Only a cache that understands the status's requirements may store
+    /// the response, and such a cache ignores `no-store` (RFC 9111
+    /// §5.2.2.3).
+    pub must_understand: bool,
     pub max_age: Option<u64>,
     pub s_maxage: Option<u64>,
     pub stale_while_revalidate: Option<u64>,
@@ -68,6 +72,7 @@ impl CacheControl {
                     // storing without the named fields.
                     "must-revalidate" => cc.must_revalidate = true,
                     "proxy-revalidate" => cc.proxy_revalidate = true,
+                    "must-understand" => cc.must_understand = true,
                     "max-age" => set_freshness(&mut cc.max_age, seconds()),
                     "s-maxage" => set_freshness(&mut cc.s_maxage, seconds()),
                     "stale-while-revalidate" => cc.stale_while_revalidate = seconds(),
@@ -132,6 +137,7 @@ fn from_dictionary(members: &[(String, Value)]) -> Option<CacheControl> {
             "private" => cc.private = flag()?,
             "must-revalidate" => cc.must_revalidate = flag()?,
             "proxy-revalidate" => cc.proxy_revalidate = flag()?,
+            "must-understand" => cc.must_understand = flag()?,
             _ => {}
         }
     }
