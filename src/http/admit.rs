@@ -18,7 +18,7 @@ use super::body::GuardBody as Body;
 use super::cache_status::{CacheStatus, Forward, Fwd, CACHE_STATUS};
 use super::key::Keyed;
 use super::passes::Pass;
-use super::policy::{classify, Policy, Verdict};
+use super::policy::{classify, explicitly_fresh, Policy, Verdict};
 use super::respond::tag_with;
 use super::response::{CachedBody, CachedResponse};
 use super::rfc::cache_control::initial_age;
@@ -128,8 +128,13 @@ fn decide(policy: &Policy, parts: &http::response::Parts, keyed: Keyed) -> Decis
     // this caller, a 201, a 206) goes to this request alone, and the waiters
     // lead again. It may depend on who asked, so the key gets no hit-for-miss
     // window, whatever its headers (a bot challenge sets a cookie). A server
-    // error is a failed rebuild.
-    if !parts.status.is_server_error() && !policy.store.statuses.contains(&parts.status) {
+    // error is a failed rebuild. Unless the origin gave it explicit
+    // freshness and the route follows the origin's (RFC 9111 §3): then it
+    // is the key's answer, shared and stored like any other.
+    if !parts.status.is_server_error()
+        && !policy.store.statuses.contains(&parts.status)
+        && !explicitly_fresh(&policy.store, parts.status, &parts.headers)
+    {
         return Decision::Requester;
     }
     match classify(policy, parts.status, &parts.headers, keyed) {

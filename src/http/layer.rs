@@ -213,8 +213,11 @@ impl StampedeGuard {
     }
 
     /// Request headers whose values select different responses (for example
-    /// `accept-language`). They become part of the key; a response whose own
-    /// `Vary` names a header not listed here is not stored.
+    /// `accept-language`). They become part of the key. A response whose own
+    /// `Vary` names a header not listed here is stored too, per URL, and
+    /// served only to requests with the same values of the headers it
+    /// nominates (at most 65 variants per URL; `Vary: *` is never stored):
+    /// listing a header keys on it from the first request instead.
     ///
     /// `accept-encoding` is keyed in a normalised form: the codings among
     /// zstd, br, gzip and deflate the client accepts (q > 0), ordered by q
@@ -381,6 +384,16 @@ impl StampedeGuard {
     /// zeroed for that response), and an `Expires` already past or invalid
     /// (`0`) keeps the response out of the cache.
     ///
+    /// Respected, an answer of any final status with explicit freshness
+    /// (`s-maxage`, `max-age` or a future `Expires`; not a `206`) is stored
+    /// for that long (RFC 9111 §3): a `302`, a `400` or a `503` the origin
+    /// marks `max-age=60` is the key's answer for a minute. Without explicit
+    /// freshness only the route's [`cacheable_statuses`](Self::cacheable_statuses)
+    /// are stored.
+    /// Not respected (the default), the route's statuses alone are stored,
+    /// on the route's ttl: a ttl chosen for the route's good answers is not
+    /// one to keep its errors for, so a server error is never stored there.
+    ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
     /// let guard = StampedeGuard::new(Backend::local()).respect_cache_control(true);
@@ -388,6 +401,34 @@ impl StampedeGuard {
     #[must_use]
     pub fn respect_cache_control(self, on: bool) -> Self {
         self.with(|p| p.store.respect_cache_control = on)
+    }
+
+    /// The targeted cache-control fields this cache follows (RFC 9213), in
+    /// order of precedence; default `["cdn-cache-control"]`. The first one
+    /// present with a valid value (an RFC 8941 dictionary whose directives
+    /// have the right types) speaks for this cache: with
+    /// [`respect_cache_control`](Self::respect_cache_control) on, it
+    /// replaces `Cache-Control` and `Expires` entirely (`CDN-Cache-Control:
+    /// max-age=600` beside `Cache-Control: no-store` is stored for ten
+    /// minutes); off, its `private`, `no-store`, `no-cache` and
+    /// `must-revalidate` count beside those of `Cache-Control` and the
+    /// route's ttl stays. An invalid field is ignored as if absent. Targeted
+    /// fields are forwarded downstream untouched, for the caches after this
+    /// one (RFC 9213 §3). An empty list reads `Cache-Control` alone.
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local())
+    ///     .respect_cache_control(true)
+    ///     .cache_control_targets([
+    ///         http::HeaderName::from_static("acme-cache-control"),
+    ///         http::HeaderName::from_static("cdn-cache-control"),
+    ///     ]);
+    /// ```
+    #[must_use]
+    pub fn cache_control_targets(self, fields: impl IntoIterator<Item = HeaderName>) -> Self {
+        let fields: Arc<[HeaderName]> = fields.into_iter().collect();
+        self.with(|p| p.store.cache_control_targets = fields)
     }
 
     /// Opt in to following a request's own cache directives (RFC 9111
@@ -457,8 +498,9 @@ impl StampedeGuard {
         self.with(|p| p.store.cache_private = on)
     }
 
-    /// Opt in to storing responses whose `Vary` is `*` or names headers the
-    /// route does not key on.
+    /// Opt in to ignoring a response's `Vary`: stored under the request's
+    /// key whatever it nominates (`*` too), and served to every request for
+    /// that key, whatever its values of the nominated headers.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};

@@ -38,7 +38,10 @@
 //!   only, or not at all).
 //! - `flight.rs`: `FlightSettings`, how misses run in the engine, and
 //!   [`WaitTimeout`].
-//! - `vary.rs`: a response's `Vary` against the key.
+//! - `vary.rs`: a response's `Vary` against the key, and the digest that
+//!   selects a URL's variants by a `Vary` learned from the response.
+//! - `select.rs`: the keys a request looks under in turn for its variant,
+//!   and the rebuild that stamps what it stores.
 //! - `key.rs`: `KeySettings`, [`KeyFn`] and what the route learned to key on;
 //!   a request's key.
 //! - `cache_status.rs`: `Presentation`, `CacheStatus` and `StatusHeaders`
@@ -74,6 +77,7 @@ pub(crate) mod response;
 mod revalidate;
 mod rfc;
 mod route_config;
+mod select;
 mod service;
 mod spool;
 mod tags;

@@ -3,8 +3,8 @@
 //!
 //! The defaults are safe for a shared cache: nothing personal is stored or
 //! shared. A request with credentials, a response that sets a cookie or says
-//! `private`/`no-store`/`no-cache`, or one whose `Vary` the route does not key
-//! on, passes through untouched unless the route opts in explicitly.
+//! `private`/`no-store`/`no-cache`, or one whose `Vary` can never match
+//! (`*`), passes through untouched unless the route opts in explicitly.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -13,15 +13,15 @@ use http::header::{
     ACCEPT_ENCODING, CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, PRAGMA, SET_COOKIE,
     TRANSFER_ENCODING, UPGRADE,
 };
-use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
 use super::cache_status::Presentation;
 use super::flight::FlightSettings;
 use super::key::{KeySettings, Keyed};
 use super::passes::{Pass, PassLog};
-use super::rfc::cache_control::{expires_lifetime, tokens, CacheControl};
+use super::rfc::cache_control::{expires_lifetime, targeted, tokens, CacheControl};
 use super::tags::TagRules;
-use super::vary::{names_in_vary, vary_is_covered};
+use super::vary::{names_in_vary, nominated, Nominated};
 use crate::engine::Lifetime;
 
 /// Statuses stored by default: those RFC 9111 lets a cache store without
@@ -29,6 +29,10 @@ use crate::engine::Lifetime;
 /// route is better off not remembering. `404` and `410` are kept: caching
 /// "not found" stops a herd of requests for a missing key reaching the origin.
 pub(crate) const DEFAULT_STATUSES: [u16; 8] = [200, 203, 204, 300, 301, 308, 404, 410];
+
+/// The targeted cache-control fields (RFC 9213) read by default: the one
+/// every CDN-like cache is meant to follow.
+pub(crate) static DEFAULT_TARGETS: [HeaderName; 1] = [HeaderName::from_static("cdn-cache-control")];
 
 /// A route's whole configuration, by who reads it: the engine its flight
 /// settings, the key its key settings, admission its store rules, the
@@ -54,6 +58,10 @@ pub(crate) struct StoreRules {
     pub max_body_bytes: usize,
     pub statuses: Arc<[StatusCode]>,
     pub respect_cache_control: bool,
+    /// Targeted cache-control fields (RFC 9213 §2.1), in order: the first
+    /// present and valid one replaces `Cache-Control` and `Expires` for
+    /// this cache.
+    pub cache_control_targets: Arc<[HeaderName]>,
     pub allow_credentials: bool,
     /// Follow the request's own cache directives (RFC 9111 §5.2.1): off by
     /// default, as a shared cache that did would let any client turn it off.
@@ -84,6 +92,7 @@ impl Default for StoreRules {
                 .filter_map(|s| StatusCode::from_u16(*s).ok())
                 .collect(),
             respect_cache_control: false,
+            cache_control_targets: Arc::from(DEFAULT_TARGETS.as_slice()),
             allow_credentials: false,
             respect_request_cache_control: false,
             strip_set_cookie: false,
@@ -275,11 +284,19 @@ pub(crate) fn classify(
     if headers.contains_key(SET_COOKIE) && !store.strip_set_cookie {
         return Verdict::Pass(Pass::SetCookie);
     }
-    let cc = CacheControl::parse(headers);
-    if cc.unparseable {
+    let Directives {
+        cc,
+        unparseable,
+        expires_speaks,
+    } = directives(store, headers);
+    if unparseable {
         return Verdict::Pass(Pass::UnparseableCacheControl);
     }
-    if (cc.private || cc.no_store || cc.no_cache) && !store.cache_private {
+    // must-understand (RFC 9111 §5.2.2.3): a status whose requirements
+    // this cache knows lets `no-store` be ignored; any other is not stored.
+    let understood = understands(status);
+    let no_store = cc.no_store && !(cc.must_understand && understood);
+    if (cc.private || no_store || cc.no_cache) && !store.cache_private {
         return Verdict::Pass(Pass::Private);
     }
     if !keyed.accept_encoding && names_in_vary(headers, &ACCEPT_ENCODING) {
@@ -288,16 +305,25 @@ pub(crate) fn classify(
         // shared (unless the route ignores Vary).
         keys.learned_encoding.set();
     }
-    if !store.ignore_vary && !vary_is_covered(headers, &keys.vary, keyed) {
+    // A header the key does not cover is learned from the response: the
+    // entry is stored with a digest of its request's values of those
+    // headers, and serves only requests with the same (vary.rs). Not
+    // `Accept-Encoding`, which the route learns to key on instead, nor a
+    // `Vary` that can never match (`*`).
+    if !store.ignore_vary
+        && ((!keyed.accept_encoding && names_in_vary(headers, &ACCEPT_ENCODING))
+            || nominated(headers, &keys.vary, keyed) == Nominated::Never)
+    {
         return Verdict::Pass(Pass::Vary);
     }
     let mut lifetime = store.lifetime;
     let explicit = cc.s_maxage.or(cc.max_age);
-    // Without max-age, `Expires` speaks (RFC 9111 §4.2.1). One already past,
-    // or invalid (`0`), is stale on arrival: never stored, whatever the route
-    // says, as the HTTP/1.0 way of saying "do not cache". A future one sets
-    // the lifetime only where the route respects the origin.
-    let expires = if explicit.is_none() {
+    // Without max-age, `Expires` speaks (RFC 9111 §4.2.1), unless a
+    // targeted field does (RFC 9213 §2.1). One already past, or invalid
+    // (`0`), is stale on arrival: never stored, whatever the route says, as
+    // the HTTP/1.0 way of saying "do not cache". A future one sets the
+    // lifetime only where the route respects the origin.
+    let expires = if explicit.is_none() && expires_speaks {
         expires_lifetime(headers, SystemTime::now())
     } else {
         None
@@ -323,10 +349,114 @@ pub(crate) fn classify(
         lifetime.stale_while_revalidate = Duration::ZERO;
         lifetime.stale_if_error = Duration::ZERO;
     }
-    let kept = store.statuses.contains(&status) && !lifetime.ttl.is_zero() && !expired;
+    // RFC 9111 §3: an answer of any final status may be stored when the
+    // origin gave it explicit freshness, where the route follows the
+    // origin's freshness. The route's statuses alone are stored on the
+    // route's own lifetime (heuristic freshness, or the route's ttl).
+    let explicitly_fresh = store.respect_cache_control
+        && (explicit.is_some() || expires.is_some())
+        && storable_with_explicit_freshness(status);
+    let kept = (store.statuses.contains(&status) || explicitly_fresh)
+        && !lifetime.ttl.is_zero()
+        && !expired
+        && (understood || !cc.must_understand);
     Verdict::Share {
         lifetime,
         store: kept,
+    }
+}
+
+/// The directives that speak for this cache, and how to read the rest.
+struct Directives {
+    cc: CacheControl,
+    /// `Cache-Control` speaks and is not a list of directives.
+    unparseable: bool,
+    /// `Expires` may set or end the lifetime (no targeted field speaks).
+    expires_speaks: bool,
+}
+
+/// Which field speaks (RFC 9213 §2.1): where the route follows the
+/// origin's freshness, the first valid targeted field replaces
+/// `Cache-Control` and `Expires` entirely. Where the route keeps its own
+/// lifetime, only the words that forbid storing or serving stale are read,
+/// and a forbidding word in either field counts: the route's ttl is not the
+/// origin's to extend, and a safer reading costs at most a miss.
+fn directives(store: &StoreRules, headers: &HeaderMap) -> Directives {
+    let own = CacheControl::parse(headers);
+    let target = match store.cache_control_targets.is_empty() {
+        true => None,
+        false => targeted(headers, &store.cache_control_targets),
+    };
+    match target {
+        Some(target) if store.respect_cache_control => Directives {
+            cc: target,
+            unparseable: false,
+            expires_speaks: false,
+        },
+        Some(target) => {
+            let unparseable = own.unparseable;
+            let mut cc = own;
+            cc.private |= target.private;
+            cc.no_store |= target.no_store;
+            cc.no_cache |= target.no_cache;
+            cc.must_revalidate |= target.must_revalidate;
+            cc.proxy_revalidate |= target.proxy_revalidate;
+            Directives {
+                cc,
+                unparseable,
+                expires_speaks: true,
+            }
+        }
+        None => Directives {
+            unparseable: own.unparseable,
+            cc: own,
+            expires_speaks: true,
+        },
+    }
+}
+
+/// The statuses RFC 9110 defines (§15), whose caching requirements this
+/// cache knows, for `must-understand`.
+fn understands(status: StatusCode) -> bool {
+    matches!(
+        status.as_u16(),
+        100..=101 | 200..=206 | 300..=305 | 307..=308 | 400..=417 | 421..=422 | 426 | 500..=505
+    )
+}
+
+/// A final status whose answer is a whole representation, storable with
+/// explicit freshness (RFC 9111 §3): not a part (`206`), not a `304`
+/// (which only refreshes a stored answer), not an interim one.
+fn storable_with_explicit_freshness(status: StatusCode) -> bool {
+    status.as_u16() >= 200
+        && status != StatusCode::PARTIAL_CONTENT
+        && status != StatusCode::NOT_MODIFIED
+}
+
+/// Whether an answer of a status the route does not list may still be
+/// stored: the route follows the origin's freshness, and the origin gave
+/// this one explicit freshness (`max-age`, `s-maxage` or a future
+/// `Expires`, in the field that speaks) that is not zero.
+pub(crate) fn explicitly_fresh(
+    store: &StoreRules,
+    status: StatusCode,
+    headers: &HeaderMap,
+) -> bool {
+    if !store.respect_cache_control || !storable_with_explicit_freshness(status) {
+        return false;
+    }
+    let Directives {
+        cc, expires_speaks, ..
+    } = directives(store, headers);
+    if cc.must_understand && !understands(status) {
+        return false;
+    }
+    match cc.s_maxage.or(cc.max_age) {
+        Some(seconds) => seconds > 0,
+        None => {
+            expires_speaks
+                && expires_lifetime(headers, SystemTime::now()).is_some_and(|ttl| !ttl.is_zero())
+        }
     }
 }
 
@@ -364,8 +494,10 @@ mod tests {
         assert_eq!(v, Verdict::Pass(Pass::Vary));
         let v = classify(&p, StatusCode::OK, &varying("accept-encoding"), after);
         assert!(matches!(v, Verdict::Share { store: true, .. }));
-        // Learning one header covers only that one.
+        // Another header is learned per URL: stored, selected by its values.
         let v = classify(&p, StatusCode::OK, &varying("accept-encoding, x-a"), after);
+        assert!(matches!(v, Verdict::Share { store: true, .. }));
+        let v = classify(&p, StatusCode::OK, &varying("x-a, *"), after);
         assert_eq!(v, Verdict::Pass(Pass::Vary));
         // Clones made from the route keep what it learned.
         assert!(Keyed::now(&p.clone().keys).accept_encoding);
@@ -478,6 +610,29 @@ mod tests {
             Keyed::now(&p.keys),
         );
         assert!(matches!(v, Verdict::Share { store: false, .. }));
+    }
+
+    #[test]
+    fn must_understand_overrides_no_store_for_known_statuses_only() {
+        let p = Policy {
+            store: StoreRules {
+                respect_cache_control: true,
+                ..StoreRules::default()
+            },
+            ..Policy::default()
+        };
+        let mu = headers(&[("cache-control", "max-age=60, no-store, must-understand")]);
+        let v = classify(&p, StatusCode::OK, &mu, Keyed::now(&p.keys));
+        assert!(matches!(v, Verdict::Share { store: true, .. }), "{v:?}");
+        let status = StatusCode::from_u16(599).unwrap();
+        let v = classify(&p, status, &mu, Keyed::now(&p.keys));
+        assert_eq!(v, Verdict::Pass(Pass::Private));
+        let fresh = headers(&[("cache-control", "max-age=60, must-understand")]);
+        let v = classify(&p, status, &fresh, Keyed::now(&p.keys));
+        assert!(matches!(v, Verdict::Share { store: false, .. }), "{v:?}");
+        assert!(!explicitly_fresh(&p.store, status, &fresh));
+        let v = classify(&p, StatusCode::NOT_FOUND, &fresh, Keyed::now(&p.keys));
+        assert!(matches!(v, Verdict::Share { store: true, .. }), "{v:?}");
     }
 
     #[test]

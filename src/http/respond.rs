@@ -206,6 +206,11 @@ pub(crate) fn try_present<B: HttpBody>(
         *response.status_mut() = StatusCode::NOT_MODIFIED;
     } else {
         *response.headers_mut() = cached.headers.clone();
+        // The digest that selects a variant is the layer's own (only an
+        // entry that varies has one).
+        if cached.headers.contains_key(header::VARY) {
+            response.headers_mut().remove(&super::vary::SELECTED);
+        }
         // An entry another guard stored (other tag headers: a config
         // rolling out across a fleet) may hold what this route's tag
         // headers are: a hit never carries them.

@@ -74,6 +74,10 @@ impl std::fmt::Debug for CachedBody {
 /// small answers.
 const RESPONSE_OVERHEAD: usize = 448;
 
+/// The status bit of the wire form that marks an entry selected by a
+/// learned `Vary` (statuses stop at 999).
+const SELECTED_FLAG: u16 = 0x8000;
+
 /// Heap bytes of one slot of a `HeaderMap`, used or not: its entry (name,
 /// value, hash and links) and its share of the index table.
 const HEADER_SLOT: usize = 112;
@@ -81,7 +85,15 @@ const HEADER_SLOT: usize = 112;
 impl CachedResponse {
     fn write(&self, out: &mut BytesMut) -> Option<()> {
         let body = self.body.full()?;
-        out.put_u16(self.status.as_u16());
+        // An entry selected by a learned `Vary` sets the status's top bit: a
+        // reader that does not select variants (an older release, mid
+        // rollout) cannot decode it, so it misses rather than serve one
+        // variant to every request.
+        let selected = match self.headers.contains_key(&super::vary::SELECTED) {
+            true => SELECTED_FLAG,
+            false => 0,
+        };
+        out.put_u16(self.status.as_u16() | selected);
         out.put_u16(u16::try_from(self.headers.len()).ok()?);
         for (name, value) in &self.headers {
             out.put_u16(u16::try_from(name.as_str().len()).ok()?);
@@ -97,7 +109,7 @@ impl CachedResponse {
         if bytes.remaining() < 4 {
             return None;
         }
-        let status = StatusCode::from_u16(bytes.get_u16()).ok()?;
+        let status = StatusCode::from_u16(bytes.get_u16() & !SELECTED_FLAG).ok()?;
         let count = bytes.get_u16() as usize;
         // Untrusted counts must not size an allocation (or trip the map's limit).
         let mut headers = HeaderMap::try_with_capacity(count.min(64)).ok()?;
@@ -173,6 +185,27 @@ mod tests {
         assert_eq!(back.status, StatusCode::NOT_FOUND);
         assert_eq!(back.headers, response.headers);
         assert_eq!(back.body.full(), response.body.full());
+    }
+
+    #[test]
+    fn a_selected_entry_round_trips_and_is_marked_in_its_status() {
+        let mut headers = HeaderMap::new();
+        headers.insert("vary", HeaderValue::from_static("foo"));
+        headers.insert(
+            super::super::vary::SELECTED.clone(),
+            HeaderValue::from_static("d1"),
+        );
+        let response = CachedResponse {
+            status: StatusCode::OK,
+            headers,
+            body: Bytes::from_static(b"x").into(),
+        };
+        let wire = response.encode().unwrap();
+        // What a reader without the flag sees: no status at all.
+        assert!(StatusCode::from_u16(u16::from_be_bytes([wire[0], wire[1]])).is_err());
+        let back = CachedResponse::decode(wire).unwrap();
+        assert_eq!(back.status, StatusCode::OK);
+        assert_eq!(back.headers, response.headers);
     }
 
     proptest! {

@@ -28,9 +28,11 @@ use super::passes::Pass;
 use super::policy::{admission, Admission, Policy};
 use super::respond::{failure, present, tag_with, try_present, Conditions};
 use super::response::CachedResponse;
+use super::select::{selected, Back, Lane, Selecting};
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
 use crate::backend::Backend;
 use crate::engine::{Answer, Engine, Looked, Miss};
+use crate::key::Key;
 use crate::metrics::Labels;
 
 /// The service a [`StampedeGuard`](crate::StampedeGuard) wraps around an inner
@@ -161,7 +163,7 @@ where
                 held,
                 status,
                 refresh,
-            } => {
+            } if selected(policy, &held.value().headers, request.headers(), keyed) => {
                 let response = present(policy, &conditions, &held, status.into(), None, now);
                 if let Some(refresh) = refresh {
                     let origin = Origin {
@@ -173,11 +175,11 @@ where
                         labels,
                         forwarded: Arc::default(),
                     };
-                    engine.refresh(refresh, flight, origin);
+                    engine.refresh(refresh, flight, Selecting::new(origin, None, Lane::Primary));
                 }
                 ResponseFuture::ready(response)
             }
-            Looked::Miss(miss) => {
+            looked => {
                 // The readied service goes with the request; a clone takes its place.
                 let clone = self.inner.clone();
                 let origin = Origin {
@@ -189,8 +191,25 @@ where
                     labels,
                     forwarded: Arc::default(),
                 };
-                let future = resolve(engine.clone(), miss, conditions, origin);
-                ResponseFuture::miss(Box::pin(future))
+                let engine = engine.clone();
+                let future = match looked {
+                    Looked::Miss(miss) => Box::pin(resolve(
+                        engine,
+                        miss,
+                        conditions,
+                        origin,
+                        key,
+                        Lane::Primary,
+                    )),
+                    // An entry of another variant of the URL (a learned
+                    // `Vary` it does not match): the request's own variant.
+                    Looked::Hit { held, .. } => {
+                        let stored = held.value().headers.clone();
+                        drop(held);
+                        next_lane(engine, conditions, origin, key, Lane::Primary, stored)
+                    }
+                };
+                ResponseFuture::miss(future)
             }
         }
     }
@@ -286,6 +305,8 @@ async fn resolve<S, ReqBody, ResBody>(
     miss: Miss,
     conditions: Conditions,
     origin: Origin<S, ReqBody, ResBody>,
+    primary: Key,
+    lane: Lane,
 ) -> Result<Response<Body<ResBody>>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -311,7 +332,19 @@ where
     let flight = policy.flight.policy(origin.labels);
     let forwarded = origin.forwarded.clone();
     let had_stale = miss.has_stale();
-    let mut answer = Box::pin(async move { engine.resolve(miss, flight, origin).await });
+    // What selects a variant: the entry that comes back may be another
+    // variant of the URL, whose answer this request may not have.
+    let (request, keyed, labels) = (
+        origin.request.headers().clone(),
+        origin.keyed,
+        origin.labels,
+    );
+    let selects = |stored: &http::HeaderMap| selected(&policy, stored, &request, keyed);
+    let (back, unrun) = oneshot::channel();
+    let back: Back<S, ReqBody, ResBody> = back;
+    let rebuild = Selecting::new(origin, Some(back), lane);
+    let flying = engine.clone();
+    let mut answer = Box::pin(async move { flying.resolve(miss, flight, rebuild).await });
     let answer = tokio::select! {
         biased;
         Ok(response) = &mut streamed => return Ok(settled_by(response, answer)),
@@ -322,7 +355,33 @@ where
         return Ok(response);
     }
     match answer {
-        Answer::Shared(served, origin) => {
+        Answer::Shared(served, rebuild) if !selects(&served.held.value().headers) => {
+            let stored = served.held.value().headers.clone();
+            drop(served);
+            match rebuild.into_origin() {
+                Some(origin) => next_lane(engine, conditions, origin, primary, lane, stored).await,
+                None => Ok(failure(
+                    &policy,
+                    crate::engine::FailureKind::Error,
+                    CacheStatus::Miss,
+                )),
+            }
+        }
+        Answer::Served(served) if !selects(&served.held.value().headers) => {
+            let stored = served.held.value().headers.clone();
+            drop(served);
+            match unrun.await.ok() {
+                Some(origin) => next_lane(engine, conditions, origin, primary, lane, stored).await,
+                // Its rebuild ran and failed; what stands in for the
+                // failure is another variant's.
+                None => Ok(failure(
+                    &policy,
+                    crate::engine::FailureKind::Error,
+                    CacheStatus::Miss,
+                )),
+            }
+        }
+        Answer::Shared(served, rebuild) => {
             let now = Instant::now();
             let forward = forward_of(
                 served.status,
@@ -337,17 +396,22 @@ where
             // The entry is let go before any wait: while a waiter holds it,
             // its body keeps its start for the waiters still to join.
             drop(served);
-            match presented {
-                Some(response) => Ok(response),
+            match (presented, rebuild.into_origin()) {
+                (Some(response), _) => Ok(response),
                 // A body over the size cap that went on streaming to the
                 // requests that joined it in time: this one came too late
                 // to read it from the start, and goes to the origin itself
                 // rather than get an error the origin never sent.
-                None => {
-                    policy.passes.request(Pass::OverCap, origin.labels);
-                    crate::metrics::count(crate::metrics::ORIGIN_CALLS, origin.labels);
+                (None, Some(origin)) => {
+                    policy.passes.request(Pass::OverCap, labels);
+                    crate::metrics::count(crate::metrics::ORIGIN_CALLS, labels);
                     origin.alone().await
                 }
+                (None, None) => Ok(failure(
+                    &policy,
+                    crate::engine::FailureKind::Error,
+                    CacheStatus::Miss,
+                )),
             }
         }
         Answer::Served(served) => {
@@ -383,11 +447,77 @@ where
             CacheStatus::Miss,
         )),
         Answer::Failed(failed, status) => Ok(failure(&policy, failed.kind, status.into())),
-        Answer::Alone(origin) => origin.alone().await,
+        Answer::Alone(rebuild) => match rebuild.into_origin() {
+            Some(origin) => origin.alone().await,
+            None => Ok(failure(
+                &policy,
+                crate::engine::FailureKind::Error,
+                CacheStatus::Miss,
+            )),
+        },
         // The handler panicked under the request that started the rebuild:
         // it sees the panic as it would without the layer.
         Answer::Panicked(payload) => std::panic::resume_unwind(payload),
     }
+}
+
+/// A request that the entry under `lane`'s key (whose headers are `stored`)
+/// does not select: the next lane of its URL (`primary`), from the L1 or
+/// by its flight; the origin alone, uncached, when there is none.
+fn next_lane<S, ReqBody, ResBody>(
+    engine: Arc<Engine>,
+    conditions: Conditions,
+    origin: Origin<S, ReqBody, ResBody>,
+    primary: Key,
+    lane: Lane,
+    stored: http::HeaderMap,
+) -> crate::http::future::MissFuture<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: HttpBody + Send + 'static,
+    ResBody::Data: Buf + Send,
+    ResBody::Error: Send,
+{
+    Box::pin(async move {
+        let policy = origin.policy.clone();
+        let keys = (&policy.keys.vary[..], origin.keyed);
+        let Some((lane, key)) = lane.next(&primary, &stored, origin.request.headers(), keys) else {
+            crate::metrics::count(crate::metrics::ORIGIN_CALLS, origin.labels);
+            return origin.alone().await;
+        };
+        let flight = policy.flight.policy(origin.labels);
+        let now = Instant::now();
+        match engine.lookup::<CachedResponse>(key, &flight, now) {
+            Looked::Hit {
+                held,
+                status,
+                refresh,
+            } if selected(
+                &policy,
+                &held.value().headers,
+                origin.request.headers(),
+                origin.keyed,
+            ) =>
+            {
+                let response = present(&policy, &conditions, &held, status.into(), None, now);
+                if let Some(refresh) = refresh {
+                    engine.refresh(refresh, flight, Selecting::new(origin, None, lane));
+                }
+                Ok(response)
+            }
+            Looked::Hit { held, .. } => {
+                let stored = held.value().headers.clone();
+                drop(held);
+                next_lane(engine, conditions, origin, primary, lane, stored).await
+            }
+            Looked::Miss(miss) => {
+                Box::pin(resolve(engine, miss, conditions, origin, primary, lane)).await
+            }
+        }
+    })
 }
 
 /// The starter's streamed response, whose body ends only once the flight has

@@ -159,9 +159,8 @@ fn with_language(language: &str) -> http::Request<axum::body::Body> {
 }
 
 /// The configured ttl (1 s, under the guard's 60 s) decides when the entry
-/// expires; the configured Vary decides what is keyed (without it, a
-/// response that varies on a header the route does not key on is not
-/// stored at all).
+/// expires; the configured Vary decides what is keyed (without it, the
+/// route learns the header from the response's `Vary`, URL by URL).
 #[tokio::test]
 async fn configured_values_govern_a_real_layer() {
     let config = parse(r#"{ "ttl": "1s", "vary": ["accept-language"] }"#).unwrap();
@@ -189,15 +188,18 @@ async fn configured_values_govern_a_real_layer() {
     assert_eq!(send(&control, with_language("en")).await.text(), "en #1");
     assert_eq!(control_origin.calls(), 2);
 
-    // Without the configured Vary the route does not key on the language,
-    // so the varying response is never stored.
+    // Without the configured Vary the route does not key on the language:
+    // it learns it from the response's Vary, per URL. The same language is
+    // a hit; another is a variant of its own.
     let unkeyed_origin = Origin::default();
     let unkeyed = app(
         &unkeyed_origin,
         base().with_config(&parse(r#"{ "ttl": "1s" }"#).unwrap()),
     );
     send(&unkeyed, with_language("en")).await;
-    send(&unkeyed, with_language("en")).await;
+    assert_eq!(send(&unkeyed, with_language("en")).await.text(), "en #1");
+    assert_eq!(unkeyed_origin.calls(), 1);
+    assert_eq!(send(&unkeyed, with_language("fr")).await.text(), "fr #2");
     assert_eq!(unkeyed_origin.calls(), 2);
 }
 

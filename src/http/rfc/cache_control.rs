@@ -4,8 +4,9 @@
 use std::time::{Duration, SystemTime};
 
 use http::header::{AGE, CACHE_CONTROL, DATE, EXPIRES};
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
+use super::structured::{dictionary, Value};
 use crate::engine::MAX_DELTA;
 
 /// The `Cache-Control` directives a shared cache acts on.
@@ -16,6 +17,10 @@ pub(crate) struct CacheControl {
     pub private: bool,
     pub must_revalidate: bool,
     pub proxy_revalidate: bool,
+    /// Only a cache that understands the status's requirements may store
+    /// the response, and such a cache ignores `no-store` (RFC 9111
+    /// §5.2.2.3).
+    pub must_understand: bool,
     pub max_age: Option<u64>,
     pub s_maxage: Option<u64>,
     pub stale_while_revalidate: Option<u64>,
@@ -67,6 +72,7 @@ impl CacheControl {
                     // storing without the named fields.
                     "must-revalidate" => cc.must_revalidate = true,
                     "proxy-revalidate" => cc.proxy_revalidate = true,
+                    "must-understand" => cc.must_understand = true,
                     "max-age" => set_freshness(&mut cc.max_age, seconds()),
                     "s-maxage" => set_freshness(&mut cc.s_maxage, seconds()),
                     "stale-while-revalidate" => cc.stale_while_revalidate = seconds(),
@@ -77,6 +83,65 @@ impl CacheControl {
         }
         cc
     }
+}
+
+/// The directives of the first targeted field among `targets` that is
+/// present and valid (RFC 9213 §2.1), or `None`: then `Cache-Control` (and
+/// `Expires`) speak. A targeted field is an RFC 8941 Dictionary (its lines
+/// combined); one that is empty, does not parse, or gives a directive this
+/// layer reads a value of the wrong type (`max-age="60"`, `max-age=-1`,
+/// `no-store=5`) is ignored as if absent, and the next target is tried.
+pub(crate) fn targeted(headers: &HeaderMap, targets: &[HeaderName]) -> Option<CacheControl> {
+    targets.iter().find_map(|name| {
+        let mut lines = headers.get_all(name).iter().peekable();
+        lines.peek()?;
+        let mut field = Vec::new();
+        for line in lines {
+            if !field.is_empty() {
+                field.extend_from_slice(b", ");
+            }
+            field.extend_from_slice(line.as_bytes());
+        }
+        if field.iter().all(|b| *b == b' ' || *b == b'\t') {
+            return None;
+        }
+        from_dictionary(&dictionary(&field)?)
+    })
+}
+
+/// A targeted field's members as directives; `None` if one this layer
+/// reads has a value of the wrong type.
+fn from_dictionary(members: &[(String, Value)]) -> Option<CacheControl> {
+    let mut cc = CacheControl::default();
+    for (name, value) in members {
+        let seconds = || match value {
+            Value::Integer(n) if *n >= 0 => {
+                Some(u64::try_from(*n).map_or(MAX_DELTA.as_secs(), |n| n.min(MAX_DELTA.as_secs())))
+            }
+            _ => None,
+        };
+        // A flag: `true` (no value), `?0`, or a list of field names (the
+        // qualified `private` and `no-cache`, taken like the plain ones).
+        let flag = || match value {
+            Value::Boolean(on) => Some(*on),
+            Value::String(_) => Some(true),
+            _ => None,
+        };
+        match name.as_str() {
+            "max-age" => cc.max_age = Some(seconds()?),
+            "s-maxage" => cc.s_maxage = Some(seconds()?),
+            "stale-while-revalidate" => cc.stale_while_revalidate = Some(seconds()?),
+            "stale-if-error" => cc.stale_if_error = Some(seconds()?),
+            "no-store" => cc.no_store = flag()?,
+            "no-cache" => cc.no_cache = flag()?,
+            "private" => cc.private = flag()?,
+            "must-revalidate" => cc.must_revalidate = flag()?,
+            "proxy-revalidate" => cc.proxy_revalidate = flag()?,
+            "must-understand" => cc.must_understand = flag()?,
+            _ => {}
+        }
+    }
+    Some(cc)
 }
 
 /// Records a freshness directive: invalid, or conflicting with an earlier
@@ -195,20 +260,20 @@ pub(crate) fn expires_lifetime(headers: &HeaderMap, now: SystemTime) -> Option<D
 /// (none when `Date` is missing, invalid or in the future), at most
 /// [`MAX_DELTA`].
 ///
-/// `Age` is delta-seconds (its first member, RFC 9111 §5.1); one too large
-/// to represent is 2^31 s, never zero. An `Age` that is not delta-seconds
-/// gives [`MAX_DELTA`]: RFC 9111 §5.1 lets a cache ignore it, but an age
-/// nobody can read may hide any age, so failing safe the response is taken
-/// as older than any lifetime and never served from the cache.
+/// `Age` is delta-seconds; a list (several members, or several lines) is
+/// read by its first member, without any parameters (`7200;foo=bar` is
+/// 7200). One too large to represent is 2^31 s, never zero. A first member
+/// that is not delta-seconds (negative, decimal, not a number, empty) is
+/// ignored, as RFC 9111 §5.1 says: the apparent age still counts.
 pub(crate) fn initial_age(headers: &HeaderMap, now: SystemTime) -> Duration {
-    let age = match headers.get(AGE) {
-        None => Duration::ZERO,
-        Some(value) => value
-            .to_str()
-            .ok()
-            .and_then(|v| delta_seconds(v.split(',').next().unwrap_or_default().trim()))
-            .map_or(MAX_DELTA, Duration::from_secs),
-    };
+    let age = headers
+        .get(AGE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| {
+            let first = value.split(',').next().unwrap_or_default();
+            delta_seconds(first.split(';').next().unwrap_or_default().trim())
+        })
+        .map_or(Duration::ZERO, Duration::from_secs);
     let apparent = headers
         .get(DATE)
         .and_then(http_date)
@@ -325,6 +390,54 @@ mod tests {
     }
 
     #[test]
+    fn the_first_valid_targeted_field_speaks() {
+        let acme = HeaderName::from_static("acme-cache-control");
+        let cdn = HeaderName::from_static("cdn-cache-control");
+        let targets = [acme.clone(), cdn.clone()];
+        let h = headers(&[
+            ("cdn-cache-control", "max-age=60"),
+            ("acme-cache-control", "max-age=600, stale-if-error=30"),
+        ]);
+        let cc = targeted(&h, &targets).unwrap();
+        assert_eq!((cc.max_age, cc.stale_if_error), (Some(600), Some(30)));
+        // An invalid first target gives way to the next one.
+        for acme in [
+            "max-age=\"600\"",
+            "max-age=-1",
+            "&&",
+            "",
+            "no-store=5",
+            "MAX-AGE=1",
+        ] {
+            let h = headers(&[
+                ("acme-cache-control", acme),
+                ("cdn-cache-control", "max-age=60"),
+            ]);
+            assert_eq!(
+                targeted(&h, &targets).unwrap().max_age,
+                Some(60),
+                "{acme:?}"
+            );
+        }
+        // Lines combine; a huge value saturates; flags and their lists.
+        let h = headers(&[
+            ("cdn-cache-control", "max-age=99999999999"),
+            ("cdn-cache-control", "private=\"x-a\", no-store=?0"),
+        ]);
+        let cc = targeted(&h, &targets).unwrap();
+        assert_eq!(cc.max_age, Some(1 << 31));
+        assert!(cc.private && !cc.no_store);
+        // None present or none valid: Cache-Control speaks.
+        assert_eq!(
+            targeted(&headers(&[("cache-control", "max-age=1")]), &targets),
+            None
+        );
+        let h = headers(&[("cdn-cache-control", "max-age =100")]);
+        assert_eq!(targeted(&h, &targets), None);
+        assert_eq!(targeted(&h, &[]), None);
+    }
+
+    #[test]
     fn conflicting_freshness_means_stale() {
         let cc = CacheControl::parse(&headers(&[
             ("cache-control", "max-age=60"),
@@ -391,10 +504,21 @@ mod tests {
         for huge in ["18446744073709551616", "99999999999999999999999999"] {
             assert_eq!(age(&[(AGE, value(huge))]), MAX_DELTA, "{huge}");
         }
-        // Not delta-seconds: failing safe, older than any lifetime.
-        for invalid in ["-1", "1.5", "soon", ""] {
-            assert_eq!(age(&[(AGE, value(invalid))]), MAX_DELTA, "{invalid:?}");
+        // Not delta-seconds: ignored (RFC 9111 §5.1).
+        for invalid in ["-1", "-7200", "1.5", "7200.0", "soon", "abc", ""] {
+            assert_eq!(age(&[(AGE, value(invalid))]), Duration::ZERO, "{invalid:?}");
         }
+        // A parameter does not hide the number before it.
+        assert_eq!(age(&[(AGE, value("7200;foo=bar"))]), secs(7200));
+        // Several lines: the first member of the first.
+        assert_eq!(age(&[(AGE, value("7200")), (AGE, value("0"))]), secs(7200));
+        assert_eq!(
+            age(&[(AGE, value("0")), (AGE, value("7200"))]),
+            Duration::ZERO
+        );
+        // An ignored Age leaves the apparent age.
+        let old = at(now - secs(60));
+        assert_eq!(age(&[(DATE, old), (AGE, value("-5"))]), secs(60));
         // Apparent age: now minus Date, when Date is in the past.
         let old = at(now - secs(3600));
         assert_eq!(age(&[(DATE, old.clone())]), secs(3600));
