@@ -259,9 +259,10 @@ impl Fleet {
             match held.value().encode() {
                 Some(payload) if !fresh.is_zero() => {
                     let bytes = codec::encode(entry.envelope(), entry.stamp(), &payload);
-                    let (revalidate, if_error) = entry.envelope().windows();
-                    // Kept for its freshness plus the longer stale window.
-                    let keep = fresh.saturating_add(revalidate.max(if_error));
+                    // Kept for its freshness plus the longest window past
+                    // it: a stale one, or the one in which it is only the
+                    // base of a conditional request.
+                    let keep = fresh.saturating_add(entry.envelope().kept_past_freshness());
                     let committed = tier.commit(&mut lease, bytes, fresh, keep, labels).await;
                     if let Ok(false) = committed {
                         // Fenced off: a newer entry, or an invalidation, came
@@ -881,8 +882,7 @@ async fn carried<V: CacheValue>(
 fn decode<V: CacheValue>(remote: Remote, now: Instant) -> Option<Entry> {
     let (envelope, stamp, payload) = codec::decode(remote.bytes)?;
     let value = V::decode(payload)?;
-    let (revalidate, if_error) = envelope.windows();
-    let windows = revalidate.max(if_error);
+    let windows = envelope.kept_past_freshness();
     let fresh_until = match (remote.fresh, remote.remaining) {
         (Some(left), _) => later(now, left),
         // Stale: the value was kept for `windows` past the end of freshness.

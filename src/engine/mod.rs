@@ -237,7 +237,10 @@ impl Engine {
                                 refresh,
                             };
                         }
-                        Freshness::IfError => stale = Some(entry.clone()),
+                        // Not served now, but what a failed rebuild falls
+                        // back on, or what the rebuild asks the origin to
+                        // confirm (a conditional request).
+                        Freshness::IfError | Freshness::Validate => stale = Some(entry.clone()),
                         Freshness::Expired => {}
                     }
                 }
@@ -1199,6 +1202,7 @@ mod tests {
                 ttl: Duration::from_millis(ttl_ms),
                 stale_while_revalidate: Duration::from_millis(swr_ms),
                 stale_if_error: Duration::from_millis(sie_ms),
+                revalidation: Duration::ZERO,
             },
             Duration::ZERO,
             Duration::ZERO,

@@ -21,6 +21,7 @@ use super::passes::Pass;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::tag_with;
 use super::response::{CachedBody, CachedResponse};
+use super::revalidate::with_revalidation;
 use super::rfc::cache_control::initial_age;
 use super::spool::{hidden, Filling, Hold, OriginError, Spool};
 use crate::engine::{Built, Lifetime, TagSet, Waiters};
@@ -448,12 +449,12 @@ where
         headers.insert(CACHE_STATUS, HeaderValue::from_static(""));
     }
     Built::Value {
+        lifetime: with_revalidation(lifetime, parts.status, &headers),
         value: CachedResponse {
             status: parts.status,
             headers,
             body: CachedBody::Full(bytes),
         },
-        lifetime,
         initial_age,
         store,
         failure: stream.failure,

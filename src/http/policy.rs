@@ -76,6 +76,7 @@ impl Default for StoreRules {
                 ttl: Duration::from_secs(10),
                 stale_while_revalidate: Duration::ZERO,
                 stale_if_error: Duration::ZERO,
+                revalidation: Duration::ZERO,
             },
             max_body_bytes: 4 << 20,
             statuses: DEFAULT_STATUSES
@@ -348,6 +349,7 @@ mod tests {
                     ttl: Duration::from_secs(1),
                     stale_while_revalidate: Duration::from_secs(100),
                     stale_if_error: Duration::from_secs(100),
+                    revalidation: Duration::ZERO,
                 },
                 ..StoreRules::default()
             },
@@ -396,6 +398,7 @@ mod tests {
                     ttl: Duration::from_secs(5),
                     stale_while_revalidate: Duration::from_secs(30),
                     stale_if_error: Duration::from_secs(60),
+                    revalidation: Duration::ZERO,
                 },
                 store: true
             }
