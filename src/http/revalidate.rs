@@ -277,6 +277,27 @@ mod tests {
     }
 
     #[test]
+    fn only_a_200_with_a_validator_gets_a_revalidation_window() {
+        let ttl = |secs| Lifetime {
+            ttl: Duration::from_secs(secs),
+            ..Lifetime::default()
+        };
+        let window = |status, h: &[(&str, &str)], secs| {
+            with_revalidation(ttl(secs), status, &stored(h).headers).revalidation
+        };
+        let etag = [("etag", "\"a\"")];
+        let modified = [("last-modified", "Sun, 01 Nov 2026 00:00:00 GMT")];
+        assert_eq!(window(StatusCode::OK, &etag, 1), REVALIDATION_FLOOR);
+        assert_eq!(
+            window(StatusCode::OK, &modified, 600),
+            Duration::from_secs(600)
+        );
+        assert_eq!(window(StatusCode::OK, &etag, 1 << 31), REVALIDATION_CAP);
+        assert_eq!(window(StatusCode::OK, &[], 600), Duration::ZERO);
+        assert_eq!(window(StatusCode::NOT_FOUND, &etag, 600), Duration::ZERO);
+    }
+
+    #[test]
     fn validators_make_the_request_conditional() {
         let mut req = HeaderMap::new();
         assert!(!ask_conditionally(&stored(&[]), &mut req));
