@@ -128,10 +128,11 @@ fn generation(redis: &RedisServer) -> String {
     redis.raw(&["GET", &key])
 }
 
-/// The most origin calls an episode this long can cost: one per backoff
-/// that can have ended within `elapsed`, plus the first.
+/// The most origin calls an episode this long can cost: the first two (the
+/// first failure starts no backoff), and one per backoff that can have
+/// ended within `elapsed`.
 fn most_calls(elapsed: Duration) -> usize {
-    let (mut calls, mut spent, mut backoff) = (1, Duration::ZERO, BASE);
+    let (mut calls, mut spent, mut backoff) = (2, Duration::ZERO, BASE);
     while spent + backoff <= elapsed {
         spent += backoff;
         backoff = (backoff * 2).min(CAP);
@@ -184,6 +185,27 @@ async fn a_failing_origin_costs_the_fleet_one_call_per_backoff_step_not_one_per_
     );
     let (_, value) = marker(&redis).expect("a marker");
     assert!(value.starts_with(&format!("{}:", generation(&redis))));
+}
+
+/// One failure is no answer for a later request: the next one, on any
+/// instance, asks the origin again and gets the origin's own status. A
+/// second failure in a row starts the backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_failure_starts_no_backoff_the_second_does() {
+    let redis = RedisServer::start();
+    let f = fleet(&redis, 2, 0).await;
+    f.failing.store(true, Ordering::SeqCst);
+    let first = send(&f.apps[0], get("/report")).await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!((f.origin.calls(), step(&redis)), (1, 1));
+    let second = send(&f.apps[1], get("/report")).await;
+    assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(second.text(), "down", "the origin's own answer");
+    assert_eq!((f.origin.calls(), step(&redis)), (2, 2));
+    // The backoff runs now (at least BASE): the fleet does not call again.
+    let third = send(&f.apps[0], get("/report")).await;
+    assert!(third.status.is_server_error());
+    assert_eq!(f.origin.calls(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

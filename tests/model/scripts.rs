@@ -23,7 +23,7 @@ pub const MODELLED: [(&str, &str, &str); 14] = [
     ),
     (
         "release.lua",
-        "e5ffd9c3d60e5420fe2def7ca06ad21f8a9b42961b2bdf395e4f17b025af8cc0",
+        "07f2bd7f698b59c8d3bdf2b39ae851755b88dd8e1b96dbca647581f23079ecbd",
         "redis.rs: Redis::release",
     ),
     (

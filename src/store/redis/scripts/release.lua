@@ -14,10 +14,14 @@
 -- ARGV[7] cap     the longest backoff, in milliseconds; also how long a
 --                 marker outlives its backoff (the episode's memory)
 --
--- The backoff doubles with each failure of an episode: base, 2 base, ... up
--- to cap. A marker lives cap past its backoff, so a failure soon after the
--- last one continues the episode; a commit or an invalidation (which moves
--- the generation) ends it.
+-- The first failure of an episode starts no backoff: the next request asks
+-- the origin again (a failure is no answer a cache may reuse for a later
+-- request, RFC 9111 §4), while the requests that waited on the failed
+-- rebuild share its failure. A second failure in a row starts the backoff,
+-- which doubles with each further one: base, 2 base, ... up to cap. A marker
+-- lives cap past its backoff, so a failure soon after the last one
+-- continues the episode; a commit or an invalidation (which moves the
+-- generation) ends it.
 --
 -- Returns 1 if the lease was ours, 0 if it had expired or passed to another owner.
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -32,7 +36,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
       end
     end
     local base, cap = tonumber(ARGV[6]), tonumber(ARGV[7])
-    local backoff = math.min(base * 2 ^ (step - 1), cap)
+    local backoff = 0
+    if step > 1 then
+      backoff = math.min(base * 2 ^ (step - 2), cap)
+    end
     redis.call('SET', KEYS[2], ARGV[5] .. ':' .. ARGV[4] .. ':' .. step,
       'PX', math.floor(backoff + cap))
   end
