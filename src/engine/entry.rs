@@ -85,7 +85,8 @@ impl Envelope {
     }
 
     /// How long past its freshness the value is kept at all: the longest of
-    /// its windows.
+    /// its windows (what the shared tier keeps it for).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn kept_past_freshness(&self) -> Duration {
         let (revalidate, if_error) = self.windows();
         revalidate.max(if_error).max(self.revalidation())

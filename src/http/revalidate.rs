@@ -111,6 +111,7 @@ where
         return Built::Failed {
             shared: None,
             private: None,
+            answer: None,
         };
     }
     // The 304's own age: its `Age` and `Date`, not the stored response's.

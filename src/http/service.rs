@@ -26,7 +26,7 @@ use super::labels::RouteLabels;
 use super::origin::{Origin, CONDITIONAL};
 use super::passes::Pass;
 use super::policy::{request_bypass, Policy};
-use super::respond::{failure, present, tag_with, try_present, Conditions};
+use super::respond::{self, failure, present, tag_with, try_present, Conditions};
 use super::response::CachedResponse;
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
 use crate::backend::Backend;
@@ -346,7 +346,12 @@ where
             crate::engine::FailureKind::Error,
             CacheStatus::Miss,
         )),
-        Answer::Failed(failed, status) => Ok(failure(&policy, failed.kind, status.into())),
+        Answer::Failed(failed, status) => Ok(respond::failed(
+            &policy,
+            &conditions,
+            &failed,
+            status.into(),
+        )),
         Answer::Alone(origin) => origin.alone().await,
         // The handler panicked under the request that started the rebuild:
         // it sees the panic as it would without the layer.

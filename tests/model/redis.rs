@@ -298,7 +298,9 @@ impl Redis {
     /// marker: the step goes on from a marker of the same generation
     /// (`#s <= 2`, capped at 32), else starts at 1; the backoff is none at
     /// step 1, then `min(base * 2^(step-2), cap)`, and the marker's PX that
-    /// plus `cap`.
+    /// plus `cap`. (The origin's answer the script keeps beside the marker,
+    /// and fetch_or_lease.lua returns with `{4, ...}`, is data the protocol
+    /// never decides on: not modelled.)
     pub fn release(&mut self, now: u8, token: u8, failure: Option<(Option<u64>, u8)>) -> bool {
         if self.lease.is_some_and(|(t, _)| t == token) {
             self.lease = None;

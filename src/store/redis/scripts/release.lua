@@ -5,6 +5,11 @@
 --
 -- KEYS[1] lease   the rebuild lease
 -- KEYS[2] failed  the failure marker: `<gen>:<code>:<step>`
+-- KEYS[3] answer  the origin's own answer to the failed rebuild (a 5xx, its
+--                 headers and body, encoded as an entry), kept as long as
+--                 the marker: what requests get during the backoff. Written
+--                 `<gen>|<answer>`: an answer of another generation than the
+--                 marker's (the group was invalidated since) is none
 -- ARGV[1] token   our lease token
 -- ARGV[2] channel the namespace's event channel
 -- ARGV[3] message the failure notice for this key
@@ -13,6 +18,8 @@
 -- ARGV[6] base    the first backoff, in milliseconds
 -- ARGV[7] cap     the longest backoff, in milliseconds; also how long a
 --                 marker outlives its backoff (the episode's memory)
+-- ARGV[8] answer  the origin's answer to keep; empty: none (an error, a
+--                 timeout, or an answer past the size bound)
 --
 -- The first failure of an episode starts no backoff: the next request asks
 -- the origin again (a failure is no answer a cache may reuse for a later
@@ -42,6 +49,11 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
     end
     redis.call('SET', KEYS[2], ARGV[5] .. ':' .. ARGV[4] .. ':' .. step,
       'PX', math.floor(backoff + cap))
+    if ARGV[8] ~= '' then
+      redis.call('SET', KEYS[3], ARGV[5] .. '|' .. ARGV[8], 'PX', math.floor(backoff + cap))
+    else
+      redis.call('DEL', KEYS[3])
+    end
   end
   redis.call('PUBLISH', ARGV[2], ARGV[3])
   return 1
