@@ -5,7 +5,7 @@
 //! fleet. Every waiter is answered from the renewed entry; a `200` replaces
 //! it; a client's own conditional request is answered from it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,6 +35,10 @@ struct Origin {
     full: Arc<AtomicUsize>,
     not_modified: Arc<AtomicUsize>,
     asked: Arc<Mutex<Vec<String>>>,
+    /// While set, every call is answered `503` (`down`).
+    failing: Arc<AtomicBool>,
+    /// Route windows beside the ttl.
+    stale_if_error: Duration,
 }
 
 impl Origin {
@@ -45,6 +49,8 @@ impl Origin {
             full: Arc::default(),
             not_modified: Arc::default(),
             asked: Arc::default(),
+            failing: Arc::default(),
+            stale_if_error: Duration::ZERO,
         }
     }
 
@@ -77,6 +83,9 @@ impl Origin {
                     origin.asked.lock().unwrap().push(v.clone());
                     v
                 });
+                if origin.failing.load(Ordering::SeqCst) {
+                    return (StatusCode::SERVICE_UNAVAILABLE, "down").into_response();
+                }
                 let mut out = HeaderMap::new();
                 out.insert("x-version", (full + not_modified + 1).into());
                 out.insert(ETAG, quoted.parse().unwrap());
@@ -90,8 +99,10 @@ impl Origin {
                 }
             }
         };
-        // No stale window: past its ttl the entry may not be served.
-        Router::new().route("/doc", get(handler).layer(guard.ttl(TTL)))
+        // No stale window unless a test sets stale-if-error: past its ttl
+        // the entry may not be served.
+        let guard = guard.ttl(TTL).stale_if_error(self.stale_if_error);
+        Router::new().route("/doc", get(handler).layer(guard))
     }
 }
 
@@ -216,6 +227,40 @@ async fn a_clients_conditions_are_answered_from_the_renewed_entry(
     assert_eq!(origin.calls(), (1, 1));
 }
 
+/// The origin fails after expiry. Within stale-if-error, every request is
+/// answered with the stale entry (after one conditional request); a
+/// `must-revalidate` entry never is: the origin's own 503 stands.
+async fn a_failing_origin_gets_stale_if_error_unless_must_revalidate(
+    apps: impl Fn(&Origin) -> Vec<Router>,
+) {
+    for (cache_control, stale) in [("public", true), ("must-revalidate", false)] {
+        let mut origin = Origin::new(cache_control);
+        origin.stale_if_error = Duration::from_secs(60);
+        let apps = apps(&origin);
+        fill_and_expire(&origin, &apps).await;
+        origin.failing.store(true, Ordering::SeqCst);
+        let answers = burst(&apps, doc).await;
+        assert_eq!(
+            origin.asked(),
+            ["\"e1\""],
+            "{cache_control}: one conditional request"
+        );
+        for a in &answers {
+            match stale {
+                true => assert_eq!(
+                    (a.status, a.text().as_str(), a.x_cache()),
+                    (StatusCode::OK, "body-e1", "STALE"),
+                    "{cache_control}"
+                ),
+                false => {
+                    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{cache_control}");
+                    assert_ne!(a.text(), "body-e1", "{cache_control}: never stale");
+                }
+            }
+        }
+    }
+}
+
 fn embedded(origin: &Origin) -> Vec<Router> {
     vec![origin.app(StampedeGuard::new(Backend::local()))]
 }
@@ -238,6 +283,11 @@ async fn a_full_answer_replaces_the_entry_embedded() {
 #[tokio::test]
 async fn client_conditions_after_expiry_embedded() {
     a_clients_conditions_are_answered_from_the_renewed_entry(embedded).await;
+}
+
+#[tokio::test]
+async fn stale_if_error_on_a_failing_origin_embedded() {
+    a_failing_origin_gets_stale_if_error_unless_must_revalidate(embedded).await;
 }
 
 #[cfg(feature = "redis")]
@@ -295,6 +345,22 @@ mod with_redis {
     async fn client_conditions_after_expiry_on_the_fleet() {
         let redis = RedisServer::start();
         a_clients_conditions_are_answered_from_the_renewed_entry(fleet(two(&redis).await)).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stale_if_error_on_a_failing_origin_for_the_fleet() {
+        let redis = RedisServer::start();
+        let backends = two(&redis).await;
+        a_failing_origin_gets_stale_if_error_unless_must_revalidate(move |origin: &Origin| {
+            // A fresh key space per round: each round's guards get a
+            // namespace of their own.
+            let ns = origin.cache_control;
+            backends
+                .iter()
+                .map(|b| origin.app(StampedeGuard::new(b.clone()).namespace(ns)))
+                .collect()
+        })
+        .await;
     }
 
     /// An instance that never held the entry asks with the validator of
