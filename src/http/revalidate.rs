@@ -60,12 +60,15 @@ pub(crate) fn with_revalidation(
 }
 
 /// Header fields a 304 never changes in the stored response: the body's
-/// framing and coding (the stored body was not resent: RFC 9111 §3.2 lets a
-/// cache keep what the body's integrity depends on), and fields that
-/// describe one connection (§3.1). `Age` is the 304's own, read apart.
-const KEPT: [HeaderName; 11] = [
+/// framing, coding and digests (the stored body was not resent: RFC 9111
+/// §3.2 lets a cache keep the fields the stored response depends on), and
+/// fields that describe one connection (§3.1). `Age` is the 304's own,
+/// read apart.
+const KEPT: [HeaderName; 13] = [
     header::CONTENT_LENGTH,
     header::CONTENT_ENCODING,
+    HeaderName::from_static("content-md5"),
+    HeaderName::from_static("content-digest"),
     header::CONTENT_RANGE,
     header::TRANSFER_ENCODING,
     header::CONNECTION,
@@ -328,6 +331,7 @@ mod tests {
                 ("x-multi", "b"),
                 ("content-length", "4"),
                 ("content-encoding", "identity"),
+                ("content-md5", "rL0Y20zC+Fzt72VPzMSk2A=="),
                 ("x-kept", "yes"),
             ],
             &[
@@ -336,6 +340,7 @@ mod tests {
                 ("x-multi", "c"),
                 ("content-length", "0"),
                 ("content-encoding", "gzip"),
+                ("content-md5", "N7UdGUp1E+RbVvZSTy1R8g=="),
                 ("connection", "x-hop"),
                 ("x-hop", "1"),
                 ("transfer-encoding", "chunked"),
@@ -348,6 +353,10 @@ mod tests {
         assert_eq!(h.get_all("x-multi").iter().collect::<Vec<_>>(), ["c"]);
         assert_eq!(h["content-length"], "4");
         assert_eq!(h["content-encoding"], "identity");
+        assert_eq!(
+            h["content-md5"], "rL0Y20zC+Fzt72VPzMSk2A==",
+            "a digest of the stored body"
+        );
         assert_eq!(h["x-kept"], "yes");
         assert!(!h.contains_key("x-hop"));
         assert!(!h.contains_key("connection"));
