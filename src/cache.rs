@@ -446,6 +446,7 @@ where
                 Built::Failed {
                     shared: Some(shared),
                     private: Some(error),
+                    answer: None,
                 }
             }
         }

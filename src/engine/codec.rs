@@ -21,21 +21,33 @@ const MAGIC: &[u8; 2] = b"SG";
 /// `all` (u64), a count (u16), then each tag bucket (u16) and its
 /// generation (u64). Version 3 puts the table's epoch (u64) before them.
 /// Versions 1 and 2 read as built under epoch 0: with Redis, a miss.
+/// Version 4 is version 3 with the revalidation window (u64 milliseconds)
+/// after the rebuild cost; an entry without one is still written as version
+/// 3, which instances that know no version 4 read.
 const VERSION_1: u8 = 1;
 const VERSION_2: u8 = 2;
-const VERSION: u8 = 3;
+const VERSION_3: u8 = 3;
+const VERSION: u8 = 4;
 const HEADER_LEN: usize = 2 + 1 + 5 * 8;
 
 pub(crate) fn encode(envelope: &Envelope, stamp: &Stamp, payload: &[u8]) -> Bytes {
     let stamp_len = 8 + 8 + 2 + stamp.tags.len() * 10;
-    let mut out = BytesMut::with_capacity(HEADER_LEN + stamp_len + payload.len());
+    let mut out = BytesMut::with_capacity(HEADER_LEN + 8 + stamp_len + payload.len());
     out.put_slice(MAGIC);
-    out.put_u8(VERSION);
+    let revalidation = millis(envelope.lifetime.revalidation);
+    out.put_u8(if revalidation == 0 {
+        VERSION_3
+    } else {
+        VERSION
+    });
     out.put_u64_le(millis(envelope.lifetime.ttl));
     out.put_u64_le(millis(envelope.lifetime.stale_while_revalidate));
     out.put_u64_le(millis(envelope.lifetime.stale_if_error));
     out.put_u64_le(millis(envelope.initial_age));
     out.put_u64_le(envelope.rebuild_cost.as_micros().min(u64::MAX as u128) as u64);
+    if revalidation != 0 {
+        out.put_u64_le(revalidation);
+    }
     out.put_u64_le(stamp.epoch);
     out.put_u64_le(stamp.all);
     // At most MAX_TAGS, so the count fits.
@@ -53,7 +65,10 @@ pub(crate) fn decode(mut bytes: Bytes) -> Option<(Envelope, Stamp, Bytes)> {
         return None;
     }
     let version = bytes[2];
-    if !matches!(version, VERSION_1 | VERSION_2 | VERSION) {
+    if !matches!(version, VERSION_1 | VERSION_2 | VERSION_3 | VERSION) {
+        return None;
+    }
+    if version == VERSION && bytes.len() < HEADER_LEN + 8 {
         return None;
     }
     bytes.advance(3);
@@ -65,24 +80,29 @@ pub(crate) fn decode(mut bytes: Bytes) -> Option<(Envelope, Stamp, Bytes)> {
     let sie = millis();
     let initial_age = millis();
     let rebuild_cost = Duration::from_micros(bytes.get_u64_le()).min(MAX_DELTA);
+    let revalidation = match version {
+        VERSION => Duration::from_millis(bytes.get_u64_le()).min(MAX_DELTA),
+        _ => Duration::ZERO,
+    };
     let envelope = Envelope {
         lifetime: Lifetime {
             ttl,
             stale_while_revalidate: swr,
             stale_if_error: sie,
+            revalidation,
         },
         initial_age,
         rebuild_cost,
     };
     let stamp = match version {
-        VERSION if bytes.len() >= 8 => {
+        VERSION | VERSION_3 if bytes.len() >= 8 => {
             let epoch = bytes.get_u64_le();
             Stamp {
                 epoch,
                 ..decode_stamp(&mut bytes)?
             }
         }
-        VERSION => return None,
+        VERSION | VERSION_3 => return None,
         VERSION_2 => decode_stamp(&mut bytes)?,
         _ => Stamp::default(),
     };
@@ -130,6 +150,7 @@ mod tests {
                 ttl: Duration::from_millis(1500),
                 stale_while_revalidate: Duration::from_secs(30),
                 stale_if_error: Duration::from_secs(600),
+                revalidation: Duration::ZERO,
             },
             initial_age: Duration::from_secs(3),
             rebuild_cost: Duration::from_micros(123_456),
@@ -148,6 +169,25 @@ mod tests {
         assert_eq!(env, envelope());
         assert_eq!(read, stamp);
         assert_eq!(&payload[..], b"payload");
+    }
+
+    #[test]
+    fn a_revalidation_window_round_trips_and_only_it_needs_version_4() {
+        let stamp = Stamp {
+            epoch: 9,
+            all: 3,
+            tags: vec![(2, 5)].into(),
+        };
+        let plain = encode(&envelope(), &stamp, b"p");
+        assert_eq!(plain[2], VERSION_3);
+        let mut kept = envelope();
+        kept.lifetime.revalidation = Duration::from_secs(300);
+        let bytes = encode(&kept, &stamp, b"payload");
+        assert_eq!(bytes[2], VERSION);
+        let (env, read, payload) = decode(bytes.clone()).expect("decodes");
+        assert_eq!((env, read), (kept, stamp));
+        assert_eq!(&payload[..], b"payload");
+        assert!(decode(bytes.slice(..HEADER_LEN + 4)).is_none());
     }
 
     #[test]

@@ -40,6 +40,11 @@ pub(crate) struct Lifetime {
     pub stale_while_revalidate: Duration,
     /// After `ttl`, served when a rebuild fails.
     pub stale_if_error: Duration,
+    /// After `ttl`, kept but never served: the base of the next rebuild,
+    /// which may ask the origin whether it still holds (a conditional
+    /// request) and renew it rather than fetch it again. Zero for a value
+    /// that cannot be validated.
+    pub revalidation: Duration,
 }
 
 /// An entry's metadata, as the shared tier writes it beside the value (see
@@ -68,6 +73,24 @@ impl Envelope {
             self.lifetime.stale_if_error.saturating_sub(overdue),
         )
     }
+
+    /// The revalidation window left to the value, counted like the stale
+    /// windows from when the origin made it.
+    pub(crate) fn revalidation(&self) -> Duration {
+        if self.initial_age >= MAX_DELTA {
+            return Duration::ZERO;
+        }
+        let overdue = self.initial_age.saturating_sub(self.lifetime.ttl);
+        self.lifetime.revalidation.saturating_sub(overdue)
+    }
+
+    /// How long past its freshness the value is kept at all: the longest of
+    /// its windows (what the shared tier keeps it for).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn kept_past_freshness(&self) -> Duration {
+        let (revalidate, if_error) = self.windows();
+        revalidate.max(if_error).max(self.revalidation())
+    }
 }
 
 /// Where an entry stands at a given instant.
@@ -79,6 +102,10 @@ pub(crate) enum Freshness {
     /// Past its ttl and stale-while-revalidate, but inside stale-if-error:
     /// usable only when a rebuild fails.
     IfError,
+    /// Past every window that lets it be served, but inside its
+    /// revalidation window: never served, only the base of a conditional
+    /// request.
+    Validate,
     /// Past every window; only waiting for the L1 to drop it.
     Expired,
 }
@@ -95,6 +122,7 @@ pub(crate) struct Entry {
     fresh_until: Instant,
     revalidate_until: Instant,
     if_error_until: Instant,
+    validate_until: Instant,
     /// When this process last drew for an early refresh of this entry, in
     /// milliseconds after `stored_at` (plus one; 0: never).
     last_draw: AtomicU64,
@@ -140,6 +168,7 @@ impl Entry {
             fresh_until,
             revalidate_until: later(fresh_until, revalidate),
             if_error_until: later(fresh_until, if_error),
+            validate_until: later(fresh_until, envelope.revalidation()),
             last_draw: AtomicU64::new(0),
             stamp: Stamp::default(),
         }
@@ -202,6 +231,8 @@ impl Entry {
             Freshness::Revalidate
         } else if now < self.if_error_until {
             Freshness::IfError
+        } else if now < self.validate_until {
+            Freshness::Validate
         } else {
             Freshness::Expired
         }
@@ -243,9 +274,12 @@ impl Stored for Entry {
         self.weight
     }
 
-    /// The latest instant at which any window still allows serving the entry.
+    /// The latest instant at which any window still allows serving the
+    /// entry, or renewing it with a conditional request.
     fn last_use(&self) -> Instant {
-        self.revalidate_until.max(self.if_error_until)
+        self.revalidate_until
+            .max(self.if_error_until)
+            .max(self.validate_until)
     }
 
     fn fresh_until(&self) -> Instant {
@@ -301,6 +335,7 @@ mod tests {
             ttl: Duration::from_secs(ttl),
             stale_while_revalidate: Duration::from_secs(swr),
             stale_if_error: Duration::from_secs(sie),
+            revalidation: Duration::ZERO,
         }
     }
 
@@ -329,6 +364,24 @@ mod tests {
             Freshness::Expired
         );
         assert_eq!(e.last_use(), t0 + Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_revalidation_window_keeps_the_entry_but_never_serves_it() {
+        let (t0, secs) = (Instant::now(), Duration::from_secs);
+        let mut kept = lifetime(10, 0, 5);
+        kept.revalidation = secs(60);
+        let e = Entry::new(Bytes::new(), kept, secs(0), secs(0), t0);
+        assert_eq!(e.freshness(t0 + secs(12)), Freshness::IfError);
+        assert_eq!(e.freshness(t0 + secs(20)), Freshness::Validate);
+        assert!(!e.usable_on_error(t0 + secs(20)));
+        assert!(!e.servable_while_revalidating(t0 + secs(20)));
+        assert_eq!(e.freshness(t0 + secs(71)), Freshness::Expired);
+        assert_eq!(e.last_use(), t0 + secs(70));
+        // Counted from the origin's answer, like the stale windows.
+        let aged = Entry::new(Bytes::new(), kept, secs(40), secs(0), t0);
+        assert_eq!(aged.last_use(), t0 + secs(30));
+        assert_eq!(aged.envelope().kept_past_freshness(), secs(30));
     }
 
     #[test]

@@ -32,6 +32,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 #[cfg(feature = "redis")]
+use bytes::Bytes;
+
+#[cfg(feature = "redis")]
 use super::apply_to;
 #[cfg(feature = "redis")]
 use super::codec;
@@ -104,6 +107,8 @@ pub(crate) enum Plan {
     Failed {
         kind: FailureKind,
         stale: Option<Arc<Entry>>,
+        /// The origin's own answer to that failure, as the fleet kept it.
+        answer: Option<Arc<Entry>>,
     },
 }
 
@@ -397,9 +402,10 @@ impl Fleet {
             match held.value().encode() {
                 Some(payload) if !fresh.is_zero() => {
                     let bytes = codec::encode(entry.envelope(), entry.stamp(), &payload);
-                    let (revalidate, if_error) = entry.envelope().windows();
-                    // Kept for its freshness plus the longer stale window.
-                    let keep = fresh.saturating_add(revalidate.max(if_error));
+                    // Kept for its freshness plus the longest window past
+                    // it: a stale one, or the one in which it is only the
+                    // base of a conditional request.
+                    let keep = fresh.saturating_add(entry.envelope().kept_past_freshness());
                     let committed = tier.commit(&mut lease, bytes, fresh, keep, labels).await;
                     if let Ok(false) = committed {
                         // Fenced off: a newer entry, or an invalidation, came
@@ -410,7 +416,7 @@ impl Fleet {
                     }
                 }
                 _ => {
-                    let _ = tier.release(&mut lease, None).await;
+                    let _ = tier.release(&mut lease, None, None).await;
                 }
             }
         }
@@ -429,12 +435,45 @@ impl Fleet {
         {
             let mut lease = lease;
             if let Some(tier) = self.tier() {
-                let _ = tier.release(&mut lease, failed.map(code)).await;
+                let _ = tier.release(&mut lease, failed.map(code), None).await;
             }
         }
         #[cfg(not(feature = "redis"))]
         {
             let _ = failed;
+            match lease {}
+        }
+    }
+
+    /// Gives the lease up after the origin answered with a failure (a 5xx)
+    /// that is not stored: the fleet backs off as for any failed rebuild,
+    /// and keeps that answer beside its failure marker (within a size
+    /// bound), so that a request answered during the backoff, on any
+    /// instance, gets the origin's own status, headers and body, never one
+    /// the origin did not send.
+    pub(crate) async fn give_up_answered<V: CacheValue>(
+        &self,
+        lease: Option<Lease>,
+        answer: Option<&Held<V>>,
+    ) {
+        let Some(lease) = lease else { return };
+        #[cfg(feature = "redis")]
+        {
+            let mut lease = lease;
+            if let Some(tier) = self.tier() {
+                let bytes = answer.filter(|_| V::SHARED).and_then(|held| {
+                    let payload = held.value().encode()?;
+                    let entry = held.entry();
+                    Some(codec::encode(entry.envelope(), entry.stamp(), &payload))
+                });
+                let _ = tier
+                    .release(&mut lease, Some(code(FailureKind::Error)), bytes)
+                    .await;
+            }
+        }
+        #[cfg(not(feature = "redis"))]
+        {
+            let _ = answer;
             match lease {}
         }
     }
@@ -900,6 +939,7 @@ async fn plan_shared<V: CacheValue>(
                 code,
                 backoff,
                 stale: old,
+                answer,
             } => {
                 // As below: a copy from before a purge of its tags is none.
                 let old = old
@@ -919,7 +959,12 @@ async fn plan_shared<V: CacheValue>(
                 }
                 // A code this version does not know is a plain error.
                 let kind = kind(code).unwrap_or(FailureKind::Error);
-                return Plan::Failed { kind, stale };
+                let answer = answer.and_then(|bytes| failure_answer::<V>(bytes, now));
+                return Plan::Failed {
+                    kind,
+                    stale,
+                    answer,
+                };
             }
         };
         // A copy from before an invalidation of its tags is none at all.
@@ -960,7 +1005,17 @@ async fn plan_shared<V: CacheValue>(
         if let Some(Event::FailedWith(code)) = woke
             && let Some(kind) = kind(code)
         {
-            return Plan::Failed { kind, stale };
+            // The origin's answer to the failure, if the holder kept one:
+            // one more round trip, on a failure only.
+            let answer = match shared.failure_answer(&key).await {
+                Ok(Some(bytes)) => failure_answer::<V>(bytes, Instant::now()),
+                _ => None,
+            };
+            return Plan::Failed {
+                kind,
+                stale,
+                answer,
+            };
         }
         waited = true;
         if woke == Some(Event::Committed)
@@ -1019,8 +1074,7 @@ async fn carried<V: CacheValue>(
 fn decode<V: CacheValue>(remote: Remote, now: Instant) -> Option<Entry> {
     let (envelope, stamp, payload) = codec::decode(remote.bytes)?;
     let value = V::decode(payload)?;
-    let (revalidate, if_error) = envelope.windows();
-    let windows = revalidate.max(if_error);
+    let windows = envelope.kept_past_freshness();
     let fresh_until = match (remote.fresh, remote.remaining) {
         (Some(left), _) => later(now, left),
         // Stale: the value was kept for `windows` past the end of freshness.
@@ -1033,6 +1087,19 @@ fn decode<V: CacheValue>(remote: Remote, now: Instant) -> Option<Entry> {
     let fresh_span = envelope.lifetime.ttl.saturating_sub(envelope.initial_age);
     let stored_at = fresh_until.checked_sub(fresh_span).unwrap_or(now).min(now);
     Some(Entry::placed(value, envelope, stored_at, fresh_until).with_stamp(stamp))
+}
+
+/// The origin's answer to a failed rebuild, as the failure marker keeps
+/// it: an entry never served as one (it is past every window), only
+/// presented in place of the failure. Bytes that do not decode are none.
+#[cfg(feature = "redis")]
+fn failure_answer<V: CacheValue>(bytes: Bytes, now: Instant) -> Option<Arc<Entry>> {
+    let remote = Remote {
+        bytes,
+        fresh: None,
+        remaining: None,
+    };
+    decode::<V>(remote, now).map(Arc::new)
 }
 
 #[cfg(feature = "redis")]

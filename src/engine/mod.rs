@@ -237,7 +237,10 @@ impl Engine {
                                 refresh,
                             };
                         }
-                        Freshness::IfError => stale = Some(entry.clone()),
+                        // Not served now, but what a failed rebuild falls
+                        // back on, or what the rebuild asks the origin to
+                        // confirm (a conditional request).
+                        Freshness::IfError | Freshness::Validate => stale = Some(entry.clone()),
                         Freshness::Expired => {}
                     }
                 }
@@ -634,8 +637,15 @@ impl Engine {
                 }
             }
             Plan::Rebuild { lease, stale } => (lease, stale),
-            Plan::Failed { kind, stale } => {
-                let failure = Failure::new(kind);
+            Plan::Failed {
+                kind,
+                stale,
+                answer,
+            } => {
+                let failure = Failure {
+                    answer,
+                    ..Failure::new(kind)
+                };
                 match start {
                     Start::Miss => {
                         let answer = self.fail(leader, failure, stale.as_ref());
@@ -773,10 +783,10 @@ impl Engine {
                             .commit(&self.l1, key, lease, held, policy.labels)
                             .await
                     }
-                    _ => {
-                        let failed = failure.then_some(FailureKind::Error);
-                        self.fleet.give_up(lease, failed).await
-                    }
+                    // The origin's own answer to the failure is kept with
+                    // the fleet's failure marker, for the backoff's requests.
+                    _ if failure => self.fleet.give_up_answered(lease, held.as_ref()).await,
+                    _ => self.fleet.give_up(lease, None).await,
                 }
                 if let Some(held) = held {
                     starter.send(|| {
@@ -794,13 +804,37 @@ impl Engine {
                 self.fleet.give_up(lease, None).await;
                 starter.send(|| Answer::Private(private));
             }
-            Ok(Built::Failed { shared, private }) => {
+            Ok(Built::Failed {
+                shared,
+                private,
+                answer,
+            }) => {
+                // What may stand in for the failure: never stored as an
+                // entry, only presented to the waiters and, through the
+                // fleet's failure marker, during the backoff.
+                let answer = answer.map(|value| {
+                    let lifetime = Lifetime::default();
+                    let now = Instant::now();
+                    Arc::new(Entry::new(
+                        value,
+                        lifetime,
+                        Duration::ZERO,
+                        Duration::ZERO,
+                        now,
+                    ))
+                });
                 let failure = Failure {
-                    kind: FailureKind::Error,
                     error: shared,
+                    answer: answer.clone(),
+                    ..Failure::new(FailureKind::Error)
                 };
-                let answer = self.fail(leader, failure, stale.as_ref());
-                self.fleet.give_up(lease, Some(FailureKind::Error)).await;
+                let answer = answer.and_then(Held::<R::Value>::new);
+                let settled = self.fail(leader, failure, stale.as_ref());
+                match answer {
+                    Some(held) => self.fleet.give_up_answered(lease, Some(&held)).await,
+                    None => self.fleet.give_up(lease, Some(FailureKind::Error)).await,
+                }
+                let answer = settled;
                 starter.send(|| match (answer, private) {
                     (Answer::Failed(..), Some(private)) => Answer::Private(private),
                     (answer, _) => answer,
@@ -942,10 +976,12 @@ impl Engine {
                 }
                 Answer::Private(private)
             }
-            Built::Failed { shared, private } => {
+            Built::Failed {
+                shared, private, ..
+            } => {
                 let failure = Failure {
-                    kind: FailureKind::Error,
                     error: shared,
+                    ..Failure::new(FailureKind::Error)
                 };
                 if let Some(leader) = leader {
                     self.settle(leader, Outcome::Failed(failure.clone()), false);
@@ -1199,6 +1235,7 @@ mod tests {
                 ttl: Duration::from_millis(ttl_ms),
                 stale_while_revalidate: Duration::from_millis(swr_ms),
                 stale_if_error: Duration::from_millis(sie_ms),
+                revalidation: Duration::ZERO,
             },
             Duration::ZERO,
             Duration::ZERO,

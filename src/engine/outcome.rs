@@ -28,11 +28,18 @@ pub(crate) enum FailureKind {
 pub(crate) struct Failure {
     pub kind: FailureKind,
     pub error: Option<SharedError>,
+    /// The origin's own answer to the failure (a 5xx, as the fleet's
+    /// failure marker kept it), to present in place of one the layer makes.
+    pub answer: Option<Arc<Entry>>,
 }
 
 impl Failure {
     pub(crate) fn new(kind: FailureKind) -> Self {
-        Failure { kind, error: None }
+        Failure {
+            kind,
+            error: None,
+            answer: None,
+        }
     }
 }
 

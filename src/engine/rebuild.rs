@@ -55,10 +55,13 @@ pub(crate) enum Built<V, P> {
     /// says what becomes of the requests waiting on it.
     Unshared { private: P, waiters: Waiters },
     /// The rebuild failed: `shared` is what the waiters may have of the
-    /// error, `private` what its starter gets.
+    /// error, `private` what its starter gets, and `answer`, if any, what
+    /// the waiters and the fleet's failure backoff present in its place
+    /// (the origin's status, for an answer that may not be shared whole).
     Failed {
         shared: Option<SharedError>,
         private: Option<P>,
+        answer: Option<V>,
     },
 }
 

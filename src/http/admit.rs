@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use bytes::Buf;
+use bytes::{Buf, Bytes};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Response, StatusCode};
 use http_body::Body as HttpBody;
@@ -21,6 +21,7 @@ use super::passes::Pass;
 use super::policy::{classify, explicitly_fresh, Policy, Verdict};
 use super::respond::tag_with;
 use super::response::{CachedBody, CachedResponse};
+use super::revalidate::with_revalidation;
 use super::rfc::cache_control::initial_age;
 use super::spool::{hidden, Filling, Hold, OriginError, Spool};
 use crate::engine::{Built, Lifetime, TagSet, Waiters};
@@ -99,6 +100,7 @@ where
             return Built::Failed {
                 shared: None,
                 private: stream.private(policy, &parts),
+                answer: None,
             }
         }
     };
@@ -171,9 +173,18 @@ where
         // cookie): the waiters share the failure or the stale-if-error
         // copy, and the starter gets its own answer. Sending each waiter
         // to the origin would aim a herd at an origin that is failing.
+        // What may be told of it to others is its status alone: its
+        // headers and body may belong to its requester (a cookie), or may
+        // not be kept (no-store).
+        let answer = CachedResponse {
+            status: response.status(),
+            headers: HeaderMap::new(),
+            body: CachedBody::Full(Bytes::new()),
+        };
         return Built::Failed {
             shared: None,
             private: Some(Private::Response(response)),
+            answer: Some(answer),
         };
     }
     Built::Unshared {
@@ -401,6 +412,7 @@ where
             return Built::Failed {
                 shared: None,
                 private: stream.private(policy, &parts),
+                answer: None,
             };
         }
         // Counted, and said once per route at WARN: the key is not
@@ -453,12 +465,12 @@ where
         headers.insert(CACHE_STATUS, HeaderValue::from_static(""));
     }
     Built::Value {
+        lifetime: with_revalidation(lifetime, parts.status, &headers),
         value: CachedResponse {
             status: parts.status,
             headers,
             body: CachedBody::Full(bytes),
         },
-        lifetime,
         initial_age,
         store,
         failure: stream.failure,

@@ -156,6 +156,7 @@ where
             Err(error) => crate::engine::Built::Failed {
                 shared: None,
                 private: Some(Private::Error(error)),
+                answer: None,
             },
         };
         if let crate::engine::Built::Value {

@@ -85,6 +85,7 @@ impl Default for StoreRules {
                 ttl: Duration::from_secs(10),
                 stale_while_revalidate: Duration::ZERO,
                 stale_if_error: Duration::ZERO,
+                revalidation: Duration::ZERO,
             },
             max_body_bytes: 4 << 20,
             statuses: DEFAULT_STATUSES
@@ -551,6 +552,7 @@ mod tests {
                     ttl: Duration::from_secs(1),
                     stale_while_revalidate: Duration::from_secs(100),
                     stale_if_error: Duration::from_secs(100),
+                    revalidation: Duration::ZERO,
                 },
                 ..StoreRules::default()
             },
@@ -599,6 +601,7 @@ mod tests {
                     ttl: Duration::from_secs(5),
                     stale_while_revalidate: Duration::from_secs(30),
                     stale_if_error: Duration::from_secs(60),
+                    revalidation: Duration::ZERO,
                 },
                 store: true
             }

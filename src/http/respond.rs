@@ -19,7 +19,7 @@ use super::policy::Policy;
 use super::range;
 use super::response::{CachedBody, CachedResponse};
 use super::rfc::cache_control::http_date;
-use crate::engine::{FailureKind, Held};
+use crate::engine::{Failure, FailureKind, Held};
 
 /// Sets the cache-status headers on a response that did not come from an
 /// entry, with the member `status` implies.
@@ -244,6 +244,36 @@ pub(crate) fn try_present<B: HttpBody>(
             .insert(name.clone(), status.header_value());
     }
     Some(response)
+}
+
+/// The answer to a request whose rebuild gave nothing to present: the
+/// origin's own answer to the failure when the fleet kept one (a request
+/// during the fleet's failure backoff, or waiting on another instance's
+/// failed rebuild), with its status, headers and body; else the layer's
+/// [`failure`].
+pub(crate) fn failed<B: HttpBody>(
+    policy: &Policy,
+    conditions: &Conditions,
+    failed: &Failure,
+    status: CacheStatus,
+) -> Response<Body<B>> {
+    if let Some(held) = failed.answer.clone().and_then(Held::<CachedResponse>::new) {
+        let forward = Forward {
+            detail: Some("backoff"),
+            ..default_forward(status)
+        };
+        // Its head alone for HEAD; no precondition or range applies to a
+        // failure.
+        let asked = Conditions {
+            head: conditions.head,
+            ..Conditions::default()
+        };
+        let now = Instant::now();
+        if let Some(response) = try_present(policy, &asked, &held, status, Some(forward), now) {
+            return response;
+        }
+    }
+    failure(policy, failed.kind, status)
 }
 
 /// The layer's own answer when a rebuild gave nothing to present: the

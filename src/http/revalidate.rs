@@ -12,7 +12,7 @@
 //! does not renew it (§4.3.4): the rebuild fails (stale-if-error, or the
 //! route's error answer), and the next one asks again.
 
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
@@ -26,15 +26,49 @@ use super::policy::{classify, Policy, Verdict};
 use super::respond::tag;
 use super::response::{CachedBody, CachedResponse};
 use super::rfc::cache_control::{http_date, initial_age};
-use crate::engine::{Built, TagSet, Waiters};
+use crate::engine::{Built, Lifetime, TagSet, Waiters};
+
+/// The shortest revalidation window: how long at least an entry with a
+/// validator is kept past its freshness, as the base of a conditional
+/// request. Short lifetimes are where revalidation saves most: a one-second
+/// entry renewed by a 304 every second never sends its body again.
+pub(crate) const REVALIDATION_FLOOR: Duration = Duration::from_secs(60);
+
+/// The longest revalidation window: the longer a validator goes unasked,
+/// the likelier the representation changed, and the entry holds memory
+/// (in-process and in Redis) all the while.
+pub(crate) const REVALIDATION_CAP: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// `lifetime` with its revalidation window: for a `200` with a validator
+/// (`ETag`, `Last-Modified`), as long again as its freshness lifetime,
+/// within [`REVALIDATION_FLOOR`] and [`REVALIDATION_CAP`]; none otherwise,
+/// since nothing could be asked conditionally. The entry is never served in
+/// that window, only renewed by the origin's 304 (or replaced by its 200):
+/// `must-revalidate` and its kin keep it as any other.
+pub(crate) fn with_revalidation(
+    mut lifetime: Lifetime,
+    status: StatusCode,
+    headers: &HeaderMap,
+) -> Lifetime {
+    let validated =
+        headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED);
+    lifetime.revalidation = match status == StatusCode::OK && validated {
+        true => lifetime.ttl.clamp(REVALIDATION_FLOOR, REVALIDATION_CAP),
+        false => Duration::ZERO,
+    };
+    lifetime
+}
 
 /// Header fields a 304 never changes in the stored response: the body's
-/// framing and coding (the stored body was not resent: RFC 9111 §3.2 lets a
-/// cache keep what the body's integrity depends on), and fields that
-/// describe one connection (§3.1). `Age` is the 304's own, read apart.
-const KEPT: [HeaderName; 11] = [
+/// framing, coding and digests (the stored body was not resent: RFC 9111
+/// §3.2 lets a cache keep the fields the stored response depends on), and
+/// fields that describe one connection (§3.1). `Age` is the 304's own,
+/// read apart.
+const KEPT: [HeaderName; 13] = [
     header::CONTENT_LENGTH,
     header::CONTENT_ENCODING,
+    HeaderName::from_static("content-md5"),
+    HeaderName::from_static("content-digest"),
     header::CONTENT_RANGE,
     header::TRANSFER_ENCODING,
     header::CONNECTION,
@@ -80,6 +114,7 @@ where
         return Built::Failed {
             shared: None,
             private: None,
+            answer: None,
         };
     }
     // The 304's own age: its `Age` and `Date`, not the stored response's.
@@ -122,6 +157,7 @@ where
             };
         }
     };
+    let lifetime = with_revalidation(lifetime, status, &headers);
     Built::Value {
         value: CachedResponse {
             status,
@@ -245,6 +281,27 @@ mod tests {
     }
 
     #[test]
+    fn only_a_200_with_a_validator_gets_a_revalidation_window() {
+        let ttl = |secs| Lifetime {
+            ttl: Duration::from_secs(secs),
+            ..Lifetime::default()
+        };
+        let window = |status, h: &[(&str, &str)], secs| {
+            with_revalidation(ttl(secs), status, &stored(h).headers).revalidation
+        };
+        let etag = [("etag", "\"a\"")];
+        let modified = [("last-modified", "Sun, 01 Nov 2026 00:00:00 GMT")];
+        assert_eq!(window(StatusCode::OK, &etag, 1), REVALIDATION_FLOOR);
+        assert_eq!(
+            window(StatusCode::OK, &modified, 600),
+            Duration::from_secs(600)
+        );
+        assert_eq!(window(StatusCode::OK, &etag, 1 << 31), REVALIDATION_CAP);
+        assert_eq!(window(StatusCode::OK, &[], 600), Duration::ZERO);
+        assert_eq!(window(StatusCode::NOT_FOUND, &etag, 600), Duration::ZERO);
+    }
+
+    #[test]
     fn validators_make_the_request_conditional() {
         let mut req = HeaderMap::new();
         assert!(!ask_conditionally(&stored(&[]), &mut req));
@@ -274,6 +331,7 @@ mod tests {
                 ("x-multi", "b"),
                 ("content-length", "4"),
                 ("content-encoding", "identity"),
+                ("content-md5", "rL0Y20zC+Fzt72VPzMSk2A=="),
                 ("x-kept", "yes"),
             ],
             &[
@@ -282,6 +340,7 @@ mod tests {
                 ("x-multi", "c"),
                 ("content-length", "0"),
                 ("content-encoding", "gzip"),
+                ("content-md5", "N7UdGUp1E+RbVvZSTy1R8g=="),
                 ("connection", "x-hop"),
                 ("x-hop", "1"),
                 ("transfer-encoding", "chunked"),
@@ -294,6 +353,10 @@ mod tests {
         assert_eq!(h.get_all("x-multi").iter().collect::<Vec<_>>(), ["c"]);
         assert_eq!(h["content-length"], "4");
         assert_eq!(h["content-encoding"], "identity");
+        assert_eq!(
+            h["content-md5"], "rL0Y20zC+Fzt72VPzMSk2A==",
+            "a digest of the stored body"
+        );
         assert_eq!(h["x-kept"], "yes");
         assert!(!h.contains_key("x-hop"));
         assert!(!h.contains_key("connection"));

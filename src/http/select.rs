@@ -136,6 +136,7 @@ where
             return Built::Failed {
                 shared: None,
                 private: None,
+                answer: None,
             };
         };
         let request = origin.request.headers().clone();

@@ -26,7 +26,7 @@ use super::labels::RouteLabels;
 use super::origin::{Origin, CONDITIONAL};
 use super::passes::Pass;
 use super::policy::{admission, Admission, Policy};
-use super::respond::{failure, present, tag_with, try_present, Conditions};
+use super::respond::{self, failure, present, tag_with, try_present, Conditions};
 use super::response::CachedResponse;
 use super::select::{selected, Back, Lane, Selecting};
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
@@ -446,7 +446,12 @@ where
             crate::engine::FailureKind::Error,
             CacheStatus::Miss,
         )),
-        Answer::Failed(failed, status) => Ok(failure(&policy, failed.kind, status.into())),
+        Answer::Failed(failed, status) => Ok(respond::failed(
+            &policy,
+            &conditions,
+            &failed,
+            status.into(),
+        )),
         Answer::Alone(rebuild) => match rebuild.into_origin() {
             Some(origin) => origin.alone().await,
             None => Ok(failure(

@@ -39,11 +39,11 @@ impl Monitor {
         self.lines.lock().unwrap().len()
     }
 
-    /// The `fetch_or_lease` calls since `mark` (six keys, five arguments).
+    /// The `fetch_or_lease` calls since `mark` (seven keys, five arguments).
     pub fn fetches(&self, mark: usize) -> Vec<Vec<String>> {
         self.commands(mark)
             .into_iter()
-            .filter(|t| t.len() == 14 && t[0].eq_ignore_ascii_case("evalsha") && t[2] == "6")
+            .filter(|t| t.len() == 15 && t[0].eq_ignore_ascii_case("evalsha") && t[2] == "7")
             .collect()
     }
 

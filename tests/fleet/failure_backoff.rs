@@ -32,6 +32,9 @@ struct Fleet {
     guards: Vec<StampedeGuard>,
     origin: Origin,
     failing: Arc<AtomicBool>,
+    /// While set, the failure is a 503 that may be shared (no `no-store`),
+    /// with a `retry-after` header.
+    shareable: Arc<AtomicBool>,
     /// While set, each origin call waits for a permit of `gate` first.
     hold: Arc<AtomicBool>,
     gate: Arc<Semaphore>,
@@ -47,6 +50,7 @@ struct Fleet {
 async fn fleet(redis: &RedisServer, k: usize, stale_if_error: u64) -> Fleet {
     let origin = Origin::default();
     let failing = Arc::new(AtomicBool::new(false));
+    let shareable = Arc::new(AtomicBool::new(false));
     let hold = Arc::new(AtomicBool::new(false));
     let gate = Arc::new(Semaphore::new(0));
     let backoff_at_calls = Arc::new(Mutex::new(Vec::new()));
@@ -67,11 +71,13 @@ async fn fleet(redis: &RedisServer, k: usize, stale_if_error: u64) -> Fleet {
         guards.push(guard.clone());
         let (failing, hold, gate) = (failing.clone(), hold.clone(), gate.clone());
         let seen = backoff_at_calls.clone();
+        let shareable = shareable.clone();
         apps.push(counted_app(&origin, guard, move |n| {
             let held = hold.load(Ordering::SeqCst);
             let gate = gate.clone();
             let failing = failing.clone();
             let seen = seen.clone();
+            let shareable = shareable.load(Ordering::SeqCst);
             async move {
                 let left = tokio::task::spawn_blocking(move || backoff_left(port))
                     .await
@@ -84,6 +90,14 @@ async fn fleet(redis: &RedisServer, k: usize, stale_if_error: u64) -> Fleet {
                 }
                 let failing = failing.load(Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(30)).await;
+                if failing && shareable {
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [("retry-after", "7")],
+                        "down".to_owned(),
+                    )
+                        .into_response();
+                }
                 if failing {
                     return (
                         StatusCode::SERVICE_UNAVAILABLE,
@@ -107,6 +121,7 @@ async fn fleet(redis: &RedisServer, k: usize, stale_if_error: u64) -> Fleet {
         guards,
         origin,
         failing,
+        shareable,
         hold,
         gate,
         backoff_at_calls,
@@ -204,21 +219,46 @@ async fn a_failing_origin_costs_the_fleet_one_call_per_backoff_step_not_one_per_
         seen.iter().all(|&left| left <= 0),
         "origin calls while a backoff ran (ms left at each call): {seen:?}"
     );
-    // Nobody got an entry: the starter its 503, everyone else the shared
-    // failure.
+    // Nobody got an entry, nor a status the origin never sent: each origin
+    // call's starter its 503 whole, everyone else its status alone (the
+    // answer is `no-store`: its body is not kept for others).
     for a in &answers {
-        assert!(a.status.is_server_error(), "{:?}", a.status);
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
     }
-    let shared = answers
-        .iter()
-        .filter(|a| a.status == StatusCode::BAD_GATEWAY)
-        .count();
-    assert!(
-        shared >= answers.len() - calls,
-        "the rest share the failure"
-    );
+    let whole = answers.iter().filter(|a| a.text() == "down").count();
+    assert_eq!(whole, calls, "one whole answer per origin call");
     let (_, value) = marker(&redis).expect("a marker");
     assert!(value.starts_with(&format!("{}:", generation(&redis))));
+}
+
+/// One failure is no answer for a later request: the next one, on any
+/// instance, asks the origin again and gets the origin's own status. A
+/// second failure in a row starts the backoff.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_failure_starts_no_backoff_the_second_does() {
+    let redis = RedisServer::start();
+    let f = fleet(&redis, 2, 0).await;
+    f.failing.store(true, Ordering::SeqCst);
+    f.shareable.store(true, Ordering::SeqCst);
+    let first = send(&f.apps[0], get("/report")).await;
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!((f.origin.calls(), step(&redis)), (1, 1));
+    let second = send(&f.apps[1], get("/report")).await;
+    assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(second.text(), "down", "the origin's own answer");
+    assert_eq!((f.origin.calls(), step(&redis)), (2, 2));
+    // The backoff runs now (at least BASE): the fleet does not call again,
+    // and answers with the origin's own answer to the last failure, on
+    // either instance.
+    for app in &f.apps {
+        let during = send(app, get("/report")).await;
+        assert_eq!(
+            (during.status, during.text().as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "down")
+        );
+        assert_eq!(during.headers["retry-after"], "7");
+    }
+    assert_eq!(f.origin.calls(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -257,7 +297,11 @@ async fn a_copy_from_before_a_tag_purge_is_not_served_during_the_backoff() {
     forge(&redis, &key, &format!("{}:1:9", generation(&redis)), CAP);
     for a in burst(&f.apps, 12).await {
         assert_ne!(a.text(), "v1", "a copy from before the tag purge");
-        assert_eq!(a.status, StatusCode::BAD_GATEWAY, "the shared failure");
+        assert_eq!(
+            a.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the origin's failure"
+        );
     }
     assert_eq!(f.origin.calls(), calls, "no call while the backoff runs");
 }
@@ -318,7 +362,7 @@ async fn an_invalidation_clears_the_backoff() {
     let generation_now = generation(&redis);
     forge(&redis, &key, &format!("{generation_now}:1:9"), CAP);
     for a in burst(&f.apps, 12).await {
-        assert_eq!(a.status, StatusCode::BAD_GATEWAY);
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
     }
     assert_eq!(f.origin.calls(), calls, "no call while the backoff runs");
     // The operator fixes the origin and purges the URL.
@@ -412,7 +456,8 @@ async fn a_corrupt_or_foreign_marker_is_harmless() {
         assert!(marker(&redis).is_none());
     }
     // A marker of ours with a code this version does not know: a failure
-    // still (a plain 502), never a panic, and no origin call.
+    // still (a plain 502: no answer of the origin's was kept with it), never
+    // a panic, and no origin call.
     f.guards[0]
         .invalidate(&get("/report"))
         .await

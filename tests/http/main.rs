@@ -15,6 +15,7 @@ mod bodies;
 mod bodies_over_the_cap;
 mod cache_status;
 mod client_forced_passes;
+mod expired_revalidation;
 mod explicit_freshness;
 mod headers_on_pass_through;
 mod headers_per_state;

@@ -296,8 +296,11 @@ impl Redis {
     /// (ghost) its issue order, for a rebuild that failed; `None` for a
     /// plain release (ARGV[4] empty). Only the lease's owner token writes a
     /// marker: the step goes on from a marker of the same generation
-    /// (`#s <= 2`, capped at 32), else starts at 1; the backoff is
-    /// `min(base * 2^(step-1), cap)` and the marker's PX that plus `cap`.
+    /// (`#s <= 2`, capped at 32), else starts at 1; the backoff is none at
+    /// step 1, then `min(base * 2^(step-2), cap)`, and the marker's PX that
+    /// plus `cap`. (The origin's answer the script keeps beside the marker,
+    /// and fetch_or_lease.lua returns with `{4, ...}`, is data the protocol
+    /// never decides on: not modelled.)
     pub fn release(&mut self, now: u8, token: u8, failure: Option<(Option<u64>, u8)>) -> bool {
         if self.lease.is_some_and(|(t, _)| t == token) {
             self.lease = None;
@@ -308,7 +311,10 @@ impl Redis {
                     }
                     _ => 1,
                 };
-                let backoff = (u32::from(FAIL_BASE) << (step - 1).min(16)).min(u32::from(FAIL_CAP));
+                let backoff = match step {
+                    1 => 0,
+                    _ => (u32::from(FAIL_BASE) << (step - 2).min(16)).min(u32::from(FAIL_CAP)),
+                };
                 self.failed = Some(Marker {
                     generation,
                     step,

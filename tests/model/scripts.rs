@@ -13,7 +13,7 @@ pub const MODELLED: [(&str, &str, &str); 14] = [
     ),
     (
         "fetch_or_lease.lua",
-        "0d742f0d993a4a689427840200d34be55c2ee695f07d74d3fa74e36011519c43",
+        "83845fe6ad71a28a52fa59679c0de2b2a626a2f888f00e87bd2ed33495c92675",
         "redis.rs: Redis::fetch_or_lease",
     ),
     (
@@ -23,7 +23,7 @@ pub const MODELLED: [(&str, &str, &str); 14] = [
     ),
     (
         "release.lua",
-        "e5ffd9c3d60e5420fe2def7ca06ad21f8a9b42961b2bdf395e4f17b025af8cc0",
+        "5647065f669797b309e3dde6457534fb2692d53994360d0acd88235abd9e20cd",
         "redis.rs: Redis::release",
     ),
     (

@@ -21,6 +21,7 @@ fn revalidation_directives_forbid_stale_even_without_respect() {
                 ttl: Duration::from_secs(10),
                 stale_while_revalidate: Duration::from_secs(100),
                 stale_if_error: Duration::from_secs(100),
+                revalidation: Duration::ZERO,
             },
             ..StoreRules::default()
         },

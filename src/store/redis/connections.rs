@@ -983,7 +983,10 @@ mod tests {
 
         let key = Key::for_value("t", b"released");
         let mut lease = leased_then_open(&tier, &key).await;
-        assert!(tier.release(&mut lease, None).await.expect("released"));
+        assert!(tier
+            .release(&mut lease, None, None)
+            .await
+            .expect("released"));
         tier.conns.health.breaker(&route(&key)).close();
         assert!(
             matches!(

@@ -66,8 +66,15 @@ pub(crate) enum Fetched {
         code: u8,
         backoff: Duration,
         stale: Option<Remote>,
+        /// The origin's own answer to that failure, if one was kept.
+        answer: Option<Bytes>,
     },
 }
+
+/// The longest answer to a failed rebuild kept beside its failure marker
+/// (an encoded entry: its status, headers and body). A longer one is not
+/// kept: requests during the backoff then get the layer's own answer.
+pub(crate) const FAILURE_ANSWER_MAX: usize = 64 * 1024;
 
 /// The longest value `fetch_or_lease` returns in its reply. A longer one
 /// is read by a call of its own, whose time limit allows for its size (see
@@ -120,6 +127,7 @@ impl Entries {
         for k in &keys {
             invocation.key(k);
         }
+        invocation.key(self.conns.keys.failure_answer(key));
         invocation
             .arg(&token)
             .arg(millis(lease_time).max(1))
@@ -139,26 +147,27 @@ impl Entries {
             },
             reply => reply,
         };
-        type Reply = (i64, Vec<u8>, i64, i64, String, i64, String);
-        let (status, value, a, value_pttl, generation, foreign, withheld): Reply = match reply {
-            Ok(reply) => reply,
-            Err(e) if e.is_moving() => {
-                // The slot is on the move and the script did not run: a
-                // fresh entry can still be read without the lease key.
-                return match self.fetch_fresh(&keys).await {
-                    Ok(Some(entry)) => Ok(Fetched::Fresh(entry)),
-                    _ => Err(e),
-                };
-            }
-            Err(e) => {
-                // The script may have run, and taken the lease, after we
-                // stopped waiting: nobody else knows the token.
-                if e.may_have_run() {
-                    self.release_orphan(*key, token, lease_time);
+        type Reply = (i64, Vec<u8>, i64, i64, String, i64, String, Vec<u8>);
+        let (status, value, a, value_pttl, generation, foreign, withheld, answer): Reply =
+            match reply {
+                Ok(reply) => reply,
+                Err(e) if e.is_moving() => {
+                    // The slot is on the move and the script did not run: a
+                    // fresh entry can still be read without the lease key.
+                    return match self.fetch_fresh(&keys).await {
+                        Ok(Some(entry)) => Ok(Fetched::Fresh(entry)),
+                        _ => Err(e),
+                    };
                 }
-                return Err(e);
-            }
-        };
+                Err(e) => {
+                    // The script may have run, and taken the lease, after we
+                    // stopped waiting: nobody else knows the token.
+                    if e.may_have_run() {
+                        self.release_orphan(*key, token, lease_time);
+                    }
+                    return Err(e);
+                }
+            };
         if foreign == 1 {
             self.count_corrupt(key);
         }
@@ -208,6 +217,7 @@ impl Entries {
                 code: generation.parse().unwrap_or(0),
                 backoff: positive(a).unwrap_or(Duration::ZERO),
                 stale: remote(None),
+                answer: (!answer.is_empty()).then(|| Bytes::from(answer)),
             },
             _ => return Err(protocol_error()),
         })
@@ -334,10 +344,14 @@ impl Entries {
     /// Gives the lease up without storing, telling waiters to retry now
     /// (`failure` `None`) or to share the rebuild's failure, with its code.
     /// Returns false if it was no longer ours.
+    /// With a failure, `answer` is the origin's own answer to it (an
+    /// encoded entry, at most [`FAILURE_ANSWER_MAX`] bytes), kept beside
+    /// the marker for the requests answered during the backoff.
     pub(crate) async fn release(
         self: &Arc<Self>,
         lease: &mut Lease,
         failure: Option<u8>,
+        answer: Option<Bytes>,
     ) -> Result<bool, TierError> {
         lease.settle();
         if lease.is_lost() {
@@ -350,7 +364,8 @@ impl Entries {
             Some(code) => Event::failure(&lease.key, code),
             None => Event::Failed.message(&lease.key),
         };
-        let marker = failure.map(|code| (code, lease.generation.as_str()));
+        let answer = answer.filter(|a| a.len() <= FAILURE_ANSWER_MAX);
+        let marker = failure.map(|code| (code, lease.generation.as_str(), answer));
         self.release_with(&lease.key, lease.token(), message, lease.time, marker)
             .await
     }
@@ -376,9 +391,10 @@ impl Entries {
         token: &str,
         message: String,
         window: Duration,
-        failure: Option<(u8, &str)>,
+        failure: Option<(u8, &str, Option<Bytes>)>,
     ) -> Result<bool, TierError> {
         let [_, _, route, ..] = self.conns.keys.entry(key);
+        let failure = failure.as_ref();
         let release = self
             .conns
             .call(&route)
@@ -396,26 +412,32 @@ impl Entries {
     }
 
     /// The release script itself, without the deadline or the breaker.
-    /// With `failure` (its code, and the lease's generation), it leaves the
-    /// failure marker that starts or continues the key's backoff.
+    /// With `failure` (its code, the lease's generation, and the origin's
+    /// answer if kept), it leaves the failure marker that starts or
+    /// continues the key's backoff.
     async fn release_script(
         &self,
         mut conn: Conn,
         key: &Key,
         token: &str,
         message: &str,
-        failure: Option<(u8, &str)>,
+        failure: Option<&(u8, &str, Option<Bytes>)>,
     ) -> Result<i64, RedisError> {
         let [_, _, lease_key, _, _, failed] = self.conns.keys.entry(key);
-        let (code, generation) = match failure {
-            Some((code, generation)) => (code.to_string(), generation),
-            None => (String::new(), ""),
+        let (code, generation, answer) = match failure {
+            Some((code, generation, answer)) => (
+                code.to_string(),
+                *generation,
+                answer.as_deref().unwrap_or(b""),
+            ),
+            None => (String::new(), "", &b""[..]),
         };
         self.conns
             .scripts
             .release
             .key(lease_key)
             .key(failed)
+            .key(self.conns.keys.failure_answer(key))
             .arg(token)
             .arg(&self.conns.channel)
             .arg(message)
@@ -423,8 +445,36 @@ impl Entries {
             .arg(generation)
             .arg(millis(FAILURE_BACKOFF).max(1))
             .arg(millis(FAILURE_BACKOFF_CAP).max(1))
+            .arg(answer)
             .invoke_async(&mut conn)
             .await
+    }
+
+    /// The origin's answer to the key's last failed rebuild, if one is
+    /// kept: for the instances that waited on that rebuild and heard of its
+    /// failure, which the release that kept it published.
+    pub(crate) async fn failure_answer(&self, key: &Key) -> Result<Option<Bytes>, TierError> {
+        let answer_key = self.conns.keys.failure_answer(key);
+        let answer_key = answer_key.as_str();
+        let bytes: Option<Vec<u8>> = self
+            .conns
+            .call(answer_key)
+            .run(|mut conn| async move {
+                redis::cmd("GET")
+                    .arg(answer_key)
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        // Written `<generation>|<answer>` (release.lua).
+        let answer = bytes.and_then(|b| {
+            let bar = b.iter().take(24).position(|&c| c == b'|')?;
+            b[..bar]
+                .iter()
+                .all(u8::is_ascii_digit)
+                .then(|| Bytes::from(b).slice(bar + 1..))
+        });
+        Ok(answer.filter(|a| !a.is_empty()))
     }
 
     /// Releases a lease by its token in the background, for a call whose

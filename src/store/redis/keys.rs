@@ -52,6 +52,13 @@ impl Keys {
         ]
     }
 
+    /// The origin's answer to the key's last failed rebuild, kept beside
+    /// its failure marker (`entry`'s last key) with the same hash tag.
+    pub(crate) fn failure_answer(&self, key: &Key) -> String {
+        let [.., failed] = self.entry(key);
+        format!("{failed}:a")
+    }
+
     /// The fleet's membership (see [`super::barrier`]).
     pub(crate) fn members(&self) -> String {
         format!("{}:members", self.prefix)

@@ -375,8 +375,14 @@ impl RedisTier {
         self: &Arc<Self>,
         lease: &mut Lease,
         failure: Option<u8>,
+        answer: Option<Bytes>,
     ) -> Result<bool, TierError> {
-        self.entries.release(lease, failure).await
+        self.entries.release(lease, failure, answer).await
+    }
+
+    /// The origin's answer to the key's last failed rebuild, if kept.
+    pub(crate) async fn failure_answer(&self, key: &Key) -> Result<Option<Bytes>, TierError> {
+        self.entries.failure_answer(key).await
     }
 
     /// Gives back the rebuild lease `token` holds on `key`.

@@ -15,15 +15,17 @@
 -- ARGV[4] memory  how long a marker outlives its backoff, in milliseconds
 -- ARGV[5] inline  the longest value returned in the reply; a longer one is
 --                 withheld (returned as '')
+-- KEYS[7] answer  the origin's answer to the failed rebuild (see release.lua)
 --
--- Returns {status, value, a, b, gen, foreign, withheld}:
+-- Returns {status, value, a, b, gen, foreign, withheld, answer}:
 --   {1, value, fresh_pttl, value_pttl, ""}   fresh hit
 --   {2, value or "", fence, value_pttl, gen}  lease taken: rebuild, then commit with this fence and generation
 --   {3, value or "", lease_pttl, value_pttl, holder}  another owner holds the
 --       lease; holder is `<fence>:<sha1 of its token>`: the commit's wake-up
 --       that reveals the token (and names the fence) is that lease's
 --   {4, value or "", backoff_pttl, value_pttl, code}  the last rebuild failed and
---       its backoff runs: share that failure, do not call the origin
+--       its backoff runs: share that failure, do not call the origin;
+--       answer is the origin's answer to that failure, if it kept one
 -- foreign is 1 when the value key held bytes with no generation prefix at
 -- all (not ours, or written before values carried one): they are none too,
 -- and the caller counts them as unreadable. withheld is '' or, for a
@@ -58,7 +60,7 @@ end
 local fresh_pttl = redis.call('PTTL', KEYS[2])
 local early = tonumber(ARGV[3])
 if value ~= '' and fresh_pttl > 0 and (early < 0 or fresh_pttl > early) then
-  return {1, sent, fresh_pttl, value_pttl, '', foreign, withheld}
+  return {1, sent, fresh_pttl, value_pttl, '', foreign, withheld, ''}
 end
 -- A failure marker of this generation whose backoff still runs: it lives
 -- `memory` past its backoff, so the backoff runs while more than that is
@@ -73,9 +75,16 @@ if marker then
     and left > 0 and left <= tonumber(ARGV[4]) then
     if value ~= '' and fresh_pttl > 0 then
       -- An early refresh during a failure episode: keep the fresh entry.
-      return {1, sent, fresh_pttl, value_pttl, '', foreign, withheld}
+      return {1, sent, fresh_pttl, value_pttl, '', foreign, withheld, ''}
     end
-    return {4, sent, left, value_pttl, code, foreign, withheld}
+    -- The origin's answer to that failure, if kept under this generation.
+    local answer = redis.call('GET', KEYS[7]) or ''
+    if string.sub(answer, 1, #mgen + 1) == mgen .. '|' then
+      answer = string.sub(answer, #mgen + 2)
+    else
+      answer = ''
+    end
+    return {4, sent, left, value_pttl, code, foreign, withheld, answer}
   end
 end
 if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -85,11 +94,11 @@ if redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local fence = redis.call('HINCRBY', KEYS[4], 'next', 1)
   at_least(KEYS[4], ARGV[2]) -- fence.lua
   local gen = generation(KEYS[5], ARGV[2]) -- fence.lua
-  return {2, sent, fence, value_pttl, gen, foreign, withheld}
+  return {2, sent, fence, value_pttl, gen, foreign, withheld, ''}
 end
 local token = redis.pcall('GET', KEYS[3])
 local holder = ''
 if type(token) == 'string' then
   holder = (redis.call('HGET', KEYS[4], 'next') or '0') .. ':' .. redis.sha1hex(token)
 end
-return {3, sent, redis.call('PTTL', KEYS[3]), value_pttl, holder, foreign, withheld}
+return {3, sent, redis.call('PTTL', KEYS[3]), value_pttl, holder, foreign, withheld, ''}
