@@ -347,7 +347,6 @@ fn expected(len: usize) -> Bytes {
 /// behind (a body that has all arrived cuts nobody off); read whole at
 /// this pace it takes 32 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a waiter that reads steadily but below 4 x cap per 10 s is cut off with an error"]
 async fn a_waiter_that_reads_every_half_second_is_never_cut_off() {
     let (chunk, chunks) = (128, 64);
     let origin = Origin::default();
