@@ -180,11 +180,13 @@ impl StampedeGuard {
     /// most `64 × bytes` per body and never more than its declared length;
     /// the lagging request reads them from there, the others read on. A
     /// request's body ends with an error, so its connection is closed, only
-    /// when it falls further behind than the file holds, or reads nothing
-    /// for 10 seconds while the bytes it would read next were already read
-    /// by another (a client whose receive window stays shut). A request that
-    /// keeps reading within that, however slowly, ends whole; one that hangs
-    /// up lets go at once; one reading alone is never cut off. If the file
+    /// when it reads nothing for 10 seconds while the bytes it would read
+    /// next were already read by another (a client whose receive window
+    /// stays shut), or falls further behind than the file holds (the others
+    /// then wait for it until the next chunk has waited 10 seconds). A
+    /// request that keeps reading within that, however slowly, ends whole;
+    /// one that hangs up lets go at once; one reading alone is never cut
+    /// off. If the file
     /// cannot be made, the window alone serves: the origin is read on as the
     /// slowest request reads, and one whose next chunk has waited 10 seconds
     /// while others read ahead is cut off. A request that comes after the

@@ -17,9 +17,11 @@
 //! reader waits for more, the oldest chunks go to a spill file (see
 //! [`file`]) and the filling task reads on; a reader behind them reads them
 //! from the file, the others from memory. The file holds at most the
-//! spool's disk cap: a reader that falls further behind than that is cut
+//! spool's disk cap: a reader (or hold) further behind than that holds the
+//! others back until the next chunk has waited [`LAG_LIMIT`], then is cut
 //! off (its body ends with an error, so its connection closes rather than
-//! pretend the body was whole). So is a reader that reads nothing for
+//! pretend the body was whole; a hold's waiters still to join go to the
+//! origin). So is a reader that reads nothing for
 //! [`LAG_LIMIT`] while the bytes it would read next were already read by
 //! another (a client whose window stays shut); a reader that reads at all,
 //! however slowly, keeps its place. Without a file (none can be created, or
@@ -321,9 +323,18 @@ impl State {
             // a reader further behind is cut off.
             let keep_from = (self.mem_start + bytes).saturating_sub(self.spill.cap);
             if self.slowest().is_some_and(|pos| pos < keep_from) {
-                let (cut, wakers) = self.cut_before(keep_from);
-                log_cut(cut, "fell further behind than the spool's disk cap");
-                return Step::Woke(wakers);
+                // Someone (a reader, or the hold of waiters still to join)
+                // is further behind than the file keeps: wait for it as
+                // without a file, until the next chunk has waited the lag
+                // limit, then cut it off.
+                return match self.arrived.front().map(|at| *at + self.lag) {
+                    Some(deadline) if deadline <= now => {
+                        let (cut, wakers) = self.cut_before(keep_from);
+                        log_cut(cut, "fell further behind than the spool's disk cap");
+                        Step::Woke(wakers)
+                    }
+                    deadline => Step::Wait(deadline),
+                };
             }
             self.kept_from = self.kept_from.max(keep_from);
             return Step::Spill {

@@ -382,27 +382,51 @@ async fn a_reader_further_behind_than_the_disk_cap_is_cut_off() {
     let dir = spill_dir("cap");
     let spool = spilling(8, &dir);
     let mut behind = SpoolReader::new(spool.clone());
+    let mut fast = SpoolReader::new(spool.clone());
+    // 4 bytes in memory, 8 in the file: the file is full.
+    let mut sent = push_read(&spool, &mut fast, 6, async |_| {}).await;
+    // The next chunk would overwrite bytes `behind` still needs: the
+    // others wait for it until the lag limit, then it is cut off.
+    assert!(!room_within(&spool, LAG_LIMIT / 2).await);
+    assert!(room_within(&spool, LAG_LIMIT).await);
+    assert!(matches!(next(&mut behind).await, Some(Read::CutOff)));
+    for i in 6..32u8 {
+        room(&spool).await;
+        let chunk = Bytes::from(vec![i; 2]);
+        spool.push(chunk.clone());
+        sent.extend_from_slice(&chunk);
+        assert_eq!(next_data(&mut fast).await, chunk);
+    }
+    spool.finish(None);
+    assert!(next(&mut fast).await.is_none());
+    assert_eq!(sent.len(), 64);
+    let size = spool.lock().spill.file.as_ref().expect("spilled").size();
+    assert!(size <= 8, "the file grew to {size} bytes");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reader_within_the_disk_cap_is_never_held_to_it() {
+    let dir = spill_dir("within");
+    let spool = spilling(8, &dir);
     let mut within = SpoolReader::new(spool.clone());
     let mut fast = SpoolReader::new(spool.clone());
-    let mut within_read = Vec::new();
-    // `within` stays at most 8 bytes behind the window; `behind` reads
-    // nothing (no time passes: only the cap cuts it).
+    let mut got = Vec::new();
+    // Two chunks behind the fast one, at most: 4 bytes, within the 8 the
+    // file keeps.
     let sent = push_read(&spool, &mut fast, 32, async |i| {
-        if i % 2 == 1 {
-            within_read.extend_from_slice(&next_data(&mut within).await);
-            within_read.extend_from_slice(&next_data(&mut within).await);
+        if i >= 2 {
+            while got.len() < 2 * usize::from(i - 1) {
+                got.extend_from_slice(&next_data(&mut within).await);
+            }
         }
     })
     .await;
-    {
-        let state = spool.lock();
-        let size = state.spill.file.as_ref().expect("spilled").size();
-        assert!(size <= 8, "the file grew to {size} bytes");
-    }
-    assert!(matches!(next(&mut behind).await, Some(Read::CutOff)));
     spool.finish(None);
-    assert!(read_rest(&mut within, &mut within_read).await);
-    assert_eq!(within_read, sent);
+    assert!(read_rest(&mut within, &mut got).await);
+    assert_eq!(got, sent);
+    let size = spool.lock().spill.file.as_ref().expect("spilled").size();
+    assert!(size <= 8, "the file grew to {size} bytes");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -451,4 +475,45 @@ fn the_disk_cap_is_64_times_the_cap_and_never_past_the_declared_length() {
     assert_eq!(spill_cap(4 << 20, Some(10 << 20)), 10 << 20);
     assert_eq!(spill_cap(4 << 20, Some(1 << 40)), 256 << 20);
     assert_eq!(spill_cap(usize::MAX, None), u64::MAX);
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_the_disk_cap_the_spool_waits_for_the_waiters_still_to_join() {
+    let dir = spill_dir("hold");
+    let spool = spilling(8, &dir);
+    let hold = Hold::new(&spool);
+    let mut fast = SpoolReader::new(spool.clone());
+    let mut sent = Vec::new();
+    // Two-byte chunks until the file is full: 4 in memory, 8 on disk.
+    for i in 0..6u8 {
+        room(&spool).await;
+        let chunk = Bytes::from(vec![i; 2]);
+        spool.push(chunk.clone());
+        sent.extend_from_slice(&chunk);
+        assert_eq!(next_data(&mut fast).await, chunk);
+        assert!(read(&mut fast).is_pending());
+    }
+    // Past the disk cap the start would go: the spool waits for the hold.
+    assert!(!room_within(&spool, LAG_LIMIT / 2).await);
+    let mut late = SpoolReader::new(spool.clone());
+    assert!(late.joined(), "the start is still kept");
+    drop(hold);
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.extend_from_slice(&next_data(&mut late).await);
+    }
+    room(&spool).await;
+    spool.finish(None);
+    assert!(read_rest(&mut late, &mut got).await);
+    assert_eq!(got, sent);
+
+    // A hold that stays: let go once the window has waited the limit.
+    let spool = spilling(8, &dir);
+    let _hold = Hold::new(&spool);
+    let mut fast = SpoolReader::new(spool.clone());
+    push_read(&spool, &mut fast, 6, async |_| {}).await;
+    assert!(!room_within(&spool, LAG_LIMIT / 2).await);
+    assert!(room_within(&spool, LAG_LIMIT).await);
+    assert!(!SpoolReader::new(spool.clone()).joined());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
