@@ -319,8 +319,7 @@ impl State {
                 bytes += chunk.len() as u64;
                 count += 1;
             }
-            // The file keeps the last `cap` bytes before the memory window:
-            // a reader further behind is cut off.
+            // The file keeps the last `cap` bytes before the memory window.
             let keep_from = (self.mem_start + bytes).saturating_sub(self.spill.cap);
             if self.slowest().is_some_and(|pos| pos < keep_from) {
                 // Someone (a reader, or the hold of waiters still to join)
