@@ -23,7 +23,7 @@ use super::respond::tag_with;
 use super::response::{CachedBody, CachedResponse};
 use super::revalidate::with_revalidation;
 use super::rfc::cache_control::initial_age;
-use super::spool::{hidden, Filling, Hold, OriginError, Spool};
+use super::spool::{hidden, spill_cap, Filling, Hold, OriginError, Spool};
 use crate::engine::{Built, Lifetime, TagSet, Waiters};
 use crate::metrics::Labels;
 
@@ -271,7 +271,11 @@ where
 
     strip_hop_by_hop(&mut parts.headers);
     // At most four times the cap held for readers that lag (see `Spool`).
-    let spool = Spool::new(declared, policy.store.max_body_bytes.saturating_mul(4));
+    let spool = Spool::new(
+        declared,
+        policy.store.max_body_bytes.saturating_mul(4),
+        spill_cap(policy.store.max_body_bytes, declared),
+    );
     let hold = Hold::new(&spool);
     let filling = Filling::new(&spool);
     let origin_error = OriginError::new();

@@ -221,15 +221,16 @@ impl std::fmt::Display for SharedBodyError {
 
 impl std::error::Error for SharedBodyError {}
 
-/// The error a shared body ends with for a request that read nothing while
-/// the others sharing it read ahead, for longer than the spool waits.
+/// The error a shared body ends with for a request that read nothing for
+/// the spool's lag limit while the others sharing it read ahead, or fell
+/// further behind them than the spool keeps on disk.
 #[derive(Debug)]
 struct CutOff;
 
 impl std::fmt::Display for CutOff {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(
-            "the client read too slowly to share the origin's body with the others: cut off",
+            "the client read nothing for too long, or fell too far behind, to share the origin's body with the others: cut off",
         )
     }
 }

@@ -173,16 +173,24 @@ impl StampedeGuard {
 
     /// Largest body stored (default 4 MiB). A larger response is not stored:
     /// it is read from the origin once and streamed to every request that
-    /// waited for it, each from the start, within `4 × bytes` (plus one
-    /// chunk): the origin is read on as the slowest of those requests reads.
-    /// No request holds the others back for long: when that window is full
-    /// and a request has read nothing of its next chunk for 10 seconds while
-    /// others read ahead of it (a client whose receive window stays shut),
-    /// its body ends with an error, so its connection is closed, and the
-    /// others go on. A request that reads at all keeps its place; one that
-    /// hangs up lets go of the window at once; one reading alone is never
-    /// cut off. A request that comes after the start was let go calls the
-    /// origin itself. The key then skips
+    /// waited for it, each from the start, within `4 × bytes` of memory
+    /// (plus one chunk). No request holds the others back: when that window
+    /// is full and a request waits for more while another lags behind, the
+    /// oldest chunks go to a temporary file (unlinked as it is made), at
+    /// most `64 × bytes` per body and never more than its declared length;
+    /// the lagging request reads them from there, the others read on. A
+    /// request's body ends with an error, so its connection is closed, only
+    /// when it reads nothing for 10 seconds while the bytes it would read
+    /// next were already read by another (a client whose receive window
+    /// stays shut), or falls further behind than the file holds (the others
+    /// then wait for it until the next chunk has waited 10 seconds). A
+    /// request that keeps reading within that, however slowly, ends whole;
+    /// one that hangs up lets go at once; one reading alone is never cut
+    /// off. If the file
+    /// cannot be made, the window alone serves: the origin is read on as the
+    /// slowest request reads, and one whose next chunk has waited 10 seconds
+    /// while others read ahead is cut off. A request that comes after the
+    /// start was let go calls the origin itself. The key then skips
     /// coalescing for the [`hit_for_miss`](Self::hit_for_miss) window, so
     /// later requests go to the origin side by side rather than queue
     /// behind a body that will not be stored.

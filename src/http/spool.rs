@@ -5,42 +5,78 @@
 //! they come while the entry fills, and lets every coalesced waiter share one
 //! origin fetch of a body too large to cache.
 //!
-//! Its memory is bounded, not the body's length: a chunk is kept only until
-//! every live reader has passed it, and a [`Hold`] keeps the start for the
-//! readers still to join (the waiters of the flight, which drop it once
-//! they all have their readers). Once the first chunk is gone nobody may
-//! join (a request that comes too late goes to the origin itself). The
-//! filling task stops reading while the spool holds `bound` bytes, until
-//! the slowest reader (or the hold) moves on.
+//! Its memory is bounded, not the body's length: a chunk is kept in memory
+//! only until every live reader has passed it, and a [`Hold`] keeps the
+//! start for the readers still to join (the waiters of the flight, which
+//! drop it once they all have their readers). Once the start is gone nobody
+//! may join (a request that comes too late goes to the origin itself). The
+//! filling task stops reading while the spool holds `bound` bytes in
+//! memory.
 //!
-//! No reader holds the others back for long: while the spool is full, a
-//! reader that others read ahead of, and whose next chunk has waited for it
-//! longer than [`LAG_LIMIT`], is cut off (its body ends with an error, so
-//! its connection closes rather than pretend the body was whole), and the
-//! others go on. A reader that is dropped lets go of its chunks at once.
-//! Readers that keep within the window, and a reader alone, are never cut:
-//! they slow nobody but themselves. A declared `Content-Length` is
-//! enforced: a body that runs past it, or ends short of it, fails.
+//! No reader holds the others back: while the memory is full and another
+//! reader waits for more, the oldest chunks go to a spill file (see
+//! [`file`]) and the filling task reads on; a reader behind them reads them
+//! from the file, the others from memory. The file holds at most the
+//! spool's disk cap: a reader (or hold) further behind than that holds the
+//! others back until the next chunk has waited [`LAG_LIMIT`], then is cut
+//! off (its body ends with an error, so its connection closes rather than
+//! pretend the body was whole; a hold's waiters still to join go to the
+//! origin). So is a reader that reads nothing for
+//! [`LAG_LIMIT`] while the bytes it would read next were already read by
+//! another (a client whose window stays shut); a reader that reads at all,
+//! however slowly, keeps its place. Without a file (none can be created, or
+//! the spool has no disk cap) a full spool waits for its slowest readers,
+//! and cuts off those that others read ahead of once their next chunk has
+//! waited [`LAG_LIMIT`]. A reader alone, or level with all the others, is
+//! never cut off: it slows nobody but itself. A reader that is dropped lets
+//! go of its chunks at once. A declared `Content-Length` is enforced: a
+//! body that runs past it, or ends short of it, fails.
+//!
+//! Each read costs a few map operations (logarithmic in the number of
+//! readers), and a new chunk wakes only the readers waiting for it.
 
-use std::collections::VecDeque;
+mod file;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
+use std::io;
+use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use http::{HeaderMap, HeaderName};
 use http_body::{Body as HttpBody, Frame};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// How long a chunk may wait for a reader that others read ahead of, while
-/// the spool is full, before that reader is cut off. Like a server's send
-/// timeout, it bounds how long one client whose window stays shut can
-/// stall the others; a client that reads at all keeps up with this easily
-/// (it needs to read `bound` bytes in this time, only while it is the one
-/// the others wait for).
+use file::SpillFile;
+
+/// How long a reader may read nothing while the bytes it would read next
+/// were already read by another, before it is cut off. Like a server's send
+/// timeout, it is the time between two reads, not a pace: a client that
+/// reads at all keeps its place.
 pub(crate) const LAG_LIMIT: Duration = Duration::from_secs(10);
+
+/// The disk a body's spill file may take, in units of the route's
+/// `max_body_bytes` (256 MiB at the default 4 MiB).
+pub(crate) const SPILL_FACTOR: u64 = 64;
+
+/// The most one read from the spill file returns.
+const FILE_READ: u64 = 16 << 10;
+
+/// The disk cap of a body over `max_body_bytes`: [`SPILL_FACTOR`] times
+/// the cap, and never more than the body's declared length.
+pub(crate) fn spill_cap(max_body_bytes: usize, declared: Option<u64>) -> u64 {
+    let cap = (max_body_bytes as u64).saturating_mul(SPILL_FACTOR);
+    declared.map_or(cap, |d| d.min(cap))
+}
+
+type Ids<V> = HashMap<u64, V, foldhash::fast::RandomState>;
 
 /// How far the filling task got.
 enum End {
@@ -51,12 +87,41 @@ enum End {
     Failed,
 }
 
+/// A live reader (or hold).
+struct Slot {
+    /// The byte of the body it reads next.
+    pos: u64,
+    /// When it joined or last read.
+    last: Instant,
+}
+
+struct Spill {
+    /// The most the file may hold; 0: no file.
+    cap: u64,
+    file: Option<Arc<SpillFile>>,
+    /// Chunks may still go to the file: not once creating or writing it
+    /// failed (what it holds already is still read).
+    usable: bool,
+    /// When chunks last went to the file.
+    last: Option<Instant>,
+    /// Where the file is made; the system's temporary directory if `None`.
+    dir: Option<PathBuf>,
+}
+
 struct State {
-    /// The chunks still held; `chunks[0]` is the body's chunk number `first`.
+    /// The chunks in memory; `chunks[0]` is the body's chunk number `first`
+    /// and starts at byte `mem_start`. The bytes before it that a reader
+    /// still needs are in the spill file.
     chunks: VecDeque<Bytes>,
     /// When each chunk in `chunks` arrived.
     arrived: VecDeque<Instant>,
+    /// When a reader first read each chunk in `chunks`.
+    first_read: VecDeque<Option<Instant>>,
     first: usize,
+    mem_start: u64,
+    /// The first byte still to be had, from memory or the file: readers may
+    /// join only while it is 0.
+    kept_from: u64,
     /// Bytes in `chunks`.
     held: usize,
     /// Bytes read from the origin in all.
@@ -66,95 +131,296 @@ struct State {
     /// Bytes held at which the filling task waits for its readers.
     bound: usize,
     end: End,
-    wakers: Vec<Waker>,
-    /// The filling task, waiting for room.
-    pump: Option<Waker>,
-    /// Each live reader (and hold): its id and the number of the next chunk
-    /// it reads. A reader missing from here came too late, and fails.
-    readers: Vec<(u64, usize)>,
+    /// The readers that read all there is and wait for more.
+    waiting: Ids<Waker>,
+    /// Each live reader (and hold). A reader missing from here came too
+    /// late, or was cut off, and fails.
+    slots: Ids<Slot>,
+    /// `(pos, id)` of each live reader, slowest first.
+    order: BTreeSet<(u64, u64)>,
+    /// The furthest any reader has read.
+    furthest: u64,
     next_id: u64,
-    /// How long a full spool waits for a reader others read ahead of.
     lag: Duration,
+    spill: Spill,
+}
+
+/// What the filling task does next to get room.
+enum Step {
+    Ready,
+    /// Readers were cut off: wake them and look again.
+    Woke(Vec<Waker>),
+    /// Make the spill file.
+    Open(PathBuf, u64),
+    /// Write the oldest chunks to the file.
+    Spill {
+        file: Arc<SpillFile>,
+        at: u64,
+        first: usize,
+        chunks: Vec<Bytes>,
+    },
+    /// Wait for a reader to move, or until this deadline.
+    Wait(Option<Instant>),
 }
 
 impl State {
-    fn end_index(&self) -> usize {
-        self.first + self.chunks.len()
+    fn end_pos(&self) -> u64 {
+        self.len as u64
     }
 
-    /// Drops the chunks every live reader has passed.
-    fn trim(&mut self) {
-        let Some(slowest) = self.readers.iter().map(|&(_, at)| at).min() else {
-            // Nobody has joined yet: keep the start for whoever does.
-            return;
-        };
-        while self.first < slowest {
-            match self.chunks.pop_front() {
-                Some(chunk) => self.held -= chunk.len(),
-                None => break,
-            }
+    fn slowest(&self) -> Option<u64> {
+        self.order.first().map(|&(pos, _)| pos)
+    }
+
+    fn pop_front(&mut self) {
+        if let Some(chunk) = self.chunks.pop_front() {
+            self.held -= chunk.len();
+            self.mem_start += chunk.len() as u64;
             self.arrived.pop_front();
+            self.first_read.pop_front();
             self.first += 1;
         }
     }
 
-    fn full(&self) -> bool {
-        self.held >= self.bound && !self.readers.is_empty()
+    /// Drops the chunks every live reader has passed.
+    fn trim(&mut self) {
+        let Some(slowest) = self.slowest() else {
+            // Nobody has joined yet: keep the start for whoever does.
+            return;
+        };
+        while let Some(chunk) = self.chunks.front() {
+            if self.mem_start + chunk.len() as u64 > slowest {
+                break;
+            }
+            self.pop_front();
+        }
+        self.kept_from = self.kept_from.max(slowest.min(self.mem_start));
     }
 
-    /// When the slowest readers are cut off, if the spool stays full: only
-    /// while some reader reads ahead of them (a reader alone, or readers
-    /// all at the same place, hold nobody back).
+    fn full(&self) -> bool {
+        self.held >= self.bound && !self.slots.is_empty()
+    }
+
+    /// When a reader first read the bytes at `pos` (chunk `next` when in
+    /// memory), if one has: no later than the real time.
+    fn read_ahead_since(&self, pos: u64, next: usize) -> Option<Instant> {
+        if pos < self.mem_start {
+            // In the file: read by someone before it went there, and no
+            // later than the first chunk still in memory.
+            let front = self.first_read.front().copied().flatten();
+            return match (front, self.spill.last) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        self.first_read
+            .get(next.wrapping_sub(self.first))
+            .copied()
+            .flatten()
+    }
+
+    /// Whether a reader at `pos` that last read at `last` read nothing for
+    /// the lag limit while others read ahead of it.
+    fn stale(&self, pos: u64, next: usize, last: Instant, now: Instant) -> bool {
+        pos < self.furthest
+            && self
+                .read_ahead_since(pos, next)
+                .is_some_and(|ahead| now >= ahead.max(last) + self.lag)
+    }
+
+    /// The old rule, without a file: when the slowest readers are cut off,
+    /// if the spool stays full: only while some reader reads ahead of them.
     fn lag_deadline(&self) -> Option<Instant> {
-        let slowest = self.readers.iter().map(|&(_, at)| at).min()?;
-        if !self.readers.iter().any(|&(_, at)| at > slowest) {
+        let slowest = self.slowest()?;
+        let ahead = self.order.last().map(|&(pos, _)| pos)?;
+        if ahead <= slowest {
             return None;
         }
-        let waiting = self.arrived.get(slowest.checked_sub(self.first)?)?;
-        Some(*waiting + self.lag)
+        Some(*self.arrived.front()? + self.lag)
     }
 
-    /// Cuts off the slowest readers: their chunks go, and their next read
-    /// fails.
-    fn cut_slowest(&mut self) -> Vec<Waker> {
-        let Some(slowest) = self.readers.iter().map(|&(_, at)| at).min() else {
-            return Vec::new();
-        };
-        let before = self.readers.len();
-        self.readers.retain(|&(_, at)| at != slowest);
-        tracing::debug!(
-            readers = before - self.readers.len(),
-            "readers of a shared body cut off: others read ahead while they read nothing"
-        );
+    /// Cuts off every reader that reads before byte `pos`: their chunks go,
+    /// and their next read fails.
+    fn cut_before(&mut self, pos: u64) -> (usize, Vec<Waker>) {
+        let mut cut = 0;
+        let mut wakers = Vec::new();
+        while let Some(&(at, id)) = self.order.first() {
+            if at >= pos {
+                break;
+            }
+            self.order.pop_first();
+            self.slots.remove(&id);
+            wakers.extend(self.waiting.remove(&id));
+            cut += 1;
+        }
         self.trim();
-        self.wake()
-    }
-
-    fn wake(&mut self) -> Vec<Waker> {
-        let mut wakers = std::mem::take(&mut self.wakers);
-        wakers.extend(self.pump.take());
-        wakers
+        (cut, wakers)
     }
 
     fn register(&mut self) -> Option<u64> {
-        if self.first != 0 {
+        if self.kept_from != 0 {
             return None;
         }
         let id = self.next_id;
         self.next_id += 1;
-        self.readers.push((id, 0));
+        self.slots.insert(
+            id,
+            Slot {
+                pos: 0,
+                last: Instant::now(),
+            },
+        );
+        self.order.insert((0, id));
         Some(id)
     }
 
     fn unregister(&mut self, id: u64) {
-        self.readers.retain(|&(r, _)| r != id);
+        if let Some(slot) = self.slots.remove(&id) {
+            self.order.remove(&(slot.pos, id));
+        }
+        self.waiting.remove(&id);
         self.trim();
+    }
+
+    /// Reader `id` read on from `from` to `to`.
+    fn advance(&mut self, id: u64, from: u64, to: u64, now: Instant) {
+        self.order.remove(&(from, id));
+        self.order.insert((to, id));
+        if let Some(slot) = self.slots.get_mut(&id) {
+            slot.pos = to;
+            slot.last = now;
+        }
+        self.waiting.remove(&id);
+        self.furthest = self.furthest.max(to);
+        self.trim();
+    }
+
+    fn wake_waiting(&mut self) -> Vec<Waker> {
+        self.waiting.drain().map(|(_, w)| w).collect()
+    }
+
+    /// What the filling task does next to get room.
+    fn room_step(&mut self, now: Instant) -> Step {
+        if !self.full() {
+            return Step::Ready;
+        }
+        if self.spill.usable && !self.waiting.is_empty() {
+            // Someone waits for more: the oldest chunks go to the file.
+            let Some(file) = self.spill.file.clone() else {
+                let dir = self.spill.dir.clone().unwrap_or_else(std::env::temp_dir);
+                return Step::Open(dir, self.spill.cap);
+            };
+            let (mut held, mut count, mut bytes) = (self.held, 0, 0u64);
+            for chunk in &self.chunks {
+                if held < self.bound {
+                    break;
+                }
+                held -= chunk.len();
+                bytes += chunk.len() as u64;
+                count += 1;
+            }
+            // The file keeps the last `cap` bytes before the memory window.
+            let keep_from = (self.mem_start + bytes).saturating_sub(self.spill.cap);
+            if self.slowest().is_some_and(|pos| pos < keep_from) {
+                // Someone (a reader, or the hold of waiters still to join)
+                // is further behind than the file keeps: wait for it as
+                // without a file, until the next chunk has waited the lag
+                // limit, then cut it off.
+                return match self.arrived.front().map(|at| *at + self.lag) {
+                    Some(deadline) if deadline <= now => {
+                        let (cut, wakers) = self.cut_before(keep_from);
+                        log_cut(cut, "fell further behind than the spool's disk cap");
+                        Step::Woke(wakers)
+                    }
+                    deadline => Step::Wait(deadline),
+                };
+            }
+            self.kept_from = self.kept_from.max(keep_from);
+            return Step::Spill {
+                file,
+                at: self.mem_start,
+                first: self.first,
+                chunks: self.chunks.iter().take(count).cloned().collect(),
+            };
+        }
+        if self.spill.usable {
+            // Nobody waits for more: nobody is held back.
+            return Step::Wait(None);
+        }
+        match self.lag_deadline() {
+            Some(deadline) if deadline <= now => {
+                let slowest = self.slowest().unwrap_or(0);
+                let (cut, wakers) = self.cut_before(slowest.saturating_add(1));
+                log_cut(cut, "read nothing while the others waited for it");
+                Step::Woke(wakers)
+            }
+            deadline => Step::Wait(deadline),
+        }
+    }
+}
+
+/// Logs readers cut off: at WARN at most once a minute in the process
+/// (a client that stalls is a client's matter, but many of them are the
+/// operator's), at DEBUG each time.
+fn log_cut(readers: usize, why: &'static str) {
+    if readers == 0 {
+        return;
+    }
+    tracing::debug!(readers, why, "readers of a shared body cut off");
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    static NEXT_WARN: AtomicU64 = AtomicU64::new(0);
+    let now = EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs();
+    let next = NEXT_WARN.load(Ordering::Relaxed);
+    if now >= next
+        && NEXT_WARN
+            .compare_exchange(next, now + 60, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(
+            readers,
+            why,
+            "readers of a shared body over max_body_bytes cut off (their bodies end with an error); \
+             more within a minute are logged at debug"
+        );
+    }
+}
+
+/// Logs, once in the process, that a spool could not spill to disk.
+fn log_spill_failure(error: &io::Error) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            %error,
+            "a body over max_body_bytes could not spill to a temporary file: its readers \
+             share the memory window alone, and one that lags is cut off (said once)"
+        );
+    } else {
+        tracing::debug!(%error, "a body over max_body_bytes could not spill to a temporary file");
+    }
+}
+
+/// Runs blocking file work on tokio's blocking threads (inline without a
+/// runtime).
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => runtime
+            .spawn_blocking(work)
+            .await
+            .unwrap_or_else(|e| Err(io::Error::other(e))),
+        Err(_) => work(),
     }
 }
 
 /// The shared growing buffer.
 pub(crate) struct Spool {
     state: Mutex<State>,
+    /// Wakes the filling task when a reader moves, leaves or waits.
+    room: Notify,
 }
 
 fn wake(wakers: Vec<Waker>) {
@@ -163,24 +429,37 @@ fn wake(wakers: Vec<Waker>) {
 
 impl Spool {
     /// A spool for a body the origin declared `declared` bytes long, if it
-    /// did, that holds at most about `bound` bytes for its readers.
-    pub(crate) fn new(declared: Option<u64>, bound: usize) -> Arc<Self> {
+    /// did, that holds at most about `bound` bytes in memory for its
+    /// readers and spills at most `spill_cap` bytes to disk (0: none).
+    pub(crate) fn new(declared: Option<u64>, bound: usize, spill_cap: u64) -> Arc<Self> {
         Arc::new(Spool {
             state: Mutex::new(State {
                 chunks: VecDeque::new(),
                 arrived: VecDeque::new(),
+                first_read: VecDeque::new(),
                 first: 0,
+                mem_start: 0,
+                kept_from: 0,
                 held: 0,
                 len: 0,
                 declared,
                 bound: bound.max(1),
                 end: End::Open,
-                wakers: Vec::new(),
-                pump: None,
-                readers: Vec::new(),
+                waiting: Ids::default(),
+                slots: Ids::default(),
+                order: BTreeSet::new(),
+                furthest: 0,
                 next_id: 0,
                 lag: LAG_LIMIT,
+                spill: Spill {
+                    cap: spill_cap,
+                    file: None,
+                    usable: spill_cap > 0,
+                    last: None,
+                    dir: None,
+                },
             }),
+            room: Notify::new(),
         })
     }
 
@@ -214,8 +493,9 @@ impl Spool {
                 state.held += chunk.len();
                 state.chunks.push_back(chunk);
                 state.arrived.push_back(Instant::now());
+                state.first_read.push_back(None);
             }
-            state.wake()
+            state.wake_waiting()
         };
         wake(wakers);
         !self.failed()
@@ -227,9 +507,10 @@ impl Spool {
             if matches!(state.end, End::Open) {
                 state.end = end;
             }
-            state.wake()
+            state.wake_waiting()
         };
         wake(wakers);
+        self.room.notify_one();
     }
 
     /// Ends the body, whole if it has its declared length, else failed.
@@ -254,8 +535,8 @@ impl Spool {
     }
 
     /// The whole body in one exactly sized buffer of its own, if it ended
-    /// without trailers (and is all still held): what the cache keeps must
-    /// not pin the (larger) buffers the chunks are slices of.
+    /// without trailers (and is all still held in memory): what the cache
+    /// keeps must not pin the (larger) buffers the chunks are slices of.
     pub(crate) fn to_owned_bytes(&self) -> Option<Bytes> {
         let state = self.lock();
         if !matches!(state.end, End::Done(None)) || state.first != 0 {
@@ -276,50 +557,68 @@ impl Spool {
         matches!(self.lock().end, End::Done(Some(_)))
     }
 
-    /// Ready when the filling task may read on: the spool holds less than
-    /// its bound (or nobody is left to read it). Otherwise it waits for the
-    /// slowest reader, or the hold, to move on.
-    #[cfg(test)]
-    fn poll_room(&self, cx: &mut Context<'_>) -> Poll<()> {
-        let mut state = self.lock();
-        if !state.full() {
-            return Poll::Ready(());
-        }
-        state.pump = Some(cx.waker().clone());
-        Poll::Pending
-    }
-
-    /// Waits for room, cutting off the readers that hold the others back
-    /// past their deadline (see [`LAG_LIMIT`]).
+    /// Waits for room: spills the oldest chunks while a reader waits for
+    /// more, and cuts off the readers the spool cannot keep (see the
+    /// module's documentation).
     async fn room(&self) {
-        let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
-        std::future::poll_fn(|cx| loop {
-            let mut state = self.lock();
-            if !state.full() {
-                return Poll::Ready(());
+        loop {
+            let step = self.lock().room_step(Instant::now());
+            match step {
+                Step::Ready => return,
+                Step::Woke(wakers) => wake(wakers),
+                Step::Open(dir, cap) => {
+                    let made = blocking(move || SpillFile::create(&dir, cap)).await;
+                    let mut state = self.lock();
+                    match made {
+                        Ok(file) => state.spill.file = Some(Arc::new(file)),
+                        Err(error) => {
+                            state.spill.usable = false;
+                            drop(state);
+                            log_spill_failure(&error);
+                        }
+                    }
+                }
+                Step::Spill {
+                    file,
+                    at,
+                    first,
+                    chunks,
+                } => {
+                    let count = chunks.len();
+                    let written = blocking(move || file.write(at, &chunks)).await;
+                    let mut state = self.lock();
+                    match written {
+                        Ok(()) => {
+                            // Chunks every reader passed meanwhile are gone
+                            // already.
+                            while state.first < first + count {
+                                state.pop_front();
+                            }
+                            state.spill.last = Some(Instant::now());
+                            state.trim();
+                        }
+                        Err(error) => {
+                            state.spill.usable = false;
+                            drop(state);
+                            log_spill_failure(&error);
+                        }
+                    }
+                }
+                Step::Wait(deadline) => {
+                    // A reader's wake-up in between is kept as a permit.
+                    let moved = self.room.notified();
+                    match deadline {
+                        Some(deadline) => {
+                            tokio::select! {
+                                () = moved => {}
+                                () = tokio::time::sleep_until(deadline) => {}
+                            }
+                        }
+                        None => moved.await,
+                    }
+                }
             }
-            let Some(deadline) = state.lag_deadline() else {
-                // Woken when a reader moves or leaves.
-                state.pump = Some(cx.waker().clone());
-                return Poll::Pending;
-            };
-            if deadline <= Instant::now() {
-                let wakers = state.cut_slowest();
-                drop(state);
-                wake(wakers);
-                continue;
-            }
-            state.pump = Some(cx.waker().clone());
-            drop(state);
-            let sleep = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-            if sleep.deadline() != deadline {
-                sleep.as_mut().reset(deadline);
-            }
-            if sleep.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-        })
-        .await
+        }
     }
 
     /// Reads the origin's body into the spool on a task of its own, until
@@ -341,7 +640,7 @@ impl Spool {
             loop {
                 self.room().await;
                 // No reader left, and no flight to hand it to a waiter.
-                if Arc::strong_count(&self) == 1 || self.lock().readers.is_empty() {
+                if Arc::strong_count(&self) == 1 || self.lock().slots.is_empty() {
                     return;
                 }
                 match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
@@ -391,12 +690,8 @@ impl Hold {
 impl Drop for Hold {
     fn drop(&mut self) {
         if let Some(id) = self.id {
-            let wakers = {
-                let mut state = self.spool.lock();
-                state.unregister(id);
-                state.pump.take()
-            };
-            wakers.into_iter().for_each(Waker::wake);
+            self.spool.lock().unregister(id);
+            self.spool.room.notify_one();
         }
     }
 }
@@ -426,21 +721,54 @@ impl Drop for Filling {
     }
 }
 
+/// A read from the spill file.
+enum FileRead {
+    Running(JoinHandle<io::Result<Bytes>>),
+    /// Done inline (no runtime to run it on).
+    Done(Option<io::Result<Bytes>>),
+}
+
+impl FileRead {
+    fn start(file: Arc<SpillFile>, pos: u64, len: usize) -> Self {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => FileRead::Running(runtime.spawn_blocking(move || file.read(pos, len))),
+            Err(_) => FileRead::Done(Some(file.read(pos, len))),
+        }
+    }
+
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<Bytes>> {
+        match self {
+            FileRead::Running(task) => Pin::new(task)
+                .poll(cx)
+                .map(|done| done.unwrap_or_else(|e| Err(io::Error::other(e)))),
+            FileRead::Done(done) => Poll::Ready(
+                done.take()
+                    .unwrap_or_else(|| Err(io::Error::other("read twice"))),
+            ),
+        }
+    }
+}
+
 /// One reader's place in a spool.
 pub(crate) struct SpoolReader {
     spool: Arc<Spool>,
     /// `None`: it came too late to read from the start, and fails.
     id: Option<u64>,
+    /// The byte it reads next.
+    pos: u64,
+    /// The number of the chunk it reads next, while it reads from memory.
     next: usize,
-    read: usize,
     finished: bool,
+    /// A read from the spill file under way.
+    reading: Option<FileRead>,
 }
 
 /// What a reader found.
 pub(crate) enum Read {
     Frame(Frame<Bytes>),
     Failed,
-    /// It was cut off for holding the other readers back.
+    /// It was cut off: it read nothing for too long while others read
+    /// ahead, or fell further behind than the spool keeps.
     CutOff,
 }
 
@@ -451,9 +779,10 @@ impl SpoolReader {
         SpoolReader {
             spool,
             id,
+            pos: 0,
             next: 0,
-            read: 0,
             finished: false,
+            reading: None,
         }
     }
 
@@ -462,43 +791,98 @@ impl SpoolReader {
         self.id.is_some()
     }
 
+    fn cut_off(&mut self) -> Poll<Option<Read>> {
+        self.finished = true;
+        Poll::Ready(Some(Read::CutOff))
+    }
+
     pub(crate) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Option<Read>> {
         if self.finished {
             return Poll::Ready(None);
         }
-        let mut state = self.spool.lock();
-        let place = self
-            .id
-            .and_then(|id| state.readers.iter().position(|&(r, _)| r == id));
-        let Some(place) = place else {
+        let Some(id) = self.id else {
+            // Late: the start was gone.
             self.finished = true;
-            return Poll::Ready(Some(match self.id {
-                // Cut off: it held the others back.
-                Some(_) => Read::CutOff,
-                // Late: the start was gone.
-                None => Read::Failed,
-            }));
+            return Poll::Ready(Some(Read::Failed));
         };
+        if let Some(reading) = self.reading.as_mut() {
+            let done = std::task::ready!(reading.poll(cx));
+            self.reading = None;
+            let mut state = self.spool.lock();
+            if !state.slots.contains_key(&id) {
+                // Cut off while it read: what it read may be overwritten.
+                drop(state);
+                return self.cut_off();
+            }
+            return match done {
+                Ok(bytes) if !bytes.is_empty() => {
+                    let to = self.pos + bytes.len() as u64;
+                    state.advance(id, self.pos, to, Instant::now());
+                    self.pos = to;
+                    drop(state);
+                    self.spool.room.notify_one();
+                    Poll::Ready(Some(Read::Frame(Frame::data(bytes))))
+                }
+                Ok(_) => {
+                    drop(state);
+                    self.cut_off()
+                }
+                Err(error) => {
+                    state.unregister(id);
+                    drop(state);
+                    self.spool.room.notify_one();
+                    tracing::warn!(%error, "reading a shared body's spill file failed: its reader is cut off");
+                    self.cut_off()
+                }
+            };
+        }
+        let now = Instant::now();
+        let mut state = self.spool.lock();
+        let Some(last) = state.slots.get(&id).map(|slot| slot.last) else {
+            // Cut off: it held the others back.
+            drop(state);
+            return self.cut_off();
+        };
+        if self.pos == state.mem_start {
+            self.next = state.first;
+        }
+        if state.stale(self.pos, self.next, last, now) {
+            state.unregister(id);
+            drop(state);
+            self.spool.room.notify_one();
+            log_cut(1, "read nothing while the others read ahead");
+            return self.cut_off();
+        }
+        if self.pos < state.mem_start {
+            // Its bytes went to the file.
+            let Some(file) = state.spill.file.clone() else {
+                drop(state);
+                return self.cut_off();
+            };
+            let len = (state.mem_start - self.pos).min(FILE_READ) as usize;
+            drop(state);
+            self.reading = Some(FileRead::start(file, self.pos, len));
+            return self.poll_read(cx);
+        }
         let at = self.next.wrapping_sub(state.first);
         if let Some(chunk) = state.chunks.get(at).cloned() {
+            if let Some(read) = state.first_read.get_mut(at) {
+                read.get_or_insert(now);
+            }
+            let to = self.pos + chunk.len() as u64;
+            state.advance(id, self.pos, to, now);
+            self.pos = to;
             self.next += 1;
-            self.read += chunk.len();
-            state.readers[place].1 = self.next;
-            state.trim();
-            let pump = state.pump.take();
             drop(state);
-            pump.into_iter().for_each(Waker::wake);
+            self.spool.room.notify_one();
             return Poll::Ready(Some(Read::Frame(Frame::data(chunk))));
         }
         match &state.end {
             End::Open => {
-                if !state.wakers.iter().any(|w| w.will_wake(cx.waker())) {
-                    state.wakers.push(cx.waker().clone());
-                }
-                // It waits for more: the filling task may have to read on.
-                let pump = state.pump.take();
+                state.waiting.insert(id, cx.waker().clone());
                 drop(state);
-                pump.into_iter().for_each(Waker::wake);
+                // It waits for more: the filling task may have to make room.
+                self.spool.room.notify_one();
                 Poll::Pending
             }
             End::Done(trailers) => {
@@ -513,7 +897,7 @@ impl SpoolReader {
     }
 
     fn all_read(&self, state: &State) -> bool {
-        self.id.is_some() && self.next >= state.end_index()
+        self.id.is_some() && self.pos >= state.end_pos()
     }
 
     /// Whether every byte was read and the body ended whole: what comes
@@ -538,19 +922,15 @@ impl SpoolReader {
         if !matches!(state.end, End::Done(None)) || self.id.is_none() {
             return None;
         }
-        Some(state.len.saturating_sub(self.read) as u64)
+        Some(state.end_pos().saturating_sub(self.pos))
     }
 }
 
 impl Drop for SpoolReader {
     fn drop(&mut self) {
         if let Some(id) = self.id {
-            let pump = {
-                let mut state = self.spool.lock();
-                state.unregister(id);
-                state.pump.take()
-            };
-            pump.into_iter().for_each(Waker::wake);
+            self.spool.lock().unregister(id);
+            self.spool.room.notify_one();
         }
     }
 }

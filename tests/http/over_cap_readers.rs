@@ -4,6 +4,7 @@
 //! and a body exactly at the cap. Counts only: answers completed within a
 //! generous bound, origin calls, bytes.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,7 +91,10 @@ fn req(method: &str, range: Option<&str>) -> Request<Body> {
 }
 
 /// Sends `n` requests at once and returns their heads, once the origin
-/// has been called and `gate` opened.
+/// has been called and `gate` opened. Each request is polled on this task
+/// before any is left to the scheduler, so that every one has joined the
+/// rebuild (or made the call) before the origin answers, however busy the
+/// machine.
 async fn heads(
     app: &Router,
     origin: &Origin,
@@ -98,10 +102,34 @@ async fn heads(
     n: usize,
     make: impl Fn() -> Request<Body>,
 ) -> Vec<http::Response<Body>> {
-    let tasks: Vec<_> = (0..n)
-        .map(|_| {
-            let (app, r) = (app.clone(), make());
-            tokio::spawn(async move { app.oneshot(r).await.unwrap() })
+    let mut requests: Vec<_> = (0..n)
+        .map(|_| Box::pin(app.clone().oneshot(make())))
+        .collect();
+    let mut answered: Vec<Option<http::Response<Body>>> = (0..n).map(|_| None).collect();
+    for _ in 0..3 {
+        std::future::poll_fn(|cx| {
+            for (request, answer) in requests.iter_mut().zip(answered.iter_mut()) {
+                if answer.is_none()
+                    && let std::task::Poll::Ready(response) = request.as_mut().poll(cx)
+                {
+                    *answer = Some(response.unwrap());
+                }
+            }
+            std::task::Poll::Ready(())
+        })
+        .await;
+        tokio::task::yield_now().await;
+    }
+    let tasks: Vec<_> = requests
+        .into_iter()
+        .zip(answered)
+        .map(|(request, answer)| {
+            tokio::spawn(async move {
+                match answer {
+                    Some(response) => response,
+                    None => request.await.unwrap(),
+                }
+            })
         })
         .collect();
     for _ in 0..2000 {
@@ -211,10 +239,11 @@ async fn several_readers_that_never_read_starter_included_do_not_stall_the_other
 }
 
 /// A reader that reads, only slowly (a pause per chunk far within the
-/// spool's patience): it is never cut off, and every reader ends whole.
+/// spool's patience), on a body within the disk cap (64 KiB at this cap):
+/// it is never cut off, and every reader ends whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_reader_that_keeps_reading_is_never_cut_off() {
-    let (chunk, chunks) = (4 * 1024, 32);
+    let (chunk, chunks) = (4 * 1024, 16);
     let origin = Origin::default();
     let gate = Arc::new(Semaphore::new(0));
     let app = app(&origin, &gate, chunk, chunks, None);
@@ -241,6 +270,129 @@ async fn a_slow_reader_that_keeps_reading_is_never_cut_off() {
     assert_eq!(slow, Some(expected(chunk * chunks)));
     assert_eq!(done, 9);
     assert_eq!(origin.calls(), 1);
+}
+
+/// The disk a body over the cap may spill to at this cap (64 x the cap).
+const DISK_CAP: usize = 64 * CAP;
+
+/// Spill files this process left in the temporary directory.
+fn spill_files_left() -> usize {
+    let prefix = format!(".stampede-guard-spill-{}-", std::process::id());
+    std::fs::read_dir(std::env::temp_dir())
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Reads one frame of `response`'s body, then waits for `go` before it
+/// reads the rest: the bytes, and whether it ended whole.
+fn read_one_then_wait(
+    response: http::Response<Body>,
+    go: Arc<Semaphore>,
+) -> tokio::task::JoinHandle<(Vec<u8>, bool)> {
+    tokio::spawn(async move {
+        let mut body = response.into_body();
+        let mut read = Vec::new();
+        let mut paused = false;
+        loop {
+            match tokio::time::timeout(GENEROUS, body.frame()).await {
+                Ok(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        read.extend_from_slice(&data);
+                    }
+                }
+                Ok(None) => return (read, true),
+                Ok(Some(Err(_))) | Err(_) => return (read, false),
+            }
+            if !paused {
+                paused = true;
+                let _ = tokio::time::timeout(GENEROUS, go.acquire()).await;
+            }
+        }
+    })
+}
+
+/// A reader that falls behind the memory window (it reads one chunk, and
+/// the rest only once the others are done) on a body within the disk cap:
+/// the others end whole without waiting for it, and it then ends whole,
+/// read from the spill file. No spill file is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_behind_the_window_ends_whole_and_the_others_do_not_wait_for_it() {
+    let (chunk, chunks) = (1024, DISK_CAP / 1024);
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = app(&origin, &gate, chunk, chunks, None);
+    let mut responses = heads(&app, &origin, &gate, 10, || req("GET", None)).await;
+    let go = Arc::new(Semaphore::new(0));
+    let slow = read_one_then_wait(responses.pop().unwrap(), go.clone());
+    // The slow one reads nothing more until these are done.
+    let done = whole_within(responses, chunk * chunks).await;
+    go.add_permits(1);
+    let (read, whole) = slow.await.unwrap();
+    eprintln!(
+        "behind the window: {done} of 9 others whole; the slow one whole {whole} ({} bytes); origin calls {}",
+        read.len(),
+        origin.calls()
+    );
+    assert_eq!(done, 9);
+    assert!(whole && read == expected(chunk * chunks));
+    assert_eq!(origin.calls(), 1);
+    assert_eq!(spill_files_left(), 0);
+}
+
+/// The same on a body twice the disk cap: the reader that fell further
+/// behind than the disk cap is cut off (its body ends with an error, never
+/// short but whole) once the others have waited the lag limit for it, and
+/// the others end whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_further_behind_than_the_disk_cap_is_cut_off() {
+    let (chunk, chunks) = (1024, 2 * DISK_CAP / 1024);
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = app(&origin, &gate, chunk, chunks, None);
+    let mut responses = heads(&app, &origin, &gate, 10, || req("GET", None)).await;
+    let go = Arc::new(Semaphore::new(0));
+    let slow = read_one_then_wait(responses.pop().unwrap(), go.clone());
+    let done = whole_within(responses, chunk * chunks).await;
+    go.add_permits(1);
+    let (read, whole) = slow.await.unwrap();
+    eprintln!(
+        "past the disk cap: {done} of 9 others whole; the slow one whole {whole} ({} bytes)",
+        read.len()
+    );
+    assert_eq!(done, 9);
+    assert!(!whole);
+    assert!(read.len() < chunk * chunks);
+}
+
+/// A reader that reads nothing at all while the others read a body within
+/// the disk cap: the others end whole; once it has read nothing for the
+/// spool's lag limit (10 s) after the others read ahead, its body ends with
+/// an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_reads_nothing_for_ten_seconds_is_cut_off() {
+    let (chunk, chunks) = (1024, DISK_CAP / 1024);
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = app(&origin, &gate, chunk, chunks, None);
+    let mut responses = heads(&app, &origin, &gate, 10, || req("GET", None)).await;
+    let stalled = responses.pop().unwrap();
+    let done = whole_within(responses, chunk * chunks).await;
+    assert_eq!(done, 9);
+    // At least the lag limit, however fast the clock runs.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let body = tokio::time::timeout(GENEROUS, stalled.into_body().collect()).await;
+    eprintln!(
+        "stalled for 11 s: ended with an error {}",
+        matches!(body, Ok(Err(_)))
+    );
+    assert!(
+        matches!(body, Ok(Err(_))),
+        "a stalled body ended whole or hung"
+    );
 }
 
 /// One waiter reads a chunk and leaves: the others still end whole.
