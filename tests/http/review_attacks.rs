@@ -597,7 +597,6 @@ async fn a_body_over_the_cap_requested_on_two_instances_at_once() {
 /// hit-for-miss for everyone: the next thirty plain requests, which would
 /// have coalesced on one call, go to the origin one by one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "one request whose answer sets a cookie marks the key hit-for-miss: every plain request then reaches the origin"]
 async fn one_request_whose_answer_sets_a_cookie_does_not_turn_coalescing_off_for_everyone() {
     let origin = Origin::default();
     let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
@@ -642,7 +641,6 @@ async fn one_request_whose_answer_sets_a_cookie_does_not_turn_coalescing_off_for
 /// mark. The next thirty plain requests, which the stale entry (and one
 /// refresh) would have answered, reach the origin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a stale hit whose refresh answer sets a cookie drops the stale entry for a hit-for-miss mark: every plain request then reaches the origin"]
 async fn a_refresh_answered_with_a_cookie_does_not_turn_coalescing_off_for_everyone() {
     let origin = Origin::default();
     let guard = StampedeGuard::new(Backend::local())
@@ -702,7 +700,6 @@ async fn a_refresh_answered_with_a_cookie_does_not_turn_coalescing_off_for_every
 /// thirty plain requests, which would coalesce on one call, reach the
 /// origin one by one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "two refused requests in a row on one flight mark the key hit-for-miss: every plain request then reaches the origin"]
 async fn a_refused_client_does_not_turn_coalescing_off_for_everyone() {
     let origin = Origin::default();
     let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
