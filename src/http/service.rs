@@ -29,7 +29,7 @@ use super::policy::{admission, Admission, Policy};
 use super::respond::{failure, present, tag_with, try_present, Conditions};
 use super::response::CachedResponse;
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
-use super::upgrades::{strip_upgrade, Ask, Probe};
+use super::upgrades::{is_handshake, strip_upgrade, Ask, Probe};
 use crate::backend::Backend;
 use crate::engine::{Answer, Engine, Looked, Miss};
 use crate::metrics::Labels;
@@ -131,7 +131,7 @@ where
             let keyed = Keyed::now(&policy.keys);
             let rules = KeyRules::of(&policy.keys, keyed);
             let key = request_key(&rules, &parts, custom.as_deref());
-            match policy.upgrades.ask(key) {
+            match policy.upgrades.ask(key, is_handshake(&parts.headers)) {
                 // The key's handler answers a switch as a plain GET: so is
                 // this request taken, without the switch.
                 Ask::Plain => {

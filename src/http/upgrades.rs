@@ -11,9 +11,10 @@
 //! answered a plain GET: later upgrade requests lose the `Upgrade` and are
 //! cached and coalesced like any GET). Any other answer (a refusal, an
 //! error, a handshake the endpoint rejected) teaches nothing. Upgrade
-//! requests that come while the probe runs wait for its answer. In-process
-//! and bounded: a key is remembered for its window, and the table holds at
-//! most [`CAPACITY`] keys.
+//! requests that come while the probe runs wait for its answer. A complete
+//! WebSocket handshake is learned apart from every other switch (see
+//! [`Upgrades::ask`]). In-process and bounded: a key is remembered for its
+//! window, and the table holds at most [`CAPACITY`] keys.
 
 use std::fmt;
 use std::sync::Arc;
@@ -58,7 +59,9 @@ pub(crate) enum Ask {
 /// The per-route table of what keys' handlers did with a switch.
 #[derive(Clone)]
 pub(crate) struct Upgrades {
-    known: Cache<Key, Known>,
+    /// By the request's key and whether it is a complete WebSocket
+    /// handshake (see [`Upgrades::ask`]).
+    known: Cache<(Key, bool), Known>,
 }
 
 impl Default for Upgrades {
@@ -81,8 +84,14 @@ impl fmt::Debug for Upgrades {
 }
 
 impl Upgrades {
-    /// What to do with an upgrade request for `key`.
-    pub(crate) fn ask(self: &Arc<Self>, key: Key) -> Ask {
+    /// What to do with an upgrade request for `key`. A complete WebSocket
+    /// handshake (see [`is_handshake`]) is learned apart from every other
+    /// switch: a handler that serves a page and a WebSocket on one path
+    /// answers a malformed or made-up switch with the page, and that must
+    /// not turn its real handshakes into page hits. Two kinds only, so that
+    /// made-up protocol names cannot each start a probe.
+    pub(crate) fn ask(self: &Arc<Self>, key: Key, handshake: bool) -> Ask {
+        let key = (key, handshake);
         let now = Instant::now();
         let (tx, rx) = watch::channel(());
         let mine = rx.clone();
@@ -117,7 +126,7 @@ impl Known {
 /// without one, the key is unknown again and its waiters ask again.
 pub(crate) struct Probe {
     table: Arc<Upgrades>,
-    key: Key,
+    key: (Key, bool),
     mine: watch::Receiver<()>,
     /// Dropped with the probe: wakes the waiters.
     _done: watch::Sender<()>,
@@ -150,6 +159,20 @@ impl Drop for Probe {
     }
 }
 
+/// Whether a switch is a complete WebSocket handshake (RFC 6455 §4.1):
+/// `websocket` among the protocols of `Upgrade`, with a `Sec-WebSocket-Key`
+/// and a `Sec-WebSocket-Version`.
+pub(crate) fn is_handshake(headers: &HeaderMap) -> bool {
+    headers.contains_key("sec-websocket-key")
+        && headers.contains_key("sec-websocket-version")
+        && headers.get_all(UPGRADE).iter().any(|line| {
+            tokens(line.as_bytes()).any(|t| {
+                let name = t.split(|b| *b == b'/').next().unwrap_or_default();
+                name.eq_ignore_ascii_case(b"websocket")
+            })
+        })
+}
+
 /// Removes what makes a request a protocol switch: the `Upgrade` header,
 /// and the `upgrade` option of `Connection` (its other options stay).
 pub(crate) fn strip_upgrade(headers: &mut HeaderMap) {
@@ -172,8 +195,13 @@ pub(crate) fn strip_upgrade(headers: &mut HeaderMap) {
 /// Each key is kept until its window closes; a probe until it answers.
 struct Until;
 
-impl Expiry<Key, Known> for Until {
-    fn expire_after_create(&self, _: &Key, known: &Known, now: Instant) -> Option<Duration> {
+impl Expiry<(Key, bool), Known> for Until {
+    fn expire_after_create(
+        &self,
+        _: &(Key, bool),
+        known: &Known,
+        now: Instant,
+    ) -> Option<Duration> {
         match known {
             Known::Probing(_) => None,
             Known::Plain(until) | Known::Switches(until) => {
@@ -184,7 +212,7 @@ impl Expiry<Key, Known> for Until {
 
     fn expire_after_update(
         &self,
-        key: &Key,
+        key: &(Key, bool),
         known: &Known,
         now: Instant,
         _: Option<Duration>,
@@ -196,6 +224,25 @@ impl Expiry<Key, Known> for Until {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_handshake_is_told_from_other_switches() {
+        let with = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = HeaderMap::new();
+            for (name, value) in pairs {
+                h.append(*name, HeaderValue::from_static(value));
+            }
+            is_handshake(&h)
+        };
+        let key = ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==");
+        let version = ("sec-websocket-version", "13");
+        assert!(with(&[("upgrade", "WebSocket"), key, version]));
+        assert!(with(&[("upgrade", "foo, websocket"), key, version]));
+        assert!(!with(&[("upgrade", "websocket"), key]));
+        assert!(!with(&[("upgrade", "websocket"), version]));
+        assert!(!with(&[("upgrade", "websockets"), key, version]));
+        assert!(!with(&[key, version]));
+    }
 
     #[test]
     fn the_switch_is_stripped_and_the_other_options_stay() {
@@ -216,31 +263,32 @@ mod tests {
     async fn one_probe_per_key_and_its_answer_is_learned() {
         let table = Arc::new(Upgrades::default());
         let key = Key::for_value("t", b"k");
-        let Ask::Probe(probe) = table.ask(key) else {
+        let Ask::Probe(probe) = table.ask(key, false) else {
             panic!("the first asks")
         };
-        let Ask::Wait(mut rx) = table.ask(key) else {
+        let Ask::Wait(mut rx) = table.ask(key, false) else {
             panic!("the second waits")
         };
         probe.learn(false, true, Duration::from_secs(60));
         assert!(rx.changed().await.is_err(), "the waiter is woken");
-        assert!(matches!(table.ask(key), Ask::Plain));
-        let other = Key::for_value("t", b"other");
-        let Ask::Probe(probe) = table.ask(other) else {
-            panic!("another key asks")
+        assert!(matches!(table.ask(key, false), Ask::Plain));
+        // A real handshake is learned apart.
+        let Ask::Probe(probe) = table.ask(key, true) else {
+            panic!("a handshake asks on its own")
         };
         probe.learn(true, false, Duration::from_secs(60));
-        assert!(matches!(table.ask(other), Ask::Switch));
+        assert!(matches!(table.ask(key, true), Ask::Switch));
+        assert!(matches!(table.ask(key, false), Ask::Plain));
     }
 
     #[tokio::test]
     async fn a_probe_that_teaches_nothing_lets_the_next_one_ask() {
         let table = Arc::new(Upgrades::default());
         let key = Key::for_value("t", b"k");
-        let Ask::Probe(probe) = table.ask(key) else {
+        let Ask::Probe(probe) = table.ask(key, false) else {
             panic!("the first asks")
         };
         probe.learn(false, false, Duration::from_secs(60));
-        assert!(matches!(table.ask(key), Ask::Probe(_)));
+        assert!(matches!(table.ask(key, false), Ask::Probe(_)));
     }
 }

@@ -1078,3 +1078,61 @@ async fn a_route_whose_every_answer_sets_a_cookie_gives_each_request_its_own() {
     assert_eq!(bodies.len(), 40, "an answer for one client reached another");
     assert_eq!(origin.calls(), 40);
 }
+
+/// A page and a WebSocket on one path: a complete handshake gets a `101`,
+/// anything else (a made-up or malformed switch too) the page. Thirty
+/// made-up switches at once on a warm key cost at most the one probe, and
+/// the page they taught the layer never answers a real handshake: each of
+/// those still reaches the handler and is switched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_made_up_switch_never_turns_a_real_handshake_into_a_page_hit() {
+    const MADE_UP: &str = "GET /report HTTP/1.1\r\nHost: a.test\r\nUpgrade: no-such-protocol/1\r\nConnection: upgrade, close\r\n\r\n";
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+    let app = {
+        let origin = origin.clone();
+        Router::new().route(
+            "/report",
+            get(move |headers: HeaderMap| {
+                let origin = origin.clone();
+                async move {
+                    let (n, _running) = origin.enter();
+                    let handshake = headers
+                        .get("upgrade")
+                        .is_some_and(|u| u.as_bytes().eq_ignore_ascii_case(b"websocket"))
+                        && headers.contains_key("sec-websocket-key");
+                    if handshake {
+                        return http::Response::builder()
+                            .status(StatusCode::SWITCHING_PROTOCOLS)
+                            .header("upgrade", "websocket")
+                            .header("connection", "upgrade")
+                            .body(Body::empty())
+                            .unwrap();
+                    }
+                    http::Response::new(Body::from(format!("v{n}")))
+                }
+            })
+            .layer(guard),
+        )
+    };
+    let addr = serve(app).await;
+    assert_eq!(raw(addr, PLAIN).await.0, 200);
+    let pages = raw_burst(addr, 30, MADE_UP).await;
+    let pages = pages
+        .iter()
+        .filter(|(s, b)| *s == 200 && b.contains('v'))
+        .count();
+    let after_made_up = origin.calls();
+    let mut switched = 0;
+    for _ in 0..5 {
+        switched += usize::from(raw(addr, HANDSHAKE).await.0 == 101);
+    }
+    eprintln!(
+        "30 made-up switches: {pages} pages, {} origin calls; then 5 real handshakes: {switched} switched",
+        after_made_up - 1
+    );
+    assert_eq!(pages, 30);
+    assert!(after_made_up - 1 <= 1, "{} origin calls", after_made_up - 1);
+    assert_eq!(switched, 5);
+    assert_eq!(origin.calls(), after_made_up + 5);
+}
