@@ -1136,3 +1136,99 @@ async fn a_made_up_switch_never_turns_a_real_handshake_into_a_page_hit() {
     assert_eq!(switched, 5);
     assert_eq!(origin.calls(), after_made_up + 5);
 }
+
+/// `/report` on `backend`: `v<call>` after 200 ms, with a cookie for a
+/// request that carries `X-Probe`, and `Cache-Control: private` for one
+/// that carries `X-Private`.
+fn per_client_app(backend: Backend, origin: &Origin) -> Router {
+    let origin = origin.clone();
+    let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(600));
+    Router::new().route(
+        "/report",
+        get(move |headers: HeaderMap| {
+            let origin = origin.clone();
+            async move {
+                let (n, _running) = origin.enter();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let mut response = http::Response::new(Body::from(format!("v{n}")));
+                if headers.contains_key("x-probe") {
+                    response
+                        .headers_mut()
+                        .insert("set-cookie", http::HeaderValue::from_static("seen=1"));
+                }
+                if headers.contains_key("x-private") {
+                    response
+                        .headers_mut()
+                        .insert("cache-control", http::HeaderValue::from_static("private"));
+                }
+                response
+            }
+        })
+        .layer(guard),
+    )
+}
+
+/// The same class through `Cache-Control: private`: one request whose
+/// answer is private to it, then thirty plain requests at once, coalesce
+/// on one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_whose_answer_is_private_does_not_turn_coalescing_off() {
+    let origin = Origin::default();
+    let addr = serve(per_client_app(Backend::local(), &origin)).await;
+    let private =
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nX-Private: 1\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw(addr, private).await.0, 200);
+    let answers = raw_burst(addr, 30, PLAIN).await;
+    let ok = answers.iter().filter(|(s, _)| *s == 200).count();
+    let calls = origin.calls() - 1;
+    eprintln!("one private answer, then 30 plain at once: {ok} answered, {calls} origin calls");
+    assert_eq!(ok, 30);
+    assert!(calls <= 1, "{calls} origin calls");
+}
+
+/// A fleet of two on a real redis-server: one request answered with a
+/// cookie on instance A marks the key there; thirty plain requests at once,
+/// half on each instance, cost at most one call per instance (a marked
+/// key's flight does not queue behind the fleet's lease), and a plain
+/// request after them is a hit on both.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_answer_on_one_instance_costs_the_fleet_at_most_one_call_per_instance() {
+    use crate::common::fleet::backend_at;
+    use crate::common::redis::RedisServer;
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let mut addrs = Vec::new();
+    for _ in 0..2 {
+        let backend = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
+        addrs.push(serve(per_client_app(backend, &origin)).await);
+    }
+    let probe = "GET /report HTTP/1.1\r\nHost: a.test\r\nX-Probe: 1\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw(addrs[0], probe).await.0, 200);
+    let tasks: Vec<_> = (0..30)
+        .map(|i| {
+            let addr = addrs[i % 2];
+            tokio::spawn(async move { raw(addr, PLAIN).await })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        ok += usize::from(t.await.expect("request task").0 == 200);
+    }
+    let calls = origin.calls() - 1;
+    let mut hits = 0;
+    for addr in &addrs {
+        hits += usize::from(raw(*addr, PLAIN).await.0 == 200);
+    }
+    eprintln!(
+        "a cookie answer on A, then 30 plain at once over A and B: {ok} answered, {calls} origin calls; {} after",
+        origin.calls() - 1 - calls
+    );
+    assert_eq!((ok, hits), (30, 2));
+    assert!(calls <= 2, "{calls} origin calls");
+    assert_eq!(
+        origin.calls() - 1,
+        calls,
+        "a plain request after them missed"
+    );
+}
