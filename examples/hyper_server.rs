@@ -38,7 +38,8 @@ async fn main() -> Result<(), Error> {
         .service_fn({
             let origin_calls = origin_calls.clone();
             // The guard hands the request over with hyper's own body type
-            // (`Incoming`): it never reads or replaces request bodies.
+            // (`Incoming`): it never replaces request bodies (a GET's
+            // content is read to its end and discarded, so none is left).
             move |request: Request<Incoming>| {
                 let origin_calls = origin_calls.clone();
                 async move {

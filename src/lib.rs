@@ -73,8 +73,13 @@
 //! the `OriginalUri`; an absolute-form target's scheme is keyed; query pairs
 //! are sorted by name only, stably; the forwarding headers frameworks read
 //! the host and scheme from are keyed
-//! ([`StampedeGuard::forwarded_headers`]); a `GET`/`HEAD` with a body is
-//! answered from a fresh entry or passed through alone, never stored; and
+//! ([`StampedeGuard::forwarded_headers`]); a `GET`/`HEAD`'s content, which
+//! has no defined meaning (RFC 9110 §9.3.1), is read and discarded, as
+//! Varnish does, so the handler sees the request without it and the request
+//! is cached and coalesced like any `GET` (the request body type must be
+//! `Unpin`); a protocol switch (`Upgrade` with `Connection: upgrade`)
+//! reaches the handler until it answers one for the key as a plain `GET`,
+//! after which the key's switches are taken as plain `GET`s for the ttl; and
 //! `Accept-Encoding` is keyed in a normalised form once
 //! the origin varies on it (see [`StampedeGuard::vary`], which also says
 //! where the guard goes relative to a compression layer).

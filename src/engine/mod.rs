@@ -45,7 +45,7 @@
 //! |---|---|---|
 //! | a value | the value (stored if storable) | the value, and its private extras |
 //! | an answer for one client: a refusal (403, 429…) | one of them leads again, the others wait on it | that answer |
-//! | an answer for one client: per-client content (a cookie, `private`) | the origin, each on its own (hit-for-miss) | that answer |
+//! | an answer for one client: per-client content (a cookie, `private`) | the origin at once, each on its own | that answer |
 //! | an error, a panic, a timeout | stale-if-error, else the shared failure | stale-if-error, else its own error or panic |
 //!
 //! No failure sends the waiters to the origin: a failing origin is called
@@ -55,10 +55,18 @@
 //!
 //! A refusal (a 403 or 429 for one caller) says nothing about the key: the
 //! waiters of its flight lead again (a second refusal in a row is taken for
-//! the key's own answer). A per-client answer (a cookie, `private`) opens a
-//! hit-for-miss window in which requests go to the origin side by side; the
-//! first shareable answer in the window is stored and closes it, so the key
-//! is coalesced and hit again.
+//! the key's own answer). A per-client answer (a cookie, `private`), or a
+//! second refusal in a row, releases the waiters at once and marks the key
+//! for a window. The mark lets no request skip the wait: requests keep
+//! coalescing behind one flight, whose shareable answer is stored and
+//! clears the mark, so one client's answer never turns coalescing off for
+//! the others. During the mark a flight whose answer is again for one
+//! client releases its waiters at once (a key whose every answer is per
+//! client costs a request that arrives during a flight the wait for that
+//! flight's response head, then its own call). An entry still servable (fresh,
+//! or stale within its stale-while-revalidate window) is kept, not replaced
+//! by the mark. An answer too large to store (over the size cap) is the one
+//! kind that lets requests skip coalescing for a while (hit-for-miss).
 //!
 //! Invalidation by key drops the key's group here and in the fleet;
 //! invalidation by tag and of everything moves a generation (see [`tags`]),
@@ -440,8 +448,24 @@ impl Engine {
                         }
                         _ => {}
                     }
+                    // The key's last answer was for one client: this flight
+                    // still gathers the requests that come meanwhile, but if
+                    // its answer is again for one client they go to the
+                    // origin at once, side by side (no second round behind
+                    // another leader). It skips the shared tier, so that an
+                    // uncacheable key's requests on other instances do not
+                    // queue behind this one's lease.
+                    let marked =
+                        matches!(self.l1.get(&key), Some(Slot::Unshared(until)) if now < until);
+                    if marked {
+                        leader.mark_relead();
+                    }
                     let (tx, rx) = oneshot::channel();
-                    self.spawn_flight(leader, rebuild, stale, policy, Start::Miss, Some(tx));
+                    let start = Flight {
+                        start: Start::Miss,
+                        fleet: !marked,
+                    };
+                    self.spawn_flight(leader, rebuild, stale, policy, start, Some(tx));
                     let answer = rx.await.unwrap_or(Answer::Failed(
                         Failure::new(FailureKind::Error),
                         Status::Miss,
@@ -472,8 +496,15 @@ impl Engine {
                     }
                     None => return alone(rebuild, labels),
                 },
+                // Released at once: each goes to the origin on its own.
+                // The first holds the key's next flight, so requests that
+                // come meanwhile wait for its answer and take it if it can
+                // be shared; if it cannot, they are released in turn.
                 Some(Outcome::Unshared) => {
-                    let leader = self.flights.try_lead(key);
+                    let leader = self.flights.try_lead(key).map(|mut leader| {
+                        leader.mark_relead();
+                        leader
+                    });
                     return self.uncoalesced(key, leader, rebuild, labels).await;
                 }
                 Some(Outcome::Failed(failure)) => {
@@ -512,6 +543,7 @@ impl Engine {
             Some(left) => Start::Early(left),
             None => Start::Refresh,
         };
+        let start = Flight { start, fleet: true };
         self.spawn_flight(refresh.leader, rebuild, refresh.stale, policy, start, None);
     }
 
@@ -521,7 +553,7 @@ impl Engine {
         rebuild: R,
         stale: Option<Arc<Entry>>,
         policy: FlightPolicy,
-        start: Start,
+        start: Flight,
         starter: Option<oneshot::Sender<Answer<R>>>,
     ) {
         // Without a runtime nobody can run the flight; dropping the leader
@@ -529,7 +561,7 @@ impl Engine {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        if !matches!(start, Start::Miss) {
+        if !matches!(start.start, Start::Miss) {
             count(m::REFRESHES, policy.labels);
         }
         // The flight runs on a task of its own, for the key, not inside the
@@ -564,10 +596,16 @@ impl Engine {
         rebuild: R,
         stale: Option<Arc<Entry>>,
         policy: FlightPolicy,
-        start: Start,
+        flight: Flight,
         mut starter: Starter<R>,
     ) {
         let key = leader.key();
+        let start = flight.start;
+        if !flight.fleet {
+            self.rebuild(leader, rebuild, stale, None, policy, starter)
+                .await;
+            return;
+        }
         let (lease, stale) = match self.plan::<R::Value>(key, stale, &policy, start).await {
             Plan::Hit { entry, waited } => {
                 let held = Held::new(entry.clone());
@@ -904,9 +942,10 @@ impl Engine {
         (stored && attached, stored && attached && kept)
     }
 
-    /// A miss in a hit-for-miss window: this request goes to the origin on
-    /// its own, without waiting for anyone (Varnish's hit-for-miss, not its
-    /// hit-for-pass). If it holds the key's flight (`leader`: the first such
+    /// A miss in a hit-for-miss window (answers too large to store), or a
+    /// waiter released by a flight whose answer was for its starter alone:
+    /// this request goes to the origin on its own, without waiting for
+    /// anyone (Varnish's hit-for-miss, not its hit-for-pass). If it holds the key's flight (`leader`: the first such
     /// request), a shareable answer it gets is stored in the L1, ending the
     /// window, and given to any request that joined meanwhile; an answer for
     /// it alone renews the window. The shared tier is not written here: the
@@ -1007,6 +1046,16 @@ impl Engine {
     }
 
     /// Ends a flight whose answer was for its starter alone.
+    ///
+    /// Its waiters are released at once to go to the origin each on its
+    /// own, and the key is marked (`Slot::Unshared`) for the window: the
+    /// mark lets no request skip the wait (requests keep coalescing behind
+    /// one flight, whose shareable answer is stored and clears it); it only
+    /// says that a flight whose answer is again for one client releases its
+    /// waiters at once, without another round behind a new leader. An entry
+    /// the L1 can still serve (fresh, or stale within its
+    /// stale-while-revalidate window) stays: one client's answer says
+    /// nothing against it.
     pub(super) fn end_unshared(&self, leader: Leader, waiters: Waiters) {
         let key = leader.key();
         match waiters {
@@ -1015,16 +1064,28 @@ impl Engine {
             Waiters::Relead(_) if !leader.is_relead() => {
                 leader.finish(Outcome::Relead, || {});
             }
-            // A second in a row: the key's answers are not shareable.
+            // A second in a row, or an answer per client: the waiters go
+            // side by side, and the key is marked.
             Waiters::Relead(window) | Waiters::HitForMiss(window) => {
+                let now = Instant::now();
                 let marker = Some(window)
                     .filter(|w| !w.is_zero())
-                    .and_then(|w| Instant::now().checked_add(w));
-                leader.finish(Outcome::Unshared, || match marker {
-                    Some(until) => {
-                        self.l1.insert(key, Slot::HitForMiss(until));
+                    .and_then(|w| now.checked_add(w));
+                leader.finish(Outcome::Unshared, || {
+                    let servable = match self.l1.get(&key) {
+                        Some(Slot::Value(entry)) => matches!(
+                            entry.freshness(now),
+                            Freshness::Fresh | Freshness::Revalidate
+                        ),
+                        _ => false,
+                    };
+                    match (servable, marker) {
+                        (true, _) => {}
+                        (false, Some(until)) => {
+                            self.l1.insert(key, Slot::Unshared(until));
+                        }
+                        (false, None) => self.l1.remove(&key),
                     }
-                    None => self.l1.remove(&key),
                 });
             }
         }
@@ -1128,6 +1189,15 @@ impl Engine {
     fn apply(&self, epoch: u64, loaded: Vec<(Field, u64)>) {
         apply_to(&self.tags, &self.flights, &self.l1, epoch, loaded);
     }
+}
+
+/// How a flight starts: why, and whether it asks the shared tier first (not
+/// while the key is marked for answers per client: see
+/// [`Engine::end_unshared`]).
+#[derive(Clone, Copy, Debug)]
+struct Flight {
+    start: Start,
+    fleet: bool,
 }
 
 /// Where the flight sends the answer of the request that started it. Gone

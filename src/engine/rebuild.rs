@@ -77,9 +77,10 @@ pub(crate) enum Waiters {
     /// one behind the other.
     Relead(Duration),
     /// The answer says the key's answers are per client (a cookie,
-    /// `private`): for this long the key skips coalescing, and the waiters go
-    /// to the origin side by side. A shareable answer one of them gets is
-    /// stored and ends the window.
+    /// `private`): the waiters go to the origin side by side, and the key is
+    /// marked for this long (its requests still coalesce; a flight whose
+    /// answer is again for one client releases its waiters at once). A
+    /// shareable answer is stored and ends the mark.
     HitForMiss(Duration),
 }
 

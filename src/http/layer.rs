@@ -519,11 +519,24 @@ impl StampedeGuard {
         self.with(|p| p.store.ignore_vary = on)
     }
 
-    /// How long a key whose answer could not be shared, or was over
-    /// [`max_body_bytes`](Self::max_body_bytes), skips coalescing (default
-    /// 5 s), so its requests run side by side, not one after another.
-    /// The window does not block the key: the first shareable answer one of
-    /// those requests gets is stored, and the key is coalesced and hit again.
+    /// How long a key is marked after an answer it could not share or store
+    /// (default 5 s).
+    ///
+    /// An answer for one client (it sets a cookie, says `private`, or is a
+    /// second refusal in a row) releases the requests waiting on it at once,
+    /// each to the origin on its own, and marks the key. The mark never
+    /// turns coalescing off: requests still wait for the key's one flight,
+    /// whose shareable answer is stored and ends the mark; only if that
+    /// answer is again for one client are its waiters released at once,
+    /// rather than queue behind another leader. On a route whose every
+    /// answer is per client, a request that arrives while another is at the
+    /// origin so waits for that one's response head, then makes its own
+    /// call: at most about twice the origin's latency.
+    ///
+    /// An answer over [`max_body_bytes`](Self::max_body_bytes) makes the key
+    /// skip coalescing for the window, so its requests run side by side,
+    /// not behind a body that will not be stored; the first storable answer
+    /// one of them gets ends it.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};

@@ -34,8 +34,10 @@
 //! A route's policy, split by who reads it:
 //! - `policy.rs`: `Policy`, the whole of a route's settings as pieces;
 //!   `StoreRules` with `classify` (what may become of an origin answer) and
-//!   `admission` (how the cache takes a request: whole, from a fresh entry
-//!   only, or not at all).
+//!   `admission` (how the cache takes a request: whole, once its content
+//!   is discarded, as a protocol switch, or not at all).
+//! - `upgrades.rs`: `Upgrades`, what each key's handler did with a protocol
+//!   switch (learned from the origin), and `strip_upgrade`.
 //! - `flight.rs`: `FlightSettings`, how misses run in the engine, and
 //!   [`WaitTimeout`].
 //! - `vary.rs`: a response's `Vary` against the key, and the digest that
@@ -82,6 +84,7 @@ mod service;
 mod spool;
 mod tags;
 mod unsafe_methods;
+mod upgrades;
 mod vary;
 
 #[doc(inline)]

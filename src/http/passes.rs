@@ -21,7 +21,8 @@ pub(crate) enum Pass {
     /// A protocol switch (`Upgrade` with `Connection: upgrade`): a
     /// connection, not a document.
     Upgrade,
-    /// A GET or HEAD with a body, and no fresh entry to answer it.
+    /// A GET or HEAD whose content could not be read to its end (to be
+    /// discarded): refused with a `400`.
     RequestBody,
     /// The request's `Cache-Control` says `no-store`, on a route that
     /// follows request directives.

@@ -21,6 +21,7 @@ use super::key::{KeySettings, Keyed};
 use super::passes::{Pass, PassLog};
 use super::rfc::cache_control::{expires_lifetime, targeted, tokens, CacheControl};
 use super::tags::TagRules;
+use super::upgrades::Upgrades;
 use super::vary::{names_in_vary, nominated, Nominated};
 use crate::engine::Lifetime;
 
@@ -49,6 +50,8 @@ pub(crate) struct Policy {
     pub route_name: Option<Arc<str>>,
     /// Counts passes by reason, and warns once per reason.
     pub passes: PassLog,
+    /// What the handler did with each key's protocol switches.
+    pub upgrades: Arc<Upgrades>,
 }
 
 /// What a route may take from a request and keep of an origin's answer.
@@ -116,10 +119,14 @@ impl Default for StoreRules {
 pub(crate) enum Admission {
     /// From an entry, or the key's one flight.
     Cache,
-    /// From a fresh entry when there is one (what the handler answered
-    /// without what this request adds); otherwise passed through alone. It
-    /// never starts or joins a flight, whose stored answer it could shape.
-    FreshOnly(Pass),
+    /// The same once the request's content is read and thrown away: a GET
+    /// or HEAD's content has no defined meaning (RFC 9110 §9.3.1), so the
+    /// handler sees the request without it (its framing headers are
+    /// already removed), and no answer it shapes can be stored.
+    Discard,
+    /// A protocol switch (see [`is_upgrade`]): the handler may accept it,
+    /// unless the key's handler is known to answer it as a plain GET.
+    Upgrade,
     /// Passed through: only the handler may answer it.
     Pass(Pass),
 }
@@ -157,7 +164,7 @@ pub(crate) fn admission(
     // refused without the handler ever seeing it.
     if upgrade {
         if is_upgrade(version, headers) {
-            return Admission::Pass(Pass::Upgrade);
+            return Admission::Upgrade;
         }
         headers.remove(UPGRADE);
     }
@@ -172,10 +179,13 @@ pub(crate) fn admission(
         return Admission::Pass(pass);
     }
     // A GET or HEAD with a body: content in a GET has no defined meaning
-    // (RFC 9110 §9.3.1), so a fresh entry answers it; but the handler may
-    // read it, so its answer is never stored for everyone.
+    // (RFC 9110 §9.3.1), so the layer discards it (as Varnish does) and
+    // takes the request as the body-less GET the handler then sees: it
+    // costs what any GET costs.
     if !body_ended || (framing && has_body(headers)) {
-        return Admission::FreshOnly(Pass::RequestBody);
+        headers.remove(CONTENT_LENGTH);
+        headers.remove(TRANSFER_ENCODING);
+        return Admission::Discard;
     }
     Admission::Cache
 }
@@ -190,7 +200,9 @@ pub(crate) fn request_bypass(
 ) -> Option<Pass> {
     match admission(store, method, Version::HTTP_11, &mut headers.clone(), true) {
         Admission::Cache => None,
-        Admission::FreshOnly(pass) | Admission::Pass(pass) => Some(pass),
+        Admission::Discard => Some(Pass::RequestBody),
+        Admission::Upgrade => Some(Pass::Upgrade),
+        Admission::Pass(pass) => Some(pass),
     }
 }
 
@@ -689,7 +701,7 @@ mod tests {
             admission(&p.store, &Method::GET, version, &mut headers(h), ended)
         };
         let v11 = Version::HTTP_11;
-        let fresh = Admission::FreshOnly(Pass::RequestBody);
+        let fresh = Admission::Discard;
         for (h, ended, expected) in [
             // No switch asked: an `Upgrade` alone, or `Connection: upgrade`
             // alone, is nothing.
@@ -705,14 +717,14 @@ mod tests {
                 true,
                 Admission::Cache,
             ),
-            // A switch: only the handler can make it.
+            // A switch: only the handler can make it (or say it never does).
             (
                 &[
                     ("upgrade", "websocket"),
                     ("connection", "keep-alive, Upgrade"),
                 ],
                 true,
-                Admission::Pass(Pass::Upgrade),
+                Admission::Upgrade,
             ),
             // Framing that announces no content.
             (&[("content-length", "0")], true, Admission::Cache),
@@ -735,7 +747,7 @@ mod tests {
                 true,
                 Admission::Cache,
             ),
-            // Content, announced or not: a fresh entry answers it.
+            // Content, announced or not: discarded, then cached like any GET.
             (&[("content-length", "1")], false, fresh),
             (&[("content-length", "1")], true, fresh),
             (&[("content-length", "0, 1")], true, fresh),
@@ -792,7 +804,14 @@ mod tests {
             ("connection", "upgrade"),
             ("content-length", "1"),
         ];
-        assert_eq!(take(v11, &both, false), Admission::Pass(Pass::Upgrade));
+        assert_eq!(take(v11, &both, false), Admission::Upgrade);
+        // Discarded content leaves no framing for the handler to read.
+        let mut h = headers(&[("content-length", "1"), ("transfer-encoding", "chunked")]);
+        assert_eq!(
+            admission(&p.store, &Method::GET, v11, &mut h, false),
+            Admission::Discard
+        );
+        assert!(!h.contains_key(CONTENT_LENGTH) && !h.contains_key(TRANSFER_ENCODING));
     }
 }
 

@@ -30,6 +30,7 @@ use super::respond::{self, failure, present, tag_with, try_present, Conditions};
 use super::response::CachedResponse;
 use super::select::{selected, Back, Lane, Selecting};
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
+use super::upgrades::{is_handshake, strip_upgrade, Ask, Probe};
 use crate::backend::Backend;
 use crate::engine::{Answer, Engine, Looked, Miss};
 use crate::key::Key;
@@ -85,7 +86,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
-    ReqBody: HttpBody + Send + 'static,
+    ReqBody: HttpBody + Unpin + Send + 'static,
     ResBody: HttpBody + Send + 'static,
     ResBody::Data: Buf + Send,
     ResBody::Error: Send,
@@ -112,29 +113,68 @@ where
         if policy.store.invalidate_on_unsafe && is_unsafe(&parts.method) {
             return self.unsafe_method(Request::from_parts(parts, body), labels);
         }
-        let admission = admission(
-            &policy.store,
+        // A request whose content the layer already read and threw away
+        // (see `Discarded`) has none left, whatever its body type says.
+        let discarded = parts.extensions.remove::<Discarded>().is_some();
+        let ended = discarded || body.is_end_stream();
+        let store = &policy.store;
+        let mut admitted = admission(
+            store,
             &parts.method,
             parts.version,
             &mut parts.headers,
-            body.is_end_stream(),
+            ended,
         );
-        let fresh_only = match admission {
+        if admitted == Admission::Upgrade {
+            let Some(custom) = self.custom_key(&parts) else {
+                let request = Request::from_parts(parts, body);
+                return self.pass_through(request, Pass::KeyFn, labels);
+            };
+            let keyed = Keyed::now(&policy.keys);
+            let rules = KeyRules::of(&policy.keys, keyed);
+            let key = request_key(&rules, &parts, custom.as_deref());
+            match policy.upgrades.ask(key, is_handshake(&parts.headers)) {
+                // The key's handler answers a switch as a plain GET: so is
+                // this request taken, without the switch.
+                Ask::Plain => {
+                    strip_upgrade(&mut parts.headers);
+                    let (method, version) = (&parts.method, parts.version);
+                    admitted = admission(store, method, version, &mut parts.headers, ended);
+                }
+                Ask::Switch => {
+                    let request = Request::from_parts(parts, body);
+                    return self.pass_through(request, Pass::Upgrade, labels);
+                }
+                Ask::Probe(probe) => {
+                    let request = Request::from_parts(parts, body);
+                    return self.probe_upgrade(request, probe, labels);
+                }
+                Ask::Wait(done) => {
+                    let request = Request::from_parts(parts, body);
+                    return self.after_probe(request, done, labels);
+                }
+            }
+        }
+        match admitted {
+            Admission::Cache => {}
+            Admission::Discard => {
+                return self.discard_content(parts, body, labels);
+            }
+            // Stripped of its switch, a request asks for none.
+            Admission::Upgrade => {
+                let request = Request::from_parts(parts, body);
+                return self.pass_through(request, Pass::Upgrade, labels);
+            }
             Admission::Pass(reason) => {
                 return self.pass_through(Request::from_parts(parts, body), reason, labels);
             }
-            Admission::FreshOnly(reason) => Some(reason),
-            Admission::Cache => None,
-        };
-        let custom = match &policy.keys.key_fn {
-            Some(key_fn) => match key_fn(&parts) {
-                Some(custom) => Some(custom),
-                None => {
-                    let request = Request::from_parts(parts, body);
-                    return self.pass_through(request, Pass::KeyFn, labels);
-                }
-            },
-            None => None,
+        }
+        let custom = match self.custom_key(&parts) {
+            Some(custom) => custom,
+            None => {
+                let request = Request::from_parts(parts, body);
+                return self.pass_through(request, Pass::KeyFn, labels);
+            }
         };
         // Read once: the rebuild judges the origin's Vary against this key.
         let keyed = Keyed::now(&policy.keys);
@@ -148,16 +188,6 @@ where
         let flight = policy.flight.policy(labels);
         let now = Instant::now();
         let engine = &self.backend.engine;
-        if let Some(reason) = fresh_only {
-            return match engine.peek::<CachedResponse>(&key, now) {
-                Some(held) => {
-                    crate::metrics::count_hit(labels);
-                    let status = crate::engine::Status::Hit.into();
-                    ResponseFuture::ready(present(policy, &conditions, &held, status, None, now))
-                }
-                None => self.pass_through(request, reason, labels),
-            };
-        }
         match engine.lookup::<CachedResponse>(key, &flight, now) {
             Looked::Hit {
                 held,
@@ -212,6 +242,128 @@ where
                 ResponseFuture::miss(future)
             }
         }
+    }
+}
+
+/// Marks a request whose content the layer read and threw away, on its
+/// way back into [`GuardService::call`]: it has no content left.
+#[derive(Clone, Copy, Debug)]
+struct Discarded;
+
+/// Reads a body to its end and throws it away: whether it ended cleanly.
+async fn read_to_end<B: HttpBody + Unpin>(body: &mut B) -> bool {
+    loop {
+        match std::future::poll_fn(|cx| std::pin::Pin::new(&mut *body).poll_frame(cx)).await {
+            None => return true,
+            Some(Ok(_)) => {}
+            Some(Err(_)) => return false,
+        }
+    }
+}
+
+impl<S> GuardService<S> {
+    /// The custom key of a route with a key function, `None` inside when
+    /// it has none; `None` when the function declines the request.
+    fn custom_key(&self, parts: &http::request::Parts) -> Option<Option<String>> {
+        match &self.policy.keys.key_fn {
+            Some(key_fn) => key_fn(parts).map(Some),
+            None => Some(None),
+        }
+    }
+
+    /// A GET or HEAD with content: the content is read as it arrives and
+    /// thrown away (nothing of it is kept, so its size costs no memory),
+    /// then the request, without it, goes the way of any GET. Reading it
+    /// keeps the connection's framing whole: the next request on it starts
+    /// where this one's content ends. A body that fails (its client hung
+    /// up, or broke its framing) gets a `400`.
+    fn discard_content<ReqBody, ResBody>(
+        &mut self,
+        mut parts: http::request::Parts,
+        mut body: ReqBody,
+        labels: Labels,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: HttpBody + Unpin + Send + 'static,
+        ResBody: HttpBody + Send + 'static,
+        ResBody::Data: Buf + Send,
+        ResBody::Error: Send,
+    {
+        // The readied service goes with the request; a clone takes its place.
+        let clone = self.clone();
+        let mut service = std::mem::replace(self, clone);
+        ResponseFuture::miss(Box::pin(async move {
+            if !read_to_end(&mut body).await {
+                return service.bad_request(Pass::RequestBody, labels).await;
+            }
+            parts.extensions.insert(Discarded);
+            service.call(Request::from_parts(parts, body)).await
+        }))
+    }
+
+    /// The first protocol switch asked of a key whose handler is not known
+    /// to switch or not: passed through, and its answer learned.
+    fn probe_upgrade<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+        probe: Probe,
+        labels: Labels,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: HttpBody + Unpin + Send + 'static,
+        ResBody: HttpBody + Send + 'static,
+        ResBody::Data: Buf + Send,
+        ResBody::Error: Send,
+    {
+        let policy = self.policy.clone();
+        let passed = self.pass_through(request, Pass::Upgrade, labels);
+        ResponseFuture::miss(Box::pin(async move {
+            let response = passed.await?;
+            let status = response.status();
+            let plain = !status.is_server_error() && policy.store.statuses.contains(&status);
+            let window = policy.store.lifetime.ttl.max(policy.store.hit_for_miss);
+            probe.learn(
+                status == http::StatusCode::SWITCHING_PROTOCOLS,
+                plain,
+                window,
+            );
+            Ok(response)
+        }))
+    }
+
+    /// A protocol switch asked while the key's probe is at the handler:
+    /// once it has answered (or the wait budget ran out), asked again.
+    fn after_probe<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+        mut done: tokio::sync::watch::Receiver<()>,
+        labels: Labels,
+    ) -> ResponseFuture<S::Future, ResBody, S::Error>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqBody: HttpBody + Unpin + Send + 'static,
+        ResBody: HttpBody + Send + 'static,
+        ResBody::Data: Buf + Send,
+        ResBody::Error: Send,
+    {
+        let budget = self.policy.flight.policy(labels).wait_budget;
+        let clone = self.clone();
+        let mut service = std::mem::replace(self, clone);
+        ResponseFuture::miss(Box::pin(async move {
+            // The probe never sends: `changed` ends when it is dropped.
+            match tokio::time::timeout(budget, done.changed()).await {
+                Ok(_) => service.call(request).await,
+                Err(_) => service.pass_through(request, Pass::Upgrade, labels).await,
+            }
+        }))
     }
 }
 

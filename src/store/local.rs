@@ -41,6 +41,10 @@ pub(crate) enum Slot<T> {
     Value(Arc<T>),
     /// Until this instant, requests for the key bypass coalescing.
     HitForMiss(Instant),
+    /// Until this instant, the key's last answer was for one client: its
+    /// requests still coalesce, but a flight whose answer is again for one
+    /// client releases its waiters at once.
+    Unshared(Instant),
 }
 
 impl<T> Clone for Slot<T> {
@@ -48,6 +52,7 @@ impl<T> Clone for Slot<T> {
         match self {
             Slot::Value(value) => Slot::Value(value.clone()),
             Slot::HitForMiss(until) => Slot::HitForMiss(*until),
+            Slot::Unshared(until) => Slot::Unshared(*until),
         }
     }
 }
@@ -60,7 +65,7 @@ impl SlotExpiry {
     fn remaining<T: Stored>(slot: &Slot<T>, now: Instant) -> Option<Duration> {
         let until = match slot {
             Slot::Value(value) => value.last_use(),
-            Slot::HitForMiss(until) => *until,
+            Slot::HitForMiss(until) | Slot::Unshared(until) => *until,
         };
         Some(until.saturating_duration_since(now))
     }
@@ -125,7 +130,7 @@ impl<T: Stored> LocalTier<T> {
             .max_capacity(max_bytes)
             .weigher(|_: &Key, slot: &Slot<T>| match slot {
                 Slot::Value(value) => value.weight(),
-                Slot::HitForMiss(_) => SLOT_OVERHEAD as u32,
+                Slot::HitForMiss(_) | Slot::Unshared(_) => SLOT_OVERHEAD as u32,
             })
             .expire_after(SlotExpiry)
             .support_invalidation_closures()

@@ -90,7 +90,6 @@ const WITH_BODY: &str =
 /// once cost one call; thirty GETs with one byte of body each cost one
 /// call each, every time, for as long as nobody else warms the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a GET with a body on a cold key costs one origin call per request"]
 async fn a_get_with_a_body_on_a_cold_key_costs_at_most_one_miss() {
     let origin = Origin::default();
     let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
@@ -117,7 +116,6 @@ async fn a_get_with_a_body_on_a_cold_key_costs_at_most_one_miss() {
 /// stale-while-revalidate window: a plain GET is answered from it (one
 /// background refresh), a GET with a body is passed through, every time.
 #[tokio::test]
-#[ignore = "a GET with a body on a stale (revalidatable) key costs one origin call per request"]
 async fn a_get_with_a_body_on_a_stale_key_costs_at_most_one_miss() {
     let origin = Origin::default();
     let guard = StampedeGuard::new(Backend::local())
@@ -146,7 +144,6 @@ async fn a_get_with_a_body_on_a_stale_key_costs_at_most_one_miss() {
 /// requests: each costs an origin call.
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a GET with a body on an instance whose in-process tier lacks a key fresh in Redis costs one origin call per request"]
 async fn a_get_with_a_body_on_a_key_fresh_in_redis_costs_no_origin_call() {
     use crate::common::fleet::backend_at;
     use crate::common::redis::RedisServer;
@@ -189,7 +186,6 @@ async fn a_get_with_a_body_on_a_key_fresh_in_redis_costs_no_origin_call() {
 /// reaches it. Any client adds two headers and turns the protection off:
 /// thirty at once on a warm key, thirty origin calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "an Upgrade the handler never accepts passes every request to the origin"]
 async fn an_upgrade_the_handler_never_accepts_costs_no_origin_call_on_a_warm_key() {
     let origin = Origin::default();
     let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
@@ -596,7 +592,6 @@ async fn a_body_over_the_cap_requested_on_two_instances_at_once() {
 /// hit-for-miss for everyone: the next thirty plain requests, which would
 /// have coalesced on one call, go to the origin one by one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "one request whose answer sets a cookie marks the key hit-for-miss: every plain request then reaches the origin"]
 async fn one_request_whose_answer_sets_a_cookie_does_not_turn_coalescing_off_for_everyone() {
     let origin = Origin::default();
     let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
@@ -641,7 +636,6 @@ async fn one_request_whose_answer_sets_a_cookie_does_not_turn_coalescing_off_for
 /// mark. The next thirty plain requests, which the stale entry (and one
 /// refresh) would have answered, reach the origin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a stale hit whose refresh answer sets a cookie drops the stale entry for a hit-for-miss mark: every plain request then reaches the origin"]
 async fn a_refresh_answered_with_a_cookie_does_not_turn_coalescing_off_for_everyone() {
     let origin = Origin::default();
     let guard = StampedeGuard::new(Backend::local())
@@ -701,7 +695,6 @@ async fn a_refresh_answered_with_a_cookie_does_not_turn_coalescing_off_for_every
 /// thirty plain requests, which would coalesce on one call, reach the
 /// origin one by one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "two refused requests in a row on one flight mark the key hit-for-miss: every plain request then reaches the origin"]
 async fn a_refused_client_does_not_turn_coalescing_off_for_everyone() {
     let origin = Origin::default();
     let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
@@ -815,5 +808,426 @@ async fn one_clients_failure_never_answers_other_clients_on_the_fleet() {
     assert_eq!(
         failed, 0,
         "{failed} of 10 plain requests on another instance got the failure another client's header caused"
+    );
+}
+
+/// `/report` counted by `origin` (answers `v<call>`), and `/secret`
+/// counted by `secret`: a request only a smuggled one would make.
+fn with_a_secret(origin: &Origin, secret: &Origin) -> Router {
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+    let (origin, secret) = (origin.clone(), secret.clone());
+    Router::new()
+        .route(
+            "/report",
+            get(move || {
+                let origin = origin.clone();
+                async move {
+                    let (n, _running) = origin.enter();
+                    format!("v{n}")
+                }
+            }),
+        )
+        .route(
+            "/secret",
+            get(move || {
+                let secret = secret.clone();
+                async move {
+                    secret.enter();
+                    "secret".to_owned()
+                }
+            }),
+        )
+        .layer(guard)
+}
+
+/// A GET whose content is a whole second request, on a kept-alive
+/// connection, then a plain GET on it: the content is read and thrown away
+/// (the connection's framing stays whole), so the hidden request is never
+/// answered nor made, and the plain GET after it is answered as the second
+/// answer on the connection. Content-Length and chunked shapes alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_hidden_in_a_get_body_is_never_answered() {
+    const HIDDEN: &str = "GET /secret HTTP/1.1\r\nHost: a.test\r\n\r\n";
+    const NEXT: &str = "GET /report HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n";
+    let sized = format!(
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nContent-Length: {}\r\n\r\n{HIDDEN}{NEXT}",
+        HIDDEN.len()
+    );
+    let chunked = format!(
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{HIDDEN}\r\n0\r\n\r\n{NEXT}",
+        HIDDEN.len()
+    );
+    for wire in [sized, chunked] {
+        let (origin, secret) = (Origin::default(), Origin::default());
+        let addr = serve(with_a_secret(&origin, &secret)).await;
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(wire.as_bytes()).await.expect("write");
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(GENEROUS, stream.read_to_end(&mut out)).await;
+        let text = String::from_utf8_lossy(&out);
+        let answers = text.matches("HTTP/1.1 ").count();
+        eprintln!(
+            "a request hidden in a GET's body: {answers} answers, {} calls to /secret, {} to /report",
+            secret.calls(),
+            origin.calls()
+        );
+        assert_eq!(answers, 2, "{text}");
+        assert!(!text.contains("secret"), "{text}");
+        assert_eq!(secret.calls(), 0, "the hidden request was made");
+        assert_eq!(origin.calls(), 1, "the plain GET after it is a hit");
+    }
+}
+
+/// The handler reads the body of a GET: behind the layer it never sees
+/// one (its answer could otherwise be stored for everyone), and a GET with
+/// content costs what a plain one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_that_reads_a_get_body_never_sees_one() {
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+    let app = {
+        let origin = origin.clone();
+        Router::new().route(
+            "/report",
+            get(move |headers: HeaderMap, body: String| {
+                let origin = origin.clone();
+                async move {
+                    origin.enter();
+                    let framing = headers.contains_key("content-length")
+                        || headers.contains_key("transfer-encoding");
+                    format!("body={body} framing={framing}")
+                }
+            })
+            .layer(guard),
+        )
+    };
+    let addr = serve(app).await;
+    let evil = "GET /report HTTP/1.1\r\nHost: a.test\r\nContent-Length: 4\r\nConnection: close\r\n\r\nevil";
+    let (status, body) = raw(addr, evil).await;
+    assert_eq!(status, 200);
+    assert!(body.contains("body= framing=false"), "{body}");
+    let (_, body) = raw(addr, PLAIN).await;
+    assert!(body.contains("body= framing=false"), "{body}");
+    assert_eq!(origin.calls(), 1);
+}
+
+/// Other shapes of content on a cold key, thirty at once each: chunked
+/// GETs, then HEADs with a `Content-Length`. One origin call in all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_gets_and_heads_with_content_cost_at_most_one_miss() {
+    const CHUNKED: &str = "GET /report HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+    const HEAD: &str =
+        "HEAD /report HTTP/1.1\r\nHost: a.test\r\nContent-Length: 2\r\nConnection: close\r\n\r\nab";
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+    let app = counted_app(&origin, guard, |n| async move {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        format!("v{n}")
+    });
+    let addr = serve(app).await;
+    let answers = raw_burst(addr, 30, CHUNKED).await;
+    let whole = answers
+        .iter()
+        .filter(|(s, b)| *s == 200 && b.contains("v1"))
+        .count();
+    let heads = raw_burst(addr, 30, HEAD).await;
+    let heads_ok = heads.iter().filter(|(s, _)| *s == 200).count();
+    eprintln!(
+        "30 chunked GETs then 30 HEADs with content, on a cold key: {whole} + {heads_ok} answered, {} origin calls",
+        origin.calls()
+    );
+    assert_eq!((whole, heads_ok), (30, 30));
+    assert_eq!(origin.calls(), 1);
+}
+
+/// `/report`: a protocol switch with a `Sec-WebSocket-Key` gets a `101`;
+/// one without it a `400` (a handshake the endpoint refuses); a plain GET
+/// `v<call>`.
+fn switching_app(origin: &Origin) -> Router {
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+    let origin = origin.clone();
+    Router::new().route(
+        "/report",
+        get(move |headers: HeaderMap| {
+            let origin = origin.clone();
+            async move {
+                let (n, _running) = origin.enter();
+                if headers.contains_key("upgrade") {
+                    if !headers.contains_key("sec-websocket-key") {
+                        return http::Response::builder()
+                            .status(StatusCode::BAD_REQUEST)
+                            .body(Body::from("bad handshake"))
+                            .unwrap();
+                    }
+                    return http::Response::builder()
+                        .status(StatusCode::SWITCHING_PROTOCOLS)
+                        .header("upgrade", "websocket")
+                        .header("connection", "upgrade")
+                        .body(Body::empty())
+                        .unwrap();
+                }
+                http::Response::new(Body::from(format!("v{n}")))
+            }
+        })
+        .layer(guard),
+    )
+}
+
+const HANDSHAKE: &str = "GET /report HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+/// An endpoint that does switch (a `101`) on a key whose plain GET is
+/// cached: every switch, ten in a row and ten at once, reaches it and is
+/// switched; the plain GET stays a hit. A handshake it refuses (a `400`)
+/// teaches the layer nothing: the switches after it still reach it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_protocol_switch_reaches_the_handler_every_time() {
+    const REFUSED: &str =
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: upgrade, close\r\n\r\n";
+    let origin = Origin::default();
+    let addr = serve(switching_app(&origin)).await;
+    assert_eq!(raw(addr, PLAIN).await.0, 200);
+    assert_eq!(raw(addr, REFUSED).await.0, 400);
+    let mut switched = 0;
+    for _ in 0..10 {
+        switched += usize::from(raw(addr, HANDSHAKE).await.0 == 101);
+    }
+    let at_once = raw_burst(addr, 10, HANDSHAKE).await;
+    switched += at_once.iter().filter(|(s, _)| *s == 101).count();
+    let (status, body) = raw(addr, PLAIN).await;
+    eprintln!(
+        "a real switch: {switched} of 20 switched, {} origin calls (1 plain, 1 refused, 20 switches)",
+        origin.calls()
+    );
+    assert_eq!(switched, 20);
+    assert_eq!(origin.calls(), 22);
+    assert_eq!(status, 200);
+    assert!(body.contains("v1"), "the plain GET is still a hit: {body}");
+}
+
+/// A switch the handler answers as a plain GET, on a cold key, with
+/// content: the first is passed through and teaches the layer; the rest,
+/// thirty at once, are taken as plain GETs (their content discarded) and
+/// coalesce on at most one more call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unaccepted_upgrade_with_content_on_a_cold_key_costs_at_most_two_calls() {
+    const SWITCH_WITH_BODY: &str = "GET /report HTTP/1.1\r\nHost: a.test\r\nUpgrade: no-such-protocol/1\r\nConnection: upgrade, close\r\nContent-Length: 1\r\n\r\nx";
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+    let app = counted_app(&origin, guard, |n| async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        format!("v{n}")
+    });
+    let addr = serve(app).await;
+    let answers = raw_burst(addr, 30, SWITCH_WITH_BODY).await;
+    let ok = answers
+        .iter()
+        .filter(|(s, b)| *s == 200 && b.contains('v'))
+        .count();
+    eprintln!(
+        "30 unaccepted switches with content on a cold key: {ok} answered, {} origin calls",
+        origin.calls()
+    );
+    assert_eq!(ok, 30);
+    assert!(origin.calls() <= 2, "{} origin calls", origin.calls());
+}
+
+/// A route whose every answer is per client (a cookie each time): nothing
+/// is shared or stored, and every request, twenty at once twice, gets its
+/// own answer from its own call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_whose_every_answer_sets_a_cookie_gives_each_request_its_own() {
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+    let app = {
+        let origin = origin.clone();
+        Router::new().route(
+            "/report",
+            get(move || {
+                let origin = origin.clone();
+                async move {
+                    let (n, _running) = origin.enter();
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    let mut response = http::Response::new(Body::from(format!("v{n}.")));
+                    let cookie = http::HeaderValue::from_str(&format!("id={n}")).unwrap();
+                    response.headers_mut().insert("set-cookie", cookie);
+                    response
+                }
+            })
+            .layer(guard),
+        )
+    };
+    let addr = serve(app).await;
+    let mut bodies = std::collections::BTreeSet::new();
+    for _ in 0..2 {
+        for (status, body) in raw_burst(addr, 20, PLAIN).await {
+            assert_eq!(status, 200);
+            let v = body
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .find(|w| w.starts_with('v'))
+                .unwrap_or_default()
+                .to_owned();
+            bodies.insert(v);
+        }
+    }
+    eprintln!(
+        "40 requests on a route whose every answer sets a cookie: {} distinct answers, {} origin calls",
+        bodies.len(),
+        origin.calls()
+    );
+    assert_eq!(bodies.len(), 40, "an answer for one client reached another");
+    assert_eq!(origin.calls(), 40);
+}
+
+/// A page and a WebSocket on one path: a complete handshake gets a `101`,
+/// anything else (a made-up or malformed switch too) the page. Thirty
+/// made-up switches at once on a warm key cost at most the one probe, and
+/// the page they taught the layer never answers a real handshake: each of
+/// those still reaches the handler and is switched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_made_up_switch_never_turns_a_real_handshake_into_a_page_hit() {
+    const MADE_UP: &str = "GET /report HTTP/1.1\r\nHost: a.test\r\nUpgrade: no-such-protocol/1\r\nConnection: upgrade, close\r\n\r\n";
+    let origin = Origin::default();
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+    let app = {
+        let origin = origin.clone();
+        Router::new().route(
+            "/report",
+            get(move |headers: HeaderMap| {
+                let origin = origin.clone();
+                async move {
+                    let (n, _running) = origin.enter();
+                    let handshake = headers
+                        .get("upgrade")
+                        .is_some_and(|u| u.as_bytes().eq_ignore_ascii_case(b"websocket"))
+                        && headers.contains_key("sec-websocket-key");
+                    if handshake {
+                        return http::Response::builder()
+                            .status(StatusCode::SWITCHING_PROTOCOLS)
+                            .header("upgrade", "websocket")
+                            .header("connection", "upgrade")
+                            .body(Body::empty())
+                            .unwrap();
+                    }
+                    http::Response::new(Body::from(format!("v{n}")))
+                }
+            })
+            .layer(guard),
+        )
+    };
+    let addr = serve(app).await;
+    assert_eq!(raw(addr, PLAIN).await.0, 200);
+    let pages = raw_burst(addr, 30, MADE_UP).await;
+    let pages = pages
+        .iter()
+        .filter(|(s, b)| *s == 200 && b.contains('v'))
+        .count();
+    let after_made_up = origin.calls();
+    let mut switched = 0;
+    for _ in 0..5 {
+        switched += usize::from(raw(addr, HANDSHAKE).await.0 == 101);
+    }
+    eprintln!(
+        "30 made-up switches: {pages} pages, {} origin calls; then 5 real handshakes: {switched} switched",
+        after_made_up - 1
+    );
+    assert_eq!(pages, 30);
+    assert!(after_made_up - 1 <= 1, "{} origin calls", after_made_up - 1);
+    assert_eq!(switched, 5);
+    assert_eq!(origin.calls(), after_made_up + 5);
+}
+
+/// `/report` on `backend`: `v<call>` after 200 ms, with a cookie for a
+/// request that carries `X-Probe`, and `Cache-Control: private` for one
+/// that carries `X-Private`.
+fn per_client_app(backend: Backend, origin: &Origin) -> Router {
+    let origin = origin.clone();
+    let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(600));
+    Router::new().route(
+        "/report",
+        get(move |headers: HeaderMap| {
+            let origin = origin.clone();
+            async move {
+                let (n, _running) = origin.enter();
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let mut response = http::Response::new(Body::from(format!("v{n}")));
+                if headers.contains_key("x-probe") {
+                    response
+                        .headers_mut()
+                        .insert("set-cookie", http::HeaderValue::from_static("seen=1"));
+                }
+                if headers.contains_key("x-private") {
+                    response
+                        .headers_mut()
+                        .insert("cache-control", http::HeaderValue::from_static("private"));
+                }
+                response
+            }
+        })
+        .layer(guard),
+    )
+}
+
+/// The same class through `Cache-Control: private`: one request whose
+/// answer is private to it, then thirty plain requests at once, coalesce
+/// on one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_whose_answer_is_private_does_not_turn_coalescing_off() {
+    let origin = Origin::default();
+    let addr = serve(per_client_app(Backend::local(), &origin)).await;
+    let private =
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nX-Private: 1\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw(addr, private).await.0, 200);
+    let answers = raw_burst(addr, 30, PLAIN).await;
+    let ok = answers.iter().filter(|(s, _)| *s == 200).count();
+    let calls = origin.calls() - 1;
+    eprintln!("one private answer, then 30 plain at once: {ok} answered, {calls} origin calls");
+    assert_eq!(ok, 30);
+    assert!(calls <= 1, "{calls} origin calls");
+}
+
+/// A fleet of two on a real redis-server: one request answered with a
+/// cookie on instance A marks the key there; thirty plain requests at once,
+/// half on each instance, cost at most one call per instance (a marked
+/// key's flight does not queue behind the fleet's lease), and a plain
+/// request after them is a hit on both.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cookie_answer_on_one_instance_costs_the_fleet_at_most_one_call_per_instance() {
+    use crate::common::fleet::backend_at;
+    use crate::common::redis::RedisServer;
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let mut addrs = Vec::new();
+    for _ in 0..2 {
+        let backend = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
+        addrs.push(serve(per_client_app(backend, &origin)).await);
+    }
+    let probe = "GET /report HTTP/1.1\r\nHost: a.test\r\nX-Probe: 1\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw(addrs[0], probe).await.0, 200);
+    let tasks: Vec<_> = (0..30)
+        .map(|i| {
+            let addr = addrs[i % 2];
+            tokio::spawn(async move { raw(addr, PLAIN).await })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        ok += usize::from(t.await.expect("request task").0 == 200);
+    }
+    let calls = origin.calls() - 1;
+    let mut hits = 0;
+    for addr in &addrs {
+        hits += usize::from(raw(*addr, PLAIN).await.0 == 200);
+    }
+    eprintln!(
+        "a cookie answer on A, then 30 plain at once over A and B: {ok} answered, {calls} origin calls; {} after",
+        origin.calls() - 1 - calls
+    );
+    assert_eq!((ok, hits), (30, 2));
+    assert!(calls <= 2, "{calls} origin calls");
+    assert_eq!(
+        origin.calls() - 1,
+        calls,
+        "a plain request after them missed"
     );
 }
