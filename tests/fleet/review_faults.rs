@@ -277,3 +277,210 @@ async fn a_shutdown_racing_the_join_leaves_no_member_and_no_connection() {
         "(round, joined, members, clients, status): {leaked:?}"
     );
 }
+
+/// A backend with an outage grace far longer than the test.
+async fn graced(url: &str) -> Backend {
+    Backend::redis_builder(url)
+        .deadline(Duration::from_millis(500))
+        .probe_interval(Duration::from_millis(100))
+        .outage_grace(Duration::from_secs(600))
+        .connect()
+        .await
+        .expect("redis backend")
+}
+
+/// Redis flaps: killed and restarted empty, again and again, under load,
+/// each time long enough for both instances to notice and to rejoin. The
+/// issue's bound for an outage is at most one origin call per key per
+/// instance per TTL (60 s here, far longer than the test): every warm key
+/// is requested through all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a flapping redis costs a rebuild of every warm key at each rejoin: calls grow with the flaps, not the ttl"]
+async fn a_flapping_redis_costs_at_most_one_call_per_key_per_instance_per_ttl() {
+    const KEYS: usize = 5;
+    const FLAPS: usize = 6;
+    let mut redis = RedisServer::start();
+    let origin = Origin::default();
+    let a = instance(graced(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    let b = instance(graced(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    let both = [&a, &b];
+    wait_for(&both, Status::Fleet).await;
+    let load = || async {
+        for k in 0..KEYS {
+            for i in &both {
+                let answer = send(&i.app, get(&format!("/report?k={k}"))).await;
+                assert_eq!(answer.status, 200);
+            }
+        }
+    };
+    for k in 0..KEYS {
+        settled(&a, &format!("/report?k={k}")).await;
+        settled(&b, &format!("/report?k={k}")).await;
+    }
+    let warm = origin.calls();
+    assert!(warm <= KEYS * 2);
+    for _ in 0..FLAPS {
+        redis.kill();
+        let until = std::time::Instant::now() + LIMIT;
+        while !both
+            .iter()
+            .all(|i| i.backend.health().status == Status::Degraded)
+        {
+            assert!(std::time::Instant::now() < until, "the outage was noticed");
+            load().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        redis.restart();
+        let until = std::time::Instant::now() + LIMIT;
+        while !both
+            .iter()
+            .all(|i| i.backend.health().status == Status::Fleet)
+        {
+            assert!(std::time::Instant::now() < until, "the rejoin");
+            load().await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        load().await;
+    }
+    let during = origin.calls() - warm;
+    assert!(
+        during <= KEYS * 2,
+        "{during} origin calls for {KEYS} warm keys on 2 instances over {FLAPS} flaps"
+    );
+}
+
+/// A rebuilds a key for 600 s; B and C each have requests waiting for it.
+/// A and B shut down at once (100 ms deadline): A hands its lease back. The
+/// key must cost one more origin call for the fleet, and every waiter on
+/// C must be answered. B's waiters, answered too, find B shutting down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "an instance shutting down with waiters rebuilds the key itself (no lease) while the fleet rebuilds it too"]
+async fn two_instances_shutting_down_mid_rebuild_leave_the_third_one_rebuild() {
+    use crate::common::monitor::Monitor;
+    let redis = RedisServer::start();
+    let monitor = Monitor::start(&redis);
+    let (oa, ob, oc) = (Origin::default(), Origin::default(), Origin::default());
+    let configure = |g: StampedeGuard| {
+        g.ttl(Duration::from_secs(60))
+            .lease(Duration::from_secs(60))
+            .wait_budget(Duration::from_secs(30))
+    };
+    let url = redis.url();
+    let connect = || backend_at(&url, ROOMY_DEADLINE);
+    let a = instance(connect().await, &oa, Duration::from_secs(600), configure);
+    let b = instance(connect().await, &ob, Duration::from_millis(200), configure);
+    let c = instance(connect().await, &oc, Duration::from_millis(200), configure);
+    until("three members", || members(&redis) == 3).await;
+    let app = a.app.clone();
+    let a_request = tokio::spawn(async move { send(&app, get("/report/hot")).await });
+    until("A's handler runs", || oa.calls() == 1).await;
+    until("A holds the lease", || {
+        keys_like(&redis, "sg:*:l").len() == 1
+    })
+    .await;
+    let waiters = |i: &Instance| -> Vec<_> {
+        (0..10)
+            .map(|_| {
+                let app = i.app.clone();
+                tokio::spawn(async move { send(&app, get("/report/hot")).await })
+            })
+            .collect()
+    };
+    monitor.settle(&redis).await;
+    let mark = monitor.len();
+    let on_b = waiters(&b);
+    let on_c = waiters(&c);
+    // B and C each asked Redis once (their requests coalesce in-process)
+    // and found the lease held.
+    monitor.await_fetches(mark, 2).await;
+    assert_eq!(ob.calls() + oc.calls(), 0, "everyone waits for A");
+
+    let (ra, rb) = tokio::join!(
+        tokio::time::timeout(LIMIT, a.backend.shutdown(Duration::from_millis(100))),
+        tokio::time::timeout(LIMIT, b.backend.shutdown(Duration::from_millis(100))),
+    );
+    let (ra, _rb) = (ra.expect("A returned"), rb.expect("B returned"));
+    assert_eq!(ra.leases_handed_back, 1);
+    let mut ok = 0;
+    for t in on_b.into_iter().chain(on_c) {
+        let answer = tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("answered")
+            .expect("task");
+        if answer.status == 200 {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 20, "every waiter answered");
+    assert_eq!(
+        ob.calls() + oc.calls(),
+        1,
+        "one rebuild for the fleet after A's hand-back (B: {}, C: {})",
+        ob.calls(),
+        oc.calls()
+    );
+    a_request.abort();
+}
+
+/// C's purge waits for the acknowledgement of every member; A, whose
+/// replies are held (it cannot hear the message), shuts down and leaves the
+/// membership while C waits. C must not wait out the lease for a member
+/// that left: the purge is confirmed, not counted unconfirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a purge waits out the lease for a member that left during the wait, and counts it unconfirmed"]
+async fn a_purge_does_not_wait_for_a_member_that_left_while_it_waited() {
+    use crate::common::monitor::Monitor;
+    let redis = RedisServer::start();
+    let monitor = Monitor::start(&redis);
+    let origin = Origin::default();
+    let proxy = Proxy::start(redis.port()).await;
+    let a = instance(strict(&proxy.url()).await, &origin, Duration::ZERO, ttl);
+    let c = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    wait_for(&[&a, &c], Status::Fleet).await;
+    until("both are members", || members(&redis) == 2).await;
+    settled(&c, "/report").await;
+
+    monitor.settle(&redis).await;
+    let mark = monitor.len();
+    proxy.freeze_replies();
+    let purger = {
+        let guard = c.guard.clone();
+        let request = http::Request::get("/report").body(()).expect("a request");
+        tokio::spawn(async move { guard.invalidate(&request).await })
+    };
+    // C read the membership (A still in it) after its purge was published.
+    until("C reads the membership", || {
+        let cmds = monitor.commands(mark);
+        let published = cmds.iter().position(|c| {
+            c.first().is_some_and(|n| {
+                n.eq_ignore_ascii_case("evalsha") || n.eq_ignore_ascii_case("eval")
+            }) && c.iter().any(|a| a.ends_with(":g"))
+        });
+        published.is_some_and(|p| {
+            cmds[p..].iter().any(|c| {
+                c.iter().any(|a| a == "sg:members") && !c.iter().any(|a| a.contains("ack"))
+            })
+        })
+    })
+    .await;
+    tokio::time::timeout(LIMIT, a.backend.shutdown(Duration::from_millis(100)))
+        .await
+        .expect("A's shutdown returned");
+    until("A left", || members(&redis) == 1).await;
+    tokio::time::timeout(LIMIT, purger)
+        .await
+        .expect("no hang")
+        .expect("task")
+        .expect("the purge returned Ok");
+    proxy.thaw();
+    let unconfirmed = c
+        .backend
+        .stats()
+        .redis
+        .expect("redis stats")
+        .unconfirmed_invalidations;
+    assert_eq!(
+        unconfirmed, 0,
+        "the purge waited for a member that had left"
+    );
+}
