@@ -484,3 +484,130 @@ async fn a_purge_does_not_wait_for_a_member_that_left_while_it_waited() {
         "the purge waited for a member that had left"
     );
 }
+
+/// A's rebuild ends right around its shutdown's deadline, so its commit
+/// and the hand-back of its lease race; B, waiting, takes over when the
+/// lease comes back and rebuilds. Whatever the order, a value older than
+/// the one B committed never ends up in Redis: a fresh instance reads the
+/// newest value built.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_racing_its_hand_back_never_overwrites_a_newer_value() {
+    let mut older_won = Vec::new();
+    for round in 0..6u64 {
+        let redis = RedisServer::start();
+        let origin = Origin::default();
+        let configure = |g: StampedeGuard| {
+            g.ttl(Duration::from_secs(60))
+                .lease(Duration::from_secs(60))
+                .wait_budget(Duration::from_secs(30))
+        };
+        let url = redis.url();
+        let a = instance(
+            backend_at(&url, ROOMY_DEADLINE).await,
+            &origin,
+            Duration::from_millis(300),
+            configure,
+        );
+        let b = instance(
+            backend_at(&url, ROOMY_DEADLINE).await,
+            &origin,
+            Duration::from_millis(50),
+            configure,
+        );
+        let app = a.app.clone();
+        let a_request = tokio::spawn(async move { send(&app, get("/report/hot")).await });
+        until("A's handler runs", || origin.calls() == 1).await;
+        let app = b.app.clone();
+        let b_request = tokio::spawn(async move { send(&app, get("/report/hot")).await });
+        // Deadlines from well before to just past the end of A's handler.
+        let deadline = Duration::from_millis(200 + 30 * round);
+        let report = tokio::time::timeout(LIMIT, a.backend.shutdown(deadline))
+            .await
+            .expect("A's shutdown returned");
+        let b_answer = tokio::time::timeout(LIMIT, b_request)
+            .await
+            .expect("B answered")
+            .expect("task");
+        let _ = tokio::time::timeout(LIMIT, a_request).await;
+        let d = instance(
+            backend_at(&url, ROOMY_DEADLINE).await,
+            &origin,
+            Duration::ZERO,
+            configure,
+        );
+        let calls = origin.calls();
+        let read = send(&d.app, get("/report/hot")).await;
+        let newest = format!("v{}", calls);
+        if origin.calls() == calls && read.text() != newest {
+            older_won.push((round, report, b_answer.text(), read.text(), newest));
+        }
+    }
+    assert!(older_won.is_empty(), "{older_won:?}");
+}
+
+/// A waits in the queue of a lock B holds, and shuts down meanwhile; B then
+/// releases. C must get the lock, and A's wait must not end with a guard
+/// that believes it holds the lock too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_waited_for_during_shutdown_is_never_held_twice() {
+    use stampede_guard::Lock;
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (a, b, c) = (
+        backend_at(&url, ROOMY_DEADLINE).await,
+        backend_at(&url, ROOMY_DEADLINE).await,
+        backend_at(&url, ROOMY_DEADLINE).await,
+    );
+    let lock = |backend: &Backend| Lock::new(backend.clone()).lease(Duration::from_secs(60));
+    let held_by_b = lock(&b).acquire("job").await.expect("B takes the lock");
+    let a_wait = {
+        let lock = lock(&a);
+        tokio::spawn(async move { lock.acquire("job").await })
+    };
+    until("A waits in the queue", || {
+        !keys_like(&redis, "sg:lock:*:q").is_empty()
+    })
+    .await;
+    let report = tokio::time::timeout(LIMIT, a.shutdown(Duration::from_millis(100)))
+        .await
+        .expect("A's shutdown returned");
+    held_by_b.release().await.expect("B releases");
+    let c_lock = lock(&c);
+    let mut c_guard = None;
+    let until_limit = std::time::Instant::now() + LIMIT;
+    while c_guard.is_none() && std::time::Instant::now() < until_limit {
+        c_guard = c_lock.try_acquire("job").await.expect("C asks");
+        if c_guard.is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let a_result = tokio::time::timeout(LIMIT, a_wait).await;
+    let a_holds = matches!(&a_result, Ok(Ok(Ok(g))) if !g.is_lost());
+    assert!(
+        c_guard.is_some() && !a_holds,
+        "C holds: {}, A holds: {a_holds}, report {report:?}",
+        c_guard.is_some()
+    );
+}
+
+/// Redis is killed, the backend shuts down during the outage, Redis comes
+/// back: the shut-down backend must not reconnect or rejoin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_shut_down_during_an_outage_does_not_rejoin() {
+    let mut redis = RedisServer::start();
+    let origin = Origin::default();
+    let a = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    wait_for(&[&a], Status::Fleet).await;
+    settled(&a, "/report").await;
+    redis.kill();
+    wait_for(&[&a], Status::Degraded).await;
+    tokio::time::timeout(LIMIT, a.backend.shutdown(Duration::from_millis(100)))
+        .await
+        .expect("the shutdown returned");
+    redis.restart();
+    // Longer than a probe interval and a keepalive: a reconnect would show.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(members(&redis), 0);
+    assert!(client_ids(&redis).is_empty(), "no connection from A");
+    assert_eq!(a.backend.health().status, Status::Local);
+}
