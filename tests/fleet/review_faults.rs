@@ -611,3 +611,80 @@ async fn a_backend_shut_down_during_an_outage_does_not_rejoin() {
     assert!(client_ids(&redis).is_empty(), "no connection from A");
     assert_eq!(a.backend.health().status, Status::Local);
 }
+
+/// Started without Redis; Redis comes up and is killed again at moments
+/// through the background join, several times, then stays up. The backend
+/// joins in the end, and once joined it hears the fleet's purges: it does
+/// not answer an entry another instance purged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_dies_while_the_backend_joins_is_joined_once_it_stays_up() {
+    let mut redis = RedisServer::start();
+    redis.kill();
+    let origin = Origin::default();
+    let b = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    for round in 0..8u64 {
+        redis.restart();
+        tokio::time::sleep(Duration::from_millis(15 * round)).await;
+        redis.kill();
+    }
+    redis.restart();
+    wait_for(&[&b], Status::Fleet).await;
+    let a = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    wait_for(&[&a, &b], Status::Fleet).await;
+    let held = settled(&b, "/report").await;
+    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
+        .await
+        .expect("no hang")
+        .expect("the purge returned Ok");
+    let answer = send(&b.app, get("/report")).await;
+    assert_ne!(answer.text(), held, "the purge was heard");
+}
+
+/// Redis frozen (SIGSTOP, so it keeps its data) under two instances with an
+/// outage grace; A purges a key during the outage (an error, kept pending);
+/// B serves what it held, within the grace. Redis thaws: once A's pending
+/// purge has reached Redis, neither instance answers the purged value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_pending_through_a_frozen_redis_is_honoured_after_the_thaw() {
+    use crate::common::monitor::Monitor;
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let a = instance(graced(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    let b = instance(graced(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    wait_for(&[&a, &b], Status::Fleet).await;
+    let held = settled(&b, "/report").await;
+    assert_eq!(held, settled(&a, "/report").await);
+    let generations = keys_like(&redis, "sg:*:g");
+    assert_eq!(generations.len(), 1, "{generations:?}");
+    let monitor = Monitor::start(&redis);
+    monitor.settle(&redis).await;
+
+    redis.freeze();
+    wait_for(&[&a, &b], Status::Degraded).await;
+    let mark = monitor.len();
+    let purge = tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
+        .await
+        .expect("no hang");
+    assert!(purge.is_err(), "no purge reaches a frozen redis");
+    redis.thaw();
+    // A's purge reaches Redis: some call after the thaw names the group's
+    // generation key.
+    until("the pending purge reaches redis", || {
+        monitor
+            .commands(mark)
+            .iter()
+            .any(|c| c.iter().any(|a| *a == generations[0]))
+    })
+    .await;
+    wait_for(&[&a, &b], Status::Fleet).await;
+    let mut stale = Vec::new();
+    for _ in 0..10 {
+        for (name, i) in [("a", &a), ("b", &b)] {
+            let answer = send(&i.app, get("/report")).await;
+            if answer.text() == held {
+                stale.push(name);
+            }
+        }
+    }
+    assert!(stale.is_empty(), "answers of the purged value: {stale:?}");
+}
