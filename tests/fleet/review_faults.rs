@@ -688,3 +688,48 @@ async fn a_purge_pending_through_a_frozen_redis_is_honoured_after_the_thaw() {
     }
     assert!(stale.is_empty(), "answers of the purged value: {stale:?}");
 }
+
+/// Strict barrier (no grace). B's link freezes; once its subscription
+/// lease has run out B drops its in-process tier and rebuilds on its own,
+/// keeping what it builds for up to a lease. A then purges: B's membership
+/// returns `Ok` once B's membership has lapsed. The strict rule says no
+/// instance then answers what it read before the purge returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_grace_a_cut_off_instance_does_not_serve_what_it_rebuilt_before_a_purge() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let proxy = Proxy::start(redis.port()).await;
+    let fast = |url: String| async move {
+        Backend::redis_builder(&url)
+            .deadline(Duration::from_millis(200))
+            .probe_interval(Duration::from_millis(100))
+            .outage_grace(Duration::ZERO)
+            .connect()
+            .await
+            .expect("redis backend")
+    };
+    let a = instance(fast(redis.url()).await, &origin, Duration::ZERO, ttl);
+    let b = instance(fast(proxy.url()).await, &origin, Duration::ZERO, ttl);
+    wait_for(&[&a, &b], Status::Fleet).await;
+    until("both are members", || members(&redis) == 2).await;
+    settled(&b, "/report").await;
+
+    proxy.freeze();
+    wait_for(&[&b], Status::Degraded).await;
+    // B, cut off past its lease, drops what it held and rebuilds alone.
+    let rebuilt = settled(&b, "/report").await;
+    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
+        .await
+        .expect("no hang")
+        .expect("the purge returned Ok");
+    let mut stale = 0;
+    for _ in 0..10 {
+        if send(&b.app, get("/report")).await.text() == rebuilt {
+            stale += 1;
+        }
+    }
+    assert_eq!(
+        stale, 0,
+        "answers of an entry B read before a purge that returned Ok"
+    );
+}
