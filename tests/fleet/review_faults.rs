@@ -899,3 +899,30 @@ async fn a_purge_on_a_shut_down_backend_reaches_the_fleet_or_fails() {
         "the purge returned Ok and B answered the purged entry {stale} times of 10"
     );
 }
+
+/// The README's start-up lines: one WARN when Redis cannot be reached at
+/// start-up, one INFO when the instance joins, however many attempts the
+/// background join takes.
+// One thread: the subscriber is this thread's.
+#[tokio::test(flavor = "current_thread")]
+async fn a_start_without_redis_logs_one_warn_then_one_info_on_joining() {
+    let logs = Logs::default();
+    let _tracing = tracing::subscriber::set_default(logs.clone());
+    let mut redis = RedisServer::start();
+    redis.kill();
+    let origin = Origin::default();
+    let b = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    // Several background attempts fail first.
+    for _ in 0..10 {
+        send(&b.app, get("/report")).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    redis.restart();
+    wait_for(&[&b], Status::Fleet).await;
+    let warns = logs.count(tracing::Level::WARN, "redis cannot be reached at start-up");
+    let infos = logs.count(
+        tracing::Level::INFO,
+        "connected to redis; this instance joined",
+    );
+    assert_eq!((warns, infos), (1, 1));
+}
