@@ -926,3 +926,46 @@ async fn a_start_without_redis_logs_one_warn_then_one_info_on_joining() {
     );
     assert_eq!((warns, infos), (1, 1));
 }
+
+/// The same race as above over a link with a 40 ms one-way delay, so the
+/// background join's connect (several round trips) is long and the
+/// shutdown lands inside it: the backend must still end with no member
+/// and no connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_inside_a_slow_join_leaves_no_member_and_no_connection() {
+    let mut leaked = Vec::new();
+    for round in 0..8u64 {
+        let mut redis = RedisServer::start();
+        redis.kill();
+        let proxy = Proxy::delayed(redis.port(), 40..=40).await;
+        let backend = Backend::redis_builder(&proxy.url())
+            .deadline(ROOMY_DEADLINE)
+            .connect_timeout(Duration::from_millis(500))
+            .probe_interval(Duration::from_millis(100))
+            .outage_grace(Duration::ZERO)
+            .connect()
+            .await
+            .expect("starts without redis");
+        redis.restart();
+        tokio::time::sleep(Duration::from_millis(100 + 120 * round)).await;
+        let joined_before = backend.health().status == Status::Fleet;
+        tokio::time::timeout(LIMIT, backend.shutdown(Duration::from_millis(100)))
+            .await
+            .expect("the shutdown returned");
+        until("no member and no connection", || {
+            members(&redis) == 0 && client_ids(&redis).is_empty()
+        })
+        .await;
+        // Longer than the join's pause and a keepalive: a leaked tier would
+        // have connected or registered again by then.
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let (m, c) = (members(&redis), client_ids(&redis).len());
+        if m != 0 || c != 0 || backend.health().status != Status::Local {
+            leaked.push((round, joined_before, m, c, backend.health().status));
+        }
+    }
+    assert!(
+        leaked.is_empty(),
+        "(round, joined, members, clients, status): {leaked:?}"
+    );
+}
