@@ -969,3 +969,46 @@ async fn a_shutdown_inside_a_slow_join_leaves_no_member_and_no_connection() {
         "(round, joined, members, clients, status): {leaked:?}"
     );
 }
+
+/// With a short grace, a cut-off instance serves what it held before a
+/// purge only until the lease and the grace have run out, while it is
+/// still cut off: it ends up answering a value built after the purge
+/// without its link coming back (the limit of the poll is a hang detector).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_instance_stops_serving_a_purged_entry_once_the_grace_ran_out() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let proxy = Proxy::start(redis.port()).await;
+    let short = |url: String| async move {
+        Backend::redis_builder(&url)
+            .deadline(Duration::from_millis(200))
+            .probe_interval(Duration::from_millis(100))
+            .outage_grace(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect("redis backend")
+    };
+    let a = instance(short(redis.url()).await, &origin, Duration::ZERO, ttl);
+    let b = instance(short(proxy.url()).await, &origin, Duration::ZERO, ttl);
+    wait_for(&[&a, &b], Status::Fleet).await;
+    let held = settled(&b, "/report").await;
+    proxy.freeze();
+    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
+        .await
+        .expect("no hang")
+        .expect("the purge returned Ok");
+    let until_limit = std::time::Instant::now() + LIMIT;
+    loop {
+        let answer = send(&b.app, get("/report")).await;
+        if answer.text() != held {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until_limit,
+            "B served the purged entry past any grace while cut off"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(b.backend.health().status, Status::Degraded, "still cut off");
+    proxy.thaw();
+}
