@@ -26,5 +26,6 @@ mod real_faults;
 mod redis_down;
 mod redis_keys;
 mod refresh_ahead;
+mod review_faults;
 mod shutdown;
 mod start_without_redis;
