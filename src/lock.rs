@@ -85,6 +85,7 @@ use crate::key::Key;
 use crate::store::redis::held::LeaseKind;
 #[cfg(feature = "redis")]
 use crate::store::redis::lock::{new_attempt, AbandonOnDrop, Attempt, QUEUE_HEARTBEAT};
+#[cfg(feature = "redis")]
 use crate::store::redis::renew::Renewer;
 #[cfg(feature = "redis")]
 use crate::store::redis::{migrating, RedisTier};

@@ -83,14 +83,6 @@ impl Envelope {
         let overdue = self.initial_age.saturating_sub(self.lifetime.ttl);
         self.lifetime.revalidation.saturating_sub(overdue)
     }
-
-    /// How long past its freshness the value is kept at all: the longest of
-    /// its windows (what the shared tier keeps it for).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn kept_past_freshness(&self) -> Duration {
-        let (revalidate, if_error) = self.windows();
-        revalidate.max(if_error).max(self.revalidation())
-    }
 }
 
 /// Where an entry stands at a given instant.
@@ -381,7 +373,8 @@ mod tests {
         // Counted from the origin's answer, like the stale windows.
         let aged = Entry::new(Bytes::new(), kept, secs(40), secs(0), t0);
         assert_eq!(aged.last_use(), t0 + secs(30));
-        assert_eq!(aged.envelope().kept_past_freshness(), secs(30));
+        let (revalidate, if_error) = aged.envelope().windows();
+        assert_eq!(revalidate.max(if_error), secs(30));
     }
 
     #[test]

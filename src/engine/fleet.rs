@@ -39,7 +39,7 @@ use super::apply_to;
 #[cfg(feature = "redis")]
 use super::codec;
 #[cfg(feature = "redis")]
-use super::entry::{later, Freshness};
+use super::entry::{later, Envelope, Freshness};
 #[cfg(feature = "redis")]
 use crate::metrics::{self as m, count};
 #[cfg(feature = "redis")]
@@ -405,7 +405,7 @@ impl Fleet {
                     // Kept for its freshness plus the longest window past
                     // it: a stale one, or the one in which it is only the
                     // base of a conditional request.
-                    let keep = fresh.saturating_add(entry.envelope().kept_past_freshness());
+                    let keep = fresh.saturating_add(kept_past_freshness(entry.envelope()));
                     let committed = tier.commit(&mut lease, bytes, fresh, keep, labels).await;
                     if let Ok(false) = committed {
                         // Fenced off: a newer entry, or an invalidation, came
@@ -1066,6 +1066,14 @@ async fn carried<V: CacheValue>(
     .then_some(entry)
 }
 
+/// How long past its freshness a value is kept in the shared tier: the
+/// longest of its windows (stale, or the base of a conditional request).
+#[cfg(feature = "redis")]
+fn kept_past_freshness(envelope: &Envelope) -> Duration {
+    let (revalidate, if_error) = envelope.windows();
+    revalidate.max(if_error).max(envelope.revalidation())
+}
+
 /// An entry read from the shared tier. Redis's clock decides: `remote.fresh`
 /// is the freshness Redis says is left (`None`: stale), `remote.remaining`
 /// the time until Redis drops the value. Instants are placed so that this
@@ -1074,7 +1082,7 @@ async fn carried<V: CacheValue>(
 fn decode<V: CacheValue>(remote: Remote, now: Instant) -> Option<Entry> {
     let (envelope, stamp, payload) = codec::decode(remote.bytes)?;
     let value = V::decode(payload)?;
-    let windows = envelope.kept_past_freshness();
+    let windows = kept_past_freshness(&envelope);
     let fresh_until = match (remote.fresh, remote.remaining) {
         (Some(left), _) => later(now, left),
         // Stale: the value was kept for `windows` past the end of freshness.

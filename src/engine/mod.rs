@@ -451,8 +451,8 @@ impl Engine {
                     // The key's last answer was for one client: this flight
                     // still gathers the requests that come meanwhile, but if
                     // its answer is again for one client they go to the
-                    // origin at once, side by side (no second round behind
-                    // another leader). It skips the shared tier, so that an
+                    // origin at once, side by side (they do not queue again
+                    // behind another leader). It skips the shared tier, so that an
                     // uncacheable key's requests on other instances do not
                     // queue behind this one's lease.
                     let marked =

@@ -21,7 +21,7 @@ use super::passes::Pass;
 use super::policy::{classify, explicitly_fresh, Policy, Verdict};
 use super::respond::tag_with;
 use super::response::{CachedBody, CachedResponse};
-use super::revalidate::with_revalidation;
+use super::revalidation_window::with_revalidation;
 use super::rfc::cache_control::initial_age;
 use super::spool::{hidden, spill_cap, Filling, Hold, OriginError, Spool};
 use crate::engine::{Built, Lifetime, TagSet, Waiters};

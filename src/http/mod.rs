@@ -77,6 +77,7 @@ mod range;
 mod respond;
 pub(crate) mod response;
 mod revalidate;
+mod revalidation_window;
 mod rfc;
 mod route_config;
 mod select;

@@ -12,7 +12,7 @@
 //! does not renew it (§4.3.4): the rebuild fails (stale-if-error, or the
 //! route's error answer), and the next one asks again.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
@@ -25,39 +25,9 @@ use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::tag;
 use super::response::{CachedBody, CachedResponse};
+use super::revalidation_window::with_revalidation;
 use super::rfc::cache_control::{http_date, initial_age};
-use crate::engine::{Built, Lifetime, TagSet, Waiters};
-
-/// The shortest revalidation window: how long at least an entry with a
-/// validator is kept past its freshness, as the base of a conditional
-/// request. Short lifetimes are where revalidation saves most: a one-second
-/// entry renewed by a 304 every second never sends its body again.
-pub(crate) const REVALIDATION_FLOOR: Duration = Duration::from_secs(60);
-
-/// The longest revalidation window: the longer a validator goes unasked,
-/// the likelier the representation changed, and the entry holds memory
-/// (in-process and in Redis) all the while.
-pub(crate) const REVALIDATION_CAP: Duration = Duration::from_secs(24 * 60 * 60);
-
-/// `lifetime` with its revalidation window: for a `200` with a validator
-/// (`ETag`, `Last-Modified`), as long again as its freshness lifetime,
-/// within [`REVALIDATION_FLOOR`] and [`REVALIDATION_CAP`]; none otherwise,
-/// since nothing could be asked conditionally. The entry is never served in
-/// that window, only renewed by the origin's 304 (or replaced by its 200):
-/// `must-revalidate` and its kin keep it as any other.
-pub(crate) fn with_revalidation(
-    mut lifetime: Lifetime,
-    status: StatusCode,
-    headers: &HeaderMap,
-) -> Lifetime {
-    let validated =
-        headers.contains_key(header::ETAG) || headers.contains_key(header::LAST_MODIFIED);
-    lifetime.revalidation = match status == StatusCode::OK && validated {
-        true => lifetime.ttl.clamp(REVALIDATION_FLOOR, REVALIDATION_CAP),
-        false => Duration::ZERO,
-    };
-    lifetime
-}
+use crate::engine::{Built, TagSet, Waiters};
 
 /// Header fields a 304 never changes in the stored response: the body's
 /// framing, coding and digests (the stored body was not resent: RFC 9111
@@ -243,7 +213,10 @@ fn same_tag(a: &HeaderValue, b: &HeaderValue) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Lifetime;
+    use crate::http::revalidation_window::{REVALIDATION_CAP, REVALIDATION_FLOOR};
     use bytes::Bytes;
+    use std::time::Duration;
 
     fn stored(headers: &[(&str, &str)]) -> CachedResponse {
         let mut map = HeaderMap::new();

@@ -4,6 +4,7 @@
 //! configured with different deadlines.
 
 use std::convert::Infallible;
+#[cfg(feature = "redis")]
 use std::sync::Arc;
 use std::time::Duration;
 
