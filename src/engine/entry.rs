@@ -373,8 +373,7 @@ mod tests {
         // Counted from the origin's answer, like the stale windows.
         let aged = Entry::new(Bytes::new(), kept, secs(40), secs(0), t0);
         assert_eq!(aged.last_use(), t0 + secs(30));
-        let (revalidate, if_error) = aged.envelope().windows();
-        assert_eq!(revalidate.max(if_error), secs(30));
+        assert_eq!(aged.envelope().revalidation(), secs(30));
     }
 
     #[test]
