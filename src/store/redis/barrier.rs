@@ -70,6 +70,10 @@
 //! answered. A member not read has lapsed before the read; one that did not
 //! acknowledge in time has lapsed by the end of the wait: either way it
 //! serves nothing it read before the invalidation (see the module doc).
+//! While acknowledgements are missing the membership is read again: a
+//! member that left meanwhile (a shutdown, after which it is outside the
+//! fleet and trusts its in-process tier as in an outage) is no longer
+//! waited for.
 //!
 //! **Group invalidations.** The script removes the entry's keys, moves the
 //! group's generation and publishes the purge; it is retried while Redis
@@ -483,10 +487,9 @@ impl Barrier {
                     } else {
                         self.notifier.liveness.lease()
                     };
-                let (acked, members) = self
+                let (mut acked, members) = self
                     .acked_by_members(acks, receivers, members.clone(), until)
                     .await;
-                let mut acked = acked;
                 let members = &members;
                 // The acknowledgements heard name every member: each must
                 // also have recorded its own (see the module doc), or the
@@ -522,14 +525,14 @@ impl Barrier {
 
     /// Waits, at most until `until`, for `receivers` acknowledgements and
     /// one from every instance of `members`, reading the membership again
-    /// every [`REREAD_EVERY`] of the lease while some are missing: a member
-    /// no longer in it has left (a shutdown, which stops trusting its
-    /// in-process tier beyond the outage grace, as an outage does) or
+    /// [`REREAD_EVERY`] times a lease while some are missing: a member no
+    /// longer in it has left (a shutdown, after which it trusts its
+    /// in-process tier for the outage grace at most, as in an outage) or
     /// lapsed (its subscription lease ran out), and is no longer waited
-    /// for, nor its subscriber among the receivers. A member that joined
-    /// since is not waited for either: it dropped its in-process tier when
-    /// it joined. Returns whether they all came, and the members still
-    /// waited for.
+    /// for; each one gone also lowers the receivers waited for by one (a
+    /// member is one subscriber at most). A member that joined since is not
+    /// waited for: it dropped its in-process tier when it joined. Returns
+    /// whether they all came, and the members still waited for.
     async fn acked_by_members(
         &self,
         acks: &mut watch::Receiver<Acked>,
