@@ -232,6 +232,42 @@ async fn a_shut_down_backend_does_not_serve_an_entry_purged_after_it_left() {
     );
 }
 
+/// The same with a 1 s outage grace: once shut down, A serves what it
+/// held for the grace at most, then drops it: it stops answering the entry
+/// purged after it left (the limit of the poll is a hang detector).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shut_down_backend_serves_what_it_held_for_the_grace_at_most() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let graced = Backend::redis_builder(&redis.url())
+        .deadline(ROOMY_DEADLINE)
+        .probe_interval(Duration::from_millis(100))
+        .outage_grace(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("redis backend");
+    let a = instance(graced, &origin, Duration::ZERO, ttl);
+    let b = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    wait_for(&[&a, &b], Status::Fleet).await;
+    until("both are members", || members(&redis) == 2).await;
+    let held = settled(&a, "/report").await;
+
+    a.backend.shutdown(Duration::from_millis(100)).await;
+    until("A left", || members(&redis) == 1).await;
+    tokio::time::timeout(LIMIT, b.guard.invalidate(&get("/report")))
+        .await
+        .expect("no hang")
+        .expect("the purge returned Ok");
+    let until_limit = std::time::Instant::now() + LIMIT;
+    while send(&a.app, get("/report")).await.text() == held {
+        assert!(
+            std::time::Instant::now() < until_limit,
+            "A served the purged entry past the grace after its shutdown"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Redis frozen (SIGSTOP) while many rebuild leases and a few locks are
 /// held: a shutdown with a 100 ms deadline cannot hand anything back, and
 /// must still return within its deadline plus a bound that does not grow
