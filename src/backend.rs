@@ -289,8 +289,8 @@ impl Backend {
     /// instances to wait out.
     ///
     /// 1. From the call on, no flight takes a fleet lease: a miss is
-    ///    answered as on the embedded backend (this process's L1, one
-    ///    origin call per key per process).
+    ///    rebuilt in this process (coalesced in it, one origin call per key
+    ///    per process).
     /// 2. Rebuilds that hold a lease get until `deadline` from now to
     ///    finish; those that do commit and publish as usual, so the fleet
     ///    is served from them.
@@ -304,10 +304,20 @@ impl Backend {
     ///    waiting for it), its background tasks stop and its Redis
     ///    connections close.
     ///
-    /// Afterwards the backend keeps answering, as an embedded one
-    /// ([`health`](Self::health) says [`Status::Local`]), but a
-    /// [`Lock`](crate::Lock) is refused (`LockError::Unavailable`): a lock
-    /// taken in this process alone would exclude nobody. Call it once per
+    /// Afterwards the backend is outside the fleet, and is treated as an
+    /// instance in a Redis outage ([`health`](Self::health) says
+    /// [`Status::Local`]). It keeps answering, coalescing requests in the
+    /// process, but it no longer hears the fleet's invalidations, and none
+    /// waits for it: its in-process tier is trusted for the
+    /// [`outage_grace`](RedisBackendBuilder::outage_grace) at most, counted
+    /// from the shutdown (then dropped, and again once per grace). With no
+    /// grace (the default) it answers nothing from it: every request that
+    /// finds no rebuild running calls the origin. An invalidation
+    /// (`invalidate`, `invalidate_tag`, `invalidate_all`) returns an error
+    /// (`ErrorKind::Unavailable`): it can no longer reach the fleet, and is
+    /// not kept. A [`Lock`](crate::Lock) is refused
+    /// (`LockError::Unavailable`): a lock taken in this process alone would
+    /// exclude nobody. Call it once per
     /// backend, after the server stopped taking requests (every guard built
     /// on it is shut down with it); later calls return at once with an
     /// empty report. If the returned future is dropped before it completes,
@@ -635,6 +645,13 @@ impl RedisBackendBuilder {
     /// sign of a lost subscription and every 3 s after, for as long as
     /// Redis is gone. A grace trades that rule, for an instance cut off
     /// alone, for origin calls saved during a whole outage.
+    ///
+    /// A backend outside the fleet (started while Redis could not be
+    /// reached and not joined yet, or shut down) is treated as cut off,
+    /// with no subscription lease: no invalidation waits for it, so it
+    /// trusts what its in-process tier holds for the grace at most (dropped
+    /// once per grace), and with no grace it answers nothing from it (its
+    /// requests are only coalesced in the process).
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::Backend;

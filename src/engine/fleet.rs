@@ -10,8 +10,13 @@
 //! crate was built without Redis or the backend has none: the plan is always
 //! "rebuild", and the in-process flight is the only protection), or with the
 //! Redis tier attached once it connected. A backend whose Redis could not be
-//! reached at start-up works embedded until its tier connects in the
-//! background.
+//! reached at start-up works without it until its tier connects in the
+//! background, and a backend shut down works without it from then on: in
+//! both it is outside the fleet, and is treated as an instance in an
+//! outage. No invalidation made elsewhere waits for it, so it trusts its
+//! in-process tier by the outage rule with no subscription lease to count
+//! from (see [`Fleet::l1_trust`]), and its own invalidations fail as they
+//! do while Redis is down (kept, before the join, until Redis has them).
 //!
 //! This is the one file of the engine that knows whether the crate was built
 //! with Redis, and the one that knows the tier's types; everything else in
@@ -45,11 +50,13 @@ use crate::metrics::{self as m, count};
 #[cfg(feature = "redis")]
 use crate::store::redis::carried::Holder;
 #[cfg(feature = "redis")]
+use crate::store::redis::liveness::Liveness;
+#[cfg(feature = "redis")]
 use crate::store::redis::notify::{Event, Registration};
 #[cfg(feature = "redis")]
 pub(crate) use crate::store::redis::Lease;
 #[cfg(feature = "redis")]
-use crate::store::redis::{Fetched, Invalidated, RedisTier, Remote, TierConfig};
+use crate::store::redis::{Fetched, Invalidated, Pending, RedisTier, Remote, TierConfig};
 
 /// A rebuild lease: the fleet-wide right to rebuild a key. On the embedded
 /// backend there is no such thing, and the type is empty.
@@ -133,6 +140,32 @@ pub(crate) struct Fleet {
     /// Where a shutdown stands: [`OPEN`], [`DRAINING`] or [`SHUT`].
     #[cfg(feature = "redis")]
     shutdown: std::sync::atomic::AtomicU8,
+    /// The outage rule while the backend is outside the fleet (not joined
+    /// yet, or shut down): a subscription lease of zero, since no
+    /// invalidation waits for an instance that is no member, and the
+    /// backend's outage grace. Set when the backend is to join a fleet.
+    #[cfg(feature = "redis")]
+    outside: OnceLock<Liveness>,
+    /// Invalidations of a key's group made before the tier connected: kept
+    /// as an outage keeps them, and handed to the tier when it connects.
+    #[cfg(feature = "redis")]
+    pending: Pending,
+    /// Tag and whole-namespace invalidations made before the tier
+    /// connected: made in Redis once it connects.
+    #[cfg(feature = "redis")]
+    pending_fields: std::sync::Mutex<std::collections::HashSet<Field>>,
+}
+
+/// Whether the in-process tier may answer now (see [`Fleet::l1_trust`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum L1Trust {
+    /// It may.
+    Trusted,
+    /// Drop everything in it first; then what is built from now on may.
+    Drop,
+    /// It may not: requests are coalesced in the process, and nothing it
+    /// holds is answered.
+    Untrusted,
 }
 
 /// No shutdown asked.
@@ -172,6 +205,12 @@ struct ShutOnDrop<'a>(&'a Fleet);
 #[cfg(feature = "redis")]
 impl Drop for ShutOnDrop<'_> {
     fn drop(&mut self) {
+        // Outside the fleet from now on: what the in-process tier holds is
+        // trusted for the outage grace from here, no longer (see
+        // `Fleet::l1_trust`).
+        if let Some(outside) = self.0.outside.get() {
+            outside.confirm(Instant::now());
+        }
         self.0.shutdown.store(SHUT, Ordering::Release);
         if let Some(tier) = self.0.tier.get() {
             tier.close_soon();
@@ -208,6 +247,12 @@ impl Fleet {
             joining: std::sync::Mutex::new(None),
             #[cfg(feature = "redis")]
             shutdown: std::sync::atomic::AtomicU8::new(OPEN),
+            #[cfg(feature = "redis")]
+            outside: OnceLock::new(),
+            #[cfg(feature = "redis")]
+            pending: Pending::default(),
+            #[cfg(feature = "redis")]
+            pending_fields: std::sync::Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -351,18 +396,41 @@ impl Fleet {
         true
     }
 
-    /// With a shared tier, the L1 is trusted only while the subscription to
-    /// its invalidations is confirmed live (the subscription lease): once
-    /// that ran out, everything held in the process is to be dropped before
-    /// anything is served, and again every lease for as long as it is not
-    /// confirmed.
-    pub(crate) fn must_drop_l1(&self, now: Instant) -> bool {
+    /// Whether the in-process tier may answer at `now`. With a shared tier
+    /// it is trusted only while the subscription to the fleet's
+    /// invalidations is confirmed live (the subscription lease), and for
+    /// the outage grace past it: once that ran out, everything held in the
+    /// process is dropped before anything is served, and again every
+    /// `max(lease, grace)` for as long as it is not confirmed.
+    ///
+    /// A backend outside the fleet (configured for Redis, not joined yet or
+    /// shut down) follows the same rule with a lease of zero: no
+    /// invalidation made elsewhere waits for it, so nothing is trusted past
+    /// the grace. With a grace, the tier is dropped once per grace; with
+    /// none (the strict barrier), it answers nothing, and requests are only
+    /// coalesced in the process. Embedded, it is always trusted.
+    pub(crate) fn l1_trust(&self, now: Instant) -> L1Trust {
         #[cfg(feature = "redis")]
-        if let Some(tier) = self.live() {
-            return tier.must_drop_l1(now);
+        {
+            let drop_if = |must: bool| {
+                if must {
+                    L1Trust::Drop
+                } else {
+                    L1Trust::Trusted
+                }
+            };
+            if let Some(tier) = self.live() {
+                return drop_if(tier.must_drop_l1(now));
+            }
+            if let Some(outside) = self.outside.get() {
+                if !outside.has_grace() {
+                    return L1Trust::Untrusted;
+                }
+                return drop_if(outside.must_drop(now));
+            }
         }
         let _ = now;
-        false
+        L1Trust::Trusted
     }
 
     /// Step 3: the entry, the lease, or a wait. Values that cannot travel
@@ -479,14 +547,82 @@ impl Fleet {
     }
 
     /// The fleet's half of invalidating a key's group: Redis and every
-    /// other instance. Nothing to do without a shared tier.
+    /// other instance. Nothing to do without a shared tier. Outside the
+    /// fleet it cannot reach the others: an error, as during an outage;
+    /// before the join the invalidation is kept, and made in Redis once the
+    /// tier connects (see [`Pending`]).
     pub(crate) async fn invalidate(&self, key: &Key) -> Result<(), crate::Error> {
         #[cfg(feature = "redis")]
-        if let Some(tier) = self.live() {
-            return tier.invalidate(key).await.map_err(crate::Error::from);
+        {
+            if let Some(tier) = self.live() {
+                return tier.invalidate(key).await.map_err(crate::Error::from);
+            }
+            if let Some(refused) = self.outside_error() {
+                if self.shutdown.load(Ordering::Acquire) == OPEN {
+                    if !self.pending.remember(key) {
+                        tracing::error!(key = %key, "too many invalidations waiting for redis");
+                    }
+                    self.hand_pending();
+                }
+                return Err(refused);
+            }
         }
         let _ = key;
         Ok(())
+    }
+
+    /// The error an invalidation outside the fleet returns; `None` inside
+    /// it, or embedded.
+    #[cfg(feature = "redis")]
+    fn outside_error(&self) -> Option<crate::Error> {
+        if !self.wants_redis.load(Ordering::Acquire) {
+            return None;
+        }
+        let why = if self.shutdown.load(Ordering::Acquire) != OPEN {
+            "the backend was shut down: an invalidation no longer reaches the fleet"
+        } else {
+            "redis is not connected yet: the invalidation is kept and made once it is"
+        };
+        Some(crate::Error::new(crate::ErrorKind::Unavailable, why))
+    }
+
+    /// Hands the invalidations kept before the join to the tier, if it
+    /// connected (called again after each is kept, so none made while the
+    /// tier attaches is left behind).
+    #[cfg(feature = "redis")]
+    fn hand_pending(&self) {
+        let Some(tier) = self.tier.get() else { return };
+        if self.shutdown.load(Ordering::Acquire) != OPEN {
+            return;
+        }
+        tier.keep_pending(self.pending.take_all());
+        let fields: Vec<Field> = self
+            .pending_fields
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect();
+        if fields.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let tier = tier.clone();
+        runtime.spawn(async move {
+            for field in fields {
+                match tier.bump_generation(field, |_| {}).await {
+                    Ok(()) => {
+                        tracing::info!(field = ?field, "a pending tag invalidation reached redis");
+                    }
+                    Err(error) => tracing::warn!(
+                        field = ?field,
+                        error = %error,
+                        "a tag invalidation kept before the join did not reach redis"
+                    ),
+                }
+            }
+        });
     }
 
     /// Moves `field`'s generation in Redis, calling `moved` with the new
@@ -498,9 +634,21 @@ impl Fleet {
         moved: impl Fn(u64),
     ) -> Option<Result<(), crate::Error>> {
         #[cfg(feature = "redis")]
-        if let Some(tier) = self.live() {
-            let moved = tier.bump_generation(field, moved).await;
-            return Some(moved.map_err(crate::Error::from));
+        {
+            if let Some(tier) = self.live() {
+                let moved = tier.bump_generation(field, moved).await;
+                return Some(moved.map_err(crate::Error::from));
+            }
+            if let Some(refused) = self.outside_error() {
+                if self.shutdown.load(Ordering::Acquire) == OPEN {
+                    self.pending_fields
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(field);
+                    self.hand_pending();
+                }
+                return Some(Err(refused));
+            }
         }
         let _ = (field, moved);
         None
@@ -563,6 +711,10 @@ pub(crate) async fn connect(
     require: bool,
 ) -> Result<Arc<Engine>, redis::RedisError> {
     let engine = Arc::new(Engine::new(l1));
+    let _ = engine
+        .fleet
+        .outside
+        .set(Liveness::with_grace(Duration::ZERO, config.outage_grace));
     engine.fleet.wants_redis.store(true, Ordering::Release);
     let on_invalidate = on_invalidate(&engine);
     match RedisTier::connect(config.clone(), on_invalidate.clone()).await {
@@ -662,6 +814,8 @@ fn on_invalidate(engine: &Arc<Engine>) -> crate::store::redis::notify::OnInvalid
 async fn attach(engine: &Engine, tier: Arc<RedisTier>) {
     let fleet = &engine.fleet;
     let _ = fleet.tier.set(tier.clone());
+    // Invalidations made before the join reach Redis now.
+    fleet.hand_pending();
     let mark = fleet.reloads.mark();
     if let Ok((table, loaded)) = tier.load_table_joining(engine.tags.table_epoch()).await {
         engine.apply(table, loaded);

@@ -102,7 +102,7 @@ pub(crate) use rebuild::{Built, Overtaken, Rebuild, Waiters};
 pub(crate) use tags::TagSet;
 
 use entry::Freshness;
-use fleet::{Ask, Fleet, Lease, Plan, Start};
+use fleet::{Ask, Fleet, L1Trust, Lease, Plan, Start};
 use flight::{wait_deadline, Flights, Joined, Leader, Outcome};
 use outcome::Served;
 
@@ -208,9 +208,13 @@ impl Engine {
         policy: &FlightPolicy,
         now: Instant,
     ) -> Looked<V> {
-        self.confirm_l1(now);
+        let trusted = self.confirm_l1(now);
         let mut stale = None;
-        match self.l1.get(&key) {
+        match self
+            .l1
+            .get(&key)
+            .filter(|s| trusted || !matches!(s, Slot::Value(_)))
+        {
             // An entry whose tags were invalidated is gone.
             Some(Slot::Value(entry)) if self.tags.admits(entry.stamp()) => {
                 if let Some(held) = Held::<V>::new(entry) {
@@ -334,7 +338,9 @@ impl Engine {
 
     /// The entry for `key` if it is fresh; never joins a flight.
     pub(crate) fn peek<V: CacheValue>(&self, key: &Key, now: Instant) -> Option<Held<V>> {
-        self.confirm_l1(now);
+        if !self.confirm_l1(now) {
+            return None;
+        }
         match self.l1.get(key) {
             Some(Slot::Value(entry))
                 if entry.freshness(now) == Freshness::Fresh && self.tags.admits(entry.stamp()) =>
@@ -351,12 +357,21 @@ impl Engine {
     /// and again every lease for as long as it is not confirmed. Without
     /// Redis the L1 still protects the origin, with what was built after
     /// the last drop.
-    fn confirm_l1(&self, now: Instant) {
-        if self.fleet.must_drop_l1(now) {
-            tracing::debug!(
-                "the redis subscription is not confirmed live; the in-process tier is dropped"
-            );
-            self.invalidate_everything_here();
+    ///
+    /// Returns whether the L1 may answer at all: not while the backend is
+    /// outside the fleet with no outage grace (see
+    /// [`Fleet::l1_trust`]).
+    fn confirm_l1(&self, now: Instant) -> bool {
+        match self.fleet.l1_trust(now) {
+            L1Trust::Trusted => true,
+            L1Trust::Drop => {
+                tracing::debug!(
+                    "the redis subscription is not confirmed live; the in-process tier is dropped"
+                );
+                self.invalidate_everything_here();
+                true
+            }
+            L1Trust::Untrusted => false,
         }
     }
 
@@ -425,8 +440,12 @@ impl Engine {
                     // and the join: read again, or its value is rebuilt at once.
                     // (Only while the L1 is still trusted, as on the hit path.)
                     let now = Instant::now();
-                    self.confirm_l1(now);
-                    match self.l1.get(&key) {
+                    let trusted = self.confirm_l1(now);
+                    match self
+                        .l1
+                        .get(&key)
+                        .filter(|s| trusted || !matches!(s, Slot::Value(_)))
+                    {
                         Some(Slot::Value(entry))
                             if entry.freshness(now) == Freshness::Fresh
                                 && self.tags.admits(entry.stamp()) =>

@@ -88,10 +88,10 @@ fn client_ids(redis: &RedisServer) -> HashSet<String> {
 /// builds an entry on its own; A purges it, and the purge returns `Ok`:
 /// under the strict barrier no instance may then answer what was built
 /// before it. B is no member of the fleet, so the purge does not wait for
-/// it, and nothing makes B drop what it holds: it answers the purged
-/// entry for as long as its TTL while it stays local.
+/// it: with no outage grace, B answers nothing from its in-process tier
+/// while it is outside the fleet (as in an outage past its lease); it
+/// only coalesces its requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "an instance that started without redis serves an entry purged (Ok) elsewhere, past any grace"]
 async fn an_instance_still_local_does_not_serve_an_entry_purged_elsewhere() {
     let redis = RedisServer::start();
     let origin = Origin::default();
@@ -102,7 +102,15 @@ async fn an_instance_still_local_does_not_serve_an_entry_purged_elsewhere() {
     assert_eq!(b.backend.health().status, Status::Degraded, "B is local");
     wait_for(&[&a], Status::Fleet).await;
 
-    let held = settled(&b, "/report").await;
+    let held = send(&b.app, get("/report")).await.text();
+    for _ in 0..5 {
+        let answer = send(&b.app, get("/report")).await;
+        assert_ne!(
+            answer.x_cache(),
+            "HIT",
+            "no answer from the in-process tier"
+        );
+    }
     tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
         .await
         .expect("no hang")
@@ -119,8 +127,49 @@ async fn an_instance_still_local_does_not_serve_an_entry_purged_elsewhere() {
     );
 }
 
-/// The same, checked once B joined: what it built while local goes when it
-/// joins, so the purge it missed is not served past the join.
+/// The same with an outage grace: B, outside the fleet, serves what it
+/// built from its in-process tier, for the grace at most. A's purge
+/// returns `Ok` at once (B is no member); B stops answering the purged
+/// entry once the grace ran out, while still local (the limit of the poll
+/// is a hang detector).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_still_local_serves_what_it_built_for_the_grace_at_most() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let a = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    let proxy = Proxy::start(redis.port()).await;
+    proxy.freeze();
+    let b = Backend::redis_builder(&proxy.url())
+        .deadline(ROOMY_DEADLINE)
+        .connect_timeout(Duration::from_millis(500))
+        .probe_interval(Duration::from_millis(100))
+        .outage_grace(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("starts without redis");
+    let b = instance(b, &origin, Duration::ZERO, ttl);
+    assert_eq!(b.backend.health().status, Status::Degraded, "B is local");
+    wait_for(&[&a], Status::Fleet).await;
+    let held = settled(&b, "/report").await;
+    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
+        .await
+        .expect("no hang")
+        .expect("the purge returned Ok");
+    let until_limit = std::time::Instant::now() + LIMIT;
+    while send(&b.app, get("/report")).await.text() == held {
+        assert!(
+            std::time::Instant::now() < until_limit,
+            "B served the purged entry past the grace while local"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(b.backend.health().status, Status::Degraded, "still local");
+    proxy.thaw();
+}
+
+/// The same, checked once B joined: what it built while local (with a
+/// grace, so that it serves it) goes when it joins, so the purge it missed
+/// is not served past the join.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_that_joins_late_does_not_serve_what_it_built_before_a_purge() {
     let redis = RedisServer::start();
@@ -128,7 +177,7 @@ async fn an_instance_that_joins_late_does_not_serve_what_it_built_before_a_purge
     let a = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
     let proxy = Proxy::start(redis.port()).await;
     proxy.freeze();
-    let b = instance(strict(&proxy.url()).await, &origin, Duration::ZERO, ttl);
+    let b = instance(graced(&proxy.url()).await, &origin, Duration::ZERO, ttl);
     assert_eq!(b.backend.health().status, Status::Degraded, "B is local");
     let held = settled(&b, "/report").await;
     tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
@@ -151,7 +200,6 @@ async fn an_instance_that_joins_late_does_not_serve_what_it_built_before_a_purge
 /// filled while it was a member, and hears no purge any more: an entry
 /// purged after it left is answered as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a shut-down backend serves an entry purged (Ok) after it left the fleet"]
 async fn a_shut_down_backend_does_not_serve_an_entry_purged_after_it_left() {
     let redis = RedisServer::start();
     let origin = Origin::default();
@@ -182,6 +230,42 @@ async fn a_shut_down_backend_does_not_serve_an_entry_purged_after_it_left() {
         stale, 0,
         "answers of an entry built before a purge that returned Ok"
     );
+}
+
+/// The same with a 1 s outage grace: once shut down, A serves what it
+/// held for the grace at most, then drops it: it stops answering the entry
+/// purged after it left (the limit of the poll is a hang detector).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shut_down_backend_serves_what_it_held_for_the_grace_at_most() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let graced = Backend::redis_builder(&redis.url())
+        .deadline(ROOMY_DEADLINE)
+        .probe_interval(Duration::from_millis(100))
+        .outage_grace(Duration::from_secs(1))
+        .connect()
+        .await
+        .expect("redis backend");
+    let a = instance(graced, &origin, Duration::ZERO, ttl);
+    let b = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    wait_for(&[&a, &b], Status::Fleet).await;
+    until("both are members", || members(&redis) == 2).await;
+    let held = settled(&a, "/report").await;
+
+    a.backend.shutdown(Duration::from_millis(100)).await;
+    until("A left", || members(&redis) == 1).await;
+    tokio::time::timeout(LIMIT, b.guard.invalidate(&get("/report")))
+        .await
+        .expect("no hang")
+        .expect("the purge returned Ok");
+    let until_limit = std::time::Instant::now() + LIMIT;
+    while send(&a.app, get("/report")).await.text() == held {
+        assert!(
+            std::time::Instant::now() < until_limit,
+            "A served the purged entry past the grace after its shutdown"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Redis frozen (SIGSTOP) while many rebuild leases and a few locks are
@@ -427,7 +511,6 @@ async fn two_instances_shutting_down_mid_rebuild_leave_the_third_one_rebuild() {
 /// membership while C waits. C must not wait out the lease for a member
 /// that left: the purge is confirmed, not counted unconfirmed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a purge waits out the lease for a member that left during the wait, and counts it unconfirmed"]
 async fn a_purge_does_not_wait_for_a_member_that_left_while_it_waited() {
     use crate::common::monitor::Monitor;
     let redis = RedisServer::start();
@@ -842,7 +925,6 @@ async fn a_short_outage_the_health_reports_is_logged_too() {
 /// fail, and be kept until Redis has it, as during an outage): A must not
 /// answer the purged entry, then or once B has joined.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a purge on an instance still local returns Ok and never reaches the fleet"]
 async fn a_purge_on_an_instance_still_local_reaches_the_fleet_or_fails() {
     let redis = RedisServer::start();
     let origin = Origin::default();
@@ -869,13 +951,58 @@ async fn a_purge_on_an_instance_still_local_reaches_the_fleet_or_fails() {
         purge.is_err() || stale == 0,
         "the purge returned Ok and A answered the purged entry {stale} times of 10"
     );
+    assert!(purge.is_err(), "a purge outside the fleet fails");
+    // Kept, and made once B joined: A stops answering the purged entry
+    // (the limit of the poll is a hang detector).
+    let until_limit = std::time::Instant::now() + LIMIT;
+    while send(&a.app, get("/report")).await.text() == held {
+        assert!(
+            std::time::Instant::now() < until_limit,
+            "the purge kept before the join never reached the fleet"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The same for a purge of everything (a move of the table's generation):
+/// it fails while B is local, and is made once B joined.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_of_everything_on_an_instance_still_local_is_made_once_it_joins() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let a = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
+    let proxy = Proxy::start(redis.port()).await;
+    proxy.freeze();
+    let b = instance(strict(&proxy.url()).await, &origin, Duration::ZERO, ttl);
+    assert_eq!(b.backend.health().status, Status::Degraded, "B is local");
+    wait_for(&[&a], Status::Fleet).await;
+    let held = settled(&a, "/report").await;
+
+    let purge = tokio::time::timeout(LIMIT, b.guard.invalidate_all())
+        .await
+        .expect("no hang");
+    assert!(purge.is_err(), "a purge outside the fleet fails");
+    assert_eq!(
+        send(&a.app, get("/report")).await.text(),
+        held,
+        "not made yet"
+    );
+    proxy.thaw();
+    wait_for(&[&a, &b], Status::Fleet).await;
+    let until_limit = std::time::Instant::now() + LIMIT;
+    while send(&a.app, get("/report")).await.text() == held {
+        assert!(
+            std::time::Instant::now() < until_limit,
+            "the purge kept before the join never reached the fleet"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A shut down; its application purges a key afterwards and is told `Ok`,
 /// while B, still in the fleet, holds the entry: a purge that returned
 /// `Ok` must have reached the fleet, or fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a purge on a shut-down backend returns Ok and reaches no other instance"]
 async fn a_purge_on_a_shut_down_backend_reaches_the_fleet_or_fails() {
     let redis = RedisServer::start();
     let origin = Origin::default();
@@ -897,6 +1024,7 @@ async fn a_purge_on_a_shut_down_backend_reaches_the_fleet_or_fails() {
         purge.is_err() || stale == 0,
         "the purge returned Ok and B answered the purged entry {stale} times of 10"
     );
+    assert!(purge.is_err(), "a purge after the shutdown fails");
 }
 
 /// The same race as above over a link with a 40 ms one-way delay, so the

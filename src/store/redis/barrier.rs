@@ -70,6 +70,10 @@
 //! answered. A member not read has lapsed before the read; one that did not
 //! acknowledge in time has lapsed by the end of the wait: either way it
 //! serves nothing it read before the invalidation (see the module doc).
+//! While acknowledgements are missing the membership is read again: a
+//! member that left meanwhile (a shutdown, after which it is outside the
+//! fleet and trusts its in-process tier as in an outage) is no longer
+//! waited for.
 //!
 //! **Group invalidations.** The script removes the entry's keys, moves the
 //! group's generation and publishes the purge; it is retried while Redis
@@ -112,6 +116,10 @@ const ACKS_KEPT: u32 = 3;
 /// The most members an invalidation waits for by name. With more in Redis,
 /// it waits a whole lease instead (some members would go unread).
 const MEMBERS_MAX: usize = 1_000;
+
+/// An invalidation waiting for acknowledgements reads the membership again
+/// this many times a subscription lease (see [`Barrier::acked_by_members`]).
+const REREAD_EVERY: u32 = 6;
 
 /// How long, in deadlines, an invalidation is tried before its caller is
 /// told it failed (a few tries, with growing pauses between them).
@@ -479,7 +487,10 @@ impl Barrier {
                     } else {
                         self.notifier.liveness.lease()
                     };
-                let mut acked = all_acked(acks, receivers, members, until).await;
+                let (mut acked, members) = self
+                    .acked_by_members(acks, receivers, members.clone(), until)
+                    .await;
+                let members = &members;
                 // The acknowledgements heard name every member: each must
                 // also have recorded its own (see the module doc), or the
                 // names may be forged.
@@ -509,6 +520,46 @@ impl Barrier {
                 tokio::time::sleep_until(until).await;
                 false
             }
+        }
+    }
+
+    /// Waits, at most until `until`, for `receivers` acknowledgements and
+    /// one from every instance of `members`, reading the membership again
+    /// [`REREAD_EVERY`] times a lease while some are missing: a member no
+    /// longer in it has left (a shutdown, after which it trusts its
+    /// in-process tier for the outage grace at most, as in an outage) or
+    /// lapsed (its subscription lease ran out), and is no longer waited
+    /// for; each one gone also lowers the receivers waited for by one (a
+    /// member is one subscriber at most). A member that joined since is not
+    /// waited for: it dropped its in-process tier when it joined. Returns
+    /// whether they all came, and the members still waited for.
+    async fn acked_by_members(
+        &self,
+        acks: &mut watch::Receiver<Acked>,
+        receivers: u64,
+        mut members: Vec<String>,
+        until: Instant,
+    ) -> (bool, Vec<String>) {
+        let mut want = receivers;
+        let every = (self.notifier.liveness.lease() / REREAD_EVERY).max(Duration::from_millis(10));
+        loop {
+            let next = until.min(Instant::now() + every);
+            if all_acked(acks, want, &members, next).await {
+                return (true, members);
+            }
+            if Instant::now() >= until {
+                return (false, members);
+            }
+            let Some(again) = self.membership(until).await else {
+                continue;
+            };
+            let before = members.len();
+            members.retain(|m| again.0.contains(m));
+            let left = u64::try_from(before - members.len()).unwrap_or(u64::MAX);
+            if left > 0 {
+                tracing::debug!(left, "members left while an invalidation waited for them");
+            }
+            want = want.saturating_sub(left);
         }
     }
 
@@ -886,6 +937,13 @@ impl Pending {
     pub(crate) fn all(&self) -> Vec<Key> {
         let pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
         pending.values().copied().collect()
+    }
+
+    /// Every pending invalidation, forgotten here (handed to another
+    /// [`Pending`]).
+    pub(crate) fn take_all(&self) -> Vec<Key> {
+        let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        pending.drain().map(|(_, key)| key).collect()
     }
 }
 

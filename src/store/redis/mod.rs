@@ -68,7 +68,7 @@ mod health;
 pub(crate) mod held;
 mod keys;
 pub(crate) mod lease;
-mod liveness;
+pub(crate) mod liveness;
 pub(crate) mod lock;
 mod messages;
 mod nodes;
@@ -94,6 +94,7 @@ use crate::key::Key;
 use crate::metrics::Labels;
 use crate::store::generations::Field;
 use barrier::Barrier;
+pub(crate) use barrier::Pending;
 use config::TlsPem;
 use connection::{Conn, Topology};
 use connections::Connections;
@@ -415,6 +416,17 @@ impl RedisTier {
     /// and waits for the fleet (see [`Barrier::invalidate`]).
     pub(crate) async fn invalidate(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
         self.barrier.invalidate(key).await
+    }
+
+    /// Takes over invalidations that did not reach Redis before this tier
+    /// existed: they are pending here from now on, retried by the
+    /// supervisor until Redis has them (see [`Pending`]).
+    pub(crate) fn keep_pending(&self, keys: Vec<Key>) {
+        for key in keys {
+            if !self.barrier.pending.remember(&key) {
+                tracing::error!(key = %key, "too many invalidations waiting for redis");
+            }
+        }
     }
 
     /// Moves `field`'s generation in Redis and tells every instance (see
