@@ -299,10 +299,19 @@ impl Backend {
     ///    takes the key over at once instead of waiting for the lease to
     ///    expire. Held [`Lock`](crate::Lock)s are handed back the same way
     ///    and their guards report them lost. A rebuild that finishes later
-    ///    still answers its own waiters, but stores nothing in Redis.
+    ///    still answers its own waiters, but stores nothing in Redis. The
+    ///    releases run side by side and get the connect timeout
+    ///    ([`RedisBuilder::connect_timeout`](crate::RedisBackendBuilder::connect_timeout))
+    ///    in all: a lease or lock not handed back by then (Redis frozen or
+    ///    gone) is counted in `not_handed_back` and lapses after its lease
+    ///    time.
     /// 4. The instance leaves the fleet's membership (invalidations stop
     ///    waiting for it), its background tasks stop and its Redis
     ///    connections close.
+    ///
+    /// The call returns within `deadline` plus twice the connect timeout
+    /// (once for the hand-back, once for leaving the membership), however
+    /// many leases are held and whatever Redis does.
     ///
     /// Afterwards the backend keeps answering, as an embedded one
     /// ([`health`](Self::health) says [`Status::Local`]), but a

@@ -188,12 +188,10 @@ async fn a_shut_down_backend_does_not_serve_an_entry_purged_after_it_left() {
 /// held: a shutdown with a 100 ms deadline cannot hand anything back, and
 /// must still return within its deadline plus a bound that does not grow
 /// with the number of holds (the connect timeout for the hand-back, again
-/// for the supervisor). Each rebuild lease's hand-back waits out a whole
-/// call deadline of its own, one after the other, so 40 leases on a 1 s
-/// deadline keep the caller for about 40 s. The limit below is a hang
+/// for the supervisor): 40 leases, each of whose releases would wait out a
+/// whole 1 s call deadline, and three locks. The limit below is a hang
 /// detector, six times what a bounded hand-back needs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "with redis frozen, shutdown takes one call deadline per lease held, one after the other"]
 async fn a_shutdown_with_redis_frozen_returns_whatever_the_number_of_holds() {
     use stampede_guard::Lock;
     let redis = RedisServer::start();

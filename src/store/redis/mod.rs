@@ -228,8 +228,11 @@ impl RedisTier {
     /// still held (a rebuild lease's release wakes the instances waiting
     /// for it, so one of them takes over at once), stops the supervisor
     /// (which leaves the membership on its way out) and closes the
-    /// connections. Returns how many rebuilds had not finished, and what
-    /// was handed back.
+    /// connections. The hand-back and the supervisor's stop each get at
+    /// most the connect timeout, so a shutdown returns within `deadline`
+    /// plus twice the connect timeout, however many leases are held and
+    /// whatever Redis does. Returns how many rebuilds had not finished,
+    /// and what was handed back.
     pub(crate) async fn shutdown(self: &Arc<Self>, deadline: Instant) -> (usize, held::HandedBack) {
         let unfinished = self.held.drained(deadline).await;
         let patience = self.conns.config.connect_timeout;
