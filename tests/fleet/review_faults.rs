@@ -732,7 +732,7 @@ async fn with_no_grace_a_cut_off_instance_does_not_serve_what_it_rebuilt_before_
     );
 }
 
-/// Events as (level, message), from every task of a current-thread runtime.
+/// Events as (level, message), from every thread of the process.
 #[derive(Clone, Default)]
 struct Logs(std::sync::Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
 
@@ -778,18 +778,46 @@ impl tracing::Subscriber for Logs {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
+/// Set in the process [`with_logs`] starts: the test it names runs there.
+const LOGGED_TEST: &str = "STAMPEDE_GUARD_LOGGED_TEST";
+
+/// Runs `body` with every event of the process captured, in a process of
+/// its own: this test binary, started again on the test `name` alone. A
+/// process-wide subscriber sees every thread's events, and no other test
+/// logs there, so the counts are exact whichever runner runs the suite
+/// and however many tests run beside it.
+fn with_logs(name: &str, body: impl FnOnce(&Logs)) {
+    if std::env::var(LOGGED_TEST).as_deref() == Ok(name) {
+        let logs = Logs::default();
+        tracing::subscriber::set_global_default(logs.clone())
+            .expect("the only subscriber of the process");
+        body(&logs);
+        return;
+    }
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let test = format!("{module}::{name}");
+    let out = std::process::Command::new(std::env::current_exe().expect("this binary"))
+        .args([test.as_str(), "--exact", "--include-ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(LOGGED_TEST, name)
+        .output()
+        .expect("the test runs in a process of its own");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{test} in its own process: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Redis flaps three times: killed until the backend's health says
 /// `Degraded` (then, if `down_long`, kept down under load for longer than
 /// two keepalives), restarted until the health says `Fleet`, then up for
 /// longer than two keepalives. Returns the (WARN, INFO) outage lines
 /// logged so far after each recovery. Served from the in-process tier (a
 /// grace), the requests make no Redis call.
-async fn outage_lines(down_long: bool) -> Vec<(usize, usize)> {
-    let logs = Logs::default();
-    let _tracing = tracing::subscriber::set_default(logs.clone());
-    // Callsites first hit on another test's thread, with no subscriber
-    // there, may have cached that they are never wanted.
-    tracing::callsite::rebuild_interest_cache();
+async fn outage_lines(logs: &Logs, down_long: bool) -> Vec<(usize, usize)> {
     let mut redis = RedisServer::start();
     let origin = Origin::default();
     let a = instance(graced(&redis.url()).await, &origin, Duration::ZERO, ttl);
@@ -813,25 +841,41 @@ async fn outage_lines(down_long: bool) -> Vec<(usize, usize)> {
         }
         redis.restart();
         wait_for(&[&a], Status::Fleet).await;
+        // Up for longer than two keepalives: a late line would be counted.
         tokio::time::sleep(Duration::from_millis(2_500)).await;
         seen.push((warns(), infos()));
     }
     seen
 }
 
-/// Per the README each outage logs one WARN when the backend degrades and
-/// one INFO once Redis answers and the subscription is confirmed. With
-/// Redis restarted as soon as the health says `Degraded`, an outage the
-/// health reported passes with no line at all, or its WARN and INFO come
-/// during a later one. (Kept down for a few seconds under load instead,
-/// each outage logs its WARN and its INFO: `outage_lines(true)` gives
-/// `[(1, 1), (2, 2), (3, 3)]` when run alone; the capture is this thread's
-/// subscriber, so run it with `--test-threads 1`.)
-// One thread: the subscriber is this thread's.
-#[tokio::test(flavor = "current_thread")]
-#[ignore = "an outage shorter than a keepalive that health reports as Degraded logs no WARN and no INFO"]
-async fn a_short_outage_the_health_reports_is_logged_too() {
-    assert_eq!(outage_lines(false).await, [(1, 1), (2, 2), (3, 3)]);
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+/// Per the README each outage the health reports logs one WARN when the
+/// backend degrades and one INFO once Redis answers and the subscription
+/// is confirmed: with Redis restarted as soon as the health says
+/// `Degraded`, however short the outage.
+#[test]
+fn a_short_outage_the_health_reports_is_logged_too() {
+    with_logs("a_short_outage_the_health_reports_is_logged_too", |logs| {
+        let seen = runtime().block_on(outage_lines(logs, false));
+        assert_eq!(seen, [(1, 1), (2, 2), (3, 3)]);
+    });
+}
+
+/// Kept down for a few seconds under load instead, each outage logs its
+/// WARN and its INFO, and the summaries and signs in between add none.
+#[test]
+fn a_long_outage_logs_one_warn_and_one_info() {
+    with_logs("a_long_outage_logs_one_warn_and_one_info", |logs| {
+        let seen = runtime().block_on(outage_lines(logs, true));
+        assert_eq!(seen, [(1, 1), (2, 2), (3, 3)]);
+    });
 }
 
 /// B started without Redis (its link frozen) and is not in the fleet yet;

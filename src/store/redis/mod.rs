@@ -286,6 +286,12 @@ impl RedisTier {
         self.notifier.hears_everything(now)
     }
 
+    /// What a health report reads of the tier; the outage log follows it
+    /// (see [`outage`]).
+    pub(crate) fn reading(&self) -> outage::Reading {
+        self.conns.reading(None)
+    }
+
     /// Whether the subscription is between a lost link and its resubscription.
     pub(crate) fn in_gap(&self) -> bool {
         self.notifier.in_gap()
