@@ -737,6 +737,16 @@ async fn with_no_grace_a_cut_off_instance_does_not_serve_what_it_rebuilt_before_
 struct Logs(std::sync::Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
 
 impl Logs {
+    /// The WARN and INFO lines, for a failure's message.
+    fn loud(&self) -> Vec<(tracing::Level, String)> {
+        let events = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        events
+            .iter()
+            .filter(|(l, _)| *l <= tracing::Level::INFO)
+            .cloned()
+            .collect()
+    }
+
     fn count(&self, level: tracing::Level, starts: &str) -> usize {
         let events = self.0.lock().unwrap_or_else(|p| p.into_inner());
         events
@@ -864,7 +874,7 @@ fn runtime() -> tokio::runtime::Runtime {
 fn a_short_outage_the_health_reports_is_logged_too() {
     with_logs("a_short_outage_the_health_reports_is_logged_too", |logs| {
         let seen = runtime().block_on(outage_lines(logs, false));
-        assert_eq!(seen, [(1, 1), (2, 2), (3, 3)]);
+        assert_eq!(seen, [(1, 1), (2, 2), (3, 3)], "{:#?}", logs.loud());
     });
 }
 
@@ -874,7 +884,7 @@ fn a_short_outage_the_health_reports_is_logged_too() {
 fn a_long_outage_logs_one_warn_and_one_info() {
     with_logs("a_long_outage_logs_one_warn_and_one_info", |logs| {
         let seen = runtime().block_on(outage_lines(logs, true));
-        assert_eq!(seen, [(1, 1), (2, 2), (3, 3)]);
+        assert_eq!(seen, [(1, 1), (2, 2), (3, 3)], "{:#?}", logs.loud());
     });
 }
 
