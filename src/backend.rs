@@ -309,6 +309,12 @@ impl Backend {
     ///    waiting for it), its background tasks stop and its Redis
     ///    connections close.
     ///
+    /// Requests still waiting for another instance's rebuild when it is
+    /// called are not kept past the close of the connections: from then on
+    /// they are served as on the embedded backend, at most one origin call
+    /// per key in this process beside the fleet's rebuild. Stopping the
+    /// server first (and letting its requests end) avoids that call.
+    ///
     /// The call returns within `deadline` plus twice the connect timeout
     /// (once for the hand-back, once for leaving the membership), however
     /// many leases are held and whatever Redis does.
