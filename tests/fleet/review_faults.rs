@@ -767,7 +767,9 @@ struct Message(String);
 impl tracing::field::Visit for Message {
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
         if field.name() == "message" {
-            self.0 = format!("{value:?}");
+            self.0.insert_str(0, &format!("{value:?}"));
+        } else {
+            self.0.push_str(&format!(" {}={value:?}", field.name()));
         }
     }
 }
@@ -831,15 +833,21 @@ fn with_logs(name: &str, body: impl FnOnce(&Logs)) {
 /// `Degraded` (then, if `down_long`, kept down under load for longer than
 /// two keepalives), restarted until the health says `Fleet`, then up for
 /// longer than two keepalives. Returns the (WARN, INFO) outage lines
-/// logged so far after each recovery. Served from the in-process tier (a
+/// logged since the instance joined, after each recovery. Served from the in-process tier (a
 /// grace), the requests make no Redis call.
 async fn outage_lines(logs: &Logs, down_long: bool) -> Vec<(usize, usize)> {
     let mut redis = RedisServer::start();
     let origin = Origin::default();
     let a = instance(graced(&redis.url()).await, &origin, Duration::ZERO, ttl);
     wait_for(&[&a], Status::Fleet).await;
-    let warns = || logs.count(tracing::Level::WARN, "redis unreachable");
-    let infos = || logs.count(tracing::Level::INFO, "redis answers again");
+    // Counted from the moment the health first says `Fleet`: an episode
+    // the health reported while the instance joined is not one of these.
+    let (w0, i0) = (
+        logs.count(tracing::Level::WARN, "redis unreachable"),
+        logs.count(tracing::Level::INFO, "redis answers again"),
+    );
+    let warns = || logs.count(tracing::Level::WARN, "redis unreachable") - w0;
+    let infos = || logs.count(tracing::Level::INFO, "redis answers again") - i0;
     let mut seen = Vec::new();
     for _ in 0..3 {
         redis.kill();
