@@ -299,10 +299,25 @@ impl Backend {
     ///    takes the key over at once instead of waiting for the lease to
     ///    expire. Held [`Lock`](crate::Lock)s are handed back the same way
     ///    and their guards report them lost. A rebuild that finishes later
-    ///    still answers its own waiters, but stores nothing in Redis.
+    ///    still answers its own waiters, but stores nothing in Redis. The
+    ///    releases run side by side and get the connect timeout
+    ///    ([`RedisBuilder::connect_timeout`](crate::RedisBackendBuilder::connect_timeout))
+    ///    in all: a lease or lock not handed back by then (Redis frozen or
+    ///    gone) is counted in `not_handed_back` and lapses after its lease
+    ///    time.
     /// 4. The instance leaves the fleet's membership (invalidations stop
     ///    waiting for it), its background tasks stop and its Redis
     ///    connections close.
+    ///
+    /// Requests still waiting for another instance's rebuild when it is
+    /// called are not kept past the close of the connections: from then on
+    /// they are served as on the embedded backend, at most one origin call
+    /// per key in this process beside the fleet's rebuild. Stopping the
+    /// server first (and letting its requests end) avoids that call.
+    ///
+    /// The call returns within `deadline` plus twice the connect timeout
+    /// (once for the hand-back, once for leaving the membership), however
+    /// many leases are held and whatever Redis does.
     ///
     /// Afterwards the backend is outside the fleet, and is treated as an
     /// instance in a Redis outage ([`health`](Self::health) says

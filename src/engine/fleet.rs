@@ -272,10 +272,11 @@ impl Fleet {
                 return Standing::Embedded;
             }
             if let Some(tier) = self.tier.get() {
+                let reading = tier.reading();
                 return Standing::Connected {
-                    reachable: tier.is_available(),
-                    subscription_live: tier.hears_everything(Instant::now()),
-                    open_circuits: tier.open_circuits(),
+                    reachable: reading.reachable,
+                    subscription_live: reading.subscription_live,
+                    open_circuits: reading.open_circuits,
                 };
             }
             if self.wants_redis.load(Ordering::Acquire) {

@@ -387,9 +387,7 @@ impl Connections {
                 redis_key = route,
                 "redis failing; a circuit opened, its keys are served from the in-process tier"
             );
-            shared
-                .outage
-                .sign(Sign::CircuitOpened, shared.notifier.liveness.grace());
+            shared.sign(Sign::CircuitOpened);
             shared.signals.circuit_opened.notify_one();
         }
         Err(error)

@@ -153,6 +153,12 @@ impl HeldLeases {
     /// Stops renewing every lease not settled by its holder, tells its
     /// holder it is lost, and gives it back by token, so another instance
     /// takes over at once (a rebuild lease's release wakes its waiters).
+    ///
+    /// The releases run side by side, at most [`HAND_BACK_AT_ONCE`] at a
+    /// time, and the whole hand-back ends `patience` from now, however many
+    /// leases there are and however Redis answers: a release still running
+    /// then (a lock's retries included) is given up, and a lease not handed
+    /// back by then is counted `lost` and lapses by itself.
     pub(crate) async fn hand_back(&self, tier: &Arc<RedisTier>, patience: Duration) -> HandedBack {
         let taken: Vec<(LeaseKind, Key, String, Instant)> = {
             let mut holds = self.lock();
@@ -179,15 +185,47 @@ impl HeldLeases {
         };
         self.changed.notify_waiters();
         let mut done = HandedBack::default();
-        let until = Instant::now() + patience;
-        for (kind, key, token, ends) in taken {
-            let released = kind.release(tier, &key, &token, until.min(ends)).await;
-            match (released, &kind) {
-                (Ok(true), LeaseKind::Rebuild) => done.rebuilds += 1,
-                (Ok(true), LeaseKind::Lock { .. }) => done.locks += 1,
-                _ => done.lost += 1,
+        let until = Instant::now()
+            .checked_add(patience)
+            .unwrap_or_else(Instant::now);
+        let mut pending = taken.into_iter();
+        let mut running = tokio::task::JoinSet::new();
+        let mut given_up = 0u64;
+        loop {
+            while running.len() < HAND_BACK_AT_ONCE {
+                let Some((kind, key, token, ends)) = pending.next() else {
+                    break;
+                };
+                let tier = tier.clone();
+                // Past its own end the lease has lapsed: nothing to give back.
+                let limit = until.min(ends);
+                running.spawn(async move {
+                    let release = kind.release(&tier, &key, &token, limit);
+                    let released = tokio::time::timeout_at(limit.into(), release).await;
+                    (kind, matches!(released, Ok(Ok(true))))
+                });
+            }
+            let next = tokio::time::timeout_at(until.into(), running.join_next()).await;
+            match next {
+                Ok(Some(Ok((LeaseKind::Rebuild, true)))) => done.rebuilds += 1,
+                Ok(Some(Ok((LeaseKind::Lock { .. }, true)))) => done.locks += 1,
+                Ok(Some(_)) => done.lost += 1,
+                Ok(None) => break,
+                Err(_) => {
+                    // Out of time: what still runs, and what never started,
+                    // lapses.
+                    given_up = running.len() as u64 + pending.len() as u64;
+                    running.abort_all();
+                    break;
+                }
             }
         }
+        done.lost = done.lost.saturating_add(given_up);
         done
     }
 }
+
+/// The most releases a hand-back keeps in flight at once: enough that a
+/// frozen Redis costs the hand-back its time limit once, not once per
+/// lease, and few enough not to flood a Redis that answers.
+const HAND_BACK_AT_ONCE: usize = 64;

@@ -229,8 +229,11 @@ impl RedisTier {
     /// still held (a rebuild lease's release wakes the instances waiting
     /// for it, so one of them takes over at once), stops the supervisor
     /// (which leaves the membership on its way out) and closes the
-    /// connections. Returns how many rebuilds had not finished, and what
-    /// was handed back.
+    /// connections. The hand-back and the supervisor's stop each get at
+    /// most the connect timeout, so a shutdown returns within `deadline`
+    /// plus twice the connect timeout, however many leases are held and
+    /// whatever Redis does. Returns how many rebuilds had not finished,
+    /// and what was handed back.
     pub(crate) async fn shutdown(self: &Arc<Self>, deadline: Instant) -> (usize, held::HandedBack) {
         let unfinished = self.held.drained(deadline).await;
         let patience = self.conns.config.connect_timeout;
@@ -282,6 +285,12 @@ impl RedisTier {
     /// heard (no gap in the subscription, its lease running).
     pub(crate) fn hears_everything(&self, now: Instant) -> bool {
         self.notifier.hears_everything(now)
+    }
+
+    /// What a health report reads of the tier; the outage log follows it
+    /// (see [`outage`]).
+    pub(crate) fn reading(&self) -> outage::Reading {
+        self.conns.reading(None)
     }
 
     /// Whether the subscription is between a lost link and its resubscription.

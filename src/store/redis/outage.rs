@@ -2,14 +2,23 @@
 //! degrades, a summary at most every [`SUMMARY_EVERY`] while it stays
 //! degraded, one INFO when it has recovered.
 //!
-//! The tier degrades when calls fail enough to open a circuit, or when the
-//! subscriber stops answering its keepalive; it has recovered once every
-//! circuit is closed and the subscription is confirmed live again. Each
-//! sign of trouble in between is only counted.
+//! "Degraded" is what [`Backend::health`](crate::Backend::health) reports
+//! as `Status::Degraded` on a connected tier: a circuit is open, or the
+//! subscription is not confirmed live (a gap since a lost link, or its
+//! lease ran out). The log follows that one signal: it is read under the
+//! outage's lock (see [`Connections::reading`]) by every health report, by
+//! the supervisor whenever it wakes and at every keepalive, and by a call
+//! that opens a circuit. The first reading that finds the tier degraded
+//! logs the WARN; the first that finds it whole again logs the INFO. So
+//! every degraded episode a health report shows logs exactly one WARN and
+//! one INFO, however short, and each sign of trouble in between is only
+//! counted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use super::connections::Connections;
 
 /// The least time between two summaries of one outage.
 pub(crate) const SUMMARY_EVERY: Duration = Duration::from_secs(60);
@@ -21,6 +30,9 @@ pub(crate) enum Sign {
     CircuitOpened,
     /// The subscriber did not answer its keepalive.
     SubscriberSilent,
+    /// The subscription is not confirmed live (a gap since a lost link, or
+    /// its lease ran out).
+    SubscriptionUnconfirmed,
 }
 
 impl Sign {
@@ -28,6 +40,7 @@ impl Sign {
         match self {
             Sign::CircuitOpened => "redis calls failing",
             Sign::SubscriberSilent => "redis subscriber not answering",
+            Sign::SubscriptionUnconfirmed => "redis subscription not confirmed live",
         }
     }
 }
@@ -49,30 +62,65 @@ pub(crate) struct Outage {
 }
 
 impl Outage {
-    /// A sign of trouble: the first one of an outage logs the WARN, the
-    /// others are counted.
-    pub(crate) fn sign(&self, sign: Sign, grace: Duration) {
-        let now = Instant::now();
+    /// Brings the log in line with the tier's state, read by `read` under
+    /// the outage's lock (so readings are applied in the order they were
+    /// taken): the cause if the tier is degraded, and whatever the caller
+    /// wants read at the same instant. A degraded reading with no outage
+    /// running begins one, with its WARN (`hint`, if given, names the
+    /// cause); a whole one ends the outage running, with its INFO.
+    pub(crate) fn follow<T>(
+        &self,
+        grace: Duration,
+        hint: Option<Sign>,
+        read: impl FnOnce() -> (Option<Sign>, T),
+    ) -> T {
         let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        let began = current.get_or_insert_with(|| {
-            self.count.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(
-                cause = sign.as_str(),
-                outage_grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
-                "redis unreachable; serving from the in-process tier with local coalescing \
-                 (its entries for at most the outage grace past the subscription lease) \
-                 until redis answers again"
-            );
-            Began {
-                at: now,
-                summarised: now,
-                circuit_openings: 0,
-                silent_keepalives: 0,
+        let (cause, value) = read();
+        match (cause, current.is_some()) {
+            (Some(cause), false) => {
+                let cause = hint.unwrap_or(cause);
+                self.count.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    cause = cause.as_str(),
+                    outage_grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+                    "redis unreachable; serving from the in-process tier with local coalescing \
+                     (its entries for at most the outage grace past the subscription lease) \
+                     until redis answers again"
+                );
+                let now = Instant::now();
+                *current = Some(Began {
+                    at: now,
+                    summarised: now,
+                    circuit_openings: 0,
+                    silent_keepalives: 0,
+                });
             }
-        });
-        match sign {
-            Sign::CircuitOpened => began.circuit_openings += 1,
-            Sign::SubscriberSilent => began.silent_keepalives += 1,
+            (None, true) => {
+                if let Some(began) = current.take() {
+                    tracing::info!(
+                        down_for_ms =
+                            u64::try_from(began.at.elapsed().as_millis()).unwrap_or(u64::MAX),
+                        circuit_openings = began.circuit_openings,
+                        silent_keepalives = began.silent_keepalives,
+                        "redis answers again and the subscription is confirmed; fleet-wide \
+                         protection restored"
+                    );
+                }
+            }
+            _ => {}
+        }
+        value
+    }
+
+    /// Counts a sign of trouble in the outage running, if one runs.
+    pub(crate) fn sign(&self, sign: Sign) {
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(began) = current.as_mut() {
+            match sign {
+                Sign::CircuitOpened => began.circuit_openings += 1,
+                Sign::SubscriberSilent => began.silent_keepalives += 1,
+                Sign::SubscriptionUnconfirmed => {}
+            }
         }
     }
 
@@ -103,24 +151,48 @@ impl Outage {
             .unwrap_or_else(|p| p.into_inner())
             .is_some()
     }
+}
 
-    /// Redis answers and the subscription is confirmed: ends the outage,
-    /// with its INFO, if one ran.
-    pub(crate) fn recovered(&self) {
-        let began = self
-            .current
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(began) = began {
-            tracing::info!(
-                down_for_ms = u64::try_from(began.at.elapsed().as_millis()).unwrap_or(u64::MAX),
-                circuit_openings = began.circuit_openings,
-                silent_keepalives = began.silent_keepalives,
-                "redis answers again and the subscription is confirmed; fleet-wide \
-                 protection restored"
-            );
-        }
+/// What a health report reads of a connected tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Reading {
+    /// Every circuit lets calls through.
+    pub reachable: bool,
+    /// The subscription is confirmed live: no gap, its lease running.
+    pub subscription_live: bool,
+    /// Circuits open now.
+    pub open_circuits: u64,
+}
+
+impl Connections {
+    /// Reads the tier's state as a health report does, and has the outage
+    /// log follow it (see [`Outage::follow`]): the one place the WARN and
+    /// the INFO are decided.
+    pub(crate) fn reading(&self, hint: Option<Sign>) -> Reading {
+        self.outage
+            .follow(self.notifier.liveness.grace(), hint, || {
+                let reading = Reading {
+                    reachable: self.health.all_closed(),
+                    subscription_live: self.notifier.hears_everything(Instant::now()),
+                    open_circuits: self.health.open_circuits(),
+                };
+                let cause = if !reading.reachable {
+                    Some(Sign::CircuitOpened)
+                } else if !reading.subscription_live {
+                    Some(Sign::SubscriptionUnconfirmed)
+                } else {
+                    None
+                };
+                (cause, reading)
+            })
+    }
+
+    /// A sign of trouble: the outage log follows the tier's state (the
+    /// sign names the cause of an outage it begins), and the sign is
+    /// counted in the outage running.
+    pub(crate) fn sign(&self, sign: Sign) {
+        self.reading(Some(sign));
+        self.outage.sign(sign);
     }
 }
 
@@ -128,19 +200,27 @@ impl Outage {
 mod tests {
     use super::*;
 
+    fn follow(outage: &Outage, degraded: bool) {
+        let cause = degraded.then_some(Sign::CircuitOpened);
+        outage.follow(Duration::ZERO, None, || (cause, ()));
+    }
+
     #[test]
-    fn an_outage_is_counted_once_however_many_signs() {
+    fn an_outage_is_counted_once_however_many_readings_and_signs() {
         let outage = Outage::default();
         assert!(!outage.is_on());
-        outage.sign(Sign::SubscriberSilent, Duration::ZERO);
-        outage.sign(Sign::SubscriberSilent, Duration::ZERO);
-        outage.sign(Sign::CircuitOpened, Duration::ZERO);
+        outage.sign(Sign::CircuitOpened);
+        assert!(!outage.is_on(), "a sign alone begins nothing");
+        follow(&outage, true);
+        follow(&outage, true);
+        outage.sign(Sign::SubscriberSilent);
+        outage.sign(Sign::CircuitOpened);
         assert!(outage.is_on());
         assert_eq!(outage.count.load(Ordering::Relaxed), 1);
-        outage.recovered();
+        follow(&outage, false);
         assert!(!outage.is_on());
-        outage.recovered();
-        outage.sign(Sign::CircuitOpened, Duration::ZERO);
+        follow(&outage, false);
+        follow(&outage, true);
         assert_eq!(outage.count.load(Ordering::Relaxed), 2);
     }
 }

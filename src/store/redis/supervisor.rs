@@ -185,16 +185,14 @@ async fn keepalive(shared: &Connections, barrier: &Barrier) {
                 shared.notifier.disconnected.notify_one();
             } else if barrier.renew_membership(shared.config.deadline).await {
                 shared.notifier.liveness.confirm(sent);
-                if shared.health.all_closed() {
-                    shared.outage.recovered();
-                }
             }
+            // A lease that ran out with no gap (a renewal that failed) is
+            // seen here; a confirmation ends the outage.
+            shared.reading(None);
         } else {
             tracing::debug!("redis subscriber does not answer; the subscription is opened again");
-            shared
-                .outage
-                .sign(Sign::SubscriberSilent, shared.notifier.liveness.grace());
             shared.notifier.subscription_lost();
+            shared.sign(Sign::SubscriberSilent);
             shared.notifier.disconnected.notify_one();
         }
         shared.outage.summarise();
@@ -240,7 +238,11 @@ async fn supervise(shared: &Connections) {
         } else {
             None
         };
-        if !gather(shared, &mut work, pause).await {
+        let signalled = gather(shared, &mut work, pause).await;
+        // A circuit that opened, a link lost: the outage log follows what a
+        // health report reads now, however short the episode.
+        shared.reading(None);
+        if !signalled {
             continue;
         }
         // The probe asks the sentinels itself.
@@ -258,6 +260,7 @@ async fn supervise(shared: &Connections) {
         if probe && resubscribe && !shared.health.is_cluster() {
             work.probe &= !probe_once(shared).await;
             work.resubscribe &= !resubscribe_once(shared).await;
+            shared.reading(None);
             continue;
         }
         // One task, but the jobs run side by side: a cluster that is not
@@ -276,6 +279,7 @@ async fn supervise(shared: &Connections) {
         );
         work.probe &= !probed;
         work.resubscribe &= !resubscribed;
+        shared.reading(None);
     }
 }
 

@@ -170,13 +170,53 @@ async fn until(mut done: impl FnMut() -> bool) {
     panic!("the condition did not come true");
 }
 
+/// Set in the process [`with_logs`] starts: the test it names runs there.
+const LOGGED_TEST: &str = "STAMPEDE_GUARD_LOGGED_TEST";
+
+/// Runs `body` with every event of the process counted, in a process of
+/// its own: this test binary, started again on the test `name` alone. A
+/// process-wide subscriber sees every thread's events, and no other test
+/// logs there, so the counts are exact however many tests run beside it.
+fn with_logs(name: &str, body: impl FnOnce(Arc<Logged>)) {
+    if std::env::var(LOGGED_TEST).as_deref() == Ok(name) {
+        let logged = Arc::new(Logged::default());
+        tracing::subscriber::set_global_default(Counter(logged.clone()))
+            .expect("the only subscriber of the process");
+        body(logged);
+        return;
+    }
+    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
+    let test = format!("{module}::{name}");
+    let out = std::process::Command::new(std::env::current_exe().expect("this binary"))
+        .args([test.as_str(), "--exact", "--include-ignored", "--nocapture"])
+        .args(["--test-threads", "1"])
+        .env(LOGGED_TEST, name)
+        .output()
+        .expect("the test runs in a process of its own");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{test} in its own process: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// An outage logs one WARN when it begins and one INFO when it ends,
 /// however many keepalives go unanswered and probes fail meanwhile.
-/// (A current-thread runtime: every task logs to this test's subscriber.)
-#[tokio::test]
-async fn an_outage_logs_one_warn_and_one_info() {
-    let logged = Arc::new(Logged::default());
-    let _guard = tracing::subscriber::set_default(Counter(logged.clone()));
+#[test]
+fn an_outage_logs_one_warn_and_one_info() {
+    with_logs("an_outage_logs_one_warn_and_one_info", |logged| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(an_outage_logged(&logged));
+    });
+}
+
+async fn an_outage_logged(logged: &Logged) {
     let mut redis = RedisServer::start();
     let tier = connect(&redis).await;
     redis.kill();
