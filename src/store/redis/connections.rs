@@ -33,7 +33,7 @@ use super::health::{Address, Health};
 use super::keys::Keys;
 use super::nodes::{self, NodeConns};
 use super::notify::Notifier;
-use super::outage::{Outage, Sign};
+use super::outage::{Outage, Reading, Sign};
 use super::round_trip;
 use super::scripts::Scripts;
 use super::{TierConfig, TierError, TierStats};
@@ -109,6 +109,36 @@ pub(crate) struct Connections {
 const RETRY_PAUSE_MAX: Duration = Duration::from_millis(200);
 
 impl Connections {
+    /// Reads the tier's state as a health report does, and has the outage
+    /// log follow it (see [`Outage::follow`]): the one place the WARN and
+    /// the INFO are decided.
+    pub(crate) fn reading(&self, hint: Option<Sign>) -> Reading {
+        self.outage
+            .follow(self.notifier.liveness.grace(), hint, || {
+                let reading = Reading {
+                    reachable: self.health.all_closed(),
+                    subscription_live: self.notifier.hears_everything(Instant::now()),
+                    open_circuits: self.health.open_circuits(),
+                };
+                let cause = if !reading.reachable {
+                    Some(Sign::CircuitOpened)
+                } else if !reading.subscription_live {
+                    Some(Sign::SubscriptionUnconfirmed)
+                } else {
+                    None
+                };
+                (cause, reading)
+            })
+    }
+
+    /// A sign of trouble: the outage log follows the tier's state (the
+    /// sign names the cause of an outage it begins), and the sign is
+    /// counted in the outage running.
+    pub(crate) fn sign(&self, sign: Sign) {
+        self.reading(Some(sign));
+        self.outage.sign(sign);
+    }
+
     /// Opens the connections and subscribes (see [`open`]), then loads the
     /// scripts. On a cluster, the slot map is read later, by
     /// [`refresh_slots`](Self::refresh_slots).

@@ -18,8 +18,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::connections::Connections;
-
 /// The least time between two summaries of one outage.
 pub(crate) const SUMMARY_EVERY: Duration = Duration::from_secs(60);
 
@@ -162,38 +160,6 @@ pub(crate) struct Reading {
     pub subscription_live: bool,
     /// Circuits open now.
     pub open_circuits: u64,
-}
-
-impl Connections {
-    /// Reads the tier's state as a health report does, and has the outage
-    /// log follow it (see [`Outage::follow`]): the one place the WARN and
-    /// the INFO are decided.
-    pub(crate) fn reading(&self, hint: Option<Sign>) -> Reading {
-        self.outage
-            .follow(self.notifier.liveness.grace(), hint, || {
-                let reading = Reading {
-                    reachable: self.health.all_closed(),
-                    subscription_live: self.notifier.hears_everything(Instant::now()),
-                    open_circuits: self.health.open_circuits(),
-                };
-                let cause = if !reading.reachable {
-                    Some(Sign::CircuitOpened)
-                } else if !reading.subscription_live {
-                    Some(Sign::SubscriptionUnconfirmed)
-                } else {
-                    None
-                };
-                (cause, reading)
-            })
-    }
-
-    /// A sign of trouble: the outage log follows the tier's state (the
-    /// sign names the cause of an outage it begins), and the sign is
-    /// counted in the outage running.
-    pub(crate) fn sign(&self, sign: Sign) {
-        self.reading(Some(sign));
-        self.outage.sign(sign);
-    }
 }
 
 #[cfg(test)]
