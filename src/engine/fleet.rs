@@ -157,7 +157,9 @@ pub(crate) struct Fleet {
 }
 
 /// Whether the in-process tier may answer now (see [`Fleet::l1_trust`]).
+/// Without Redis it always may.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) enum L1Trust {
     /// It may.
     Trusted,
