@@ -678,6 +678,25 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Asks the sentinels of a `redis-sentinel://` URL as `user` with
+    /// `password`: the sentinels' own ACL user, separate from the data
+    /// nodes' (the URL's). For a sentinel with `requirepass`, the user is
+    /// `default`. A wrong sentinel password fails [`connect`](Self::connect)
+    /// with an [`Auth`](crate::ErrorKind::Auth) error that names the
+    /// sentinel; docs/TOPOLOGY.md gives the sentinel user's minimal ACL.
+    ///
+    /// ```
+    /// # use stampede_guard::Backend;
+    /// let builder = Backend::redis_builder("redis-sentinel://app:secret@10.0.0.1:26379/cache")
+    ///     .sentinel_auth("watcher", "sentinel-secret");
+    /// ```
+    #[must_use]
+    pub fn sentinel_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.config.sentinel_user = Some(user.into());
+        self.config.sentinel_password = Some(password.into());
+        self
+    }
+
     /// Trusts this CA (PEM) for `rediss` connections instead of the system's
     /// roots: for a private CA, as managed services and self-hosted TLS use.
     ///
@@ -742,6 +761,9 @@ impl RedisBackendBuilder {
             Some(topology) => topology,
             None => Topology::parse(&config.url).map_err(setup)?,
         };
+        let topology = topology
+            .with_sentinel_auth(config.sentinel_user, config.sentinel_password)
+            .map_err(setup)?;
         let mut tls = self.tls;
         if let Some(files) = &config.tls {
             let read = files.read().map_err(setup)?;

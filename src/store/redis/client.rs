@@ -21,13 +21,30 @@ pub(crate) struct Options<'a> {
 
 /// A client for `url` that speaks RESP3, with `tls`'s certificates.
 pub(crate) fn client(url: &str, tls: &TlsPem) -> Result<Client, RedisError> {
+    client_as(url, tls, None, None)
+}
+
+/// [`client`], authenticating as `user` with `password` (those given here
+/// replace the URL's): for the sentinels, whose credentials are their own.
+pub(crate) fn client_as(
+    url: &str,
+    tls: &TlsPem,
+    user: Option<&str>,
+    password: Option<&str>,
+) -> Result<Client, RedisError> {
     let info = url.into_connection_info()?;
     // RESP3 lets the subscriber receive pushes on a connection that the
     // client reconnects and resubscribes by itself.
-    let settings = info
+    let mut settings = info
         .redis_settings()
         .clone()
         .set_protocol(ProtocolVersion::RESP3);
+    if let Some(user) = user {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = password {
+        settings = settings.set_password(password);
+    }
     let info = info.set_redis_settings(settings);
     let secure = matches!(info.addr(), ConnectionAddr::TcpTls { .. });
     if secure {

@@ -20,7 +20,12 @@ use std::time::Duration;
 ///
 /// `rediss-cluster://` and `rediss-sentinel://` are the TLS forms (the
 /// sentinels are then reached over TLS too). User and password belong to
-/// the data nodes; sentinels are asked without credentials.
+/// the data nodes; the sentinels are asked with [`sentinel_user`] and
+/// [`sentinel_password`] (their own `requirepass` or ACL user), or without
+/// credentials when neither is set.
+///
+/// [`sentinel_user`]: RedisConfig::sentinel_user
+/// [`sentinel_password`]: RedisConfig::sentinel_password
 ///
 /// ```
 /// # #[cfg(feature = "serde")] {
@@ -74,6 +79,14 @@ pub struct RedisConfig {
     /// [`RedisBackendBuilder::outage_grace`](crate::RedisBackendBuilder::outage_grace).
     #[cfg_attr(feature = "serde", serde(with = "humantime_serde"))]
     pub outage_grace: Duration,
+    /// The user the sentinels are asked as (a `redis-sentinel://` URL
+    /// only; the URL's user is the data nodes'). Without it, and with a
+    /// [`sentinel_password`](Self::sentinel_password), the sentinels'
+    /// `default` user (`requirepass`). See
+    /// [`RedisBackendBuilder::sentinel_auth`](crate::RedisBackendBuilder::sentinel_auth).
+    pub sentinel_user: Option<String>,
+    /// The password the sentinels are asked with (default none).
+    pub sentinel_password: Option<String>,
 }
 
 /// How long an instance that cannot hear the fleet keeps serving its
@@ -94,6 +107,11 @@ impl std::fmt::Debug for RedisConfig {
             .field("tls", &self.tls)
             .field("require_redis_at_start", &self.require_redis_at_start)
             .field("outage_grace", &self.outage_grace)
+            .field("sentinel_user", &self.sentinel_user)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "***"),
+            )
             .finish()
     }
 }
@@ -110,6 +128,8 @@ impl Default for RedisConfig {
             tls: None,
             require_redis_at_start: false,
             outage_grace: DEFAULT_OUTAGE_GRACE,
+            sentinel_user: None,
+            sentinel_password: None,
         }
     }
 }

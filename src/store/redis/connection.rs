@@ -20,7 +20,7 @@ use redis::{Cmd, Pipeline, PushInfo, RedisError, RedisFuture, Value};
 pub(crate) use super::client::Options;
 use super::client::{client, with_timeout};
 use super::error::ErrorMeaning;
-use super::sentinel::{resolve, resolve_by};
+use super::sentinel::{primary_error, resolve, resolve_by};
 pub(crate) use super::topology::Topology;
 
 /// A command connection on any topology. Cheap to clone; clones share it.
@@ -151,7 +151,10 @@ async fn open_link(
                         sentinels.demote(&named_by);
                         tries -= 1;
                     }
-                    link => break ((host, port), link?),
+                    link => {
+                        let link = link.map_err(|e| primary_error(e, &host, port))?;
+                        break ((host, port), link);
+                    }
                 }
             };
             // A failover may have happened while the connections opened (an

@@ -17,26 +17,69 @@ use std::time::Duration;
 use redis::{AsyncConnectionConfig, PushInfo, RedisError};
 use tokio::sync::mpsc;
 
-use super::client::{client, with_timeout, Options};
+use super::client::{client_as, with_timeout, Options};
+use super::config::TlsPem;
 use super::error::ErrorMeaning;
 
-/// The sentinels' URLs, in the order they are asked. Clones share the order.
+/// The sentinels' URLs, in the order they are asked, and the credentials
+/// they are asked with. Clones share the order.
 #[derive(Clone, Default)]
-pub(crate) struct Sentinels(Arc<Mutex<Vec<String>>>);
+pub(crate) struct Sentinels {
+    order: Arc<Mutex<Vec<String>>>,
+    auth: Arc<SentinelAuth>,
+}
+
+/// The user and password the sentinels are asked with: the sentinels'
+/// own, never the data nodes' (a sentinel's `requirepass` or ACL user is
+/// not the data user). As redis-rs's own Sentinel client keeps them apart
+/// (`set_client_to_sentinel_username`/`_password`), so does the tier.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub(crate) struct SentinelAuth {
+    /// `None` with a password: the `default` user (`requirepass`).
+    pub user: Option<String>,
+    pub password: Option<String>,
+}
+
+impl SentinelAuth {
+    fn is_set(&self) -> bool {
+        self.user.is_some() || self.password.is_some()
+    }
+}
 
 impl Sentinels {
     pub(crate) fn new(urls: Vec<String>) -> Self {
-        Sentinels(Arc::new(Mutex::new(urls)))
+        Sentinels {
+            order: Arc::new(Mutex::new(urls)),
+            auth: Arc::default(),
+        }
+    }
+
+    /// The same sentinels, asked as `auth`.
+    pub(crate) fn with_auth(self, auth: SentinelAuth) -> Self {
+        Sentinels {
+            auth: Arc::new(auth),
+            ..self
+        }
     }
 
     /// The URLs, in the order they will be asked.
     pub(crate) fn list(&self) -> Vec<String> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.order.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// A client for the sentinel at `url`, with the sentinels' credentials.
+    fn client(&self, url: &str, tls: &TlsPem) -> Result<redis::Client, RedisError> {
+        client_as(
+            url,
+            tls,
+            self.auth.user.as_deref(),
+            self.auth.password.as_deref(),
+        )
     }
 
     /// Moves `url` to the front: it answered last.
     fn promote(&self, url: &str) {
-        let mut list = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut list = self.order.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(at) = list.iter().position(|u| u == url) {
             let answered = list.remove(at);
             list.insert(0, answered);
@@ -47,7 +90,7 @@ impl Sentinels {
     /// refused connections), so its view is stale; the others are asked
     /// first from now on.
     pub(crate) fn demote(&self, url: &str) {
-        let mut list = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut list = self.order.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(at) = list.iter().position(|u| u == url) {
             let stale = list.remove(at);
             list.push(stale);
@@ -98,7 +141,7 @@ pub(crate) async fn resolve_by(
     let mut last = None;
     let mut asks = tokio::task::JoinSet::new();
     for (order, sentinel) in list.iter().enumerate() {
-        let client = match client(sentinel, options.tls) {
+        let client = match sentinels.client(sentinel, options.tls) {
             Ok(client) => client,
             Err(e) => {
                 last = Some(e);
@@ -142,7 +185,7 @@ pub(crate) async fn resolve_by(
                     service.to_owned(),
                 )))
             }
-            Err(e) => last = Some(sentinel_error(e)),
+            Err(e) => last = Some(sentinel_error(e, &list[order], &sentinels.auth)),
         }
     }
     // Most votes; among equals, the sentinel listed first.
@@ -168,20 +211,62 @@ pub(crate) async fn resolve_by(
     }))
 }
 
-/// A sentinel that wants a password is no wrong password of the data
-/// nodes': say which is which, so the hint does not send a person to check
-/// the URL's credentials.
-fn sentinel_error(e: RedisError) -> RedisError {
+/// A sentinel that refuses the tier is no wrong password of the data
+/// nodes': the error says that the sentinel (which one) refused, and
+/// whether it was asked with no credentials, refused the sentinel
+/// credentials, or lacks a permission, so the hint does not send a person
+/// to the URL's credentials.
+fn sentinel_error(e: RedisError, url: &str, auth: &SentinelAuth) -> RedisError {
     if !e.refuses_credentials() {
         return e;
     }
-    RedisError::from((
-        redis::ErrorKind::InvalidClientConfig,
-        "a sentinel refused the connection: sentinels are asked without credentials \
-         (the URL's user and password are the data nodes'), so the sentinels must not \
-         require a password",
-        e.to_string(),
-    ))
+    let at = url
+        .split_once("://")
+        .map_or(url, |(_, rest)| rest)
+        .trim_end_matches('/');
+    let (kind, what) = if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
+        (
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+            "the sentinel user lacks a permission at the sentinel",
+        )
+    } else if auth.is_set() {
+        (
+            redis::ErrorKind::AuthenticationFailed,
+            "authentication at the sentinel failed: it refused the sentinel \
+             credentials (sentinel_user/sentinel_password; the URL's user and \
+             password are the data nodes')",
+        )
+    } else {
+        (
+            redis::ErrorKind::AuthenticationFailed,
+            "authentication at the sentinel failed: it requires a password and \
+             the sentinels were asked without one (set sentinel_user/sentinel_password; \
+             the URL's user and password are the data nodes')",
+        )
+    };
+    RedisError::from((kind, what, format!("sentinel {at}: {e}")))
+}
+
+/// A primary the sentinels named that refuses the URL's credentials or a
+/// permission: the error says it was the data node, not a sentinel.
+pub(crate) fn primary_error(e: RedisError, host: &str, port: u16) -> RedisError {
+    if !e.refuses_credentials() {
+        return e;
+    }
+    let no_perm = redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm);
+    let (kind, what) = if e.kind() == no_perm {
+        (
+            no_perm,
+            "the data user lacks a permission at the primary the sentinels named",
+        )
+    } else {
+        (
+            redis::ErrorKind::AuthenticationFailed,
+            "authentication at the data node failed: the primary the sentinels named \
+             refused the URL's user and password",
+        )
+    };
+    RedisError::from((kind, what, format!("primary {host}:{port}: {e}")))
 }
 
 /// Subscribes to `+switch-master` on the first sentinel that answers (each
@@ -198,7 +283,7 @@ pub(crate) async fn watch_switch(
     for sentinel in sentinels.list() {
         let (tx, rx) = mpsc::unbounded_channel();
         let subscribe = async {
-            let client = client(&sentinel, options.tls)?;
+            let client = sentinels.client(&sentinel, options.tls)?;
             let config = AsyncConnectionConfig::new().set_push_sender(tx);
             let mut conn = client
                 .get_multiplexed_async_connection_with_config(&config)
@@ -259,14 +344,41 @@ mod tests {
     }
 
     #[test]
-    fn a_sentinel_wanting_a_password_is_not_blamed_on_the_data_nodes() {
-        let refused = RedisError::from((redis::ErrorKind::AuthenticationFailed, "NOAUTH"));
-        let e = sentinel_error(refused);
-        assert_eq!(e.kind(), redis::ErrorKind::InvalidClientConfig);
-        assert!(e.to_string().contains("asked without credentials"), "{e}");
+    fn a_sentinel_refusing_the_tier_is_not_blamed_on_the_data_nodes() {
+        let url = "redis://127.0.0.1:26379/";
+        let none = SentinelAuth::default();
+        let set = SentinelAuth {
+            user: Some("watcher".into()),
+            password: Some("pw".into()),
+        };
+        let refused = || RedisError::from((redis::ErrorKind::AuthenticationFailed, "NOAUTH"));
+        let asked_bare = sentinel_error(refused(), url, &none);
+        assert_eq!(asked_bare.kind(), redis::ErrorKind::AuthenticationFailed);
+        let message = asked_bare.to_string();
+        assert!(message.contains("at the sentinel"), "{message}");
+        assert!(message.contains("asked without one"), "{message}");
+        assert!(message.contains("127.0.0.1:26379"), "{message}");
+        let wrong = sentinel_error(refused(), url, &set).to_string();
+        assert!(
+            wrong.contains("refused the sentinel credentials"),
+            "{wrong}"
+        );
+        let denied = RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+            "NOPERM",
+        ));
+        let denied = sentinel_error(denied, url, &set);
+        assert_eq!(
+            denied.kind(),
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+        );
+        assert!(
+            denied.to_string().contains("sentinel user lacks"),
+            "{denied}"
+        );
         let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
         assert!(
-            sentinel_error(io).is_timeout(),
+            sentinel_error(io, url, &set).is_timeout(),
             "other errors pass unchanged"
         );
     }

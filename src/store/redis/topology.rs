@@ -1,7 +1,7 @@
 //! Where Redis is: one server, a Redis Cluster's seeds, or a service
 //! behind Sentinel, parsed from the backend's URL.
 
-use super::sentinel::Sentinels;
+use super::sentinel::{SentinelAuth, Sentinels};
 
 /// Where Redis is, parsed from the URL.
 #[derive(Clone)]
@@ -112,6 +112,33 @@ impl Topology {
                     },
                 })
             }
+        }
+    }
+
+    /// The sentinels asked as `user` with `password` (their own
+    /// credentials, not the data nodes'). Either one set on a topology
+    /// without sentinels is a settings error: it would do nothing.
+    pub(crate) fn with_sentinel_auth(
+        self,
+        user: Option<String>,
+        password: Option<String>,
+    ) -> Result<Topology, String> {
+        match self {
+            Topology::Sentinel {
+                sentinels,
+                service,
+                master,
+            } => Ok(Topology::Sentinel {
+                sentinels: sentinels.with_auth(SentinelAuth { user, password }),
+                service,
+                master,
+            }),
+            _ if user.is_some() || password.is_some() => Err(
+                "sentinel_user/sentinel_password are set, but the URL names no sentinels \
+                 (redis-sentinel://)"
+                    .to_owned(),
+            ),
+            topology => Ok(topology),
         }
     }
 
