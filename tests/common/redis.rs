@@ -13,6 +13,8 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
+    /// The user and password [`raw`](Self::raw) logs in with, if any.
+    login: Option<(String, String)>,
 }
 
 fn free_port() -> u16 {
@@ -49,6 +51,7 @@ impl RedisServer {
             port: 0,
             dir,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            login: None,
         };
         for _ in 0..5 {
             server.port = free_port();
@@ -136,19 +139,31 @@ impl RedisServer {
         self.signal("-CONT");
     }
 
+    /// Makes [`raw`](Self::raw) log in as `user` first: for a server whose
+    /// `default` user is off or has a password.
+    pub fn login_as(&mut self, user: &str, password: &str) {
+        self.login = Some((user.to_owned(), password.to_owned()));
+    }
+
     /// Sends one command in RESP and returns the raw reply.
     pub fn raw(&self, args: &[&str]) -> String {
         let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
         stream
             .set_read_timeout(Some(Duration::from_secs(5)))
             .expect("timeout");
-        let mut cmd = format!("*{}\r\n", args.len());
-        for a in args {
-            cmd.push_str(&format!("${}\r\n{}\r\n", a.len(), a));
+        let mut cmd = String::new();
+        if let Some((user, password)) = &self.login {
+            cmd.push_str(&resp(&["AUTH", user, password]));
         }
+        cmd.push_str(&resp(args));
         stream.write_all(cmd.as_bytes()).expect("write");
         let mut reader = BufReader::new(stream);
         let mut first = String::new();
+        if self.login.is_some() {
+            reader.read_line(&mut first).expect("AUTH reply");
+            assert_eq!(first.trim_end(), "+OK", "the harness's login");
+            first.clear();
+        }
         reader.read_line(&mut first).expect("reply");
         if let Some(len) = first.strip_prefix('$') {
             let len: i64 = len.trim().parse().unwrap_or(-1);
@@ -192,6 +207,15 @@ impl RedisServer {
     pub fn reset_stats(&self) {
         assert_eq!(self.raw(&["CONFIG", "RESETSTAT"]), "+OK");
     }
+}
+
+/// One command in RESP.
+pub fn resp(args: &[&str]) -> String {
+    let mut cmd = format!("*{}\r\n", args.len());
+    for a in args {
+        cmd.push_str(&format!("${}\r\n{}\r\n", a.len(), a));
+    }
+    cmd
 }
 
 impl Drop for RedisServer {

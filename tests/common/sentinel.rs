@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::redis::RedisServer;
+use super::redis::{resp, RedisServer};
 use super::tls::free_port;
 
 /// The name the sentinel knows the primary by.
@@ -18,10 +18,27 @@ pub struct Sentinel {
     child: Option<Child>,
     pub port: u16,
     dir: PathBuf,
+    /// The harness's own login on the sentinel, if it wants one.
+    login: Option<(String, String)>,
+}
+
+/// Who may talk to the sentinels and to the data nodes. The default: no
+/// passwords anywhere.
+#[derive(Clone, Debug, Default)]
+pub struct Access {
+    /// Lines added to each sentinel's config (`requirepass …`, `user …`).
+    pub sentinel_conf: Vec<String>,
+    /// The harness's login on the sentinels (user, password); the
+    /// sentinels also use it with each other.
+    pub sentinel_admin: Option<(String, String)>,
+    /// The harness's login on the data nodes (user, password), which the
+    /// sentinels and the replicas use too. The user itself is defined by
+    /// the data nodes' settings (`--user …`).
+    pub data_admin: Option<(String, String)>,
 }
 
 impl Sentinel {
-    fn start(primary_port: u16, quorum: usize) -> Self {
+    fn start(primary_port: u16, quorum: usize, access: &Access) -> Self {
         let port = free_port();
         let dir = std::env::temp_dir().join(format!(
             "stampede-guard-sentinel-{}-{port}",
@@ -37,8 +54,9 @@ impl Sentinel {
                  sentinel monitor {SERVICE} 127.0.0.1 {primary_port} {quorum}\n\
                  sentinel down-after-milliseconds {SERVICE} 500\n\
                  sentinel failover-timeout {SERVICE} 5000\n\
-                 sentinel parallel-syncs {SERVICE} 1\n",
-                dir = dir.display()
+                 sentinel parallel-syncs {SERVICE} 1\n{secured}",
+                dir = dir.display(),
+                secured = access.sentinel_lines(),
             ),
         )
         .expect("write sentinel.conf");
@@ -53,6 +71,7 @@ impl Sentinel {
             child: Some(child),
             port,
             dir,
+            login: access.sentinel_admin.clone(),
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -83,7 +102,7 @@ impl Sentinel {
 
     /// Sends a command and returns the reply's text (see [`raw_sentinel`]).
     pub fn raw(&self, args: &[&str]) -> String {
-        raw_sentinel(self.port, args)
+        raw_sentinel(self.port, self.login.as_ref(), args)
     }
 
     /// The port the sentinel names as the primary's, if it answers.
@@ -92,12 +111,14 @@ impl Sentinel {
         stream
             .set_read_timeout(Some(Duration::from_millis(500)))
             .ok()?;
-        let cmd = format!(
-            "*3\r\n$8\r\nSENTINEL\r\n$23\r\nGET-MASTER-ADDR-BY-NAME\r\n${}\r\n{SERVICE}\r\n",
-            SERVICE.len()
-        );
+        let mut cmd = login_command(self.login.as_ref());
+        cmd.push_str(&resp(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]));
         stream.write_all(cmd.as_bytes()).ok()?;
         let mut reader = BufReader::new(stream);
+        if self.login.is_some() {
+            let mut ok = String::new();
+            reader.read_line(&mut ok).ok()?;
+        }
         let mut lines = Vec::new();
         for _ in 0..5 {
             let mut line = String::new();
@@ -117,6 +138,35 @@ impl Drop for Sentinel {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+impl Access {
+    /// What each sentinel's config adds for these settings.
+    fn sentinel_lines(&self) -> String {
+        let mut lines = String::new();
+        if let Some((user, password)) = &self.data_admin {
+            lines.push_str(&format!(
+                "sentinel auth-user {SERVICE} {user}\nsentinel auth-pass {SERVICE} {password}\n"
+            ));
+        }
+        if let Some((user, password)) = &self.sentinel_admin {
+            lines.push_str(&format!(
+                "sentinel sentinel-user {user}\nsentinel sentinel-pass {password}\n"
+            ));
+        }
+        for line in &self.sentinel_conf {
+            lines.push_str(line);
+            lines.push('\n');
+        }
+        lines
+    }
+}
+
+/// `AUTH user password` in RESP, or nothing.
+fn login_command(login: Option<&(String, String)>) -> String {
+    login.map_or_else(String::new, |(user, password)| {
+        resp(&["AUTH", user, password])
+    })
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -142,12 +192,28 @@ impl SentinelSetup {
     /// `sentinels` sentinels (quorum: a majority of them), and extra
     /// settings for both data nodes (`--user …`).
     pub fn start_with(sentinels: usize, extra: &[&str]) -> Self {
+        Self::start_secured(sentinels, extra, &Access::default())
+    }
+
+    /// [`start_with`](Self::start_with), with passwords on the sentinels
+    /// or the data nodes as `access` says.
+    pub fn start_secured(sentinels: usize, extra: &[&str], access: &Access) -> Self {
         let mut args = vec!["--repl-diskless-sync-delay", "0"];
         args.extend_from_slice(extra);
-        let primary = RedisServer::start_with(&args);
+        if let Some((user, password)) = &access.data_admin {
+            args.extend_from_slice(&["--masteruser", user, "--masterauth", password]);
+        }
+        let login = |server: &mut RedisServer| {
+            if let Some((user, password)) = &access.data_admin {
+                server.login_as(user, password);
+            }
+        };
+        let mut primary = RedisServer::start_with(&args);
+        login(&mut primary);
         let port = primary.port().to_string();
         args.extend_from_slice(&["--replicaof", "127.0.0.1", &port]);
-        let replica = RedisServer::start_with(&args);
+        let mut replica = RedisServer::start_with(&args);
+        login(&mut replica);
         let deadline = Instant::now() + Duration::from_secs(10);
         while !replica
             .raw(&["INFO", "replication"])
@@ -158,7 +224,7 @@ impl SentinelSetup {
         }
         let quorum = sentinels / 2 + 1;
         let sentinels: Vec<Sentinel> = (0..sentinels)
-            .map(|_| Sentinel::start(primary.port(), quorum))
+            .map(|_| Sentinel::start(primary.port(), quorum, access))
             .collect();
         // Each sentinel must know the replica before it can promote it, and
         // the others before they can elect a leader.
@@ -231,15 +297,13 @@ impl SentinelSetup {
 
 /// Sends a command to a sentinel and returns everything it answers in the
 /// first read (enough for short replies searched with `contains`).
-fn raw_sentinel(port: u16, args: &[&str]) -> String {
+fn raw_sentinel(port: u16, login: Option<&(String, String)>, args: &[&str]) -> String {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
         return String::new();
     };
     let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    let mut cmd = format!("*{}\r\n", args.len());
-    for a in args {
-        cmd.push_str(&format!("${}\r\n{}\r\n", a.len(), a));
-    }
+    let mut cmd = login_command(login);
+    cmd.push_str(&resp(args));
     if stream.write_all(cmd.as_bytes()).is_err() {
         return String::new();
     }

@@ -150,6 +150,7 @@ pub const ACL_RULES: &[&str] = &[
     "+smembers",
     "+role",
     "+wait",
+    "+info",
 ];
 
 /// A redis-server that speaks TLS on `tls_port` (the plain port stays open,
