@@ -220,3 +220,34 @@ pub(crate) fn redact(url: &str) -> String {
         _ => url.to_owned(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_hides_every_password() {
+        let mut config = RedisConfig::new("redis-sentinel://app:data-secret@s1:26379/cache");
+        config.sentinel_user = Some("watcher".into());
+        config.sentinel_password = Some("sentinel-secret".into());
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("data-secret"), "{shown}");
+        assert!(!shown.contains("sentinel-secret"), "{shown}");
+        assert!(shown.contains("watcher"), "{shown}");
+    }
+
+    #[cfg(feature = "serde")]
+    #[test]
+    fn sentinel_credentials_load_from_a_config_file() {
+        let config: RedisConfig = serde_json::from_str(
+            r#"{
+                "url": "redis-sentinel://app:pw@s1:26379/cache",
+                "sentinel_user": "watcher",
+                "sentinel_password": "sentinel-secret"
+            }"#,
+        )
+        .unwrap();
+        assert_eq!(config.sentinel_user.as_deref(), Some("watcher"));
+        assert_eq!(config.sentinel_password.as_deref(), Some("sentinel-secret"));
+    }
+}

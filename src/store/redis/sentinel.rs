@@ -9,7 +9,10 @@
 //! - the tier listens on a sentinel for `+switch-master` and asks again at
 //!   once when a failover is announced ([`watch_switch`]); it also asks every
 //!   second and checks the primary's `ROLE` (see the supervisor), so an
-//!   instance whose calls keep succeeding on an old primary still follows.
+//!   instance whose calls keep succeeding on an old primary still follows;
+//! - the sentinels are asked with credentials of their own
+//!   ([`SentinelAuth`]), never the data nodes', and a refusal says which
+//!   of the two refused.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
