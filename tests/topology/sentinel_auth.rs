@@ -292,10 +292,26 @@ async fn sentinels_with_requirepass() {
     assert!(message.contains("at the data node"), "{message}");
     assert!(!message.contains("at the sentinel"), "{message}");
 
-    // Both right: the password alone, as `requirepass` wants.
-    let mut right = config(&setup, "app-secret");
-    right.sentinel_password = Some("s-secret".into());
-    the_fleet_works_as_these_users(&setup, right).await;
+    // The same in the URL's query: never printed.
+    let in_url = |password: &str| {
+        RedisConfig::new(format!(
+            "{}?sentinel_password={password}",
+            setup.url_as("app:app-secret@")
+        ))
+    };
+    let error = connect(in_url("not-it"))
+        .await
+        .expect_err("a wrong sentinel password in the URL");
+    let message = error.to_string();
+    assert_eq!(error.kind(), ErrorKind::Auth, "{message}");
+    assert!(
+        message.contains("refused the sentinel credentials"),
+        "{message}"
+    );
+    assert!(!message.contains("not-it"), "{message}");
+
+    // Both right, in the URL: the password alone, as `requirepass` wants.
+    the_fleet_works_as_these_users(&setup, in_url("s-secret")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,13 +16,14 @@ use std::time::Duration;
 /// | `redis://[user:password@]host:port[/db]` | one server (or a managed endpoint) |
 /// | `rediss://…` | the same over TLS |
 /// | `redis-cluster://[user:password@]host1:port1,host2:port2` | Redis Cluster, from seed nodes |
-/// | `redis-sentinel://[user:password@]host1:port1,host2:port2/service[/db]` | the primary named `service`, found through Sentinel |
+/// | `redis-sentinel://[user:password@]host1:port1,host2:port2/service[/db][?sentinel_user=…&sentinel_password=…]` | the primary named `service`, found through Sentinel |
 ///
 /// `rediss-cluster://` and `rediss-sentinel://` are the TLS forms (the
 /// sentinels are then reached over TLS too). User and password belong to
 /// the data nodes; the sentinels are asked with [`sentinel_user`] and
-/// [`sentinel_password`] (their own `requirepass` or ACL user), or without
-/// credentials when neither is set.
+/// [`sentinel_password`] (their own `requirepass` or ACL user; here or,
+/// percent-encoded, in the URL's query, not both), or without credentials
+/// when neither is set.
 ///
 /// [`sentinel_user`]: RedisConfig::sentinel_user
 /// [`sentinel_password`]: RedisConfig::sentinel_password
@@ -209,16 +210,33 @@ impl TlsFiles {
     }
 }
 
-/// The URL without its password, for messages and `Debug` output.
+/// The URL without its passwords (the userinfo's, and a sentinel password
+/// in the query), for messages and `Debug` output.
 pub(crate) fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+    let url = match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let userinfo = &url[scheme + 3..at];
             let user = userinfo.split(':').next().unwrap_or("");
             format!("{}{}:***{}", &url[..scheme + 3], user, &url[at..])
         }
         _ => url.to_owned(),
+    };
+    // Every `sentinel_password=` value past the userinfo, up to its `&`.
+    const SECRET: &str = "sentinel_password=";
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url.as_str();
+    let hosts = rest.rfind('@').map_or(0, |at| at + 1);
+    out.push_str(&rest[..hosts]);
+    rest = &rest[hosts..];
+    while let Some(at) = rest.find(SECRET) {
+        let value = at + SECRET.len();
+        out.push_str(&rest[..value]);
+        out.push_str("***");
+        rest = &rest[value..];
+        rest = &rest[rest.find('&').unwrap_or(rest.len())..];
     }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
@@ -249,5 +267,16 @@ mod tests {
         .unwrap();
         assert_eq!(config.sentinel_user.as_deref(), Some("watcher"));
         assert_eq!(config.sentinel_password.as_deref(), Some("sentinel-secret"));
+    }
+
+    #[test]
+    fn redact_hides_the_sentinel_password_in_the_query() {
+        let url = "redis-sentinel://app:data@s1:1,s2:2/cache?sentinel_user=w&sentinel_password=s%26cret&sentinel_password=again";
+        let shown = redact(url);
+        assert_eq!(
+            shown,
+            "redis-sentinel://app:***@s1:1,s2:2/cache?sentinel_user=w&sentinel_password=***&sentinel_password=***"
+        );
+        assert_eq!(redact("redis://h:1/"), "redis://h:1/");
     }
 }

@@ -43,8 +43,18 @@ pub(crate) struct SentinelAuth {
     pub password: Option<String>,
 }
 
+impl std::fmt::Debug for SentinelAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The password is a secret: say only whether it is set.
+        f.debug_struct("SentinelAuth")
+            .field("user", &self.user)
+            .field("password", &self.password.is_some())
+            .finish()
+    }
+}
+
 impl SentinelAuth {
-    fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.user.is_some() || self.password.is_some()
     }
 }
@@ -63,6 +73,11 @@ impl Sentinels {
             auth: Arc::new(auth),
             ..self
         }
+    }
+
+    /// The credentials the sentinels are asked with.
+    pub(crate) fn auth(&self) -> &SentinelAuth {
+        &self.auth
     }
 
     /// The URLs, in the order they will be asked.

@@ -76,6 +76,18 @@ impl Topology {
             "rediss-sentinel" => ("rediss", "sentinel"),
             _ => return Ok(Topology::Single(url.to_owned())),
         };
+        // The sentinels' own credentials may come in the query (after the
+        // userinfo, whose password may hold any character).
+        let (rest, query) = match kind {
+            "sentinel" => {
+                let hosts_at = rest.rfind('@').map_or(0, |at| at + 1);
+                match rest[hosts_at..].find('?') {
+                    Some(q) => (&rest[..hosts_at + q], Some(&rest[hosts_at + q + 1..])),
+                    None => (rest, None),
+                }
+            }
+            _ => (rest, None),
+        };
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         let (userinfo, hosts) = match authority.rfind('@') {
             Some(at) => (format!("{}@", &authority[..at]), &authority[at + 1..]),
@@ -100,10 +112,12 @@ impl Topology {
                     ));
                 };
                 let db = parts.next().unwrap_or("0").to_owned();
+                let auth = sentinel_query(query.unwrap_or(""))?;
                 Ok(Topology::Sentinel {
                     sentinels: Sentinels::new(
                         hosts.iter().map(|h| format!("{base}://{h}/")).collect(),
-                    ),
+                    )
+                    .with_auth(auth),
                     service: service.to_owned(),
                     master: MasterUrl {
                         scheme: base,
@@ -128,11 +142,18 @@ impl Topology {
                 sentinels,
                 service,
                 master,
-            } => Ok(Topology::Sentinel {
-                sentinels: sentinels.with_auth(SentinelAuth { user, password }),
-                service,
-                master,
-            }),
+            } if user.is_some() || password.is_some() => {
+                if sentinels.auth().is_set() {
+                    return Err("the sentinel credentials are given twice: in the URL's \
+                                query and in sentinel_user/sentinel_password"
+                        .to_owned());
+                }
+                Ok(Topology::Sentinel {
+                    sentinels: sentinels.with_auth(SentinelAuth { user, password }),
+                    service,
+                    master,
+                })
+            }
             _ if user.is_some() || password.is_some() => Err(
                 "sentinel_user/sentinel_password are set, but the URL names no sentinels \
                  (redis-sentinel://)"
@@ -146,5 +167,84 @@ impl Topology {
     /// the probe must ask where it is before it trusts a ping.
     pub(crate) fn needs_resolve(&self) -> bool {
         matches!(self, Topology::Sentinel { .. })
+    }
+}
+
+/// The sentinel credentials of a `redis-sentinel://` URL's query:
+/// `sentinel_user` and `sentinel_password`, percent-encoded. Any other
+/// parameter is an error (a typo is not silently ignored).
+fn sentinel_query(query: &str) -> Result<SentinelAuth, String> {
+    let mut auth = SentinelAuth::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_encoding::percent_decode_str(value)
+            .decode_utf8()
+            .map_err(|_| format!("the URL's {name} is not UTF-8 once percent-decoded"))?
+            .into_owned();
+        match name {
+            "sentinel_user" => auth.user = Some(value),
+            "sentinel_password" => auth.password = Some(value),
+            _ => {
+                return Err(format!(
+                    "unknown parameter {name:?} in a redis-sentinel:// URL \
+                     (it takes sentinel_user and sentinel_password)"
+                ))
+            }
+        }
+    }
+    Ok(auth)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sentinel_auth(url: &str) -> Result<(SentinelAuth, String, String), String> {
+        match Topology::parse(url)? {
+            Topology::Sentinel {
+                sentinels,
+                service,
+                master,
+            } => Ok((sentinels.auth().clone(), service, master.at("h", 1))),
+            _ => Err("no sentinels".to_owned()),
+        }
+    }
+
+    #[test]
+    fn the_sentinel_credentials_come_from_the_query() {
+        let (auth, service, master) = sentinel_auth(
+            "redis-sentinel://app:p%3Fw@s1:1,s2:2/cache/2?sentinel_user=watch&sentinel_password=s%26cret",
+        )
+        .unwrap();
+        assert_eq!(auth.user.as_deref(), Some("watch"));
+        assert_eq!(auth.password.as_deref(), Some("s&cret"), "percent-decoded");
+        assert_eq!(service, "cache");
+        assert_eq!(
+            master, "redis://app:p%3Fw@h:1/2",
+            "the data user is the URL's"
+        );
+        let (auth, service, _) =
+            sentinel_auth("redis-sentinel://s1:1/cache?sentinel_password=pw").unwrap();
+        assert_eq!((auth.user, auth.password.as_deref()), (None, Some("pw")));
+        assert_eq!(service, "cache");
+        let (auth, ..) = sentinel_auth("redis-sentinel://s1:1/cache").unwrap();
+        assert!(!auth.is_set());
+    }
+
+    #[test]
+    fn a_bad_query_or_credentials_given_twice_are_settings_errors() {
+        let typo = sentinel_auth("redis-sentinel://s1:1/cache?sentinel_pass=pw").unwrap_err();
+        assert!(typo.contains("sentinel_pass"), "{typo}");
+        assert!(!typo.contains("pw\""), "{typo}");
+        let twice = Topology::parse("redis-sentinel://s1:1/cache?sentinel_password=pw")
+            .unwrap()
+            .with_sentinel_auth(None, Some("pw".into()))
+            .unwrap_err();
+        assert!(twice.contains("twice"), "{twice}");
+        let nowhere = Topology::parse("redis://h:1/")
+            .unwrap()
+            .with_sentinel_auth(Some("u".into()), None)
+            .unwrap_err();
+        assert!(nowhere.contains("names no sentinels"), "{nowhere}");
     }
 }
