@@ -43,6 +43,19 @@
 //! and have it refuse a token lower than one it has seen, on reads as well as
 //! writes (or write conditionally on what was read).
 //!
+//! **Eviction.** Redis cannot exempt a key from eviction: with a `maxmemory`
+//! and any `maxmemory-policy` but `noeviction` it may evict a held lock's
+//! key, and a second owner would then take the lock while the first still
+//! works. So on such a server (read at connect, and again after the link was
+//! lost or replaced) acquisitions fail with [`LockError::EvictingServer`],
+//! unless [`allow_evicting_server`](Lock::allow_evicting_server) opts in;
+//! where the policy cannot be read (`CONFIG` and `INFO` refused) a warning
+//! is logged once and locks go on. Opted in, the watchdog finds an evicted
+//! hold at its next renewal and the guard is lost, and fencing tokens keep
+//! rising across the eviction; until that renewal two owners may hold the
+//! lock, so fence the resource. Keep locks on a Redis with `noeviction`, a
+//! separate one if the cache's Redis must evict (docs/TOPOLOGY.md).
+//!
 //! **Faults.** Acquiring goes through the backend's circuit breaker: with
 //! Redis failing, [`acquire`](Lock::acquire) says so at once. Giving back
 //! does not: [`release`](LockGuard::release), a dropped guard, renewals and a

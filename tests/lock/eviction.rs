@@ -209,6 +209,9 @@ async fn the_policy_is_read_again_after_the_link_was_lost() {
         redis.raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
         "+OK"
     );
+    // Read at connect: while the link stays up, the change is not seen.
+    let guard = lock.try_acquire("stock").await.expect("redis answers");
+    assert!(guard.expect("free").release().await.expect("released"));
     // The connections are cut; the backend reconnects, and reads the
     // settings again before its next acquisition.
     redis.raw(&["CLIENT", "KILL", "TYPE", "pubsub"]);

@@ -265,6 +265,12 @@ impl Notifier {
         self.links.load(Ordering::Acquire)
     }
 
+    /// Counts a link swapped in: what was read on the old one (before the
+    /// swap, even after the new one subscribed) may not hold on it.
+    pub(crate) fn relinked(&self) {
+        self.links.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Marks a gap, and keeps it marked for a new link until
     /// [`Opening::swapped_in`]: a link that subscribed (its subscription
     /// seen to end the gap) and then failed to open, or whose opening was
