@@ -4,7 +4,7 @@
 //! was lost); opted in, a holder whose key was evicted learns it at its next
 //! renewal, and fencing tokens keep rising across the eviction. Where the
 //! policy cannot be read, a warning, once, and locks go on. The cache tier
-//! works on any policy.
+//! works on any policy. On a cluster every primary is read.
 #![cfg(feature = "redis")]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -341,4 +341,33 @@ async fn where_only_info_is_allowed_the_policy_is_read_from_it() {
         "{refused:?}"
     );
     assert_eq!(held_locks(&redis), ":0");
+}
+
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_every_primary_is_read() {
+    use crate::common::cluster::Cluster;
+
+    let cluster = Cluster::start(3, 0);
+    // The last primary, not the seed the client asks first, may evict.
+    let evicting = &cluster.nodes[2];
+    assert_eq!(evicting.raw(&["CONFIG", "SET", "maxmemory", "64mb"]), "+OK");
+    assert_eq!(
+        evicting.raw(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]),
+        "+OK"
+    );
+    let backend = crate::common::shards::connect(&cluster, ROOMY_DEADLINE).await;
+    let lock = Lock::new(backend.clone());
+    // Whichever shard a lock's slot is on: one primary that may evict
+    // refuses them all.
+    for name in ["stock", "job", "sku-42"] {
+        let refused = lock.try_acquire(name).await;
+        assert!(
+            matches!(&refused, Err(LockError::EvictingServer { policy, .. }) if policy == "volatile-lru"),
+            "{name}: {refused:?}"
+        );
+    }
+    let allowed = lock.allow_evicting_server(true);
+    let guard = allowed.try_acquire("stock").await.expect("redis answers");
+    assert!(guard.expect("free").release().await.expect("released"));
 }
