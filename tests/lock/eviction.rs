@@ -108,10 +108,8 @@ async fn a_lock_is_refused_on_a_server_that_may_evict_it() {
     // The cache tier works on the same server: one rebuild for two
     // instances, the second served from Redis.
     let rebuilds = Arc::new(AtomicUsize::new(0));
-    for instance in [
-        backend,
-        crate::common::lock::backend(&redis.url(), ROOMY_DEADLINE).await,
-    ] {
+    let backend_again = crate::common::lock::backend(&redis.url(), ROOMY_DEADLINE).await;
+    for instance in [backend, backend_again] {
         let cache = Cache::<String>::new(instance);
         let counted = rebuilds.clone();
         let value = cache
