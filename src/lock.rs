@@ -368,7 +368,7 @@ impl Lock {
     ) -> Result<Option<LockGuard>, LockError> {
         let unavailable = |e: crate::store::redis::TierError| LockError::Unavailable(e.into());
         if !self.allow_evicting_server
-            && let Some((policy, maxmemory)) = l2.lock_eviction().await
+            && let Some((policy, maxmemory)) = l2.lock_eviction(&id).await.map_err(unavailable)?
         {
             return Err(LockError::EvictingServer { policy, maxmemory });
         }

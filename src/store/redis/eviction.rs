@@ -8,26 +8,29 @@
 //! Redis's clock, so the cache tier works on any policy.
 //!
 //! The settings are read (`CONFIG GET maxmemory*`, or `INFO memory` where
-//! `CONFIG` is refused, as on managed services) when the tier connects and
-//! again, before the next lock acquisition, once the link was lost or
-//! replaced (the server reached since may be another one: restarted,
-//! promoted) or, on a cluster, once the slot map names other primaries. On a
-//! cluster every primary is read, and the worst reading counts. Where
-//! neither command is allowed the policy is unknown: a warning, once, and
-//! locks go on.
+//! `CONFIG` is refused, as on managed services) when the tier connects (on a
+//! cluster, on every primary), and again before a lock's next acquisition
+//! once the link was lost or replaced (the server reached since may be
+//! another one: restarted, promoted). A lock is judged by the node that
+//! serves it: on a cluster, a primary read for the first time (one that took
+//! over slots) is read before its first lock. The read before an acquisition
+//! is a call like any other (deadline, circuit breaker). Where neither
+//! command is allowed the policy is unknown: a warning, once, and locks go
+//! on.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use redis::{RedisError, Value};
+use redis::Value;
 
 use super::connections::Connections;
 use super::error::ErrorMeaning;
 use super::health::Address;
+use super::TierError;
 
-/// What a server (or, on a cluster, the worst of its primaries) does under
-/// memory pressure.
+/// What a server does under memory pressure.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Policy {
     /// No `maxmemory`, or `noeviction`: keys are never evicted.
@@ -38,18 +41,28 @@ pub(crate) enum Policy {
     Unknown,
 }
 
-/// The last reading, and what it was read under.
+impl Policy {
+    /// How much a reading worries: the worst of several is reported.
+    fn rank(&self) -> u8 {
+        match self {
+            Policy::Keeps => 0,
+            Policy::Unknown => 1,
+            Policy::Evicts { .. } => 2,
+        }
+    }
+}
+
+/// One node's last reading, and what it was read under.
 struct Reading {
     policy: Policy,
     /// The notifier's count of link losses and replacements when read.
     links: u64,
-    /// The cluster's primaries when read (empty off a cluster).
-    nodes: Vec<Address>,
 }
 
-/// The tier's view of the eviction policy.
+/// The tier's view of the eviction policy, per node (`None`: the one
+/// server, or the primary behind Sentinel).
 pub(crate) struct Eviction {
-    last: Mutex<Option<Reading>>,
+    nodes: Mutex<HashMap<Option<Address>, Reading>>,
     /// One read at a time: acquisitions after a reconnect share it.
     reading: tokio::sync::Mutex<()>,
     /// The unknown policy is logged once per tier.
@@ -59,92 +72,113 @@ pub(crate) struct Eviction {
 impl Eviction {
     pub(crate) fn new() -> Self {
         Eviction {
-            last: Mutex::new(None),
+            nodes: Mutex::new(HashMap::new()),
             reading: tokio::sync::Mutex::new(()),
             warned_unknown: AtomicBool::new(false),
         }
     }
 
-    /// The policy as last read (`Unknown` before any reading).
+    /// The worst policy of the nodes as last read (`Unknown` before any).
     pub(crate) fn current(&self) -> Policy {
-        self.last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map_or(Policy::Unknown, |r| r.policy.clone())
+        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        nodes
+            .values()
+            .map(|r| &r.policy)
+            .max_by_key(|p| p.rank())
+            .cloned()
+            .unwrap_or(Policy::Unknown)
     }
 
-    /// Whether the last reading may no longer hold: none yet, the link was
-    /// lost or replaced since, or the cluster's primaries changed.
-    fn is_stale(&self, conns: &Connections) -> bool {
-        let last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(last) = last.as_ref() else {
-            return true;
+    /// `node`'s reading, if it still holds: taken since the link was last
+    /// lost or replaced.
+    fn known(&self, node: &Option<Address>, links: u64) -> Option<Policy> {
+        let nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+        nodes
+            .get(node)
+            .filter(|r| r.links == links)
+            .map(|r| r.policy.clone())
+    }
+
+    /// Reads every primary (the server, off a cluster) as a step of
+    /// connecting, each under the connect timeout. A node that gives no
+    /// answer is read before its first lock.
+    pub(crate) async fn connect(&self, conns: &Connections) {
+        let nodes = conns.health.nodes();
+        let targets: Vec<Option<Address>> = if nodes.is_empty() {
+            vec![None]
+        } else {
+            nodes.into_iter().map(Some).collect()
         };
-        last.links != conns.notifier.links() || !same_nodes(&last.nodes, &conns.health.nodes())
-    }
-
-    /// The policy that holds for a lock now: read again first if the last
-    /// reading may no longer hold. A read that gets no answer (Redis down)
-    /// keeps the last reading, and is tried again at the next acquisition.
-    pub(crate) async fn for_lock(&self, conns: &Connections) -> Policy {
-        if self.is_stale(conns) {
-            let _one = self.reading.lock().await;
-            if self.is_stale(conns) {
-                self.read(conns).await;
+        let limit = conns.config.connect_timeout;
+        for node in targets {
+            let links = conns.notifier.links();
+            let ask = |cmd: redis::Cmd| {
+                let node = node.as_ref();
+                async move { conns.on_node(node, cmd).await.map_err(TierError::Redis) }
+            };
+            if let Ok(Ok(policy)) = tokio::time::timeout(limit, read_with(ask)).await {
+                self.record(node, policy, links);
             }
         }
-        self.current()
     }
 
-    /// Reads the settings of the server (every primary on a cluster),
-    /// records them, and logs what changed. Returns false if a node gave no
-    /// answer (the last reading stays).
-    pub(crate) async fn read(&self, conns: &Connections) -> bool {
+    /// The policy of the node that serves `route` (a lock's key), read
+    /// first if it was not since the link was last lost or replaced.
+    ///
+    /// # Errors
+    ///
+    /// The read's, if it had to be made and got no answer.
+    pub(crate) async fn for_lock(
+        &self,
+        conns: &Connections,
+        route: &str,
+    ) -> Result<Policy, TierError> {
+        let node = conns.health.node(route);
+        if let Some(policy) = self.known(&node, conns.notifier.links()) {
+            return Ok(policy);
+        }
+        let _one = self.reading.lock().await;
         // Counted before asking: a loss while the read runs makes the next
         // acquisition read again.
         let links = conns.notifier.links();
-        let nodes = conns.health.nodes();
-        let targets: Vec<Option<&Address>> = if nodes.is_empty() {
-            vec![None]
-        } else {
-            nodes.iter().map(Some).collect()
-        };
-        let limit = conns.config.connect_timeout;
-        let mut worst = Policy::Keeps;
-        for node in targets {
-            let read = tokio::time::timeout(limit, read_node(conns, node)).await;
-            let Ok(Ok(policy)) = read else {
-                return false;
-            };
-            worst = match (worst, policy) {
-                (evicts @ Policy::Evicts { .. }, _) | (_, evicts @ Policy::Evicts { .. }) => evicts,
-                (Policy::Unknown, _) | (_, Policy::Unknown) => Policy::Unknown,
-                (Policy::Keeps, Policy::Keeps) => Policy::Keeps,
-            };
+        if let Some(policy) = self.known(&node, links) {
+            return Ok(policy);
         }
-        let before = self
-            .last
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(Reading {
-                policy: worst.clone(),
-                links,
-                nodes,
-            })
-            .map(|r| r.policy);
-        self.log(before.as_ref(), &worst);
-        true
+        let ask = |cmd: redis::Cmd| async move {
+            conns
+                .call(route)
+                .once()
+                .run(|mut conn| {
+                    let cmd = &cmd;
+                    async move { cmd.query_async::<Value>(&mut conn).await }
+                })
+                .await
+        };
+        let policy = read_with(ask).await?;
+        self.record(node, policy.clone(), links);
+        Ok(policy)
     }
 
-    fn log(&self, before: Option<&Policy>, now: &Policy) {
-        if before == Some(now) {
+    /// Records `node`'s reading, and logs what changed.
+    fn record(&self, node: Option<Address>, policy: Policy, links: u64) {
+        let before = {
+            let mut nodes = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
+            let reading = Reading {
+                policy: policy.clone(),
+                links,
+            };
+            nodes.insert(node.clone(), reading).map(|r| r.policy)
+        };
+        if before.as_ref() == Some(&policy) {
             return;
         }
-        match now {
+        let (host, port) = node.map_or((String::new(), 0), |(h, p)| (h, p));
+        match &policy {
             Policy::Evicts { policy, maxmemory } => tracing::warn!(
                 policy = %policy,
                 maxmemory = *maxmemory,
+                %host,
+                port,
                 "redis may evict keys: the cache tier works on, but locks are refused \
                  (an evicted hold is a free lock) unless allowed with \
                  Lock::allow_evicting_server; keep locks on a redis with \
@@ -153,6 +187,8 @@ impl Eviction {
             Policy::Unknown => {
                 if !self.warned_unknown.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
+                        %host,
+                        port,
                         "cannot read redis's eviction policy (CONFIG GET and INFO refused): \
                          locks go on, but a lock whose key redis evicts is lost; make sure \
                          its maxmemory-policy is noeviction"
@@ -160,34 +196,41 @@ impl Eviction {
                 }
             }
             Policy::Keeps if before.is_some() => {
-                tracing::info!("redis keeps every key (noeviction, or no maxmemory)");
+                tracing::info!(%host, port, "redis keeps every key (noeviction, or no maxmemory)");
             }
             Policy::Keeps => {}
         }
     }
 }
 
-fn same_nodes(a: &[Address], b: &[Address]) -> bool {
-    a.len() == b.len() && a.iter().all(|n| b.contains(n))
+/// Whether the server refused the command itself (`NOPERM`, an unknown or
+/// renamed command): it answers, but will not tell.
+fn refused(error: &TierError) -> bool {
+    matches!(error, TierError::Redis(e) if e.is_server_reply())
 }
 
-/// One node's settings: `CONFIG GET`, or `INFO memory` where `CONFIG` is
-/// refused; `Unknown` if both are. An error is a node that gave no answer.
-async fn read_node(conns: &Connections, node: Option<&Address>) -> Result<Policy, RedisError> {
+/// One node's settings, asked through `ask`: `CONFIG GET`, or `INFO memory`
+/// where `CONFIG` is refused; `Unknown` if both are. An error is a node
+/// that gave no answer.
+async fn read_with<F, Fut>(ask: F) -> Result<Policy, TierError>
+where
+    F: Fn(redis::Cmd) -> Fut,
+    Fut: Future<Output = Result<Value, TierError>>,
+{
     let mut config = redis::cmd("CONFIG");
     config.arg("GET").arg("maxmemory*");
-    match conns.on_node(node, config).await {
+    match ask(config).await {
         Ok(reply) => return Ok(from_config(&reply)),
-        Err(e) if !e.is_server_reply() => return Err(e),
-        Err(e) => tracing::debug!(error = %e, "CONFIG GET refused; trying INFO memory"),
+        Err(e) if !refused(&e) => return Err(e),
+        Err(e) => tracing::debug!(error = ?e, "CONFIG GET refused; trying INFO memory"),
     }
     let mut info = redis::cmd("INFO");
     info.arg("memory");
-    match conns.on_node(node, info).await {
+    match ask(info).await {
         Ok(reply) => Ok(from_info(&reply)),
-        Err(e) if !e.is_server_reply() => Err(e),
+        Err(e) if !refused(&e) => Err(e),
         Err(e) => {
-            tracing::debug!(error = %e, "INFO refused");
+            tracing::debug!(error = ?e, "INFO refused");
             Ok(Policy::Unknown)
         }
     }

@@ -53,7 +53,7 @@
 //! | `health.rs`, `breaker.rs`, `nodes.rs` | the slot map and one breaker per primary; the cluster's own node connections |
 //! | `round_trip.rs` | the link's measured round trip, and how long a call may go unanswered |
 //! | `config.rs`, `scripts.rs`, `scripts/*.lua` | settings; the Lua scripts, each one atomic step |
-//! | `eviction.rs` | whether Redis may evict our keys, read at connect and after the link is lost or replaced; locks are refused where it may |
+//! | `eviction.rs` | whether a node may evict our keys, read at connect and after the link is lost or replaced; locks are refused where it may |
 
 mod acks;
 mod barrier;
@@ -191,7 +191,7 @@ impl RedisTier {
         conns.refresh_slots().await;
         // After the slot map: on a cluster every primary is read.
         let eviction = eviction::Eviction::new();
-        eviction.read(&conns).await;
+        eviction.connect(&conns).await;
         let barrier = Arc::new(Barrier::new(conns.clone(), notifier.clone()));
         let tier = Arc::new(RedisTier {
             supervisor: supervisor::start(conns.clone(), barrier.clone()),
@@ -327,15 +327,16 @@ impl RedisTier {
         }
     }
 
-    /// Whether a lock's key may be evicted: the policy and `maxmemory` if
-    /// so, read again first when the link was lost or replaced since the
-    /// last reading (see [`eviction`]). `None` when Redis keeps every key,
-    /// or when it cannot be told.
-    pub(crate) async fn lock_eviction(&self) -> Option<(String, u64)> {
-        match self.eviction.for_lock(&self.conns).await {
+    /// Whether the lock `id`'s key may be evicted: the policy and
+    /// `maxmemory` of the node that serves it if so, read again first when
+    /// the link was lost or replaced since the last reading (see
+    /// [`eviction`]). `None` when it keeps every key, or cannot tell.
+    pub(crate) async fn lock_eviction(&self, id: &Key) -> Result<Option<(String, u64)>, TierError> {
+        let [lock, ..] = self.conns.keys.lock(id);
+        Ok(match self.eviction.for_lock(&self.conns, &lock).await? {
             eviction::Policy::Evicts { policy, maxmemory } => Some((policy, maxmemory)),
             eviction::Policy::Keeps | eviction::Policy::Unknown => None,
-        }
+        })
     }
 
     /// Whether every circuit lets calls through.
