@@ -383,7 +383,7 @@ impl Backend {
                     corrupt_entries: counters.corrupt_entries,
                     errors: counters.errors,
                     unconfirmed_invalidations: counters.unconfirmed_invalidations,
-                    eviction_policy: l2.eviction().map(str::to_owned),
+                    eviction_policy: l2.eviction(),
                 }
             }),
         }
@@ -495,10 +495,13 @@ pub struct RedisStats {
     /// Redis (forged, or sent by an instance of an earlier version). Each
     /// waited a whole subscription lease before it returned.
     pub unconfirmed_invalidations: u64,
-    /// Redis's `maxmemory-policy` when, at start-up, it could evict keys
-    /// (a `maxmemory` set, a policy other than `noeviction`); `None` if it
-    /// cannot, or could not be read. Entries and fencing counters survive
-    /// eviction; a lock does not (see docs/TOPOLOGY.md).
+    /// Redis's `maxmemory-policy` when, as last read (at connect, and again
+    /// before a lock acquisition after the link was lost or replaced), it
+    /// could evict keys (a `maxmemory` set, a policy other than
+    /// `noeviction`); `None` if it cannot, or could not be read. Entries and
+    /// fencing counters survive eviction; a lock does not, and is refused
+    /// there by default (see [`Lock::allow_evicting_server`](crate::Lock::allow_evicting_server)
+    /// and docs/TOPOLOGY.md).
     pub eviction_policy: Option<String>,
 }
 

@@ -43,6 +43,19 @@
 //! and have it refuse a token lower than one it has seen, on reads as well as
 //! writes (or write conditionally on what was read).
 //!
+//! **Eviction.** Redis cannot exempt a key from eviction: with a `maxmemory`
+//! and any `maxmemory-policy` but `noeviction` it may evict a held lock's
+//! key, and a second owner would then take the lock while the first still
+//! works. So on such a server (read at connect, and again after the link was
+//! lost or replaced) acquisitions fail with [`LockError::EvictingServer`],
+//! unless [`allow_evicting_server`](Lock::allow_evicting_server) opts in;
+//! where the policy cannot be read (`CONFIG` and `INFO` refused) a warning
+//! is logged once and locks go on. Opted in, the watchdog finds an evicted
+//! hold at its next renewal and the guard is lost, and fencing tokens keep
+//! rising across the eviction; until that renewal two owners may hold the
+//! lock, so fence the resource. Keep locks on a Redis with `noeviction`, a
+//! separate one if the cache's Redis must evict (docs/TOPOLOGY.md).
+//!
 //! **Faults.** Acquiring goes through the backend's circuit breaker: with
 //! Redis failing, [`acquire`](Lock::acquire) says so at once. Giving back
 //! does not: [`release`](LockGuard::release), a dropped guard, renewals and a
@@ -110,6 +123,7 @@ pub struct Lock {
     wait_budget: Duration,
     max_hold: Option<Duration>,
     synced: Option<(u32, Duration)>,
+    allow_evicting_server: bool,
 }
 
 impl fmt::Debug for Lock {
@@ -119,6 +133,7 @@ impl fmt::Debug for Lock {
             .field("wait_budget", &self.wait_budget)
             .field("max_hold", &self.max_hold)
             .field("synced", &self.synced)
+            .field("allow_evicting_server", &self.allow_evicting_server)
             .finish()
     }
 }
@@ -169,6 +184,7 @@ impl Lock {
             wait_budget: Duration::from_secs(10),
             max_hold: None,
             synced: None,
+            allow_evicting_server: false,
         }
     }
 
@@ -229,6 +245,31 @@ impl Lock {
     /// On the embedded backend it has no effect.
     pub fn synced(mut self, replicas: u32, timeout: Duration) -> Self {
         self.synced = (replicas > 0).then_some((replicas, timeout.min(MAX_DELTA)));
+        self
+    }
+
+    /// Whether to take locks on a Redis that may evict their keys (a
+    /// `maxmemory` set and a `maxmemory-policy` other than `noeviction`).
+    /// Off by default: such a server may evict a held lock's key, and a
+    /// second owner then takes the lock while the first still works, so
+    /// acquisitions are refused with [`LockError::EvictingServer`].
+    ///
+    /// Allowed, an evicted hold is found at the holder's next renewal (a
+    /// third of the lease at most): its guard is then
+    /// [lost](LockGuard::lost). Until then another owner may hold the lock
+    /// too, so pass the [`FencingToken`] to the protected resource: tokens
+    /// keep rising across the eviction (a lost counter starts again from
+    /// Redis's clock in microseconds, above every number issued before),
+    /// and the resource refuses the evicted holder once the new one has
+    /// been seen. On the embedded backend it has no effect.
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, Lock};
+    /// let lock = Lock::new(Backend::local()).allow_evicting_server(true);
+    /// ```
+    #[must_use]
+    pub fn allow_evicting_server(mut self, allow: bool) -> Self {
+        self.allow_evicting_server = allow;
         self
     }
 
@@ -326,6 +367,11 @@ impl Lock {
         reenter: bool,
     ) -> Result<Option<LockGuard>, LockError> {
         let unavailable = |e: crate::store::redis::TierError| LockError::Unavailable(e.into());
+        if !self.allow_evicting_server
+            && let Some((policy, maxmemory)) = l2.lock_eviction(&id).await.map_err(unavailable)?
+        {
+            return Err(LockError::EvictingServer { policy, maxmemory });
+        }
         let give_up = wait.map(|w| Instant::now() + w);
         // A waiter's place lasts one heartbeat, whatever its wait budget, and
         // every attempt refreshes it: a waiter that died, is paused or was

@@ -12,6 +12,17 @@ pub enum LockError {
     /// error says which, and keeps the cause). A lock never falls back to a
     /// local one: that would not exclude other processes.
     Unavailable(crate::Error),
+    /// The lock's Redis may evict its key (a `maxmemory` set and a
+    /// `maxmemory-policy` other than `noeviction`), and
+    /// [`Lock::allow_evicting_server`](crate::Lock::allow_evicting_server)
+    /// was not set: an evicted hold would be a free lock while its holder
+    /// still works. Use a Redis with `noeviction` for locks, or opt in.
+    EvictingServer {
+        /// The server's `maxmemory-policy` (on a cluster, of a primary).
+        policy: String,
+        /// Its `maxmemory`, in bytes.
+        maxmemory: u64,
+    },
 }
 
 impl fmt::Display for LockError {
@@ -19,6 +30,12 @@ impl fmt::Display for LockError {
         match self {
             LockError::Timeout => f.write_str("lock not acquired within the wait budget"),
             LockError::Unavailable(why) => write!(f, "lock backend unavailable: {why}"),
+            LockError::EvictingServer { policy, maxmemory } => write!(
+                f,
+                "lock refused: redis may evict its key (maxmemory-policy {policy}, \
+                 maxmemory {maxmemory}); use maxmemory-policy noeviction for locks, \
+                 or opt in with Lock::allow_evicting_server(true)"
+            ),
         }
     }
 }
@@ -26,7 +43,7 @@ impl fmt::Display for LockError {
 impl std::error::Error for LockError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            LockError::Timeout => None,
+            LockError::Timeout | LockError::EvictingServer { .. } => None,
             LockError::Unavailable(e) => Some(e),
         }
     }

@@ -1,11 +1,13 @@
 //! The public lock: mutual exclusion across tasks and processes, fencing,
 //! loss reporting, reentrancy, fairness and wake-ups, and the faults
 //! (stopped holders, stalled links, open circuits, lost keys) it must
-//! survive, and the tombstones of abandoned attempts, which go in time.
+//! survive, a server that may evict a lock's key, and the tombstones of
+//! abandoned attempts, which go in time.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod eviction;
 mod exclusion;
 mod faults;
 mod process_faults;

@@ -566,8 +566,10 @@ async fn fencing_survives_eviction_of_the_lock_and_its_counter() {
         .unwrap();
 
     let proxy = crate::common::proxy::Proxy::start(redis.port()).await;
+    // Opted in: on such a server locks are refused by default.
     let stale_lock = Lock::new(backend(&proxy.url(), Duration::from_millis(100)).await)
-        .lease(Duration::from_secs(20));
+        .lease(Duration::from_secs(20))
+        .allow_evicting_server(true);
     let stale = stale_lock.acquire("stock").await.unwrap();
     let stale_seen = fenced_read(&mut stock, stale.fencing_token().0)
         .await
@@ -593,7 +595,8 @@ async fn fencing_survives_eviction_of_the_lock_and_its_counter() {
         "lock keys evicted"
     );
 
-    let lock = Lock::new(backend(&redis.url(), Duration::from_millis(200)).await);
+    let lock = Lock::new(backend(&redis.url(), Duration::from_millis(200)).await)
+        .allow_evicting_server(true);
     let next = lock
         .try_acquire("stock")
         .await

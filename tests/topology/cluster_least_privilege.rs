@@ -11,8 +11,9 @@ use crate::common::fleet::{fleet, keys_like};
 use crate::common::{get as get_req, send, Origin};
 use stampede_guard::{Backend, Lock};
 
-/// What the live nodes refused (their `ACL LOG`), but `INFO`: the
-/// start-up read of the eviction policy, documented as refused to this user.
+/// What the live nodes refused (their `ACL LOG`), but `CONFIG GET` and
+/// `INFO`: the reads of the eviction policy, documented as refused to this
+/// user (the policy is then unknown).
 fn refused(cluster: &Cluster) -> Vec<String> {
     let mut refused = Vec::new();
     for node in cluster.nodes.iter().filter(|n| n.ping()) {
@@ -23,7 +24,7 @@ fn refused(cluster: &Cluster) -> Vec<String> {
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         let lines: Vec<&str> = text.lines().collect();
         for pair in lines.windows(2) {
-            if pair[0] == "object" && pair[1] != "info" {
+            if pair[0] == "object" && pair[1] != "info" && pair[1] != "config|get" {
                 refused.push(pair[1].to_owned());
             }
         }

@@ -53,6 +53,7 @@
 //! | `health.rs`, `breaker.rs`, `nodes.rs` | the slot map and one breaker per primary; the cluster's own node connections |
 //! | `round_trip.rs` | the link's measured round trip, and how long a call may go unanswered |
 //! | `config.rs`, `scripts.rs`, `scripts/*.lua` | settings; the Lua scripts, each one atomic step |
+//! | `eviction.rs` | whether a node may evict our keys, read at connect and after the link is lost or replaced; locks are refused where it may |
 
 mod acks;
 mod barrier;
@@ -64,6 +65,7 @@ pub(crate) mod connection;
 mod connections;
 mod entries;
 mod error;
+mod eviction;
 mod health;
 pub(crate) mod held;
 mod keys;
@@ -96,7 +98,7 @@ use crate::store::generations::Field;
 use barrier::Barrier;
 pub(crate) use barrier::Pending;
 use config::TlsPem;
-use connection::{Conn, Topology};
+use connection::Topology;
 use connections::Connections;
 use entries::Entries;
 pub(crate) use entries::{Fetched, Remote};
@@ -159,8 +161,8 @@ pub(crate) struct RedisTier {
     /// Fleet-wide wake-ups: waiters register here.
     notifier: Arc<Notifier>,
     stats: Arc<TierStats>,
-    /// The eviction policy read at start-up, when Redis may evict our keys.
-    eviction: Option<String>,
+    /// Whether Redis may evict our keys, as last read (see [`eviction`]).
+    eviction: eviction::Eviction,
     /// Every lease this process holds now (see [`held`]).
     pub(crate) held: held::HeldLeases,
     /// Stops the supervisor when the tier is dropped, or at shutdown.
@@ -185,17 +187,11 @@ impl RedisTier {
         let started = Instant::now();
         let connect_timeout = config.connect_timeout;
         let conns = Connections::connect(config, notifier.clone(), stats.clone()).await?;
-        let eviction = eviction_policy(&conns.conn(), connect_timeout).await;
-        if let Some(policy) = &eviction {
-            tracing::warn!(
-                policy = %policy,
-                "redis may evict keys: cached entries and fencing counters survive it \
-                 (counters start again from Redis's clock), but an evicted lock is a lost \
-                 lock; keep locks on a Redis with maxmemory-policy noeviction"
-            );
-        }
         let conns = Arc::new(conns);
         conns.refresh_slots().await;
+        // After the slot map: on a cluster every primary is read.
+        let eviction = eviction::Eviction::new();
+        eviction.connect(&conns).await;
         let barrier = Arc::new(Barrier::new(conns.clone(), notifier.clone()));
         let tier = Arc::new(RedisTier {
             supervisor: supervisor::start(conns.clone(), barrier.clone()),
@@ -323,9 +319,24 @@ impl RedisTier {
         self.notifier.stats.carried.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Redis's `maxmemory-policy` as read at start-up, if it may evict keys.
-    pub(crate) fn eviction(&self) -> Option<&str> {
-        self.eviction.as_deref()
+    /// Redis's `maxmemory-policy` as last read, if it may evict keys.
+    pub(crate) fn eviction(&self) -> Option<String> {
+        match self.eviction.current() {
+            eviction::Policy::Evicts { policy, .. } => Some(policy),
+            eviction::Policy::Keeps | eviction::Policy::Unknown => None,
+        }
+    }
+
+    /// Whether the lock `id`'s key may be evicted: the policy and
+    /// `maxmemory` of the node that serves it if so, read again first when
+    /// the link was lost or replaced since the last reading (see
+    /// [`eviction`]). `None` when it keeps every key, or cannot tell.
+    pub(crate) async fn lock_eviction(&self, id: &Key) -> Result<Option<(String, u64)>, TierError> {
+        let [lock, ..] = self.conns.keys.lock(id);
+        Ok(match self.eviction.for_lock(&self.conns, &lock).await? {
+            eviction::Policy::Evicts { policy, maxmemory } => Some((policy, maxmemory)),
+            eviction::Policy::Keeps | eviction::Policy::Unknown => None,
+        })
     }
 
     /// Whether every circuit lets calls through.
@@ -546,30 +557,4 @@ impl RedisTier {
     pub(crate) fn instance(&self) -> &str {
         &self.notifier.instance
     }
-}
-
-/// Redis's eviction policy, if a `maxmemory` is set and the policy may evict
-/// keys (anything but `noeviction`). `None` too when it cannot be read: a
-/// user confined to the crate's commands may not run `INFO`.
-async fn eviction_policy(conn: &Conn, limit: Duration) -> Option<String> {
-    let mut conn = conn.clone();
-    let mut cmd = redis::cmd("INFO");
-    cmd.arg("memory");
-    let info = cmd.query_async::<String>(&mut conn);
-    let info = match tokio::time::timeout(limit, info).await {
-        Ok(Ok(info)) => info,
-        Ok(Err(e)) => {
-            tracing::debug!(error = %e, "cannot read redis's eviction policy");
-            return None;
-        }
-        Err(_) => return None,
-    };
-    let field = |name: &str| {
-        info.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
-    };
-    let limited = field("maxmemory").is_some_and(|bytes| bytes != "0");
-    let policy = field("maxmemory_policy")?;
-    (limited && policy != "noeviction").then(|| policy.to_owned())
 }

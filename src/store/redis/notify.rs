@@ -175,6 +175,9 @@ pub(crate) struct Notifier {
     /// connection (or a link about to be replaced) until it is confirmed
     /// again.
     gap: AtomicBool,
+    /// Counts the link's losses and replacements: the server reached after
+    /// one may be another (restarted, promoted), with other settings.
+    links: AtomicU64,
     /// Signalled when the subscriber lost a connection, for the tier's
     /// supervisor (a cluster subscription must then be opened again).
     pub(crate) disconnected: tokio::sync::Notify,
@@ -207,6 +210,7 @@ impl Notifier {
             ack_queue,
             ack_out: Mutex::new(Some(ack_out)),
             gap: Default::default(),
+            links: AtomicU64::new(0),
             disconnected: tokio::sync::Notify::new(),
         }
     }
@@ -252,7 +256,19 @@ impl Notifier {
 
     /// Records that messages may be missed until the next subscription.
     pub(crate) fn mark_gap(&self) {
+        self.links.fetch_add(1, Ordering::AcqRel);
         self.gap.store(true, Ordering::Release);
+    }
+
+    /// How often the link was lost or replaced (see `links`).
+    pub(crate) fn links(&self) -> u64 {
+        self.links.load(Ordering::Acquire)
+    }
+
+    /// Counts a link swapped in: what was read on the old one (before the
+    /// swap, even after the new one subscribed) may not hold on it.
+    pub(crate) fn relinked(&self) {
+        self.links.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Marks a gap, and keeps it marked for a new link until
@@ -308,6 +324,7 @@ impl Notifier {
     /// when the subscription is back.
     pub(crate) fn subscription_lost(&self) {
         self.heard.fetch_add(1, Ordering::AcqRel);
+        self.links.fetch_add(1, Ordering::AcqRel);
         if !self.gap.swap(true, Ordering::AcqRel) && !self.liveness.has_grace() {
             self.liveness.dropped(std::time::Instant::now());
             (self.on_invalidate)(Invalidated::Everything);
@@ -386,6 +403,7 @@ impl Notifier {
                     "event channel subscribed again after a gap; the in-process tier is dropped"
                 );
                 self.heard.fetch_add(1, Ordering::AcqRel);
+                self.links.fetch_add(1, Ordering::AcqRel);
                 (self.on_invalidate)(Invalidated::Everything);
                 self.wake_all();
             }
