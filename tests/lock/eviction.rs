@@ -325,20 +325,22 @@ async fn where_config_is_refused_the_unknown_policy_is_warned_once_and_locks_go_
 }
 
 #[tokio::test]
-async fn where_only_info_is_allowed_the_policy_is_read_from_it() {
+async fn where_one_of_info_and_config_is_allowed_the_policy_is_read_from_it() {
     let redis = evicting_server();
-    assert_eq!(
-        redis.raw(&["ACL", "SETUSER", "reader", "on", ">secret", "~*", "&*", "+@all", "-config"]),
-        "+OK"
-    );
-    let url = format!("redis://reader:secret@127.0.0.1:{}/", redis.port());
-    let backend = backend(&url, ROOMY_DEADLINE).await;
-    let refused = Lock::new(backend).try_acquire("stock").await;
-    assert!(
-        matches!(&refused, Err(LockError::EvictingServer { policy, .. }) if policy == "allkeys-lru"),
-        "{refused:?}"
-    );
-    assert_eq!(held_locks(&redis), ":0");
+    for (user, denied) in [("no-config", "-config"), ("no-info", "-info")] {
+        assert_eq!(
+            redis.raw(&["ACL", "SETUSER", user, "on", ">secret", "~*", "&*", "+@all", denied]),
+            "+OK"
+        );
+        let url = format!("redis://{user}:secret@127.0.0.1:{}/", redis.port());
+        let backend = backend(&url, ROOMY_DEADLINE).await;
+        let refused = Lock::new(backend).try_acquire("stock").await;
+        assert!(
+            matches!(&refused, Err(LockError::EvictingServer { policy, .. }) if policy == "allkeys-lru"),
+            "{user}: {refused:?}"
+        );
+        assert_eq!(held_locks(&redis), ":0", "{user}");
+    }
 }
 
 #[cfg(feature = "redis-cluster")]

@@ -7,8 +7,8 @@
 //! cache's entries are rebuildable and their fencing numbers start again from
 //! Redis's clock, so the cache tier works on any policy.
 //!
-//! The settings are read (`CONFIG GET maxmemory*`, or `INFO memory` where
-//! `CONFIG` is refused, as on managed services) when the tier connects (on a
+//! The settings are read (`INFO memory`, or `CONFIG GET maxmemory*` where
+//! `INFO` is refused, as on managed services) when the tier connects (on a
 //! cluster, on every primary), and again before a lock's next acquisition
 //! once the link was lost or replaced (the server reached since may be
 //! another one: restarted, promoted). A lock is judged by the node that
@@ -209,28 +209,28 @@ fn refused(error: &TierError) -> bool {
     matches!(error, TierError::Redis(e) if e.is_server_reply())
 }
 
-/// One node's settings, asked through `ask`: `CONFIG GET`, or `INFO memory`
-/// where `CONFIG` is refused; `Unknown` if both are. An error is a node
-/// that gave no answer.
+/// One node's settings, asked through `ask`: `INFO memory` (the documented
+/// least-privilege user may run it), or `CONFIG GET` where `INFO` is refused;
+/// `Unknown` if both are. An error is a node that gave no answer.
 async fn read_with<F, Fut>(ask: F) -> Result<Policy, TierError>
 where
     F: Fn(redis::Cmd) -> Fut,
     Fut: Future<Output = Result<Value, TierError>>,
 {
-    let mut config = redis::cmd("CONFIG");
-    config.arg("GET").arg("maxmemory*");
-    match ask(config).await {
-        Ok(reply) => return Ok(from_config(&reply)),
-        Err(e) if !refused(&e) => return Err(e),
-        Err(e) => tracing::debug!(error = ?e, "CONFIG GET refused; trying INFO memory"),
-    }
     let mut info = redis::cmd("INFO");
     info.arg("memory");
     match ask(info).await {
-        Ok(reply) => Ok(from_info(&reply)),
+        Ok(reply) => return Ok(from_info(&reply)),
+        Err(e) if !refused(&e) => return Err(e),
+        Err(e) => tracing::debug!(error = ?e, "INFO refused; trying CONFIG GET"),
+    }
+    let mut config = redis::cmd("CONFIG");
+    config.arg("GET").arg("maxmemory*");
+    match ask(config).await {
+        Ok(reply) => Ok(from_config(&reply)),
         Err(e) if !refused(&e) => Err(e),
         Err(e) => {
-            tracing::debug!(error = ?e, "INFO refused");
+            tracing::debug!(error = ?e, "CONFIG GET refused");
             Ok(Policy::Unknown)
         }
     }
