@@ -271,10 +271,10 @@ impl StampedeGuard {
     /// scheme is keyed when a request carries it, whatever this list says:
     /// the class is told by the name's words (`x-original-url`,
     /// `x-rewrite-url`, `x-forwarded-uri`, `x-host`, `x-envoy-original-path`,
-    /// `front-end-https`: any name with `url`, `uri`, `original`, `rewrite`
-    /// or `forwarded`, or ending in `path`, `host`, `prefix`, `port`,
-    /// `proto`, `scheme`, …; never a name ending in `for` or `ip`, which
-    /// names the client). A header with the word `method`
+    /// `front-end-https`: any name with `url`, `uri`, `host`, `path`,
+    /// `original`, `rewrite`, `override` or `forwarded`, or ending in
+    /// `prefix`, `port`, `proto`, `scheme`, …; never a name ending in `for`
+    /// or `ip`, which names the client). A header with the word `method` or `verb`
     /// (`X-HTTP-Method-Override` and kin) sends the request past the cache
     /// instead: a framework that honours it answers another method.
     ///

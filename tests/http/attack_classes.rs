@@ -84,6 +84,8 @@ async fn target_rewrites_never_share_an_answer_with_other_requests() {
         ("front-end-https", "off"),
         ("x_original_url", "/admin"),
         ("forwarded", "host=evil.test"),
+        ("x-http-host-override", "evil.test"),
+        ("x-context-path", "/admin"),
     ];
     for (kind, backend) in backends.each().await {
         for (i, (name, value)) in headers.into_iter().enumerate() {
@@ -131,6 +133,7 @@ async fn method_overrides_pass_the_cache() {
         "x-forwarded-method",
         "x-rewrite-method",
         "x_http_method_override",
+        "x-http-verb",
     ];
     for (kind, backend) in backends.each().await {
         for (i, name) in headers.into_iter().enumerate() {

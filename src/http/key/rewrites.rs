@@ -10,12 +10,13 @@
 //!
 //! - a name whose last word is `for`, `ip`, `ips`, `addr` or `address`
 //!   names the client (`X-Forwarded-For`, `X-Real-IP`): in neither class;
-//! - a word `method` makes a **method override**;
+//! - a word `method` or `verb` makes a **method override**;
 //! - otherwise a word `forwarded`, `original`, `rewrite`, `rewritten`,
-//!   `script`, `url` or `uri`, or a last word `path`, `pathname`, `host`,
-//!   `hostname`, `authority`, `prefix`, `base`, `port`, `proto`,
-//!   `protocol`, `scheme`, `ssl`, `https` or `server`, makes a **target
-//!   rewrite**. `Host` itself is not one: it is part of the URL's key.
+//!   `override`, `script`, `url`, `uri`, `host` or `path`, or a last word
+//!   `pathname`, `hostname`, `authority`, `prefix`, `base`, `port`,
+//!   `proto`, `protocol`, `scheme`, `ssl`, `https` or `server`, makes a
+//!   **target rewrite**. `Host` itself is not one: it is part of the URL's
+//!   key.
 //!
 //! A target rewrite present on a request is keyed, as a variant of the URL
 //! (see [`variant_key`](super::variant_key); the five default forwarding
@@ -40,21 +41,22 @@ pub(crate) enum Rewrite {
 const CLIENT: [&str; 5] = ["for", "ip", "ips", "addr", "address"];
 
 /// Words that, anywhere in a name, mark a target rewrite.
-const TARGET_ANY: [&str; 7] = [
+const TARGET_ANY: [&str; 10] = [
     "forwarded",
     "original",
     "rewrite",
     "rewritten",
+    "override",
     "script",
     "url",
     "uri",
+    "host",
+    "path",
 ];
 
 /// Last words that mark a target rewrite.
-const TARGET_LAST: [&str; 14] = [
-    "path",
+const TARGET_LAST: [&str; 12] = [
     "pathname",
-    "host",
     "hostname",
     "authority",
     "prefix",
@@ -79,7 +81,7 @@ pub(crate) fn rewrite_class(name: &HeaderName) -> Option<Rewrite> {
     if CLIENT.contains(&last) {
         return None;
     }
-    if words().any(|w| w == "method") {
+    if words().any(|w| w == "method" || w == "verb") {
         return Some(Rewrite::Method);
     }
     if words().any(|w| TARGET_ANY.contains(&w)) || TARGET_LAST.contains(&last) {
@@ -124,6 +126,10 @@ mod tests {
             "x-middleware-rewrite",
             "cloudfront-forwarded-proto",
             "x-forwarded-client-cert",
+            "x-http-host-override",
+            "x-host-override",
+            "x-path-info",
+            "x-context-path",
         ] {
             assert_eq!(class(name), Some(Rewrite::Target), "{name}");
         }
@@ -138,6 +144,7 @@ mod tests {
             "x-original-method",
             "x-forwarded-method",
             "x_http_method_override",
+            "x-http-verb",
         ] {
             assert_eq!(class(name), Some(Rewrite::Method), "{name}");
         }
