@@ -516,10 +516,14 @@ fn owned(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// Removes the headers that describe one connection, not the resource
-/// (RFC 9110 §7.6.1), including any the `Connection` header names.
+/// (RFC 9110 §7.6.1), including any the `Connection` header names, but
+/// `Vary`: the answer was judged by it, and an entry stored without it
+/// would be served to every request, whatever its values.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in connection_named(headers) {
-        headers.remove(name);
+        if name != header::VARY {
+            headers.remove(name);
+        }
     }
     for name in [
         header::CONNECTION,

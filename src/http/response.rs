@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::header::SET_COOKIE;
+use http::header::{SET_COOKIE, VARY};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use super::rfc::cache_control::qualified_fields;
@@ -100,6 +100,8 @@ const HEADER_SLOT: usize = 112;
 ///   private answers, or a targeted field that overrides `Cache-Control`),
 ///   they are not, rather than sent later without revalidation.
 ///
+/// `Vary` is kept whatever names it: the entry is selected by it.
+///
 /// Removed from `headers` (what is stored and shared) and returned, for the
 /// answer of the request that asked alone. The fields a `Connection` header
 /// names are gone before this (hop-by-hop, RFC 9110 §7.6.1): never stored
@@ -109,7 +111,10 @@ pub(crate) fn take_one_clients(
     strip_cookies: bool,
     targets: &[HeaderName],
 ) -> Vec<(HeaderName, HeaderValue)> {
+    // Never `Vary`: the entry is selected by it, and without it would be
+    // served to every request.
     let mut names = qualified_fields(headers, targets);
+    names.retain(|name| name != VARY);
     names.extend([AUTHENTICATION_INFO, PROXY_AUTHENTICATION_INFO].map(HeaderName::from_static));
     if strip_cookies {
         names.extend([SET_COOKIE, HeaderName::from_static(SET_COOKIE2)]);

@@ -296,6 +296,55 @@ async fn one_clients_fields_never_reach_another_client() {
     }
 }
 
+/// An answer that varies on a request header keeps its `Vary` in the stored
+/// copy whatever `Connection` or a qualified `no-cache` names: stored
+/// without it, one client's variant would be served to every other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_variant_keeps_its_vary_whatever_names_it() {
+    let backends = Backends::start();
+    for (kind, backend) in backends.each().await {
+        for (i, (name, value)) in [
+            ("connection", "vary"),
+            ("cache-control", "no-cache=\"vary\""),
+            ("cache-control", "private=\"Vary\""),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let origin = Origin::default();
+            let o = origin.clone();
+            let guard = StampedeGuard::new(backend.clone())
+                .ttl(Duration::from_secs(60))
+                .cache_private(true);
+            let app = Router::new().route(
+                "/report",
+                axum::routing::get(move |headers: HeaderMap| {
+                    let origin = o.clone();
+                    async move {
+                        origin.enter();
+                        let user = headers
+                            .get("x-user")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("none")
+                            .to_owned();
+                        ([("vary", "x-user"), (name, value)], format!("for {user}"))
+                    }
+                })
+                .layer(guard),
+            );
+            let uri = format!("/report?v={i}");
+            let case = format!("{kind}: {name}: {value}");
+            let a = send(&app, request(&uri, &[("x-user", "a")])).await;
+            assert_eq!(a.text(), "for a", "{case}");
+            let b = send(&app, request(&uri, &[("x-user", "b")])).await;
+            assert_eq!(b.text(), "for b", "{case}: served a's variant");
+            let again = send(&app, request(&uri, &[("x-user", "a")])).await;
+            assert_eq!(again.text(), "for a", "{case}");
+            assert!(origin.calls() >= 2, "{case}");
+        }
+    }
+}
+
 /// Serves `app` on a port of its own.
 async fn serve(app: Router) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
