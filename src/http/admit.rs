@@ -20,7 +20,7 @@ use super::key::Keyed;
 use super::passes::Pass;
 use super::policy::{classify, explicitly_fresh, Policy, Verdict};
 use super::respond::tag_with;
-use super::response::{CachedBody, CachedResponse};
+use super::response::{take_one_clients, CachedBody, CachedResponse};
 use super::revalidation_window::with_revalidation;
 use super::rfc::cache_control::initial_age;
 use super::spool::{hidden, spill_cap, Filling, Hold, OriginError, Spool};
@@ -33,7 +33,8 @@ pub(crate) enum Private<B: HttpBody, E> {
     Response(Response<Body<B>>),
     /// The inner service's error, as it was.
     Error(E),
-    /// Headers added to the shared entry for it alone (its `Set-Cookie`).
+    /// Headers added to the shared entry for it alone (its `Set-Cookie`, its
+    /// `Authentication-Info`, …: see `response::take_one_clients`).
     Headers(Vec<(HeaderName, HeaderValue)>),
 }
 
@@ -386,18 +387,14 @@ where
 {
     let initial_age = initial_age(&parts.headers, SystemTime::now());
     parts.headers.remove(header::AGE);
-    let mut cookies = Vec::new();
-    if policy.store.strip_set_cookie {
-        // The stored copy loses every cookie; the starter's own answer keeps them.
-        cookies.extend(
-            parts
-                .headers
-                .get_all(header::SET_COOKIE)
-                .iter()
-                .map(|v| (header::SET_COOKIE, v.clone())),
-        );
-        parts.headers.remove(header::SET_COOKIE);
-    }
+    // The stored copy loses every field that belongs to the one client (its
+    // cookies, its authentication, the fields a qualified `private` or
+    // `no-cache` names); the starter's own answer keeps them.
+    let cookies = take_one_clients(
+        &mut parts.headers,
+        policy.store.strip_set_cookie,
+        &policy.store.cache_control_targets,
+    );
     let cookies = (!cookies.is_empty()).then_some(Private::Headers(cookies));
 
     if let Some(rest) = rest {
@@ -519,10 +516,14 @@ fn owned(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// Removes the headers that describe one connection, not the resource
-/// (RFC 9110 §7.6.1), including any the `Connection` header names.
+/// (RFC 9110 §7.6.1), including any the `Connection` header names, but
+/// `Vary`: the answer was judged by it, and an entry stored without it
+/// would be served to every request, whatever its values.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in connection_named(headers) {
-        headers.remove(name);
+        if name != header::VARY {
+            headers.remove(name);
+        }
     }
     for name in [
         header::CONNECTION,

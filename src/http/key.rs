@@ -9,6 +9,15 @@
 //! variant within the URL's group ([`RequestKey`]), so that one invalidation
 //! drops them all.
 //!
+//! Headers that frameworks and proxies honour to rewrite the request's URL,
+//! path, prefix, host, port or scheme (`X-Original-URL`, `X-Rewrite-URL`,
+//! `X-Forwarded-*`, `Forwarded`, `X-Envoy-Original-Path`, …) are a class told
+//! by name ([`rewrites`]), not a list: whichever of them a request carries
+//! is keyed in its variant, beside the route's own forwarding headers, so
+//! the answer one value built is never served for another value or for a
+//! request without it. Method overrides (`X-HTTP-Method-Override` and kin)
+//! send the request past the cache instead (see `policy::admission`).
+//!
 //! The key is what the client asked for, exactly as the handler sees it: the
 //! URI before any router stripped a prefix (axum's `OriginalUri`), and the
 //! host of an absolute-form target, which the service also writes into `Host`
@@ -25,6 +34,7 @@ use http::{HeaderName, HeaderValue, Uri};
 use super::passes::Pass;
 use super::rfc::headers::{hash_accept_encoding, hash_forwarded};
 use crate::key::{Key, KeyHasher};
+pub(crate) use rewrites::{rewrite_class, Rewrite};
 
 /// A route's own cache key: receives the request head, returns the key (host,
 /// path and query are then left out of it) or `None` to pass the request
@@ -32,7 +42,9 @@ use crate::key::{Key, KeyHasher};
 pub type KeyFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
 
 /// The forwarding headers keyed on by default: the ones frameworks read the
-/// request's host, scheme, port or path prefix from.
+/// request's host, scheme, port or path prefix from. Target rewrites of
+/// their class, but the route's list of forwarding headers replaces them
+/// (every other target rewrite is keyed whatever that list says).
 pub(crate) static DEFAULT_FORWARDED: [HeaderName; 5] = [
     HeaderName::from_static("x-forwarded-host"),
     HeaderName::from_static("x-forwarded-proto"),
@@ -260,13 +272,9 @@ pub(crate) fn variant_key(url: &Key, rules: &KeyRules<'_>, parts: &Parts) -> Key
     let scheme = target(parts).scheme().or_else(|| parts.uri.scheme());
     // One pass over the names present (usually a handful, none of them
     // forwarding headers) rather than a lookup per forwarding header.
-    let forwarded = !rules.forwarded.is_empty()
-        && parts
-            .headers
-            .keys()
-            .any(|name| rules.forwarded.contains(name));
+    let forwarded = keyed_rewrites(rules, parts);
     let others = rules.vary.iter().any(|name| name != ACCEPT_ENCODING);
-    if scheme.is_none() && !forwarded && !others && !rules.accept_encoding {
+    if scheme.is_none() && forwarded.is_empty() && !others && !rules.accept_encoding {
         return *url;
     }
     // "h3v": a variant of a response's URL.
@@ -277,12 +285,11 @@ pub(crate) fn variant_key(url: &Key, rules: &KeyRules<'_>, parts: &Parts) -> Key
         None => h.part(b"\x00absent"),
     }
     // Forwarding headers are usually absent: only the present ones are
-    // written (name, count, values), so a typical key stays short.
+    // written (name, count, values), in the order of their names, so a
+    // typical key stays short and the order they came in changes nothing.
     h.part(b"\x00forwarded");
-    for name in rules.forwarded {
-        if parts.headers.contains_key(name) {
-            hash_values(&mut h, parts, name);
-        }
+    for name in forwarded {
+        hash_values(&mut h, parts, name);
     }
     h.part(b"\x00vary");
     for name in rules.vary {
@@ -294,6 +301,28 @@ pub(crate) fn variant_key(url: &Key, rules: &KeyRules<'_>, parts: &Parts) -> Key
         hash_accept_encoding(&mut h, &parts.headers);
     }
     h.finish_in(url)
+}
+
+/// The forwarding headers and target rewrites (see [`rewrites`]) present on
+/// the request, each once, sorted by name: what the variant is keyed on
+/// besides the scheme and the Vary headers. The route's list of forwarding
+/// headers replaces the default five (a deployment whose edge strips or
+/// sets them says which it keys on); every other header of the class is
+/// keyed whatever the list says.
+fn keyed_rewrites<'p>(rules: &KeyRules<'_>, parts: &'p Parts) -> Vec<&'p HeaderName> {
+    let mut names: Vec<&HeaderName> = parts
+        .headers
+        .keys()
+        .filter(|name| {
+            rules.forwarded.contains(name)
+                || (rewrite_class(name) == Some(Rewrite::Target)
+                    && !DEFAULT_FORWARDED.contains(name))
+        })
+        .collect();
+    if names.len() > 1 {
+        names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+    }
+    names
 }
 
 /// A header's name, how many lines it has (none: absent, which differs from
@@ -329,6 +358,8 @@ pub(crate) fn normalize_query(query: &str) -> String {
     }
     pairs.join("&")
 }
+
+mod rewrites;
 
 #[cfg(test)]
 mod tests;

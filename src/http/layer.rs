@@ -263,11 +263,25 @@ impl StampedeGuard {
     /// (`host=`, `proto=`, …) is kept byte for byte, and a value whose
     /// quoting parsers could read two ways is keyed whole.
     ///
-    /// Pass an empty list when the deployment's edge strips these headers
-    /// from client requests, or name the one your edge sets. They select a
-    /// variant of the URL, as the [`vary`](Self::vary) headers do: a request
-    /// given to [`invalidate`](Self::invalidate) (or an unsafe method) drops
-    /// the entries of every value, whether it carries them or not.
+    /// Pass an empty list when the deployment's edge strips these five
+    /// headers from client requests, or name the ones your edge sets; the
+    /// list may also name headers of your own (a site header the edge
+    /// sets). Every other header of the class frameworks and proxies
+    /// honour to rewrite the request's URL, path, prefix, host, port or
+    /// scheme is keyed when a request carries it, whatever this list says:
+    /// the class is told by the name's words (`x-original-url`,
+    /// `x-rewrite-url`, `x-forwarded-uri`, `x-host`, `x-envoy-original-path`,
+    /// `front-end-https`: any name with `url`, `uri`, `host`, `path`,
+    /// `original`, `rewrite`, `override` or `forwarded`, or ending in
+    /// `prefix`, `port`, `proto`, `scheme`, …; never a name ending in `for`
+    /// or `ip`, which names the client). A header with the word `method` or `verb`
+    /// (`X-HTTP-Method-Override` and kin) sends the request past the cache
+    /// instead: a framework that honours it answers another method.
+    ///
+    /// Forwarding headers select a variant of the URL, as the
+    /// [`vary`](Self::vary) headers do: a request given to
+    /// [`invalidate`](Self::invalidate) (or an unsafe method) drops the
+    /// entries of every value, whether it carries them or not.
     ///
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};

@@ -18,6 +18,10 @@ pub(crate) enum Pass {
     /// `Authorization`, `Cookie` or `Proxy-Authorization`, on a route that
     /// does not allow them.
     Credentials,
+    /// A header that frameworks honour to change the method
+    /// (`X-HTTP-Method-Override` and kin): what the handler answers may be
+    /// another method's answer.
+    MethodOverride,
     /// A protocol switch (`Upgrade` with `Connection: upgrade`): a
     /// connection, not a document.
     Upgrade,
@@ -56,6 +60,7 @@ impl Pass {
         match self {
             Pass::Method => "method",
             Pass::Credentials => "credentials",
+            Pass::MethodOverride => "method override",
             Pass::Upgrade => "upgrade",
             Pass::RequestBody => "request body",
             Pass::RequestNoStore => "request no-store",
@@ -133,9 +138,10 @@ impl PassLog {
 mod tests {
     use super::*;
 
-    const ALL: [Pass; 14] = [
+    const ALL: [Pass; 15] = [
         Pass::Method,
         Pass::Credentials,
+        Pass::MethodOverride,
         Pass::Upgrade,
         Pass::RequestBody,
         Pass::RequestNoStore,

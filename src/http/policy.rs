@@ -17,9 +17,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
 use super::cache_status::Presentation;
 use super::flight::FlightSettings;
-use super::key::{KeySettings, Keyed};
+use super::key::{rewrite_class, KeySettings, Keyed, Rewrite};
 use super::passes::{Pass, PassLog};
 use super::rfc::cache_control::{expires_lifetime, targeted, tokens, CacheControl};
+use super::rfc::headers::SET_COOKIE2;
 use super::tags::TagRules;
 use super::upgrades::Upgrades;
 use super::vary::{names_in_vary, nominated, Nominated};
@@ -148,16 +149,24 @@ pub(crate) fn admission(
     // One pass over the names present (usually a handful, none of these)
     // instead of a lookup per header asked about.
     let (mut credentials, mut upgrade, mut framing) = (false, false, false);
+    let mut method_override = false;
     for name in headers.keys() {
         match name.as_str() {
             "authorization" | "cookie" | "proxy-authorization" => credentials = true,
             "upgrade" => upgrade = true,
             "transfer-encoding" | "content-length" => framing = true,
-            _ => {}
+            _ => method_override |= rewrite_class(name) == Some(Rewrite::Method),
         }
     }
     if credentials && !store.allow_credentials {
         return Admission::Pass(Pass::Credentials);
+    }
+    // A method override (`X-HTTP-Method-Override`, `X-Original-Method`, any
+    // name with the word `method`, see `key::rewrites`): a framework that
+    // honours it runs another method, whose answer is no GET's to store,
+    // and which must reach the handler each time.
+    if method_override {
+        return Admission::Pass(Pass::MethodOverride);
     }
     // A protocol switch the handler may accept (a WebSocket, say, on a path
     // whose plain GET is cacheable): answered from an entry, it would be
@@ -294,7 +303,8 @@ pub(crate) fn classify(
     keyed: Keyed,
 ) -> Verdict {
     let (store, keys) = (&policy.store, &policy.keys);
-    if headers.contains_key(SET_COOKIE) && !store.strip_set_cookie {
+    let cookie = headers.contains_key(SET_COOKIE) || headers.contains_key(SET_COOKIE2);
+    if cookie && !store.strip_set_cookie {
         return Verdict::Pass(Pass::SetCookie);
     }
     let Directives {

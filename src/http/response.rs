@@ -9,8 +9,11 @@
 use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::header::{SET_COOKIE, VARY};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
+use super::rfc::cache_control::qualified_fields;
+use super::rfc::headers::{AUTHENTICATION_INFO, PROXY_AUTHENTICATION_INFO, SET_COOKIE2};
 use super::spool::Hold;
 use crate::engine::CacheValue;
 
@@ -81,6 +84,50 @@ const SELECTED_FLAG: u16 = 0x8000;
 /// Heap bytes of one slot of a `HeaderMap`, used or not: its entry (name,
 /// value, hash and links) and its share of the index table.
 const HEADER_SLOT: usize = 112;
+
+/// Response fields that belong to the one client whose request the origin
+/// answered, never sent to another:
+///
+/// - `Set-Cookie` and `Set-Cookie2` (its session): by default an answer
+///   that sets one is not shared at all (see `policy::classify`); a route
+///   that strips cookies stores the rest;
+/// - `Authentication-Info` and `Proxy-Authentication-Info` (RFC 9110
+///   §11.6.3, §11.7.3): the next nonce or the server's proof for that
+///   client's credentials, not part of the resource, so always stripped;
+/// - the fields a qualified `private="…"` or `no-cache="…"` names (RFC 9111
+///   §5.2.2.7, §5.2.2.4), in `Cache-Control` or a targeted field of
+///   `targets`: whatever lets the rest be stored (a route that stores
+///   private answers, or a targeted field that overrides `Cache-Control`),
+///   they are not, rather than sent later without revalidation.
+///
+/// `Vary` is kept whatever names it: the entry is selected by it.
+///
+/// Removed from `headers` (what is stored and shared) and returned, for the
+/// answer of the request that asked alone. The fields a `Connection` header
+/// names are gone before this (hop-by-hop, RFC 9110 §7.6.1): never stored
+/// nor sent on, that client's answer included.
+pub(crate) fn take_one_clients(
+    headers: &mut HeaderMap,
+    strip_cookies: bool,
+    targets: &[HeaderName],
+) -> Vec<(HeaderName, HeaderValue)> {
+    // Never `Vary`: the entry is selected by it, and without it would be
+    // served to every request.
+    let mut names = qualified_fields(headers, targets);
+    names.retain(|name| name != VARY);
+    names.extend([AUTHENTICATION_INFO, PROXY_AUTHENTICATION_INFO].map(HeaderName::from_static));
+    if strip_cookies {
+        names.extend([SET_COOKIE, HeaderName::from_static(SET_COOKIE2)]);
+    }
+    let mut taken = Vec::new();
+    for name in names {
+        if let http::header::Entry::Occupied(entry) = headers.entry(&name) {
+            let (name, values) = entry.remove_entry_mult();
+            taken.extend(values.map(|value| (name.clone(), value)));
+        }
+    }
+    taken
+}
 
 impl CachedResponse {
     fn write(&self, out: &mut BytesMut) -> Option<()> {

@@ -24,7 +24,7 @@ use super::cache_status::{CacheStatus, CACHE_STATUS};
 use super::key::Keyed;
 use super::policy::{classify, Policy, Verdict};
 use super::respond::tag;
-use super::response::{CachedBody, CachedResponse};
+use super::response::{take_one_clients, CachedBody, CachedResponse};
 use super::revalidation_window::with_revalidation;
 use super::rfc::cache_control::{http_date, initial_age};
 use crate::engine::{Built, TagSet, Waiters};
@@ -99,16 +99,11 @@ where
         &update,
         policy.presentation.status_header.as_ref(),
     );
-    let mut cookies = Vec::new();
-    if policy.store.strip_set_cookie {
-        cookies.extend(
-            headers
-                .get_all(header::SET_COOKIE)
-                .iter()
-                .map(|v| (header::SET_COOKIE, v.clone())),
-        );
-        headers.remove(header::SET_COOKIE);
-    }
+    let cookies = take_one_clients(
+        &mut headers,
+        policy.store.strip_set_cookie,
+        &policy.store.cache_control_targets,
+    );
     let (lifetime, store) = match classify(policy, status, &headers, keyed) {
         Verdict::Share { lifetime, store } => (lifetime, store),
         Verdict::Pass(reason) => {

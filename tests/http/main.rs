@@ -11,6 +11,7 @@ mod common;
 #[global_allocator]
 static ALLOCATOR: common::counting::Counting = common::counting::Counting;
 
+mod attack_classes;
 mod bodies;
 mod bodies_over_the_cap;
 mod cache_status;

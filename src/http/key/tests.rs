@@ -259,14 +259,59 @@ fn forwarding_headers_are_keyed_by_default() {
         key("/r", &[("forwarded", "for=192.0.2.1;proto=https")], &[]),
         key("/r", &[("forwarded", "for=198.51.100.7;proto=https")], &[])
     );
-    // A deployment that strips them at its edge keys on none.
+    // A deployment that strips them at its edge keys on none of the five;
+    // the rest of the class is told by name, and keyed whatever the route
+    // lists; a header outside it is keyed only when listed.
     let none = KeyRules {
         forwarded: &[],
         ..rules("ns", &[])
     };
+    let plain = request_key(&none, &parts("/r", &[]), None);
     assert_eq!(
         request_key(&none, &parts("/r", &[("x-forwarded-host", "a")]), None),
-        request_key(&none, &parts("/r", &[]), None)
+        plain
+    );
+    assert_ne!(
+        request_key(&none, &parts("/r", &[("x-original-url", "/a")]), None),
+        plain
+    );
+    assert_eq!(
+        request_key(&none, &parts("/r", &[("x-site", "a")]), None),
+        plain
+    );
+    let site = [HeaderName::from_static("x-site")];
+    let listed = KeyRules {
+        forwarded: &site,
+        ..rules("ns", &[])
+    };
+    assert_ne!(
+        request_key(&listed, &parts("/r", &[("x-site", "a")]), None),
+        request_key(&listed, &parts("/r", &[]), None)
+    );
+}
+
+#[test]
+fn target_rewrites_are_keyed_whatever_their_order() {
+    let plain = key("/r", &[], &[]);
+    for (name, value) in [
+        ("x-original-url", "/admin"),
+        ("x-rewrite-url", "/admin"),
+        ("x-original-uri", "/admin"),
+        ("x-envoy-original-path", "/admin"),
+        ("x-forwarded-uri", "/admin"),
+        ("x-forwarded-path", "/admin"),
+        ("x-forwarded-server", "evil"),
+        ("x-host", "evil.test"),
+        ("x_original_url", "/admin"),
+        ("front-end-https", "on"),
+    ] {
+        let with = key("/r", &[(name, value)], &[]);
+        assert_ne!(with, plain, "{name}");
+        assert_ne!(with, key("/r", &[(name, "/other")], &[]), "{name}");
+    }
+    assert_eq!(
+        key("/r", &[("x-original-url", "/a"), ("x-host", "b")], &[]),
+        key("/r", &[("x-host", "b"), ("x-original-url", "/a")], &[])
     );
 }
 

@@ -144,6 +144,40 @@ fn from_dictionary(members: &[(String, Value)]) -> Option<CacheControl> {
     Some(cc)
 }
 
+/// The fields a response names in the qualified forms `private="field, …"`
+/// and `no-cache="field, …"` (RFC 9111 §5.2.2.7, §5.2.2.4), in its
+/// `Cache-Control` and in each of the `targeted` fields: fields for the one
+/// client that asked, which a shared cache never sends to another. Names
+/// that are not field names are skipped.
+pub(crate) fn qualified_fields(headers: &HeaderMap, targeted: &[HeaderName]) -> Vec<HeaderName> {
+    let mut fields = Vec::new();
+    let lines = headers
+        .get_all(CACHE_CONTROL)
+        .iter()
+        .chain(targeted.iter().flat_map(|name| headers.get_all(name)));
+    for line in lines {
+        let Some(directives) = std::str::from_utf8(line.as_bytes())
+            .ok()
+            .and_then(split_directives)
+        else {
+            continue;
+        };
+        for directive in directives {
+            let Some((name, Some(arg))) = directive_parts(directive) else {
+                continue;
+            };
+            if !name.eq_ignore_ascii_case("private") && !name.eq_ignore_ascii_case("no-cache") {
+                continue;
+            }
+            fields.extend(
+                arg.split(',')
+                    .filter_map(|field| HeaderName::from_bytes(field.trim().as_bytes()).ok()),
+            );
+        }
+    }
+    fields
+}
+
 /// Records a freshness directive: invalid, or conflicting with an earlier
 /// one, means zero.
 fn set_freshness(slot: &mut Option<u64>, value: Option<u64>) {
@@ -299,6 +333,28 @@ mod tests {
             h.append(*k, HeaderValue::from_static(v));
         }
         h
+    }
+
+    #[test]
+    fn qualified_private_and_no_cache_name_their_fields() {
+        let cdn = HeaderName::from_static("cdn-cache-control");
+        let h = headers(&[
+            ("cache-control", "max-age=60, PRIVATE=\"X-User, x-token\""),
+            ("cache-control", "no-cache=x-a, private, no-cache"),
+            ("cdn-cache-control", "private=\"x-edge\", max-age=5"),
+            ("cache-control", "no-store=\"x-b\", private=\"not a name\""),
+        ]);
+        let names = |targets: &[HeaderName]| -> Vec<String> {
+            qualified_fields(&h, targets)
+                .iter()
+                .map(|n| n.as_str().to_owned())
+                .collect()
+        };
+        assert_eq!(names(&[]), ["x-user", "x-token", "x-a"]);
+        assert_eq!(names(&[cdn]), ["x-user", "x-token", "x-a", "x-edge"]);
+        // An open quote: no list to read, nothing named.
+        let open = headers(&[("cache-control", "private=\"x-a, max-age=5")]);
+        assert!(qualified_fields(&open, &[]).is_empty());
     }
 
     #[test]

@@ -5,11 +5,21 @@
 //! Both forms may only ever merge requests an origin cannot tell apart. When a
 //! value is not in the plain shape these rules understand, it is keyed on its
 //! raw bytes instead: that splits entries, it never merges them.
+//!
+//! Also the names of the response fields that belong to one client, which
+//! `http::response::take_one_clients` keeps out of what is stored.
 
 use http::header::ACCEPT_ENCODING;
 use http::HeaderMap;
 
 use crate::key::KeyHasher;
+
+/// The cookie field of RFC 2965 (obsolete, still sent by some servers).
+pub(crate) const SET_COOKIE2: &str = "set-cookie2";
+/// RFC 9110 §11.6.3: about the client's credentials, for that client.
+pub(crate) const AUTHENTICATION_INFO: &str = "authentication-info";
+/// RFC 9110 §11.7.3: about the client's proxy credentials, for that client.
+pub(crate) const PROXY_AUTHENTICATION_INFO: &str = "proxy-authentication-info";
 
 /// The content codings an origin is expected to choose from, in name order.
 const CODINGS: [&str; 4] = ["br", "deflate", "gzip", "zstd"];
