@@ -384,6 +384,15 @@ impl Backend {
                     errors: counters.errors,
                     unconfirmed_invalidations: counters.unconfirmed_invalidations,
                     eviction_policy: l2.eviction().map(str::to_owned),
+                    nodes: l2
+                        .node_circuits()
+                        .into_iter()
+                        .map(|c| NodeStats {
+                            address: format!("{}:{}", c.address.0, c.address.1),
+                            open: c.open,
+                            circuit_openings: c.openings,
+                        })
+                        .collect(),
                 }
             }),
         }
@@ -500,6 +509,25 @@ pub struct RedisStats {
     /// cannot, or could not be read. Entries and fencing counters survive
     /// eviction; a lock does not (see docs/TOPOLOGY.md).
     pub eviction_policy: Option<String>,
+    /// On Redis Cluster, each primary of the slot map and its own circuit:
+    /// a stalled or dead primary opens only its own, and only its keys are
+    /// served with in-process protection alone. Empty on one server or
+    /// behind Sentinel (one circuit: the counters above).
+    pub nodes: Vec<NodeStats>,
+}
+
+/// One Redis Cluster primary's circuit, in [`RedisStats::nodes`].
+#[cfg(feature = "redis")]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeStats {
+    /// `host:port`, as the cluster names the primary.
+    pub address: String,
+    /// Whether its circuit is open now (its keys served from the
+    /// in-process tier alone).
+    pub open: bool,
+    /// Times its circuit opened since it became the primary of its slots.
+    pub circuit_openings: u64,
 }
 
 impl fmt::Debug for Backend {

@@ -64,7 +64,7 @@ pub(crate) mod connection;
 mod connections;
 mod entries;
 mod error;
-mod health;
+pub(crate) mod health;
 pub(crate) mod held;
 mod keys;
 pub(crate) mod lease;
@@ -336,6 +336,12 @@ impl RedisTier {
     /// Circuits open now.
     pub(crate) fn open_circuits(&self) -> u64 {
         self.conns.health.open_circuits()
+    }
+
+    /// On a cluster, each primary of the slot map with its circuit (see
+    /// [`health`]); empty on one server or behind Sentinel.
+    pub(crate) fn node_circuits(&self) -> Vec<health::NodeCircuit> {
+        self.conns.health.circuits()
     }
 
     /// Circuits opened since the tier connected.
