@@ -252,6 +252,7 @@ impl Backend {
                     reachable: false,
                     subscription_live: false,
                     breaker: Breaker::Open { circuits: 1 },
+                    open_nodes: Vec::new(),
                 }),
             },
             #[cfg(feature = "redis")]
@@ -276,6 +277,18 @@ impl Backend {
                             circuits: open_circuits.max(1),
                         }
                     },
+                    open_nodes: self
+                        .engine
+                        .fleet
+                        .tier()
+                        .map(|tier| {
+                            tier.node_circuits()
+                                .into_iter()
+                                .filter(|c| c.open)
+                                .map(|c| format!("{}:{}", c.address.0, c.address.1))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                 }),
             },
             #[cfg(not(feature = "redis"))]
@@ -441,6 +454,10 @@ pub struct RedisHealth {
     pub subscription_live: bool,
     /// The circuit breakers.
     pub breaker: Breaker,
+    /// On Redis Cluster, the primaries (`host:port`) whose circuit is open:
+    /// only their keys run on in-process protection; every other primary's
+    /// keys keep the fleet's. Empty on one server or behind Sentinel.
+    pub open_nodes: Vec<String>,
 }
 
 /// The state of a Redis backend's circuit breakers, in [`RedisHealth`].

@@ -162,6 +162,7 @@ async fn one_stalled_shard(stall: Stall, holding: Holding, start: Start) {
         windows.push(window(&instances, &calls, &uris).await);
     }
     let report: Vec<_> = instances.iter().map(|i| i.backend.stats().redis).collect();
+    let health: Vec<_> = instances.iter().map(|i| i.backend.health()).collect();
     if let Stall::Frozen = stall {
         cluster.nodes[bad].thaw();
     }
@@ -206,6 +207,12 @@ async fn one_stalled_shard(stall: Stall, holding: Holding, start: Start) {
         }
         assert_eq!(s.circuit_openings, 1, "instance {i}: {s:?}");
         assert_eq!(s.open_circuits, 1, "instance {i}: {s:?}");
+        let redis = health[i].redis.as_ref().expect("a redis tier");
+        assert_eq!(
+            redis.open_nodes,
+            [format!("127.0.0.1:{bad_port}")],
+            "instance {i}: {redis:?}"
+        );
     }
 }
 
