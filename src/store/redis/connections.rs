@@ -1006,6 +1006,19 @@ mod tests {
 
     const LONG: Duration = Duration::from_secs(60);
 
+    #[test]
+    fn a_seed_names_its_node() {
+        let at = |host: &str, port: Option<u16>| (host.to_owned(), port);
+        assert_eq!(
+            seed_address("rediss://u:p@10.0.0.7:7001/0"),
+            at("10.0.0.7", Some(7001))
+        );
+        assert_eq!(seed_address("redis://[::1]:7002"), at("::1", Some(7002)));
+        assert_eq!(seed_address("redis://[::1]"), at("::1", None));
+        assert_eq!(seed_address("redis://a@b@seed"), at("seed", None));
+        assert_eq!(seed_address("redis://seed:port"), at("seed", None));
+    }
+
     /// Takes the lease of `key`, then opens its circuit (without asking the
     /// supervisor to probe, so it stays open).
     async fn leased_then_open(tier: &Arc<RedisTier>, key: &Key) -> Box<super::super::Lease> {
