@@ -252,6 +252,7 @@ impl Backend {
                     reachable: false,
                     subscription_live: false,
                     breaker: Breaker::Open { circuits: 1 },
+                    open_nodes: Vec::new(),
                 }),
             },
             #[cfg(feature = "redis")]
@@ -276,6 +277,18 @@ impl Backend {
                             circuits: open_circuits.max(1),
                         }
                     },
+                    open_nodes: self
+                        .engine
+                        .fleet
+                        .tier()
+                        .map(|tier| {
+                            tier.node_circuits()
+                                .into_iter()
+                                .filter(|c| c.open)
+                                .map(|c| format!("{}:{}", c.address.0, c.address.1))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                 }),
             },
             #[cfg(not(feature = "redis"))]
@@ -384,6 +397,15 @@ impl Backend {
                     errors: counters.errors,
                     unconfirmed_invalidations: counters.unconfirmed_invalidations,
                     eviction_policy: l2.eviction(),
+                    nodes: l2
+                        .node_circuits()
+                        .into_iter()
+                        .map(|c| NodeStats {
+                            address: format!("{}:{}", c.address.0, c.address.1),
+                            open: c.open,
+                            circuit_openings: c.openings,
+                        })
+                        .collect(),
                 }
             }),
         }
@@ -432,6 +454,10 @@ pub struct RedisHealth {
     pub subscription_live: bool,
     /// The circuit breakers.
     pub breaker: Breaker,
+    /// On Redis Cluster, the primaries (`host:port`) whose circuit is open:
+    /// only their keys run on in-process protection; every other primary's
+    /// keys keep the fleet's. Empty on one server or behind Sentinel.
+    pub open_nodes: Vec<String>,
 }
 
 /// The state of a Redis backend's circuit breakers, in [`RedisHealth`].
@@ -503,6 +529,25 @@ pub struct RedisStats {
     /// there by default (see [`Lock::allow_evicting_server`](crate::Lock::allow_evicting_server)
     /// and docs/TOPOLOGY.md).
     pub eviction_policy: Option<String>,
+    /// On Redis Cluster, each primary of the slot map and its own circuit:
+    /// a stalled or dead primary opens only its own, and only its keys are
+    /// served with in-process protection alone. Empty on one server or
+    /// behind Sentinel (one circuit: the counters above).
+    pub nodes: Vec<NodeStats>,
+}
+
+/// One Redis Cluster primary's circuit, in [`RedisStats::nodes`].
+#[cfg(feature = "redis")]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NodeStats {
+    /// `host:port`, as the cluster names the primary.
+    pub address: String,
+    /// Whether its circuit is open now (its keys served from the
+    /// in-process tier alone).
+    pub open: bool,
+    /// Times its circuit opened since it became the primary of its slots.
+    pub circuit_openings: u64,
 }
 
 impl fmt::Debug for Backend {

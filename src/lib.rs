@@ -126,7 +126,7 @@ pub use backend::{
 };
 #[cfg(feature = "redis")]
 pub use backend::{
-    Breaker, RedisBackendBuilder, RedisConfig, RedisHealth, RedisStats, TlsFiles,
+    Breaker, NodeStats, RedisBackendBuilder, RedisConfig, RedisHealth, RedisStats, TlsFiles,
     DEFAULT_OUTAGE_GRACE,
 };
 pub use cache::{Cache, RebuildError};

@@ -15,6 +15,7 @@ mod cluster_odd_shapes;
 mod cluster_owed_commits;
 mod cluster_promises;
 mod cluster_replaced_primary;
+mod cluster_stalled_shard;
 mod cluster_timeouts;
 mod cluster_two_bad_shards;
 mod sentinel;

@@ -32,6 +32,8 @@ pub(crate) struct Breaker {
     /// Set from the opening until the close, so the opening is reported to
     /// the supervisor once.
     probing: AtomicBool,
+    /// Times this circuit opened.
+    openings: AtomicU64,
 }
 
 impl Default for Breaker {
@@ -44,6 +46,7 @@ impl Default for Breaker {
             base: Instant::now(),
             open: AtomicBool::new(false),
             probing: AtomicBool::new(false),
+            openings: AtomicU64::new(0),
         }
     }
 }
@@ -96,6 +99,11 @@ impl Breaker {
         !self.open.load(Ordering::Acquire)
     }
 
+    /// Times this circuit opened.
+    pub(crate) fn openings(&self) -> u64 {
+        self.openings.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn success(&self) {
         self.failures.store(0, Ordering::Relaxed);
     }
@@ -129,6 +137,7 @@ impl Breaker {
             return false;
         }
         if !self.open.swap(true, Ordering::AcqRel) {
+            self.openings.fetch_add(1, Ordering::Relaxed);
             metrics::gauge!(CIRCUIT_OPEN).increment(1.0);
         }
         !self.probing.swap(true, Ordering::AcqRel)
@@ -171,6 +180,7 @@ mod tests {
         );
         assert!(!b.is_closed());
         assert!(!b.failure(Instant::now()), "a probe already runs");
+        assert_eq!(b.openings(), 1);
         b.close();
         let stalled = Instant::now();
         std::thread::sleep(std::time::Duration::from_millis(1));
@@ -183,6 +193,7 @@ mod tests {
         assert!(b.failure(Instant::now()), "a third episode opens it");
         b.close();
         assert!(b.is_closed());
+        assert_eq!(b.openings(), 2);
     }
 
     #[test]

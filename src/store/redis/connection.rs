@@ -269,7 +269,7 @@ async fn open_cluster(
         };
         let mut b = ClusterClientBuilder::new(nodes.iter().map(String::as_str))
             .use_protocol(redis::ProtocolVersion::RESP3)
-            .connection_timeout(options.connect_timeout)
+            .connection_timeout(node_connect_timeout(options.connect_timeout))
             .response_timeout(response_timeout)
             .retries(2)
             // The client's own waits between tries must fit in the
@@ -326,6 +326,19 @@ async fn open_cluster(
         primary: None,
         retired: Arc::default(),
     })
+}
+
+/// How long the cluster client waits for one node's connection. Opening
+/// the client connects to the seeds, then to every primary of the slot
+/// map, each round waiting for its slowest node: a node that accepts
+/// connections but answers nothing (frozen, paused) must cost each round
+/// less than a third of the connect timeout, so the client comes up with
+/// the nodes that answer and the tier's connect does not fail for one bad
+/// shard. The tier reaches that node later on a connection of its own
+/// (see `nodes.rs`).
+#[cfg(feature = "redis-cluster")]
+fn node_connect_timeout(connect_timeout: Duration) -> Duration {
+    (connect_timeout / 3).max(Duration::from_millis(1))
 }
 
 #[cfg(feature = "redis-cluster")]

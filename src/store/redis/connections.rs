@@ -28,7 +28,7 @@ use tokio::sync::Notify;
 use super::breaker::Breaker;
 use super::client::{self, Options};
 use super::connection::{self, Conn, Link, Sink, Topology};
-use super::error::ErrorMeaning;
+use super::error::{may_mend, ErrorMeaning};
 use super::health::{Address, Health};
 use super::keys::Keys;
 use super::nodes::{self, NodeConns};
@@ -156,8 +156,18 @@ impl Connections {
         // Scripts are not replicated with the data: loading them now spares
         // a request a NOSCRIPT retry inside its deadline, and tells a user
         // the server refuses them at once.
-        load_scripts(&config, &link, &scripts).await?;
-        let health = Health::new(matches!(config.topology, Topology::Cluster(_)));
+        let cluster = matches!(config.topology, Topology::Cluster(_));
+        match load_scripts(&config, &link, &scripts).await {
+            // On a cluster the scripts go to every primary, and one frozen
+            // or paused must not keep the tier from the others: a node that
+            // has not loaded them gets them on its first call (the
+            // `NOSCRIPT` retry), as a new primary does.
+            Err(e) if cluster && may_mend(&e) => {
+                tracing::debug!(error = %e, "a cluster node has not loaded the scripts yet");
+            }
+            loaded => loaded?,
+        }
+        let health = Health::new(cluster);
         // The first measure of the link's round trip, so calls made before
         // the first keepalive are judged by it too (see `round_trip`).
         let mut conn = link.conn.clone();
@@ -571,7 +581,11 @@ impl Connections {
             .map(Some)
             .collect();
         if nodes.is_empty() {
-            // No map yet: any node, as the client picks it.
+            // No map yet: each seed on a connection of its own (one that
+            // is frozen or paused costs its own turn only; through the
+            // cluster client, the node it picks may be that one), then any
+            // node, as the client picks it.
+            nodes.extend(self.seeds().into_iter().map(Some));
             nodes.push(None);
         }
         for node in nodes {
@@ -696,19 +710,27 @@ impl Connections {
         let Topology::Cluster(seeds) = &self.config.topology else {
             return String::new();
         };
-        let Some(seed) = seeds.first() else {
-            return String::new();
+        seeds
+            .first()
+            .map(|seed| seed_address(seed).0)
+            .unwrap_or_default()
+    }
+
+    /// The cluster's seeds that name a port, as node addresses.
+    fn seeds(&self) -> Vec<Address> {
+        let Topology::Cluster(seeds) = &self.config.topology else {
+            return Vec::new();
         };
-        let rest = seed.split_once("://").map_or(seed.as_str(), |(_, r)| r);
-        let authority = rest.split('/').next().unwrap_or(rest);
-        let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-        let host = match hostport.rsplit_once(':') {
-            Some((host, port)) if !port.contains(']') => host,
-            _ => hostport,
-        };
-        host.trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_owned()
+        let mut addresses: Vec<Address> = Vec::with_capacity(seeds.len());
+        for (host, port) in seeds.iter().map(|seed| seed_address(seed)) {
+            if let Some(port) = port
+                && !host.is_empty()
+                && !addresses.iter().any(|(h, p)| *h == host && *p == port)
+            {
+                addresses.push((host, port));
+            }
+        }
+        addresses
     }
 
     /// One probe on a cluster: true once every circuit is closed. Each
@@ -802,6 +824,19 @@ impl Connections {
             (mut conn, _) => cmd.query_async(&mut conn).await,
         }
     }
+}
+
+/// A seed URL's host (without brackets) and port, if it names one.
+fn seed_address(seed: &str) -> (String, Option<u16>) {
+    let rest = seed.split_once("://").map_or(seed, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((host, port)) if !port.contains(']') => (host, port.parse().ok()),
+        _ => (hostport, None),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (host.to_owned(), port)
 }
 
 /// Clears a node's busy mark (see [`Breaker::busy_until`]) when the call
@@ -971,6 +1006,19 @@ mod tests {
     use crate::key::Key;
 
     const LONG: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn a_seed_names_its_node() {
+        let at = |host: &str, port: Option<u16>| (host.to_owned(), port);
+        assert_eq!(
+            seed_address("rediss://u:p@10.0.0.7:7001/0"),
+            at("10.0.0.7", Some(7001))
+        );
+        assert_eq!(seed_address("redis://[::1]:7002"), at("::1", Some(7002)));
+        assert_eq!(seed_address("redis://[::1]"), at("::1", None));
+        assert_eq!(seed_address("redis://a@b@seed"), at("seed", None));
+        assert_eq!(seed_address("redis://seed:port"), at("seed", None));
+    }
 
     /// Takes the lease of `key`, then opens its circuit (without asking the
     /// supervisor to probe, so it stays open).

@@ -37,6 +37,13 @@ pub(crate) struct Health {
     pub round_trip: RoundTrip,
 }
 
+/// One cluster primary's circuit, as [`Health::circuits`] reads it.
+pub(crate) struct NodeCircuit {
+    pub address: Address,
+    pub open: bool,
+    pub openings: u64,
+}
+
 #[derive(Default)]
 struct SlotMap {
     /// (first slot, last slot, primary), sorted by first slot.
@@ -111,6 +118,24 @@ impl Health {
             .filter(|(_, b)| !b.is_closed())
             .map(|(a, b)| (a.clone(), b.clone()))
             .collect()
+    }
+
+    /// Each primary of the current map with its circuit: whether it is
+    /// open, and how many times it opened (since the node joined the map),
+    /// sorted by address.
+    pub(crate) fn circuits(&self) -> Vec<NodeCircuit> {
+        let map = self.map.read().unwrap_or_else(|p| p.into_inner());
+        let mut circuits: Vec<NodeCircuit> = map
+            .breakers
+            .iter()
+            .map(|(address, b)| NodeCircuit {
+                address: address.clone(),
+                open: !b.is_closed(),
+                openings: b.openings(),
+            })
+            .collect();
+        circuits.sort_by(|a, b| a.address.cmp(&b.address));
+        circuits
     }
 
     /// The primaries of the current map.
@@ -260,6 +285,12 @@ mod tests {
         assert!(health.breaker(on_b).is_closed());
         assert_eq!(health.open_circuits(), 1);
         assert_eq!(health.open_nodes()[0].0 .1, 7000);
+        let circuits = health.circuits();
+        let seen: Vec<(u16, bool, u64)> = circuits
+            .iter()
+            .map(|c| (c.address.1, c.open, c.openings))
+            .collect();
+        assert_eq!(seen, [(7000, true, 1), (7001, false, 0)]);
         // The same map again keeps the open breaker; a failover that moves
         // the slots to another node leaves them with that node's.
         assert!(health.update(

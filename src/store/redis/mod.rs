@@ -66,7 +66,7 @@ mod connections;
 mod entries;
 mod error;
 mod eviction;
-mod health;
+pub(crate) mod health;
 pub(crate) mod held;
 mod keys;
 pub(crate) mod lease;
@@ -347,6 +347,12 @@ impl RedisTier {
     /// Circuits open now.
     pub(crate) fn open_circuits(&self) -> u64 {
         self.conns.health.open_circuits()
+    }
+
+    /// On a cluster, each primary of the slot map with its circuit (see
+    /// [`health`]); empty on one server or behind Sentinel.
+    pub(crate) fn node_circuits(&self) -> Vec<health::NodeCircuit> {
+        self.conns.health.circuits()
     }
 
     /// Circuits opened since the tier connected.
