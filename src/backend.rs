@@ -651,8 +651,28 @@ impl RedisBackendBuilder {
     /// instance's membership lapsed) for at most the lease plus the grace
     /// after that invalidation. Once the grace has run out, the in-process
     /// tier is dropped, and then again every `max(grace, 3 s)` while the
-    /// subscription is not back; when it is back, it is dropped once more
-    /// (what was missed is never served past the rejoin).
+    /// subscription is not back.
+    ///
+    /// When the subscription is back, the instance reads the invalidation
+    /// table again before it counts as back in the fleet
+    /// ([`health`](Backend::health) says [`Status::Fleet`] only then):
+    /// - if Redis kept its data, what the in-process tier held through the
+    ///   outage is dropped then: an invalidation made meanwhile is never
+    ///   served past the rejoin;
+    /// - if Redis lost it (restarted empty, restored from an older copy),
+    ///   every invalidation made before the loss is gone with the entries it
+    ///   purged, and nothing in Redis tells what was missed: what the
+    ///   in-process tier held is kept, but no longer than the outage rule
+    ///   above would have kept it (the lease and the grace after the last
+    ///   confirmed keepalive, or a period after the last drop), then
+    ///   dropped. An invalidation made after the rejoin (of a key, a tag or
+    ///   everything) reaches these entries as any other.
+    ///
+    /// So a rejoin never lets an entry that may have missed an invalidation
+    /// be served longer than the outage rule does without one (the lease
+    /// plus the grace after that invalidation at most), and a Redis that
+    /// restarts empty again and again costs no rebuild of what the
+    /// instances hold, within the grace.
     ///
     /// `Duration::ZERO`, the default, keeps the strict rule: nothing read
     /// before an invalidation is served once it returned `Ok`, on any
