@@ -376,6 +376,7 @@ impl Backend {
                     available: l2.is_available(),
                     open_circuits: l2.open_circuits(),
                     circuit_openings: l2.circuit_openings(),
+                    outages: l2.outages(),
                     wakeups_by_message: counters.wakeups_by_message,
                     wakeups_by_timeout: counters.wakeups_by_timeout,
                     wakeups_with_entry: counters.wakeups_with_entry,
@@ -476,6 +477,10 @@ pub struct RedisStats {
     pub open_circuits: u64,
     /// Circuits opened since the backend connected.
     pub circuit_openings: u64,
+    /// Episodes [`health`](Backend::health) reported as
+    /// [`Status::Degraded`] since the backend connected: each logged one
+    /// WARN when it began and one INFO when it ended.
+    pub outages: u64,
     /// Waits for another instance's rebuild ended by its publish.
     pub wakeups_by_message: u64,
     /// Waits ended by the lease or the wait budget running out.

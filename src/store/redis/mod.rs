@@ -356,6 +356,11 @@ impl RedisTier {
         self.conns.health.open_circuits()
     }
 
+    /// Degraded episodes since the tier connected (see [`outage`]).
+    pub(crate) fn outages(&self) -> u64 {
+        self.conns.outage.count.load(Ordering::Relaxed)
+    }
+
     /// Circuits opened since the tier connected.
     pub(crate) fn circuit_openings(&self) -> u64 {
         self.conns.health.openings.load(Ordering::Relaxed)
