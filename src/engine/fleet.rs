@@ -1027,12 +1027,18 @@ fn trusts_table(tier: &RedisTier, reloads: &Reloads, now: Instant) -> bool {
     reloads.is_loaded() && tier.hears_everything(now)
 }
 
+/// The most reads of the whole table one reload tries (each retried
+/// itself until Redis answers or the connect timeout passes).
+#[cfg(feature = "redis")]
+const RELOAD_TRIES: u32 = 10;
+
 /// Reloads the whole table from Redis in the background (one at a time),
 /// unless the subscription is in a gap: then the end of the gap does. Tried
 /// again every probe interval until a read that began after the last
-/// possible miss is applied (or a gap opens, or the tier is gone): until
-/// then the table is not trusted, and after a gap with an outage grace the
-/// subscription does not count as live.
+/// possible miss is applied, [`RELOAD_TRIES`] times at most (or until a gap
+/// opens, or the tier is gone): until then the table is not trusted, and
+/// after a gap with an outage grace the subscription does not count as
+/// live (the next read of an entry from Redis starts the reload again).
 ///
 /// A read that began after the last gap's end also decides on what the
 /// in-process tier held through it (see [`outlived`]), and then tells the
@@ -1053,8 +1059,10 @@ fn reload_tags(engine: &Engine, tier: &Arc<RedisTier>, reloads: &Arc<Reloads>) {
     let outlived = engine.fleet.outlived.clone();
     let (tier, reloads) = (Arc::downgrade(tier), reloads.clone());
     runtime.spawn(async move {
+        let mut tries = 0;
         loop {
             while let Some(shared) = tier.upgrade().filter(|t| !t.in_gap()) {
+                tries += 1;
                 let mark = reloads.mark();
                 let rejoins = shared.rejoins();
                 match shared.load_table_joining(tags.table_epoch()).await {
@@ -1075,7 +1083,7 @@ fn reload_tags(engine: &Engine, tier: &Arc<RedisTier>, reloads: &Arc<Reloads>) {
                         tracing::debug!(error = %error, "could not reload the tag generations");
                     }
                 }
-                if reloads.is_loaded() {
+                if reloads.is_loaded() || tries >= RELOAD_TRIES {
                     break;
                 }
                 let pause = shared.probe_interval();
@@ -1085,7 +1093,9 @@ fn reload_tags(engine: &Engine, tier: &Arc<RedisTier>, reloads: &Arc<Reloads>) {
             reloads.end();
             // A miss recorded after the last check, whose own reload found
             // this one running, is this one's to cover.
-            let pending = !reloads.is_loaded() && tier.upgrade().is_some_and(|t| !t.in_gap());
+            let pending = !reloads.is_loaded()
+                && tries < RELOAD_TRIES
+                && tier.upgrade().is_some_and(|t| !t.in_gap());
             if !pending || !reloads.begin() {
                 break;
             }
