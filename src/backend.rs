@@ -389,6 +389,7 @@ impl Backend {
                     available: l2.is_available(),
                     open_circuits: l2.open_circuits(),
                     circuit_openings: l2.circuit_openings(),
+                    outages: l2.outages(),
                     wakeups_by_message: counters.wakeups_by_message,
                     wakeups_by_timeout: counters.wakeups_by_timeout,
                     wakeups_with_entry: counters.wakeups_with_entry,
@@ -502,6 +503,10 @@ pub struct RedisStats {
     pub open_circuits: u64,
     /// Circuits opened since the backend connected.
     pub circuit_openings: u64,
+    /// Episodes [`health`](Backend::health) reported as
+    /// [`Status::Degraded`] since the backend connected: each logged one
+    /// WARN when it began and one INFO when it ended.
+    pub outages: u64,
     /// Waits for another instance's rebuild ended by its publish.
     pub wakeups_by_message: u64,
     /// Waits ended by the lease or the wait budget running out.
@@ -699,8 +704,28 @@ impl RedisBackendBuilder {
     /// instance's membership lapsed) for at most the lease plus the grace
     /// after that invalidation. Once the grace has run out, the in-process
     /// tier is dropped, and then again every `max(grace, 3 s)` while the
-    /// subscription is not back; when it is back, it is dropped once more
-    /// (what was missed is never served past the rejoin).
+    /// subscription is not back.
+    ///
+    /// When the subscription is back, the instance reads the invalidation
+    /// table again before it counts as back in the fleet
+    /// ([`health`](Backend::health) says [`Status::Fleet`] only then):
+    /// - if Redis kept its data, what the in-process tier held through the
+    ///   outage is dropped then: an invalidation made meanwhile is never
+    ///   served past the rejoin;
+    /// - if Redis lost it (restarted empty, restored from an older copy),
+    ///   every invalidation made before the loss is gone with the entries it
+    ///   purged, and nothing in Redis tells what was missed: what the
+    ///   in-process tier held is kept, but no longer than the outage rule
+    ///   above would have kept it (the lease and the grace after the last
+    ///   confirmed keepalive, or a period after the last drop), then
+    ///   dropped. An invalidation made after the rejoin (of a key, a tag or
+    ///   everything) reaches these entries as any other.
+    ///
+    /// So a rejoin never lets an entry that may have missed an invalidation
+    /// be served longer than the outage rule does without one (the lease
+    /// plus the grace after that invalidation at most), and a Redis that
+    /// restarts empty again and again costs no rebuild of what the
+    /// instances hold, within the grace.
     ///
     /// `Duration::ZERO`, the default, keeps the strict rule: nothing read
     /// before an invalidation is served once it returned `Ok`, on any

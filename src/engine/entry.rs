@@ -200,6 +200,12 @@ impl Entry {
             .saturating_add(self.fresh_until.saturating_duration_since(self.stored_at))
     }
 
+    /// When it was stored (for an entry read from Redis: when the
+    /// instance that built it stored it, as far as its freshness tells).
+    pub(crate) fn stored_at(&self) -> Instant {
+        self.stored_at
+    }
+
     /// When freshness ends.
     pub(crate) fn fresh_until(&self) -> Instant {
         self.fresh_until

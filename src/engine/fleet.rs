@@ -32,6 +32,9 @@ use crate::metrics::Labels;
 use crate::store::generations::Field;
 
 #[cfg(feature = "redis")]
+mod outlived;
+
+#[cfg(feature = "redis")]
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 #[cfg(feature = "redis")]
 use std::sync::OnceLock;
@@ -57,6 +60,8 @@ use crate::store::redis::notify::{Event, Registration};
 pub(crate) use crate::store::redis::Lease;
 #[cfg(feature = "redis")]
 use crate::store::redis::{Fetched, Invalidated, Pending, RedisTier, Remote, TierConfig};
+#[cfg(feature = "redis")]
+use outlived::Outlived;
 
 /// A rebuild lease: the fleet-wide right to rebuild a key. On the embedded
 /// backend there is no such thing, and the type is empty.
@@ -129,6 +134,10 @@ pub(crate) struct Fleet {
     /// missed.
     #[cfg(feature = "redis")]
     reloads: Arc<Reloads>,
+    /// What the in-process tier held when the subscription came back after
+    /// a gap, and until when it may still be served (see [`outlived`]).
+    #[cfg(feature = "redis")]
+    outlived: Arc<Outlived>,
     /// Set when the backend is to join a fleet through Redis (whether or
     /// not it has connected yet).
     #[cfg(feature = "redis")]
@@ -243,6 +252,8 @@ impl Fleet {
             tier: OnceLock::new(),
             #[cfg(feature = "redis")]
             reloads: Arc::new(Reloads::default()),
+            #[cfg(feature = "redis")]
+            outlived: Arc::default(),
             #[cfg(feature = "redis")]
             wants_redis: AtomicBool::new(false),
             #[cfg(feature = "redis")]
@@ -434,6 +445,52 @@ impl Fleet {
         }
         let _ = now;
         L1Trust::Trusted
+    }
+
+    /// Whether `entry`, found in the in-process tier, may be served at
+    /// `now`: no invalidation this process knows of rejects it (see
+    /// [`super::tags`]), and, if it lived through a gap in the
+    /// subscription, the rule of [`outlived`] still keeps it.
+    pub(crate) fn serves(&self, tags: &super::tags::TagTable, entry: &Entry, now: Instant) -> bool {
+        match self.outlived_kept(entry.stored_at(), now) {
+            // Whatever the epoch it was built under (see `outlived`).
+            Some(kept) => {
+                kept && (tags.admits(entry.stamp()) || tags.admits_outlived(entry.stamp()))
+            }
+            None => tags.admits(entry.stamp()),
+        }
+    }
+
+    /// `None` for an entry stored at `stored_at` that did not live through
+    /// a gap in the subscription; for one that did, whether the rule of
+    /// [`outlived`] still keeps it at `now`.
+    fn outlived_kept(&self, stored_at: Instant, now: Instant) -> Option<bool> {
+        #[cfg(feature = "redis")]
+        if self.outlived.covers(stored_at) {
+            let live = self.live().is_some_and(|tier| tier.hears_everything(now));
+            return Some(self.outlived.serves(now, live));
+        }
+        let _ = (stored_at, now);
+        None
+    }
+
+    /// Drops what the in-process tier held from a gap once the outage rule
+    /// would have dropped it (see [`outlived`]).
+    pub(crate) fn sweep(&self, l1: &LocalTier, now: Instant) {
+        #[cfg(feature = "redis")]
+        if let Some(cutoff) = self.outlived.due(now) {
+            drop_outlived(l1, &self.outlived, cutoff);
+        }
+        let _ = (l1, now);
+    }
+
+    /// Whether the in-process tier holds entries from a gap that may still
+    /// be served: a new epoch does not drop them all at once.
+    pub(crate) fn holds_outlived(&self) -> bool {
+        #[cfg(feature = "redis")]
+        return self.outlived.any();
+        #[cfg(not(feature = "redis"))]
+        false
     }
 
     /// Step 3: the entry, the lease, or a wait. Values that cannot travel
@@ -804,12 +861,41 @@ fn on_invalidate(engine: &Arc<Engine>) -> crate::store::redis::notify::OnInvalid
             match what {
                 Invalidated::Key(key) => engine.invalidate_here(&key),
                 Invalidated::Everything => engine.invalidate_everything_here(),
+                Invalidated::Rejoined(until) => rejoined(&engine, until),
                 Invalidated::Generation(field, generation) => {
                     generation_heard(&engine, field, generation)
                 }
             }
         }
     })
+}
+
+/// The subscription is back after a gap, with an outage grace: what the
+/// in-process tier holds is kept until `until` at most (see [`outlived`]),
+/// the flights running (which read or rebuilt during the gap) store
+/// nothing, and the table is read again, which tells whether Redis kept
+/// its data.
+#[cfg(feature = "redis")]
+fn rejoined(engine: &Engine, until: Instant) {
+    let now = Instant::now();
+    if until <= now {
+        engine.invalidate_everything_here();
+        return;
+    }
+    engine.flights.detach_all();
+    engine
+        .fleet
+        .outlived
+        .rejoined(now, until, engine.tags.table_epoch());
+    engine.fleet.table_lost(engine);
+}
+
+/// Drops the entries held from a gap, up to `cutoff`.
+#[cfg(feature = "redis")]
+fn drop_outlived(l1: &LocalTier, outlived: &Arc<Outlived>, cutoff: u64) {
+    let held = outlived.clone();
+    l1.remove_values_if(move |entry| held.before(entry.stored_at(), cutoff));
+    outlived.dropped(cutoff);
 }
 
 /// Puts the connected tier behind the engine and loads the tag table once.
@@ -941,8 +1027,22 @@ fn trusts_table(tier: &RedisTier, reloads: &Reloads, now: Instant) -> bool {
     reloads.is_loaded() && tier.hears_everything(now)
 }
 
+/// The most reads of the whole table one reload tries (each retried
+/// itself until Redis answers or the connect timeout passes).
+#[cfg(feature = "redis")]
+const RELOAD_TRIES: u32 = 10;
+
 /// Reloads the whole table from Redis in the background (one at a time),
-/// unless the subscription is in a gap: then the end of the gap does.
+/// unless the subscription is in a gap: then the end of the gap does. Tried
+/// again every probe interval until a read that began after the last
+/// possible miss is applied, [`RELOAD_TRIES`] times at most (or until a gap
+/// opens, or the tier is gone): until then the table is not trusted, and
+/// after a gap with an outage grace the subscription does not count as
+/// live (the next read of an entry from Redis starts the reload again).
+///
+/// A read that began after the last gap's end also decides on what the
+/// in-process tier held through it (see [`outlived`]), and then tells the
+/// tier it caught up.
 #[cfg(feature = "redis")]
 fn reload_tags(engine: &Engine, tier: &Arc<RedisTier>, reloads: &Arc<Reloads>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -956,23 +1056,50 @@ fn reload_tags(engine: &Engine, tier: &Arc<RedisTier>, reloads: &Arc<Reloads>) {
         engine.flights.clone(),
         engine.l1.clone(),
     );
-    let (tier, reloads) = (tier.clone(), reloads.clone());
+    let outlived = engine.fleet.outlived.clone();
+    let (tier, reloads) = (Arc::downgrade(tier), reloads.clone());
     runtime.spawn(async move {
-        let mark = reloads.mark();
-        if tier.in_gap() {
+        let mut tries = 0;
+        loop {
+            while let Some(shared) = tier.upgrade().filter(|t| !t.in_gap()) {
+                tries += 1;
+                let mark = reloads.mark();
+                let rejoins = shared.rejoins();
+                match shared.load_table_joining(tags.table_epoch()).await {
+                    Ok((table, loaded)) => {
+                        apply_to(&tags, &flights, &l1, table, loaded, outlived.any());
+                        reloads.loaded(mark);
+                        if shared.rejoins() == rejoins {
+                            // Redis kept its data: what an invalidation made
+                            // during the gap purged is gone from it, and goes
+                            // from here too.
+                            if let Some(cutoff) = outlived.table_read(tags.table_epoch()) {
+                                drop_outlived(&l1, &outlived, cutoff);
+                            }
+                            shared.caught_up(rejoins);
+                        }
+                    }
+                    Err(error) => {
+                        tracing::debug!(error = %error, "could not reload the tag generations");
+                    }
+                }
+                if reloads.is_loaded() || tries >= RELOAD_TRIES {
+                    break;
+                }
+                let pause = shared.probe_interval();
+                drop(shared);
+                tokio::time::sleep(pause).await;
+            }
             reloads.end();
-            return;
-        }
-        match tier.load_generations(None, tags.table_epoch()).await {
-            Ok((table, loaded)) => {
-                apply_to(&tags, &flights, &l1, table, loaded);
-                reloads.loaded(mark);
-            }
-            Err(error) => {
-                tracing::debug!(error = %error, "could not reload the tag generations");
+            // A miss recorded after the last check, whose own reload found
+            // this one running, is this one's to cover.
+            let pending = !reloads.is_loaded()
+                && tries < RELOAD_TRIES
+                && tier.upgrade().is_some_and(|t| !t.in_gap());
+            if !pending || !reloads.begin() {
+                break;
             }
         }
-        reloads.end();
     });
 }
 

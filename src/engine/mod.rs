@@ -216,7 +216,7 @@ impl Engine {
             .filter(|s| trusted || !matches!(s, Slot::Value(_)))
         {
             // An entry whose tags were invalidated is gone.
-            Some(Slot::Value(entry)) if self.tags.admits(entry.stamp()) => {
+            Some(Slot::Value(entry)) if self.fleet.serves(&self.tags, &entry, now) => {
                 if let Some(held) = Held::<V>::new(entry) {
                     let entry = held.entry();
                     match entry.freshness(now) {
@@ -343,7 +343,8 @@ impl Engine {
         }
         match self.l1.get(key) {
             Some(Slot::Value(entry))
-                if entry.freshness(now) == Freshness::Fresh && self.tags.admits(entry.stamp()) =>
+                if entry.freshness(now) == Freshness::Fresh
+                    && self.fleet.serves(&self.tags, &entry, now) =>
             {
                 Held::new(entry)
             }
@@ -362,6 +363,7 @@ impl Engine {
     /// outside the fleet with no outage grace (see
     /// [`Fleet::l1_trust`]).
     fn confirm_l1(&self, now: Instant) -> bool {
+        self.fleet.sweep(&self.l1, now);
         match self.fleet.l1_trust(now) {
             L1Trust::Trusted => true,
             L1Trust::Drop => {
@@ -448,7 +450,7 @@ impl Engine {
                     {
                         Some(Slot::Value(entry))
                             if entry.freshness(now) == Freshness::Fresh
-                                && self.tags.admits(entry.stamp()) =>
+                                && self.fleet.serves(&self.tags, &entry, now) =>
                         {
                             if let Some(held) = Held::new(entry.clone()) {
                                 leader.finish(
@@ -1206,7 +1208,8 @@ impl Engine {
     /// entry of an older one a miss; the L1's are dropped at once) and
     /// generations (a move detaches every flight).
     fn apply(&self, epoch: u64, loaded: Vec<(Field, u64)>) {
-        apply_to(&self.tags, &self.flights, &self.l1, epoch, loaded);
+        let outlived = self.fleet.holds_outlived();
+        apply_to(&self.tags, &self.flights, &self.l1, epoch, loaded, outlived);
     }
 }
 
@@ -1289,8 +1292,12 @@ fn apply_to(
     l1: &LocalTier,
     epoch: u64,
     loaded: Vec<(Field, u64)>,
+    outlived: bool,
 ) {
-    if tags.adopt(epoch) {
+    // Entries of the old epoch are misses from now on: their memory goes
+    // at once, unless some lived through a gap and are still kept (see
+    // `fleet::outlived`).
+    if tags.adopt(epoch) && !outlived {
         l1.clear();
     }
     for (field, generation) in loaded {

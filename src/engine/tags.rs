@@ -135,6 +135,24 @@ impl TagTable {
                 .all(|&(b, g)| self.slot(Field::Bucket(b)).load(Ordering::Acquire) <= g)
     }
 
+    /// Whether an entry that lived through a gap in the subscription (see
+    /// `engine::fleet::outlived`) is rejected by no invalidation this
+    /// process knows of, whatever the epoch it was built under: none of
+    /// its generations moved past what it recorded, nor past the current
+    /// epoch (every generation moved on a table since its epoch began is
+    /// above it). An entry of a newer epoch than the one known here is
+    /// not admitted.
+    pub(crate) fn admits_outlived(&self, stamp: &Stamp) -> bool {
+        let epoch = self.table_epoch();
+        let below = |now: u64, recorded: u64| now <= recorded && now <= epoch;
+        stamp.epoch <= epoch
+            && below(self.all.load(Ordering::Acquire), stamp.all)
+            && stamp
+                .tags
+                .iter()
+                .all(|&(b, g)| below(self.slot(Field::Bucket(b)).load(Ordering::Acquire), g))
+    }
+
     /// The epoch of the table as this process knows it.
     pub(crate) fn table_epoch(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
@@ -298,6 +316,33 @@ mod tests {
             other.admits(&new),
             "an instance started after the loss agrees"
         );
+    }
+
+    #[test]
+    fn an_outlived_entry_of_a_lost_table_is_rejected_by_a_move_on_the_new_one() {
+        let table = TagTable::default();
+        table.adopt(1_000);
+        table.raise(Field::of_tag("a"), 1_200);
+        let old = table.stamp(&tags(&["a", "b"]), table.start()).unwrap();
+        assert!(table.adopt(2_000));
+        assert!(!table.admits(&old), "built under a lost table");
+        assert!(table.admits_outlived(&old), "no move known since");
+        table.raise(Field::of_tag("c-unrelated-bucket"), 2_500);
+        assert!(table.admits_outlived(&old), "another bucket");
+        table.raise(Field::of_tag("b"), 2_100);
+        assert!(
+            !table.admits_outlived(&old),
+            "its tag moved on the new table"
+        );
+        let newer = TagTable::default();
+        newer.adopt(500);
+        assert!(!newer.admits_outlived(&old), "an epoch not known here yet");
+        let all = TagTable::default();
+        all.adopt(1_000);
+        let kept = all.stamp(&tags(&["a"]), all.start()).unwrap();
+        all.adopt(2_000);
+        all.raise(Field::All, 2_001);
+        assert!(!all.admits_outlived(&kept), "everything moved");
     }
 
     #[test]

@@ -216,6 +216,22 @@ impl<T: Stored> LocalTier<T> {
         self.report();
     }
 
+    /// Drops every value for which `pred` holds. Once this returns, none of
+    /// them is returned again (moka checks the predicate on reads until its
+    /// sweep has removed them).
+    #[cfg(feature = "redis")]
+    pub(crate) fn remove_values_if(&self, pred: impl Fn(&T) -> bool + Send + Sync + 'static) {
+        let predicate = self
+            .cache
+            .invalidate_entries_if(move |_, slot| matches!(slot, Slot::Value(v) if pred(v)));
+        if predicate.is_err() {
+            // Closures are enabled in `new`; should that ever change, drop
+            // everything rather than keep one of them.
+            self.cache.invalidate_all();
+        }
+        self.report();
+    }
+
     /// Removes the key's value only if it is still `value`: a newer one
     /// stored meanwhile stays.
     #[cfg(feature = "redis")]

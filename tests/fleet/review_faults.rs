@@ -377,7 +377,6 @@ async fn graced(url: &str) -> Backend {
 /// instance per TTL (60 s here, far longer than the test): every warm key
 /// is requested through all of it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a flapping redis costs a rebuild of every warm key at each rejoin: calls grow with the flaps, not the ttl"]
 async fn a_flapping_redis_costs_at_most_one_call_per_key_per_instance_per_ttl() {
     const KEYS: usize = 5;
     const FLAPS: usize = 6;
@@ -429,6 +428,116 @@ async fn a_flapping_redis_costs_at_most_one_call_per_key_per_instance_per_ttl() 
         during <= KEYS * 2,
         "{during} origin calls for {KEYS} warm keys on 2 instances over {FLAPS} flaps"
     );
+}
+
+/// Redis restarted empty under two instances with a long grace: once
+/// they rejoined, each keeps answering what it held (Redis lost its data,
+/// and with it any purge made before the loss), with no origin call; a
+/// purge made after the rejoin, of a key or of a tag, reaches the copy
+/// kept on the other instance before it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_empty_restart_held_entries_are_kept_and_a_later_purge_reaches_them() {
+    let mut redis = RedisServer::start();
+    let origin = Origin::default();
+    let tagged = |guard: StampedeGuard| {
+        ttl(guard).tags(|req: &http::request::Parts| vec![req.uri.path().to_owned()])
+    };
+    let a = instance(graced(&redis.url()).await, &origin, Duration::ZERO, tagged);
+    let b = instance(graced(&redis.url()).await, &origin, Duration::ZERO, tagged);
+    wait_for(&[&a, &b], Status::Fleet).await;
+    let by_key = settled(&b, "/report/1").await;
+    let by_tag = settled(&b, "/report/2").await;
+    assert_eq!(
+        by_key,
+        settled(&a, "/report/1").await,
+        "one value for the fleet"
+    );
+    settled(&a, "/report/2").await;
+    let warm = origin.calls();
+
+    redis.kill();
+    wait_for(&[&a, &b], Status::Degraded).await;
+    redis.restart();
+    wait_for(&[&a, &b], Status::Fleet).await;
+    for (uri, held) in [("/report/1", &by_key), ("/report/2", &by_tag)] {
+        let answer = send(&b.app, get(uri)).await;
+        assert_eq!(
+            (answer.x_cache(), &answer.text()),
+            ("HIT", held),
+            "{uri} kept"
+        );
+    }
+    assert_eq!(origin.calls(), warm, "no origin call for what was held");
+
+    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report/1")))
+        .await
+        .expect("no hang")
+        .expect("the purge returned Ok");
+    assert_ne!(
+        send(&b.app, get("/report/1")).await.text(),
+        by_key,
+        "a key purged after the rejoin"
+    );
+    tokio::time::timeout(LIMIT, a.guard.invalidate_tag("/report/2"))
+        .await
+        .expect("no hang")
+        .expect("the purge returned Ok");
+    assert_ne!(
+        send(&b.app, get("/report/2")).await.text(),
+        by_tag,
+        "a tag purged after the rejoin"
+    );
+}
+
+/// B is cut off (its link frozen) while A purges a key B holds, and Redis
+/// then restarts empty: the purge is lost with Redis's data, and when B's
+/// link is back nothing in Redis says what it missed. With a short grace B
+/// still stops answering the purged copy once the grace ran out, and never
+/// answers it again (the limit of the poll is a hang detector).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_lost_with_redis_s_data_is_not_served_past_the_grace() {
+    let mut redis = RedisServer::start();
+    let origin = Origin::default();
+    let proxy = Proxy::start(redis.port()).await;
+    let short = |url: String| async move {
+        Backend::redis_builder(&url)
+            .deadline(Duration::from_millis(200))
+            .probe_interval(Duration::from_millis(100))
+            .outage_grace(Duration::from_secs(1))
+            .connect()
+            .await
+            .expect("redis backend")
+    };
+    let a = instance(short(redis.url()).await, &origin, Duration::ZERO, ttl);
+    let b = instance(short(proxy.url()).await, &origin, Duration::ZERO, ttl);
+    wait_for(&[&a, &b], Status::Fleet).await;
+    let held = settled(&b, "/report").await;
+    proxy.freeze();
+    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
+        .await
+        .expect("no hang")
+        .expect("the purge returned Ok");
+    redis.kill();
+    redis.restart();
+    wait_for(&[&a], Status::Fleet).await;
+    proxy.thaw();
+    let until_limit = std::time::Instant::now() + LIMIT;
+    while send(&b.app, get("/report")).await.text() == held {
+        assert!(
+            std::time::Instant::now() < until_limit,
+            "B served the purged entry past any grace"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_for(&[&b], Status::Fleet).await;
+    for _ in 0..20 {
+        assert_ne!(
+            send(&b.app, get("/report")).await.text(),
+            held,
+            "never again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A rebuilds a key for 600 s; B and C each have requests waiting for it.
@@ -916,9 +1025,17 @@ fn with_logs(name: &str, body: impl FnOnce(&Logs)) {
 /// `Degraded` (then, if `down_long`, kept down under load for longer than
 /// two keepalives), restarted until the health says `Fleet`, then up for
 /// longer than two keepalives. Returns the (WARN, INFO) outage lines
-/// logged since the instance joined, after each recovery. Served from the in-process tier (a
+/// logged since the instance joined, after each recovery, with the
+/// degraded episodes the backend counted meanwhile (`outages`). Served from the in-process tier (a
 /// grace), the requests make no Redis call.
-async fn outage_lines(logs: &Logs, down_long: bool) -> Vec<(usize, usize)> {
+///
+/// A machine too busy to answer a keepalive in time shows a real episode
+/// of its own beside the three outages; it is logged and counted like
+/// them, so the lines are checked against the backend's own count, which
+/// timing cannot set apart from them. Each is read once the episodes
+/// begun have ended (the health polled until the three agree, with a
+/// limit that only a hang reaches): an outage logged twice never agrees.
+async fn outage_lines(logs: &Logs, down_long: bool) -> Vec<(usize, usize, usize)> {
     let mut redis = RedisServer::start();
     let origin = Origin::default();
     let a = instance(graced(&redis.url()).await, &origin, Duration::ZERO, ttl);
@@ -929,10 +1046,15 @@ async fn outage_lines(logs: &Logs, down_long: bool) -> Vec<(usize, usize)> {
         logs.count(tracing::Level::WARN, "redis unreachable"),
         logs.count(tracing::Level::INFO, "redis answers again"),
     );
+    let outages = || {
+        let stats = a.backend.stats().redis.expect("connected");
+        usize::try_from(stats.outages).expect("a count")
+    };
+    let o0 = outages();
     let warns = || logs.count(tracing::Level::WARN, "redis unreachable") - w0;
     let infos = || logs.count(tracing::Level::INFO, "redis answers again") - i0;
     let mut seen = Vec::new();
-    for _ in 0..3 {
+    for round in 1..=3 {
         redis.kill();
         let until = std::time::Instant::now() + LIMIT;
         while a.backend.health().status != Status::Degraded {
@@ -950,7 +1072,22 @@ async fn outage_lines(logs: &Logs, down_long: bool) -> Vec<(usize, usize)> {
         wait_for(&[&a], Status::Fleet).await;
         // Up for longer than two keepalives: a late line would be counted.
         tokio::time::sleep(Duration::from_millis(2_500)).await;
-        seen.push((warns(), infos()));
+        let until = std::time::Instant::now() + LIMIT;
+        let lines = loop {
+            let health = a.backend.health().status;
+            let lines = (warns(), infos(), outages() - o0);
+            if health == Status::Fleet && lines.0 == lines.2 && lines.1 == lines.2 {
+                break lines;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "(WARN, INFO, outages) {lines:?}: {:#?}",
+                logs.loud()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(lines.2 >= round, "each outage is one episode at least");
+        seen.push(lines);
     }
     seen
 }
@@ -971,7 +1108,11 @@ fn runtime() -> tokio::runtime::Runtime {
 fn a_short_outage_the_health_reports_is_logged_too() {
     with_logs("a_short_outage_the_health_reports_is_logged_too", |logs| {
         let seen = runtime().block_on(outage_lines(logs, false));
-        assert_eq!(seen, [(1, 1), (2, 2), (3, 3)], "{:#?}", logs.loud());
+        assert!(
+            seen.iter().all(|&(w, i, o)| w == o && i == o),
+            "{seen:?}: {:#?}",
+            logs.loud()
+        );
     });
 }
 
@@ -981,7 +1122,11 @@ fn a_short_outage_the_health_reports_is_logged_too() {
 fn a_long_outage_logs_one_warn_and_one_info() {
     with_logs("a_long_outage_logs_one_warn_and_one_info", |logs| {
         let seen = runtime().block_on(outage_lines(logs, true));
-        assert_eq!(seen, [(1, 1), (2, 2), (3, 3)], "{:#?}", logs.loud());
+        assert!(
+            seen.iter().all(|&(w, i, o)| w == o && i == o),
+            "{seen:?}: {:#?}",
+            logs.loud()
+        );
     });
 }
 

@@ -23,8 +23,12 @@
 //! instance's membership lapsed, and this instance may serve what it held
 //! before that invalidation for at most `lease + grace` after its publish.
 //! When the subscription is back, the gap it leaves drops the in-process
-//! tier once (see [`super::notify`]), so what was missed is not served
-//! past the rejoin.
+//! tier once under the strict rule (see [`super::notify`]). With a grace,
+//! its owner is told until when the outage rule would have kept what it
+//! holds ([`Liveness::next_drop`]), and the subscription counts as live
+//! again only once the owner caught up (the invalidation table read again):
+//! what it held is dropped then if Redis kept its data, and kept no longer
+//! than that instant if Redis lost it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -107,6 +111,28 @@ impl Liveness {
             .fetch_max(self.ms(now).saturating_add(1), Ordering::AcqRel);
     }
 
+    /// When the outage rule would next drop the in-process tier if the
+    /// subscription stayed unconfirmed from now on: once the lease and the
+    /// grace ran out, or, if it was dropped since, `max(lease, grace)`
+    /// after that drop. What the tier holds when a gap ends was either
+    /// built after that drop's predecessor or lived through the outage:
+    /// this is the last instant the outage rule would have served it.
+    pub(crate) fn next_drop(&self) -> Instant {
+        let until = self.until.load(Ordering::Acquire);
+        let dropped = self.dropped.load(Ordering::Acquire);
+        let last = dropped.saturating_sub(1);
+        let at = if dropped != 0 && last >= until {
+            last.saturating_add(self.ms_lease().max(self.ms_grace()))
+        } else {
+            until.saturating_add(self.ms_grace())
+        };
+        // Past what an `Instant` holds (a grace of centuries): the rejoin
+        // keeps nothing, as if the grace had run out.
+        self.base
+            .checked_add(Duration::from_millis(at))
+            .unwrap_or(self.base)
+    }
+
     /// Whether the in-process tier must be dropped before it serves at
     /// `now`: the lease and the grace ran out and it was not dropped since,
     /// or it was dropped more than `max(lease, grace)` ago and the
@@ -155,6 +181,18 @@ mod tests {
         );
         live.confirm(lapsed + Duration::from_millis(130));
         assert!(!live.must_drop(lapsed + Duration::from_millis(200)));
+    }
+
+    #[test]
+    fn the_next_drop_is_the_lease_and_grace_or_a_period_after_the_last_drop() {
+        let live = Liveness::with_grace(Duration::from_millis(100), Duration::from_millis(1_000));
+        let t0 = live.base;
+        live.confirm(t0);
+        assert_eq!(live.next_drop(), t0 + Duration::from_millis(1_100));
+        assert!(live.must_drop(t0 + Duration::from_millis(1_200)));
+        assert_eq!(live.next_drop(), t0 + Duration::from_millis(2_200));
+        live.confirm(t0 + Duration::from_millis(3_000));
+        assert_eq!(live.next_drop(), t0 + Duration::from_millis(4_100));
     }
 
     #[test]

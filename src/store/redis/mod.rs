@@ -289,6 +289,24 @@ impl RedisTier {
         self.conns.reading(None)
     }
 
+    /// Gaps in the subscription that ended with an outage grace set (see
+    /// [`Notifier::rejoins`]).
+    pub(crate) fn rejoins(&self) -> u64 {
+        self.notifier.rejoins()
+    }
+
+    /// A read of the table that began after the first `rejoins` such gaps
+    /// was applied, and what the in-process tier held decided on: the
+    /// subscription hears everything again once its lease is confirmed.
+    pub(crate) fn caught_up(&self, rejoins: u64) {
+        self.notifier.caught_up(rejoins);
+    }
+
+    /// How long the supervisor waits before trying a failed job again.
+    pub(crate) fn probe_interval(&self) -> Duration {
+        self.conns.config.probe_interval
+    }
+
     /// Whether the subscription is between a lost link and its resubscription.
     pub(crate) fn in_gap(&self) -> bool {
         self.notifier.in_gap()
@@ -353,6 +371,11 @@ impl RedisTier {
     /// [`health`]); empty on one server or behind Sentinel.
     pub(crate) fn node_circuits(&self) -> Vec<health::NodeCircuit> {
         self.conns.health.circuits()
+    }
+
+    /// Degraded episodes since the tier connected (see [`outage`]).
+    pub(crate) fn outages(&self) -> u64 {
+        self.conns.outage.count.load(Ordering::Relaxed)
     }
 
     /// Circuits opened since the tier connected.
@@ -475,9 +498,9 @@ impl RedisTier {
         self.barrier.load_generations(fields, floor).await
     }
 
-    /// The whole invalidation table, read as a step of joining the fleet:
-    /// tried again until Redis answers or the connect timeout passes, not
-    /// once under the request deadline. Until the table is read, every
+    /// The whole invalidation table, read as a step of joining the fleet
+    /// or after a gap in the subscription: tried again until Redis answers
+    /// or the connect timeout passes, not once under the request deadline. Until the table is read, every
     /// entry rebuilt here is built under an epoch this instance does not
     /// know yet, and the read that learns it drops that entry (it is not
     /// stored, here nor in Redis): a read that misses the deadline would

@@ -111,6 +111,14 @@ pub(crate) enum Invalidated {
     /// invalidations sent meanwhile were missed, so nothing held in the
     /// process is confirmed any more.
     Everything,
+    /// The subscription is back after a gap, with an outage grace set:
+    /// invalidations sent during the gap may have been missed, so what the
+    /// process held then is no longer confirmed, but the outage rule would
+    /// have served it until this instant (see
+    /// [`Liveness::next_drop`]). Everything heard from now on reaches it as
+    /// usual. The owner of the in-process tier decides how much of it to
+    /// keep (see `engine::fleet`); it keeps nothing past this instant.
+    Rejoined(Instant),
 }
 
 /// Called with what the channel invalidated. The owner of the in-process
@@ -178,6 +186,12 @@ pub(crate) struct Notifier {
     /// Counts the link's losses and replacements: the server reached after
     /// one may be another (restarted, promoted), with other settings.
     links: AtomicU64,
+    /// Gaps that ended with an outage grace set, and how many of them the
+    /// in-process tier has caught up with (the table read again, and what
+    /// it held decided on: see [`Invalidated::Rejoined`]). Until it has,
+    /// the subscription does not count as hearing everything.
+    rejoins: AtomicU64,
+    caught_up: AtomicU64,
     /// Signalled when the subscriber lost a connection, for the tier's
     /// supervisor (a cluster subscription must then be opened again).
     pub(crate) disconnected: tokio::sync::Notify,
@@ -211,14 +225,31 @@ impl Notifier {
             ack_out: Mutex::new(Some(ack_out)),
             gap: Default::default(),
             links: AtomicU64::new(0),
+            rejoins: AtomicU64::new(0),
+            caught_up: AtomicU64::new(0),
             disconnected: tokio::sync::Notify::new(),
         }
     }
 
     /// Whether every message published until now has been heard, or will
-    /// be: no gap in the subscription, and its lease confirmed at `now`.
+    /// be: no gap in the subscription, the last one caught up with, and its
+    /// lease confirmed at `now`.
     pub(crate) fn hears_everything(&self, now: Instant) -> bool {
-        !self.in_gap() && self.liveness.is_live(now)
+        !self.in_gap()
+            && self.caught_up.load(Ordering::Acquire) >= self.rejoins.load(Ordering::Acquire)
+            && self.liveness.is_live(now)
+    }
+
+    /// How many gaps ended with an outage grace set: pass it to
+    /// [`caught_up`](Self::caught_up) once a read of the table that began
+    /// after them has been applied.
+    pub(crate) fn rejoins(&self) -> u64 {
+        self.rejoins.load(Ordering::Acquire)
+    }
+
+    /// The in-process tier caught up with the first `rejoins` gaps.
+    pub(crate) fn caught_up(&self, rejoins: u64) {
+        self.caught_up.fetch_max(rejoins, Ordering::AcqRel);
     }
 
     /// Whether the subscription may be missing messages now.
@@ -321,7 +352,7 @@ impl Notifier {
     ///
     /// With an outage grace (see [`super::liveness`]) nothing is dropped
     /// here: the grace drops it once it runs out, and the end of the gap
-    /// when the subscription is back.
+    /// leaves its owner to decide (see [`Invalidated::Rejoined`]).
     pub(crate) fn subscription_lost(&self) {
         self.heard.fetch_add(1, Ordering::AcqRel);
         self.links.fetch_add(1, Ordering::AcqRel);
@@ -393,18 +424,26 @@ impl Notifier {
             }
             // Subscribed again after a gap: whatever was invalidated
             // meanwhile was not heard (Redis's client-side caching guidance:
-            // flush on reconnection).
+            // flush on reconnection). With an outage grace, what was held
+            // may still be served as long as the outage rule allowed, no
+            // longer; its owner decides (see `Invalidated::Rejoined`).
             // (The acknowledgement channel's subscription is not the one
             // that ends the gap.)
             PushKind::Subscribe
                 if !self.is_ack_subscription(&push) && self.gap.swap(false, Ordering::AcqRel) =>
             {
-                tracing::debug!(
-                    "event channel subscribed again after a gap; the in-process tier is dropped"
-                );
                 self.heard.fetch_add(1, Ordering::AcqRel);
                 self.links.fetch_add(1, Ordering::AcqRel);
-                (self.on_invalidate)(Invalidated::Everything);
+                if self.liveness.has_grace() {
+                    tracing::debug!("event channel subscribed again after a gap");
+                    self.rejoins.fetch_add(1, Ordering::AcqRel);
+                    (self.on_invalidate)(Invalidated::Rejoined(self.liveness.next_drop()));
+                } else {
+                    tracing::debug!(
+                        "event channel subscribed again after a gap; the in-process tier is dropped"
+                    );
+                    (self.on_invalidate)(Invalidated::Everything);
+                }
                 self.wake_all();
             }
             _ => {}
