@@ -779,6 +779,7 @@ impl StampedeGuard {
         let g = apply(g, &c.forwarded_headers, Self::forwarded_headers);
         let g = apply(g, &c.namespace, Self::namespace);
         let g = apply(g, &c.respect_cache_control, Self::respect_cache_control);
+        let g = apply(g, &c.cache_control_targets, Self::cache_control_targets);
         let g = apply(g, &c.allow_credentials, Self::allow_credentials);
         let g = apply(
             g,
