@@ -508,7 +508,9 @@ impl StampedeGuard {
 
     /// Opt in to ignoring a response's `Vary`: stored under the request's
     /// key whatever it nominates (`*` too), and served to every request for
-    /// that key, whatever its values of the nominated headers.
+    /// that key, whatever its values of the nominated headers. A coded body
+    /// (`Content-Encoding`) still goes only to requests that accept its
+    /// coding as the request it was made for did.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
