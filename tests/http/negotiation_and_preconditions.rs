@@ -539,3 +539,36 @@ async fn stored_is_said_only_of_what_is_stored_with_redis() {
     let redis = crate::common::redis::RedisServer::start();
     stored_is_said_only_of_what_is_stored(redis_backend(&redis).await).await;
 }
+
+/// A body coded more times than any request could be selected by is never
+/// stored (nor said to be): each request asks the origin.
+#[tokio::test]
+async fn a_body_with_too_many_codings_is_never_stored() {
+    let origin = Origin::default();
+    let o = origin.clone();
+    let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+    let app = Router::new()
+        .route(
+            "/z",
+            get(move || {
+                let (n, _running) = o.enter();
+                async move {
+                    http::Response::builder()
+                        .header("content-encoding", "gzip, br, zstd, deflate, gzip")
+                        .body(Body::from(format!("z#{n}")))
+                        .unwrap()
+                }
+            }),
+        )
+        .layer(guard);
+    for n in 1..=3 {
+        let answer = send(&app, accepting(Some("*"))).await;
+        assert_eq!(answer.text(), format!("z#{n}"));
+        let member = answer
+            .headers
+            .get("cache-status")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        assert!(!member.contains("stored"), "{member}");
+    }
+}
