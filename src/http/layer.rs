@@ -522,7 +522,9 @@ impl StampedeGuard {
 
     /// Opt in to ignoring a response's `Vary`: stored under the request's
     /// key whatever it nominates (`*` too), and served to every request for
-    /// that key, whatever its values of the nominated headers.
+    /// that key, whatever its values of the nominated headers. A coded body
+    /// (`Content-Encoding`) still goes only to requests that accept its
+    /// coding as the request it was made for did.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
@@ -793,6 +795,7 @@ impl StampedeGuard {
         let g = apply(g, &c.forwarded_headers, Self::forwarded_headers);
         let g = apply(g, &c.namespace, Self::namespace);
         let g = apply(g, &c.respect_cache_control, Self::respect_cache_control);
+        let g = apply(g, &c.cache_control_targets, Self::cache_control_targets);
         let g = apply(g, &c.allow_credentials, Self::allow_credentials);
         let g = apply(
             g,

@@ -42,6 +42,8 @@
 //!   [`WaitTimeout`].
 //! - `vary.rs`: a response's `Vary` against the key, and the digest that
 //!   selects a URL's variants by a `Vary` learned from the response.
+//! - `coding.rs`: an entry's content codings and whether a request accepts
+//!   them: the implied `Vary` of `Content-Encoding`.
 //! - `select.rs`: the keys a request looks under in turn for its variant,
 //!   and the rebuild that stamps what it stores.
 //! - `key.rs`: `KeySettings`, [`KeyFn`] and what the route learned to key on;
@@ -65,6 +67,7 @@
 mod admit;
 mod body;
 mod cache_status;
+mod coding;
 mod flight;
 mod future;
 pub(crate) mod key;

@@ -116,8 +116,20 @@ where
         // A renewed entry keeps the tags it had.
         let kept = stale.as_ref().map(|held| held.entry().stamp().tag_set());
         let had_stale = stale.is_some();
+        // Only an entry of this request's own variant: a 304 to validators
+        // of another (another coding, other values of a learned `Vary`)
+        // would renew that one for this request's variant.
+        let covers = super::vary::Covers {
+            vary: &self.policy.keys.vary,
+            keyed: self.keyed,
+            ignore_vary: self.policy.store.ignore_vary,
+        };
+        let own = stale.as_ref().is_some_and(|held| {
+            super::vary::selects(&held.value().headers, self.request.headers(), covers)
+        });
         let stored = stale
             .map(|held| held.value().clone())
+            .filter(|_| own)
             .filter(|stored| ask_conditionally(stored, self.request.headers_mut()));
         let (policy, keyed, labels) = (self.policy.clone(), self.keyed, self.labels);
         let early = self.early.take();

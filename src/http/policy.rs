@@ -10,12 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::header::{
-    ACCEPT_ENCODING, CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, PRAGMA, SET_COOKIE,
-    TRANSFER_ENCODING, UPGRADE,
+    ACCEPT_ENCODING, CACHE_CONTROL, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, PRAGMA,
+    SET_COOKIE, TRANSFER_ENCODING, UPGRADE,
 };
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Version};
 
 use super::cache_status::Presentation;
+use super::coding::codings;
 use super::flight::FlightSettings;
 use super::key::{rewrite_class, KeySettings, Keyed, Rewrite};
 use super::passes::{Pass, PassLog};
@@ -337,6 +338,11 @@ pub(crate) fn classify(
         && ((!keyed.accept_encoding && names_in_vary(headers, &ACCEPT_ENCODING))
             || nominated(headers, &keys.vary, keyed) == Nominated::Never)
     {
+        return Verdict::Pass(Pass::Vary);
+    }
+    // Its codings select it as a `Vary` would (coding.rs): codings no
+    // request can be selected by make it one that never matches.
+    if headers.contains_key(CONTENT_ENCODING) && codings(headers).is_none() {
         return Verdict::Pass(Pass::Vary);
     }
     let mut lifetime = store.lifetime;

@@ -46,6 +46,12 @@ pub(crate) fn tag_with<B>(
 pub(crate) struct Conditions {
     /// Only the head (HEAD).
     pub head: bool,
+    /// Only if the representation is one of these (`If-Match`, every
+    /// line). Empty when it sent none.
+    pub if_match: Vec<HeaderValue>,
+    /// Only if unchanged since this date (`If-Unmodified-Since`), unless it
+    /// sent `If-Match`.
+    pub if_unmodified_since: Option<SystemTime>,
     /// Only news: the entity tags it already has (`If-None-Match`, every
     /// line). Empty when it sent none.
     pub if_none_match: Vec<HeaderValue>,
@@ -56,18 +62,45 @@ pub(crate) struct Conditions {
     pub range: Option<(HeaderValue, Option<HeaderValue>)>,
 }
 
+/// What a request's preconditions make of the answer it would get without
+/// them (RFC 9110 §13.2.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Precondition {
+    /// None failed: the answer itself.
+    Holds,
+    /// `If-None-Match` or `If-Modified-Since` says the client has it:
+    /// `304 Not Modified`.
+    NotModified,
+    /// `If-Match` or `If-Unmodified-Since` failed: `412 Precondition
+    /// Failed`.
+    Failed,
+}
+
+/// One date header line, or `None` when absent, repeated or not a date.
+fn one_date(headers: &HeaderMap, name: HeaderName) -> Option<SystemTime> {
+    let mut lines = headers.get_all(name).iter();
+    match (lines.next(), lines.next()) {
+        (Some(one), None) => http_date(one),
+        _ => None,
+    }
+}
+
 impl Conditions {
     pub(crate) fn of<B>(request: &Request<B>) -> Self {
         let method = request.method();
         let headers = request.headers();
-        // RFC 9110 §13.1.2, §13.1.3: only for GET and HEAD; If-Modified-Since
-        // is ignored next to If-None-Match, and when it is not one valid date.
+        // RFC 9110 §13.1: If-None-Match and If-Modified-Since only for GET
+        // and HEAD; If-Modified-Since is ignored next to If-None-Match,
+        // If-Unmodified-Since next to If-Match, and either date when it is
+        // not one valid date.
         let safe = method == Method::GET || method == Method::HEAD;
         // Most requests carry none of these: one pass over the names present
         // spares a lookup for each.
         let asks = headers.keys().any(|name| {
             name == header::IF_NONE_MATCH
                 || name == header::IF_MODIFIED_SINCE
+                || name == header::IF_MATCH
+                || name == header::IF_UNMODIFIED_SINCE
                 || name == header::RANGE
         });
         if !asks {
@@ -76,45 +109,118 @@ impl Conditions {
                 ..Conditions::default()
             };
         }
-        let if_none_match: Vec<HeaderValue> = match safe {
-            true => headers
-                .get_all(header::IF_NONE_MATCH)
-                .iter()
-                .cloned()
-                .collect(),
+        let lines = |name| -> Vec<HeaderValue> { headers.get_all(name).iter().cloned().collect() };
+        let if_match = lines(header::IF_MATCH);
+        let if_unmodified_since = match if_match.is_empty() {
+            true => one_date(headers, header::IF_UNMODIFIED_SINCE),
+            false => None,
+        };
+        let if_none_match = match safe {
+            true => lines(header::IF_NONE_MATCH),
             false => Vec::new(),
         };
-        let mut since = headers.get_all(header::IF_MODIFIED_SINCE).iter();
-        let if_modified_since = match (since.next(), since.next()) {
-            (Some(one), None) if safe && if_none_match.is_empty() => http_date(one),
-            _ => None,
+        let if_modified_since = match safe && if_none_match.is_empty() {
+            true => one_date(headers, header::IF_MODIFIED_SINCE),
+            false => None,
         };
         Conditions {
             head: method == Method::HEAD,
+            if_match,
+            if_unmodified_since,
             if_none_match,
             if_modified_since,
             range: range_of(headers),
         }
     }
 
-    /// Whether the client already has `cached` (RFC 9110 §13.2.2 steps 3
-    /// and 4): `If-None-Match` by weak comparison, else `If-Modified-Since`
-    /// against the stored `Last-Modified` (or `Date`, RFC 9111 §4.3.2).
-    fn not_modified(&self, cached: &CachedResponse) -> bool {
-        if cached.status != StatusCode::OK {
-            return false;
+    /// The preconditions against an answer with `status` and `headers`, in
+    /// the order of RFC 9110 §13.2.2: `If-Match` (strong comparison; `*`
+    /// holds for any representation), else `If-Unmodified-Since` against
+    /// `Last-Modified` (ignored without one); then `If-None-Match` (weak
+    /// comparison), else `If-Modified-Since` against `Last-Modified` (or
+    /// `Date`, RFC 9111 §4.3.2). An answer that is not a `2xx` ignores
+    /// them all (§13.2.1).
+    pub(crate) fn evaluate(&self, status: StatusCode, headers: &HeaderMap) -> Precondition {
+        if !status.is_success() {
+            return Precondition::Holds;
+        }
+        if !self.if_match.is_empty() {
+            if !if_match_holds(&self.if_match, headers.get(header::ETAG)) {
+                return Precondition::Failed;
+            }
+        } else if let Some(since) = self.if_unmodified_since {
+            let modified = headers.get(header::LAST_MODIFIED).and_then(http_date);
+            if modified.is_some_and(|modified| modified > since) {
+                return Precondition::Failed;
+            }
         }
         if !self.if_none_match.is_empty() {
-            return etag_matches(&self.if_none_match, cached.headers.get(header::ETAG));
+            return match etag_matches(&self.if_none_match, headers.get(header::ETAG)) {
+                true => Precondition::NotModified,
+                false => Precondition::Holds,
+            };
         }
         let Some(since) = self.if_modified_since else {
-            return false;
+            return Precondition::Holds;
         };
-        let stored = |name| cached.headers.get(name).and_then(http_date);
-        stored(header::LAST_MODIFIED)
+        let stored = |name| headers.get(name).and_then(http_date);
+        match stored(header::LAST_MODIFIED)
             .or_else(|| stored(header::DATE))
             .is_some_and(|modified| modified <= since)
+        {
+            true => Precondition::NotModified,
+            false => Precondition::Holds,
+        }
     }
+
+    /// Whether the client already has `cached` (steps 3 and 4 of RFC 9110
+    /// §13.2.2, the earlier ones holding).
+    #[cfg(test)]
+    fn not_modified(&self, cached: &CachedResponse) -> bool {
+        self.evaluate(cached.status, &cached.headers) == Precondition::NotModified
+    }
+}
+
+/// An answer that went to the request alone (not from an entry: one the
+/// cache may not share), as its preconditions make it: itself, its head as
+/// a `304`, or a `412`. The origin answered it without them, since what it
+/// asked the origin was the whole representation.
+pub(crate) fn answer_alone<B: HttpBody>(
+    policy: &Policy,
+    conditions: &Conditions,
+    mut response: Response<Body<B>>,
+) -> Response<Body<B>> {
+    let verdict = conditions.evaluate(response.status(), response.headers());
+    if verdict == Precondition::Holds {
+        return response;
+    }
+    let status_header = policy.presentation.status_header.as_ref();
+    let old = std::mem::take(response.headers_mut());
+    let not_modified = verdict == Precondition::NotModified;
+    let sized = old.contains_key(header::CONTENT_LENGTH);
+    for (name, value) in &old {
+        let kept = name == CACHE_STATUS
+            || Some(name) == status_header
+            || (not_modified && (NOT_MODIFIED_FIELDS.contains(name) || name == header::SET_COOKIE));
+        if kept {
+            response.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    match not_modified {
+        true => {
+            *response.status_mut() = StatusCode::NOT_MODIFIED;
+            *response.body_mut() = match sized {
+                true => Body::empty(),
+                false => Body::unsized_empty(),
+            };
+        }
+        false => {
+            *response.status_mut() = StatusCode::PRECONDITION_FAILED;
+            response.headers_mut().remove(header::CONTENT_LENGTH);
+            *response.body_mut() = Body::empty();
+        }
+    }
+    response
 }
 
 /// `Range` and `If-Range`, when the client sent exactly one line of each it
@@ -179,7 +285,11 @@ pub(crate) fn try_present<B: HttpBody>(
     now: Instant,
 ) -> Option<Response<Body<B>>> {
     let cached = held.value();
-    let not_modified = conditions.not_modified(cached);
+    let verdict = conditions.evaluate(cached.status, &cached.headers);
+    if verdict == Precondition::Failed {
+        return Some(precondition_failed(policy, held, status, forward, now));
+    }
+    let not_modified = verdict == Precondition::NotModified;
     let head_only = conditions.head || not_modified;
     let body = if head_only {
         // Without a stored length (a chunked body over the cap), an exact
@@ -206,11 +316,8 @@ pub(crate) fn try_present<B: HttpBody>(
         *response.status_mut() = StatusCode::NOT_MODIFIED;
     } else {
         *response.headers_mut() = cached.headers.clone();
-        // The digest that selects a variant is the layer's own (only an
-        // entry that varies has one).
-        if cached.headers.contains_key(header::VARY) {
-            response.headers_mut().remove(&super::vary::SELECTED);
-        }
+        // The digest that selects a variant is the layer's own.
+        response.headers_mut().remove(&super::vary::SELECTED);
         // An entry another guard stored (other tag headers: a config
         // rolling out across a fleet) may hold what this route's tag
         // headers are: a hit never carries them.
@@ -244,6 +351,33 @@ pub(crate) fn try_present<B: HttpBody>(
             .insert(name.clone(), status.header_value());
     }
     Some(response)
+}
+
+/// `412 Precondition Failed` for a request whose `If-Match` or
+/// `If-Unmodified-Since` the entry fails: no body, and nothing of the
+/// entry's head (its freshness is not the 412's).
+fn precondition_failed<B: HttpBody>(
+    policy: &Policy,
+    held: &Held<CachedResponse>,
+    status: CacheStatus,
+    forward: Option<Forward>,
+    now: Instant,
+) -> Response<Body<B>> {
+    let mut response = Response::new(Body::empty());
+    *response.status_mut() = StatusCode::PRECONDITION_FAILED;
+    if let Some(members) = &policy.presentation.cache_status {
+        let member = match forward {
+            None => members.hit(ttl_of(held, now)),
+            Some(forward) => members.value(&Member::Forward(forward)),
+        };
+        response.headers_mut().insert(CACHE_STATUS, member);
+    }
+    if let Some(name) = &policy.presentation.status_header {
+        response
+            .headers_mut()
+            .insert(name.clone(), status.header_value());
+    }
+    response
 }
 
 /// The answer to a request whose rebuild gave nothing to present: the
@@ -309,13 +443,12 @@ pub(crate) fn failure<B: HttpBody>(
 }
 
 /// `If-None-Match` against a stored `ETag`, by weak comparison (RFC 9110
-/// §13.1.2, §8.8.3.2): `W/"a"` matches `"a"`; `*` alone matches any tag.
-/// Commas may stand inside a tag (`"a,b"`). A line that is not a list of
-/// entity tags, or a stored `ETag` that is not one, never matches.
+/// §13.1.2, §8.8.3.2): `W/"a"` matches `"a"`; `*` alone matches any
+/// representation, with a tag or without. Commas may stand inside a tag
+/// (`"a,b"`). A line that is not a list of entity tags, or a stored `ETag`
+/// that is not one, never matches.
 fn etag_matches(if_none_match: &[HeaderValue], etag: Option<&HeaderValue>) -> bool {
-    let Some(stored) = etag.and_then(|e| single_etag(e.as_bytes())) else {
-        return false;
-    };
+    let stored = etag.and_then(|e| single_etag(e.as_bytes()));
     let mut matched = false;
     for line in if_none_match {
         let line = line.as_bytes().trim_ascii();
@@ -324,17 +457,43 @@ fn etag_matches(if_none_match: &[HeaderValue], etag: Option<&HeaderValue>) -> bo
             continue;
         }
         match etag_list(line) {
-            Some(tags) => matched |= tags.contains(&stored),
+            Some(tags) => {
+                matched |= stored.is_some_and(|(_, ours)| tags.iter().any(|(_, t)| *t == ours))
+            }
             None => return false,
         }
     }
     matched
 }
 
-/// The opaque part of one entity tag, its weakness dropped (weak
-/// comparison), from `input`; and what follows it.
-fn entity_tag(input: &[u8]) -> Option<(&[u8], &[u8])> {
-    let input = input.strip_prefix(b"W/").unwrap_or(input);
+/// `If-Match` against a stored `ETag`, by strong comparison (RFC 9110
+/// §13.1.1): neither tag weak, the same opaque part; `*` holds for any
+/// representation. A line that is not a list of entity tags fails it.
+fn if_match_holds(if_match: &[HeaderValue], etag: Option<&HeaderValue>) -> bool {
+    let stored = etag.and_then(|e| single_etag(e.as_bytes()));
+    let mut holds = false;
+    for line in if_match {
+        let line = line.as_bytes().trim_ascii();
+        if line == b"*" {
+            holds = true;
+            continue;
+        }
+        let Some(tags) = etag_list(line) else {
+            return false;
+        };
+        holds |=
+            stored.is_some_and(|(weak, ours)| !weak && tags.iter().any(|(w, t)| !*w && *t == ours));
+    }
+    holds
+}
+
+/// One entity tag from `input`: whether it is weak, its opaque part, and
+/// what follows it.
+fn entity_tag(input: &[u8]) -> Option<(bool, &[u8], &[u8])> {
+    let (weak, input) = match input.strip_prefix(b"W/") {
+        Some(rest) => (true, rest),
+        None => (false, input),
+    };
     let rest = input.strip_prefix(b"\"")?;
     let end = rest.iter().position(|&b| b == b'"')?;
     let opaque = &rest[..end];
@@ -345,19 +504,19 @@ fn entity_tag(input: &[u8]) -> Option<(&[u8], &[u8])> {
     {
         return None;
     }
-    Some((opaque, &rest[end + 1..]))
+    Some((weak, opaque, &rest[end + 1..]))
 }
 
-/// A stored `ETag`: exactly one entity tag.
-fn single_etag(value: &[u8]) -> Option<&[u8]> {
+/// A stored `ETag`: exactly one entity tag (its weakness, its opaque part).
+fn single_etag(value: &[u8]) -> Option<(bool, &[u8])> {
     match entity_tag(value.trim_ascii())? {
-        (opaque, b"") => Some(opaque),
+        (weak, opaque, b"") => Some((weak, opaque)),
         _ => None,
     }
 }
 
 /// `1#entity-tag`, empty elements allowed; `None` if malformed.
-fn etag_list(mut line: &[u8]) -> Option<Vec<&[u8]>> {
+fn etag_list(mut line: &[u8]) -> Option<Vec<(bool, &[u8])>> {
     let mut tags = Vec::new();
     loop {
         line = line.trim_ascii_start();
@@ -368,8 +527,8 @@ fn etag_list(mut line: &[u8]) -> Option<Vec<&[u8]>> {
         if line.is_empty() {
             break;
         }
-        let (tag, rest) = entity_tag(line)?;
-        tags.push(tag);
+        let (weak, tag, rest) = entity_tag(line)?;
+        tags.push((weak, tag));
         line = rest.trim_ascii_start();
         if !line.is_empty() && !line.starts_with(b",") {
             return None;
@@ -438,7 +597,8 @@ mod tests {
         assert!(matches(&[r#""""#], r#""""#));
         assert!(!matches(&[r#""x""#], "x"));
         assert!(!matches(&[r#""x""#], r#""x", "y""#));
-        assert!(!etag_matches(&inm(&["*"]), None));
+        // `*` holds for any representation, with a tag or without.
+        assert!(etag_matches(&inm(&["*"]), None));
     }
 
     fn cached(headers: &[(&'static str, &'static str)]) -> CachedResponse {

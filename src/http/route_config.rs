@@ -86,6 +86,12 @@ pub struct RouteConfig {
     pub namespace: Option<String>,
     /// See [`StampedeGuard::respect_cache_control`].
     pub respect_cache_control: Option<bool>,
+    /// See [`StampedeGuard::cache_control_targets`]: targeted field names
+    /// (RFC 9213), in order of precedence; `[]` reads `Cache-Control`
+    /// alone. On load each must be a valid header name, none may be
+    /// `cache-control` itself, and none may be listed twice.
+    #[cfg_attr(feature = "serde", serde(with = "serde_impl::targets"))]
+    pub cache_control_targets: Option<Vec<HeaderName>>,
     /// See [`StampedeGuard::allow_credentials`].
     pub allow_credentials: Option<bool>,
     /// See [`StampedeGuard::respect_request_cache_control`].
@@ -217,6 +223,42 @@ mod serde_impl {
                 .serialize(s)
         }
     }
+
+    /// Targeted cache-control field names: valid names, each once, and
+    /// never `cache-control` itself (which is not a targeted field: read
+    /// as one, its directives would be taken for the deployment's own).
+    pub(super) mod targets {
+        use super::*;
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Vec<HeaderName>>, D::Error> {
+            let Some(names) = header_names::deserialize(d)? else {
+                return Ok(None);
+            };
+            for (i, name) in names.iter().enumerate() {
+                if name == http::header::CACHE_CONTROL {
+                    return Err(D::Error::custom(
+                        "\"cache-control\" is not a targeted cache-control field (RFC 9213); name the deployment's own, such as \"cdn-cache-control\"",
+                    ));
+                }
+                if names[..i].contains(name) {
+                    return Err(D::Error::custom(format!(
+                        "{:?} is listed twice in cache_control_targets",
+                        name.as_str()
+                    )));
+                }
+            }
+            Ok(Some(names))
+        }
+
+        pub fn serialize<S: Serializer>(
+            v: &Option<Vec<HeaderName>>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            header_names::serialize(v, s)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -249,6 +291,7 @@ mod tests {
         config.vary = Some(vec![http::header::ACCEPT_LANGUAGE]);
         config.forwarded_headers = Some(vec![]);
         config.respect_cache_control = Some(true);
+        config.cache_control_targets = Some(vec![HeaderName::from_static("acme-cache-control")]);
         config.allow_credentials = Some(true);
         config.respect_request_cache_control = Some(true);
         config.strip_set_cookie = Some(true);
@@ -286,6 +329,10 @@ mod tests {
         );
         assert!(p.store.cache_private && p.store.ignore_vary && !p.store.invalidate_on_unsafe);
         assert!(p.store.respect_request_cache_control);
+        assert_eq!(
+            &*p.store.cache_control_targets,
+            &[HeaderName::from_static("acme-cache-control")]
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 //! requests of one variant share one origin call.
 
 use bytes::Buf;
+use http::header::VARY;
 use http::{HeaderMap, Request, Response};
 use http_body::Body as HttpBody;
 use tower_service::Service;
@@ -19,7 +20,7 @@ use super::key::Keyed;
 use super::origin::Origin;
 use super::policy::Policy;
 use super::response::CachedResponse;
-use super::vary::{nominated, selection, selects, stamp, variant_slot, Nominated};
+use super::vary::{selection, selector, selects, stamp, variant_slot, Covers};
 use crate::engine::{Built, Held, Overtaken, Rebuild};
 use crate::key::Key;
 
@@ -35,38 +36,46 @@ pub(crate) enum Lane {
 }
 
 impl Lane {
-    /// The lane after this one, and its key, for a request whose nominated
-    /// values (of `stored`'s `Vary`) are `request`'s; `None` after the last,
-    /// or when `stored` nominates nothing that selects.
+    /// The lane after this one, and its key, for a request whose values of
+    /// what selects `stored` (its learned `Vary`, its codings) are
+    /// `request`'s; `None` after the last, or when nothing can select
+    /// `stored`.
     pub(crate) fn next(
         self,
         primary: &Key,
         stored: &HeaderMap,
         request: &HeaderMap,
-        origin_keys: (&[http::HeaderName], Keyed),
+        covers: Covers<'_>,
     ) -> Option<(Lane, Key)> {
-        let Nominated::Learned(names) = nominated(stored, origin_keys.0, origin_keys.1) else {
-            return None;
-        };
-        let digest = selection(request, &names);
+        let selector = selector(stored, covers)?;
+        let digest = selection(request, &selector);
         match self {
-            Lane::Primary => Some((Lane::Slot, variant_slot(primary, &names, &digest, false))),
-            Lane::Slot => Some((Lane::Exact, variant_slot(primary, &names, &digest, true))),
+            Lane::Primary => Some((Lane::Slot, variant_slot(primary, &selector, &digest, false))),
+            Lane::Slot => Some((Lane::Exact, variant_slot(primary, &selector, &digest, true))),
             Lane::Exact => None,
         }
     }
 }
 
+/// What `policy`'s route keys on, its key made as `keyed` says.
+pub(crate) fn covers(policy: &Policy, keyed: Keyed) -> Covers<'_> {
+    Covers {
+        vary: &policy.keys.vary,
+        keyed,
+        ignore_vary: policy.store.ignore_vary,
+    }
+}
+
 /// Whether an entry with `stored` headers may answer a request with
 /// `request` headers on `policy`'s route, its key made as `keyed` says (on
-/// a route that ignores `Vary`, any).
+/// a route that ignores `Vary`, any the request accepts the coding of).
 pub(crate) fn selected(
     policy: &Policy,
     stored: &HeaderMap,
     request: &HeaderMap,
     keyed: Keyed,
 ) -> bool {
-    policy.store.ignore_vary || selects(stored, request, &policy.keys.vary, keyed)
+    selects(stored, request, covers(policy, keyed))
 }
 
 /// Where an origin the engine did not run is handed back: it gave the
@@ -132,21 +141,49 @@ where
     ) -> Admitted<ResBody, S::Error> {
         // It runs: nothing comes back, and whoever waits for it knows now.
         drop(self.back.take());
-        let Some(origin) = self.origin.take() else {
+        let Some(mut origin) = self.origin.take() else {
             return Built::Failed {
                 shared: None,
                 private: None,
                 answer: None,
             };
         };
+        // Nothing of this lane is stored: its starter is answered from the
+        // entry once the flight has it, whose status says so, rather than
+        // from a head streamed before the lane's rule was applied.
+        if self.lane == Lane::Exact {
+            origin.early = None;
+        }
         let request = origin.request.headers().clone();
         let (policy, keyed) = (origin.policy.clone(), origin.keyed);
         let mut built = origin.rebuild(stale, overtaken).await;
-        if let (Built::Value { value, store, .. }, false) = (&mut built, policy.store.ignore_vary) {
-            let selectable = stamp(&mut value.headers, &request, &policy.keys.vary, keyed);
-            if !selectable || self.lane == Lane::Exact {
-                *store = false;
+        match &mut built {
+            Built::Value { value, store, .. } => {
+                let selectable = stamp(&mut value.headers, &request, covers(&policy, keyed));
+                if !selectable || self.lane == Lane::Exact {
+                    *store = false;
+                }
             }
+            // The origin's answer to a failure stands in for it on the
+            // fleet's failure backoff: stamped like an entry, it answers
+            // only requests of its variant there, and the others take
+            // their variant's own lane. A status-only answer carries the
+            // `Vary` of the response it stands for.
+            Built::Failed {
+                answer: Some(answer),
+                private,
+                ..
+            } => {
+                if let Some(Private::Response(response)) = private
+                    && !answer.headers.contains_key(VARY)
+                {
+                    for value in response.headers().get_all(VARY) {
+                        answer.headers.append(VARY, value.clone());
+                    }
+                }
+                stamp(&mut answer.headers, &request, covers(&policy, keyed));
+            }
+            _ => {}
         }
         built
     }

@@ -28,11 +28,11 @@ use super::passes::Pass;
 use super::policy::{admission, Admission, Policy};
 use super::respond::{self, failure, present, tag_with, try_present, Conditions};
 use super::response::CachedResponse;
-use super::select::{selected, Back, Lane, Selecting};
+use super::select::{covers, selected, Back, Lane, Selecting};
 use super::unsafe_methods::{invalidate, is_unsafe, Targets};
 use super::upgrades::{is_handshake, strip_upgrade, Ask, Probe};
 use crate::backend::Backend;
-use crate::engine::{Answer, Engine, Looked, Miss};
+use crate::engine::{Answer, Engine, Held, Looked, Miss};
 use crate::key::Key;
 use crate::metrics::Labels;
 
@@ -506,6 +506,30 @@ where
     if let Ok(response) = streamed.try_recv() {
         return Ok(response);
     }
+    // The origin's answer to a failure of another variant (the fleet's
+    // failure backoff, or a flight this request waited on) is not this
+    // request's to have: its own variant's lane answers it.
+    let foreign = match &answer {
+        Answer::Failed(failed, status) => failed
+            .answer
+            .clone()
+            .and_then(Held::<CachedResponse>::new)
+            .map(|held| held.value().headers.clone())
+            .filter(|stored| !selects(stored))
+            .map(|stored| (stored, *status)),
+        _ => None,
+    };
+    if let Some((stored, status)) = foreign {
+        drop(answer);
+        return match unrun.await.ok() {
+            Some(origin) => next_lane(engine, conditions, origin, primary, lane, stored).await,
+            None => Ok(failure(
+                &policy,
+                crate::engine::FailureKind::Error,
+                status.into(),
+            )),
+        };
+    }
     match answer {
         Answer::Shared(served, rebuild) if !selects(&served.held.value().headers) => {
             let stored = served.held.value().headers.clone();
@@ -591,7 +615,11 @@ where
             }
             Ok(response)
         }
-        Answer::Private(Private::Response(response)) => Ok(response),
+        // The origin's answer for this request alone, to the whole GET:
+        // its own preconditions still apply.
+        Answer::Private(Private::Response(response)) => {
+            Ok(respond::answer_alone(&policy, &conditions, response))
+        }
         Answer::Private(Private::Error(error)) => Err(error),
         Answer::Private(Private::Headers(_)) => Ok(failure(
             &policy,
@@ -640,8 +668,9 @@ where
 {
     Box::pin(async move {
         let policy = origin.policy.clone();
-        let keys = (&policy.keys.vary[..], origin.keyed);
-        let Some((lane, key)) = lane.next(&primary, &stored, origin.request.headers(), keys) else {
+        let covers = covers(&policy, origin.keyed);
+        let Some((lane, key)) = lane.next(&primary, &stored, origin.request.headers(), covers)
+        else {
             crate::metrics::count(crate::metrics::ORIGIN_CALLS, origin.labels);
             return origin.alone().await;
         };

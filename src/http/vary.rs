@@ -17,10 +17,16 @@
 //! variant, shared with the requests of that variant, and not stored. So a
 //! URL holds at most `1 + SLOTS` entries however many values clients send,
 //! and each variant costs one origin call per flight, never one per request.
+//!
+//! An entry's `Content-Encoding` selects the same way, as an implied `Vary`
+//! on whether the request accepts each of its codings (coding.rs), even on
+//! a route that ignores `Vary`: a coded body reaches only requests that
+//! accept, refuse or leave unstated its codings as its maker's did.
 
-use http::header::{ACCEPT_ENCODING, VARY};
+use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, VARY};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use super::coding::{acceptance, accepts_identity, codings};
 use super::key::Keyed;
 use crate::key::{Key, KeyHasher};
 
@@ -95,13 +101,56 @@ pub(crate) fn names_in_vary(headers: &HeaderMap, header: &HeaderName) -> bool {
         .any(|name| name.trim().eq_ignore_ascii_case(header.as_str()))
 }
 
-/// The digest of a request's values of `names` (sorted): for each, whether
-/// it is present, and its lines combined into one list with the whitespace
-/// around its members removed (RFC 9111 §4.1: `1, 2`, `1,2` and two lines
-/// `1` and `2` are one value). Absent differs from empty.
-pub(crate) fn selection(request: &HeaderMap, names: &[HeaderName]) -> Key {
-    let mut h = KeyHasher::new(b"sel1");
-    for name in names {
+/// What a route's key covers of a response's `Vary`: its `vary` list,
+/// `Accept-Encoding` as `keyed` says, or all of it (`ignore_vary`).
+#[derive(Clone, Copy)]
+pub(crate) struct Covers<'a> {
+    pub vary: &'a [HeaderName],
+    pub keyed: Keyed,
+    pub ignore_vary: bool,
+}
+
+/// What selects an entry beyond its key: the headers its `Vary` nominates
+/// that the key does not cover, and its content codings (coding.rs).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Selector {
+    names: Vec<HeaderName>,
+    /// Empty for an unencoded body (identity).
+    codings: Vec<String>,
+}
+
+impl Selector {
+    /// Nothing but identity: an entry any request that accepts an
+    /// unencoded body may have, with no digest.
+    fn plain(&self) -> bool {
+        self.names.is_empty() && self.codings.is_empty()
+    }
+}
+
+/// What selects an entry with `stored` headers, or `None` when nothing
+/// can (`Vary: *` and its kin, too many codings).
+pub(crate) fn selector(stored: &HeaderMap, covers: Covers<'_>) -> Option<Selector> {
+    let names = match covers.ignore_vary {
+        true => Vec::new(),
+        false => match nominated(stored, covers.vary, covers.keyed) {
+            Nominated::Covered => Vec::new(),
+            Nominated::Learned(names) => names,
+            Nominated::Never => return None,
+        },
+    };
+    let codings = codings(stored)?;
+    Some(Selector { names, codings })
+}
+
+/// The digest of a request's values of what `selector` names: for each
+/// header, whether it is present, and its lines combined into one list
+/// with the whitespace around its members removed (RFC 9111 §4.1: `1, 2`,
+/// `1,2` and two lines `1` and `2` are one value; absent differs from
+/// empty); then, for each coding (identity for none), whether the request
+/// accepts it, refuses it or says nothing.
+pub(crate) fn selection(request: &HeaderMap, selector: &Selector) -> Key {
+    let mut h = KeyHasher::new(b"sel2");
+    for name in &selector.names {
         h.part(name.as_str().as_bytes());
         let mut lines = request.get_all(name).iter().peekable();
         if lines.peek().is_none() {
@@ -119,67 +168,75 @@ pub(crate) fn selection(request: &HeaderMap, names: &[HeaderName]) -> Key {
         }
         h.part(&combined);
     }
+    h.part(b"\x00codings");
+    let identity = ["identity".to_owned()];
+    let codings = match selector.codings.is_empty() {
+        true => &identity[..],
+        false => &selector.codings[..],
+    };
+    for coding in codings {
+        h.part(coding.as_bytes());
+        h.part(&[acceptance(request, coding).byte()]);
+    }
     h.finish()
 }
 
 /// Whether an entry with `stored` headers may answer a request with
-/// `request` headers under a key made with `vary` and `keyed`: it varies on
-/// nothing the key does not cover, or it was made by a request with the
-/// same nominated values.
-pub(crate) fn selects(
-    stored: &HeaderMap,
-    request: &HeaderMap,
-    vary: &[HeaderName],
-    keyed: Keyed,
-) -> bool {
-    // Most entries vary on nothing: one lookup.
-    if !stored.contains_key(VARY) {
-        return true;
+/// `request` headers under a key that `covers` what it covers: it varies
+/// on nothing the key does not cover and is unencoded, and the request
+/// accepts an unencoded body; or it carries the digest of a request that
+/// is the same as this one in everything its selector names.
+pub(crate) fn selects(stored: &HeaderMap, request: &HeaderMap, covers: Covers<'_>) -> bool {
+    let digest = stored.get(&SELECTED);
+    // Most entries vary on nothing and are unencoded: three lookups.
+    if digest.is_none() && !stored.contains_key(VARY) && !stored.contains_key(CONTENT_ENCODING) {
+        return accepts_identity(request);
     }
-    match nominated(stored, vary, keyed) {
-        Nominated::Covered => true,
-        Nominated::Never => false,
-        Nominated::Learned(names) => stored.get(&SELECTED).is_some_and(|digest| {
-            digest.as_bytes() == selection(request, &names).to_string().as_bytes()
-        }),
+    let Some(selector) = selector(stored, covers) else {
+        return false;
+    };
+    match digest {
+        Some(digest) => digest.as_bytes() == selection(request, &selector).to_string().as_bytes(),
+        // Without a stamp (an origin's own is dropped), only a plain one.
+        None => selector.plain() && accepts_identity(request),
     }
 }
 
 /// Stamps an entry about to be stored with the digest of its request's
-/// values of the headers it nominates (and drops any the origin sent);
-/// `false` when it nominates headers it cannot be selected by.
-pub(crate) fn stamp(
-    stored: &mut HeaderMap,
-    request: &HeaderMap,
-    vary: &[HeaderName],
-    keyed: Keyed,
-) -> bool {
+/// values of what selects it (and drops any the origin sent); an entry a
+/// plain request made (nothing learned, unencoded) needs none. `false`
+/// when nothing can select it.
+pub(crate) fn stamp(stored: &mut HeaderMap, request: &HeaderMap, covers: Covers<'_>) -> bool {
     stored.remove(&SELECTED);
-    match nominated(stored, vary, keyed) {
-        Nominated::Covered => true,
-        Nominated::Never => false,
-        Nominated::Learned(names) => {
-            let digest = selection(request, &names).to_string();
-            match HeaderValue::from_str(&digest) {
-                Ok(value) => {
-                    stored.insert(SELECTED.clone(), value);
-                    true
-                }
-                Err(_) => false,
-            }
+    let Some(selector) = selector(stored, covers) else {
+        return false;
+    };
+    if selector.plain() && accepts_identity(request) {
+        return true;
+    }
+    let digest = selection(request, &selector).to_string();
+    match HeaderValue::from_str(&digest) {
+        Ok(value) => {
+            stored.insert(SELECTED.clone(), value);
+            true
         }
+        Err(_) => false,
     }
 }
 
 /// Where a request that the URL's own entry does not select looks next:
 /// the slot of its variant among the URL's [`SLOTS`] (`exact` false), or
 /// its variant's own key (`exact`), whose answers are never stored.
-pub(crate) fn variant_slot(primary: &Key, names: &[HeaderName], digest: &Key, exact: bool) -> Key {
+pub(crate) fn variant_slot(primary: &Key, selector: &Selector, digest: &Key, exact: bool) -> Key {
     let mut h = KeyHasher::new(b"h3slot");
     h.part(primary.as_bytes());
-    h.count(names.len());
-    for name in names {
+    h.count(selector.names.len());
+    for name in &selector.names {
         h.part(name.as_str().as_bytes());
+    }
+    h.count(selector.codings.len());
+    for coding in &selector.codings {
+        h.part(coding.as_bytes());
     }
     if exact {
         h.part(b"\x00exact");
@@ -241,9 +298,22 @@ mod tests {
         );
     }
 
+    const COVERS: Covers<'static> = Covers {
+        vary: &[],
+        keyed: PLAIN,
+        ignore_vary: false,
+    };
+
+    fn foo_selector() -> Selector {
+        Selector {
+            names: vec![HeaderName::from_static("foo")],
+            codings: Vec::new(),
+        }
+    }
+
     #[test]
     fn values_match_across_lines_and_whitespace() {
-        let names = [HeaderName::from_static("foo")];
+        let names = foo_selector();
         let one = selection(&map(&[("foo", "1, 2")]), &names);
         assert_eq!(one, selection(&map(&[("foo", "1"), ("foo", "2")]), &names));
         assert_eq!(one, selection(&map(&[("foo", " 1,2 ")]), &names));
@@ -257,17 +327,53 @@ mod tests {
     #[test]
     fn a_stamped_entry_selects_only_its_own_values() {
         let mut stored = map(&[("vary", "Foo")]);
-        assert!(stamp(&mut stored, &map(&[("foo", "1")]), &[], PLAIN));
-        assert!(selects(&stored, &map(&[("foo", "1")]), &[], PLAIN));
-        assert!(!selects(&stored, &map(&[("foo", "2")]), &[], PLAIN));
-        assert!(!selects(&stored, &map(&[]), &[], PLAIN));
+        assert!(stamp(&mut stored, &map(&[("foo", "1")]), COVERS));
+        assert!(selects(&stored, &map(&[("foo", "1")]), COVERS));
+        assert!(!selects(&stored, &map(&[("foo", "2")]), COVERS));
+        assert!(!selects(&stored, &map(&[]), COVERS));
         // Without a stamp (an origin's own, dropped), nothing.
         let mut forged = map(&[("vary", "Foo")]);
         forged.insert(SELECTED.clone(), HeaderValue::from_static("x"));
-        assert!(!selects(&forged, &map(&[("foo", "1")]), &[], PLAIN));
+        assert!(!selects(&forged, &map(&[("foo", "1")]), COVERS));
         let mut star = map(&[("vary", "*")]);
-        assert!(!stamp(&mut star, &map(&[]), &[], PLAIN));
-        assert!(!selects(&star, &map(&[]), &[], PLAIN));
-        assert!(selects(&map(&[]), &map(&[("foo", "1")]), &[], PLAIN));
+        assert!(!stamp(&mut star, &map(&[]), COVERS));
+        assert!(!selects(&star, &map(&[]), COVERS));
+        assert!(selects(&map(&[]), &map(&[("foo", "1")]), COVERS));
+    }
+
+    #[test]
+    fn a_coded_entry_selects_requests_that_take_its_coding_alike() {
+        let gzip = map(&[("content-encoding", "gzip")]);
+        let ae = |v: &'static str| map(&[("accept-encoding", v)]);
+        let mut stored = gzip.clone();
+        assert!(stamp(&mut stored, &ae("gzip, br"), COVERS));
+        assert!(selects(&stored, &ae("br, gzip;q=0.5, zstd"), COVERS));
+        for other in ["br", "identity", "gzip;q=0", "*;q=0", ""] {
+            assert!(!selects(&stored, &ae(other), COVERS), "{other}");
+        }
+        assert!(!selects(&stored, &map(&[]), COVERS), "no Accept-Encoding");
+        // Unstamped, a coded entry selects nobody; ignoring `Vary` does
+        // not change that.
+        assert!(!selects(&gzip, &ae("gzip"), COVERS));
+        let ignoring = Covers {
+            ignore_vary: true,
+            ..COVERS
+        };
+        assert!(!selects(&stored, &ae("br"), ignoring));
+        // What the origin coded for a client that sent nothing serves
+        // such clients.
+        let mut for_none = gzip.clone();
+        assert!(stamp(&mut for_none, &map(&[]), COVERS));
+        assert!(selects(&for_none, &map(&[]), COVERS));
+        // An unencoded entry serves all but a request refusing identity.
+        let mut plain = map(&[]);
+        assert!(stamp(&mut plain, &ae("gzip"), COVERS));
+        assert!(!plain.contains_key(&SELECTED));
+        assert!(selects(&plain, &map(&[]), COVERS));
+        assert!(!selects(&plain, &ae("identity;q=0, gzip"), COVERS));
+        let mut refused = map(&[]);
+        assert!(stamp(&mut refused, &ae("identity;q=0, gzip"), COVERS));
+        assert!(selects(&refused, &ae("gzip, *;q=0"), COVERS));
+        assert!(!selects(&refused, &ae("gzip"), COVERS));
     }
 }

@@ -26,6 +26,7 @@ mod key_poisoning;
 mod keys;
 mod learned_vary;
 mod memory;
+mod negotiation_and_preconditions;
 mod numbers;
 mod one_client_answers;
 mod over_cap_readers;

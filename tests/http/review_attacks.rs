@@ -734,10 +734,10 @@ async fn a_refused_client_does_not_turn_coalescing_off_for_everyone() {
     );
 }
 
-/// `/report` on `backend`: `500` (with `Vary: x-mode`) for a request that
-/// carries `x-mode`, `v<call>` for any other.
-#[cfg(feature = "redis")]
-fn fails_for_x_mode(backend: Backend, origin: &Origin) -> Router {
+/// `/report` on `backend`: `500` (with `Vary: x-mode`, and `no-store` when
+/// `no_store`: an answer the cache keeps only its status and `Vary` of) for
+/// a request that carries `x-mode`, `v<call>` for any other.
+fn fails_for_x_mode(backend: Backend, origin: &Origin, no_store: bool) -> Router {
     let origin = origin.clone();
     let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(600));
     Router::new().route(
@@ -747,43 +747,35 @@ fn fails_for_x_mode(backend: Backend, origin: &Origin) -> Router {
             async move {
                 let (n, _running) = origin.enter();
                 if headers.contains_key("x-mode") {
+                    let cc = if no_store { "no-store" } else { "public" };
                     return (
                         StatusCode::INTERNAL_SERVER_ERROR,
-                        [("vary", "x-mode")],
+                        [("vary", "x-mode"), ("cache-control", cc)],
                         "x-mode not supported".to_owned(),
                     );
                 }
-                (StatusCode::OK, [("x-n", "0")], format!("v{n}"))
+                (
+                    StatusCode::OK,
+                    [("x-n", "0"), ("x-mode-seen", "no")],
+                    format!("v{n}"),
+                )
             }
         })
         .layer(guard),
     )
 }
 
-/// A fleet of two on a real redis-server. One client's requests carry a
-/// header the handler fails on (its `500` says `Vary: x-mode`); each of its
-/// failures leaves the key's failure marker, whose backoff doubles, and
-/// during it every instance answers every request for the key with the
-/// failure, without asking the origin. After a few such requests (one per
-/// backoff, here until the origin has failed five times), plain requests on
-/// the other instance, which the origin would answer `200`, get `5xx`.
-#[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a 5xx the client's own header caused starts a fleet-wide failure backoff: other clients on other instances get 5xx"]
-async fn one_clients_failure_never_answers_other_clients_on_the_fleet() {
-    use crate::common::fleet::backend_at;
-    use crate::common::redis::RedisServer;
-    let redis = RedisServer::start();
-    let origin = Origin::default();
-    let mut addrs = Vec::new();
-    for _ in 0..2 {
-        let backend = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
-        addrs.push(serve(fails_for_x_mode(backend, &origin)).await);
-    }
+/// One client's requests carry a header the handler fails on (its `500`
+/// says `Vary: x-mode`). On a fleet each of its failures leaves the key's
+/// failure marker, whose backoff doubles, and during it every instance
+/// answers the key's requests with the failure without asking the origin:
+/// but only requests of the failure's own variant. After a few such
+/// requests (one per backoff, until the origin has failed five times),
+/// plain requests on the other instance, which the origin answers `200`,
+/// get `200`, from one origin call for all ten.
+async fn one_clients_failure_never_answers_other_clients(addrs: [SocketAddr; 2], origin: &Origin) {
     const BROKEN: &str =
         "GET /report HTTP/1.1\r\nHost: a.test\r\nX-Mode: broken\r\nConnection: close\r\n\r\n";
-    // One request each time the backoff lets one through (the others are
-    // answered with the failure, by the layer): the backoff doubles.
     let mut attacker_requests = 0;
     for _ in 0..2000 {
         if origin.calls() >= 5 {
@@ -800,14 +792,108 @@ async fn one_clients_failure_never_answers_other_clients_on_the_fleet() {
         statuses.push(raw(addrs[1], PLAIN).await.0);
     }
     let failed = statuses.iter().filter(|s| **s >= 500).count();
+    let calls = origin.calls() - after_attack;
     eprintln!(
-        "{attacker_requests} requests with x-mode ({after_attack} reached the origin); then 10 plain on the other instance: {statuses:?}, {} origin calls",
-        origin.calls() - after_attack
+        "{attacker_requests} requests with x-mode ({after_attack} reached the origin); then 10 plain on the other instance: {statuses:?}, {calls} origin calls"
     );
     assert_eq!(
         failed, 0,
         "{failed} of 10 plain requests on another instance got the failure another client's header caused"
     );
+    assert_eq!(calls, 1, "the plain variant is stored once");
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_clients_failure_never_answers_other_clients_on_the_fleet() {
+    use crate::common::fleet::backend_at;
+    use crate::common::redis::RedisServer;
+    for no_store in [false, true] {
+        let redis = RedisServer::start();
+        let origin = Origin::default();
+        let mut addrs = Vec::new();
+        for _ in 0..2 {
+            let backend = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
+            addrs.push(serve(fails_for_x_mode(backend, &origin, no_store)).await);
+        }
+        one_clients_failure_never_answers_other_clients([addrs[0], addrs[1]], &origin).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_clients_failure_never_answers_other_clients_embedded() {
+    for no_store in [false, true] {
+        let origin = Origin::default();
+        let addr = serve(fails_for_x_mode(Backend::local(), &origin, no_store)).await;
+        one_clients_failure_never_answers_other_clients([addr, addr], &origin).await;
+    }
+}
+
+/// The same failure (`500`, `Vary: x-mode`, `no-store`) on the request that
+/// started a rebuild, with twenty plain requests waiting on it: none of
+/// them gets it; their own variant is asked once for all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unstored_failure_the_starters_header_caused_never_reaches_the_waiters() {
+    const BROKEN: &str =
+        "GET /report HTTP/1.1\r\nHost: a.test\r\nX-Mode: broken\r\nConnection: close\r\n\r\n";
+    let origin = Origin::default();
+    let gate = Arc::new(Semaphore::new(0));
+    let app = {
+        let (origin, gate) = (origin.clone(), gate.clone());
+        let guard = StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(600));
+        Router::new().route(
+            "/report",
+            get(move |headers: HeaderMap| {
+                let (origin, gate) = (origin.clone(), gate.clone());
+                async move {
+                    let (n, _running) = origin.enter();
+                    gate.acquire().await.expect("gate").forget();
+                    if headers.contains_key("x-mode") {
+                        return (
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            [("vary", "x-mode"), ("cache-control", "no-store")],
+                            "x-mode not supported".to_owned(),
+                        );
+                    }
+                    (
+                        StatusCode::OK,
+                        [("x-n", "0"), ("x-mode-seen", "no")],
+                        format!("v{n}"),
+                    )
+                }
+            })
+            .layer(guard),
+        )
+    };
+    let addr = serve(app).await;
+    let starter = tokio::spawn(async move { raw(addr, BROKEN).await });
+    for _ in 0..2000 {
+        if origin.calls() >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let waiters: Vec<_> = (0..20)
+        .map(|_| tokio::spawn(async move { raw(addr, PLAIN).await }))
+        .collect();
+    // Let them all join the flight before it answers.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.add_permits(10_000);
+    assert_eq!(starter.await.unwrap().0, 500);
+    let mut statuses = Vec::new();
+    for w in waiters {
+        statuses.push(w.await.unwrap().0);
+    }
+    let failed = statuses.iter().filter(|s| **s >= 500).count();
+    eprintln!(
+        "an unstored failure of the starter's variant: waiters {statuses:?}, {} origin calls",
+        origin.calls()
+    );
+    assert_eq!(
+        failed, 0,
+        "{failed} of 20 waiters got the starter's failure"
+    );
+    assert!(origin.calls() <= 2, "{} origin calls", origin.calls());
 }
 
 /// `/report` counted by `origin` (answers `v<call>`), and `/secret`

@@ -34,6 +34,7 @@ fn every_field_deserialises_and_round_trips() {
             "forwarded_headers": [],
             "namespace": "shop",
             "respect_cache_control": true,
+            "cache_control_targets": ["Acme-Cache-Control", "cdn-cache-control"],
             "allow_credentials": false,
             "strip_set_cookie": true,
             "cache_private": false,
@@ -59,6 +60,13 @@ fn every_field_deserialises_and_round_trips() {
     assert_eq!(config.forwarded_headers, Some(Vec::<HeaderName>::new()));
     assert_eq!(config.namespace.as_deref(), Some("shop"));
     assert_eq!(config.invalidate_on_unsafe, Some(false));
+    assert_eq!(
+        config.cache_control_targets,
+        Some(vec![
+            HeaderName::from_static("acme-cache-control"),
+            HeaderName::from_static("cdn-cache-control")
+        ])
+    );
 
     let written = serde_json::to_string(&config).expect("serialises");
     assert_eq!(parse(&written).expect("reads back"), config, "{written}");
@@ -116,6 +124,18 @@ fn mistakes_are_rejected_with_a_message_that_names_them() {
             "bad:name",
         ),
         (r#"{ "max_body_bytes": -1 }"#, "-1"),
+        (
+            r#"{ "cache_control_targets": ["acme cache control"] }"#,
+            "\"acme cache control\" is not a valid header name",
+        ),
+        (
+            r#"{ "cache_control_targets": ["Cache-Control"] }"#,
+            "\"cache-control\" is not a targeted cache-control field",
+        ),
+        (
+            r#"{ "cache_control_targets": ["a-cache-control", "A-Cache-Control"] }"#,
+            "\"a-cache-control\" is listed twice",
+        ),
         // The same knob twice is a mistake, not "the last one wins".
         (r#"{ "ttl": "1s", "ttl": "1h" }"#, "duplicate field `ttl`"),
         // A duration past what a u64 of seconds holds.
@@ -224,4 +244,54 @@ async fn absurd_configured_durations_serve_without_overflow() {
     assert_eq!(send(&app, with_language("en")).await.text(), "en #1");
     assert_eq!(send(&app, with_language("en")).await.text(), "en #1");
     assert_eq!(origin.calls(), 1);
+}
+
+/// A targeted field named in the configuration speaks for the cache: with
+/// the origin's freshness respected, `Acme-Cache-Control: max-age=600`
+/// beside `Cache-Control: no-store` is stored; on the default targets it
+/// is not.
+#[tokio::test]
+async fn a_configured_cache_control_target_governs_a_real_layer() {
+    let make = |origin: &Origin, config: &RouteConfig| {
+        let origin = origin.clone();
+        let guard = StampedeGuard::new(Backend::local())
+            .ttl(Duration::from_secs(60))
+            .with_config(config);
+        Router::new().route(
+            "/report",
+            get(move || {
+                let origin = origin.clone();
+                async move {
+                    let (n, _running) = origin.enter();
+                    (
+                        [
+                            ("cache-control", "no-store"),
+                            ("acme-cache-control", "max-age=600"),
+                        ],
+                        format!("v{n}"),
+                    )
+                }
+            })
+            .layer(guard),
+        )
+    };
+    let targeted = parse(
+        r#"{ "respect_cache_control": true, "cache_control_targets": ["acme-cache-control"] }"#,
+    )
+    .unwrap();
+    let origin = Origin::default();
+    let app = make(&origin, &targeted);
+    for _ in 0..3 {
+        assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+    }
+    assert_eq!(origin.calls(), 1);
+    let default_origin = Origin::default();
+    let app = make(
+        &default_origin,
+        &parse(r#"{ "respect_cache_control": true }"#).unwrap(),
+    );
+    for _ in 0..3 {
+        send(&app, get_req("/report")).await;
+    }
+    assert_eq!(default_origin.calls(), 3);
 }
