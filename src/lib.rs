@@ -98,6 +98,7 @@
 //! - `serde` (opt-in): `Deserialize` for `RedisConfig` and
 //!   [`RouteConfig`], durations in human form.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
