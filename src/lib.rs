@@ -111,6 +111,7 @@ mod http;
 mod key;
 mod lock;
 pub mod metrics;
+mod random;
 mod store;
 
 pub use crate::http::{BoxError, SharedBodyError};

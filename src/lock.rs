@@ -135,7 +135,7 @@ impl LockOwner {
     #[must_use]
     pub fn new() -> Self {
         LockOwner {
-            token: format!("{:032x}", rand::random::<u128>()),
+            token: format!("{:032x}", crate::random::unguessable_u128()),
         }
     }
 }
