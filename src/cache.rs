@@ -225,6 +225,7 @@ impl<V: CacheValue> Cache<V> {
     /// use stampede_guard::{Backend, Cache};
     /// let prices: Cache<String> = Cache::new(Backend::local()).route_name("fx-rates");
     /// ```
+    #[must_use]
     pub fn route_name(self, name: impl Into<String>) -> Self {
         let name = name.into();
         self.with(|s| {
@@ -391,6 +392,7 @@ pub enum RebuildError<E> {
 
 impl<E> RebuildError<E> {
     /// The rebuild's own error, if it returned one.
+    #[must_use]
     pub fn error(&self) -> Option<&Arc<E>> {
         match self {
             RebuildError::Failed(error) => Some(error),

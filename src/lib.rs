@@ -101,6 +101,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![warn(clippy::return_self_not_must_use)]
 
 mod backend;
 mod cache;

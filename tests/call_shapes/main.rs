@@ -2,7 +2,8 @@
 //! with closures, async closures, boxed futures and `fn` items, inside
 //! `tokio::spawn`; the layer on axum handlers and routes, nested routers,
 //! a `ServiceBuilder` and a hyper service. Each runs on the embedded
-//! backend and counts its origin calls.
+//! backend and counts its origin calls. And the first error a user of the
+//! default features meets with a TLS URL names the feature it needs.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -310,4 +311,27 @@ async fn a_hyper_service() {
         assert_eq!(&body[..], b"hyper 1");
     }
     assert_eq!(calls.count(), 1);
+}
+
+/// A `rediss://` URL in a build without TLS fails at once, as a settings
+/// error that names the feature to turn on (the default features; run by
+/// scripts/test in that build).
+#[cfg(all(feature = "redis", not(feature = "redis-tls")))]
+#[tokio::test]
+async fn a_rediss_url_without_the_tls_feature_names_it() {
+    for url in [
+        "rediss://127.0.0.1:1/",
+        "rediss-sentinel://127.0.0.1:1/primary",
+    ] {
+        let error = Backend::redis(url).await.expect_err("no TLS in this build");
+        assert_eq!(
+            error.kind(),
+            stampede_guard::ErrorKind::InvalidConfig,
+            "{url}"
+        );
+        assert!(
+            error.to_string().contains("`redis-tls` feature"),
+            "{url}: {error}"
+        );
+    }
 }
