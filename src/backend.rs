@@ -115,6 +115,7 @@ impl Backend {
     }
 
     /// The L1's bound in bytes.
+    #[must_use]
     pub fn l1_max_bytes(&self) -> u64 {
         self.engine.l1().max_bytes()
     }
@@ -237,6 +238,7 @@ impl Backend {
     /// # #[cfg(feature = "redis")]
     /// assert!(health.redis.is_none());
     /// ```
+    #[must_use]
     pub fn health(&self) -> Health {
         match self.engine.fleet.standing() {
             Standing::Embedded => Health {
@@ -379,6 +381,7 @@ impl Backend {
     }
 
     /// Counters and state, for diagnostics.
+    #[must_use]
     pub fn stats(&self) -> BackendStats {
         BackendStats {
             l1_bytes: self.l1_weighted_size(),

@@ -225,6 +225,7 @@ impl<V: CacheValue> Cache<V> {
     /// use stampede_guard::{Backend, Cache};
     /// let prices: Cache<String> = Cache::new(Backend::local()).route_name("fx-rates");
     /// ```
+    #[must_use]
     pub fn route_name(self, name: impl Into<String>) -> Self {
         let name = name.into();
         self.with(|s| {
@@ -259,49 +260,57 @@ impl<V: CacheValue> Cache<V> {
     /// If `rebuild` panics, the caller that started it panics with the same
     /// payload, as it would without the cache; the callers waiting for it get
     /// [`RebuildError::Panicked`].
-    pub async fn get_or_rebuild<F, Fut, E>(
+    pub fn get_or_rebuild<F, Fut, E>(
         &self,
         key: impl AsRef<[u8]>,
         rebuild: F,
-    ) -> Result<V, RebuildError<E>>
+    ) -> impl Future<Output = Result<V, RebuildError<E>>> + Send
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: Send + Sync + 'static,
     {
+        // The future owns what it uses (the key, a handle on the engine, the
+        // policy) and declares itself `Send`: callers never depend on how the
+        // compiler judges the borrows inside it, so it is `Send` for every
+        // lifetime, as `tokio::spawn` asks, whatever future `rebuild` returns.
         let key = self.key(key.as_ref());
-        let engine = &self.backend.engine;
+        let engine = Arc::clone(&self.backend.engine);
         let policy = self.flight();
         let closure = Closure {
             rebuild,
             lifetime: self.settings.lifetime,
             _types: PhantomData,
         };
-        let miss = match engine.lookup::<V>(key, &policy, Instant::now()) {
-            Looked::Hit { held, refresh, .. } => {
-                if let Some(refresh) = refresh {
-                    engine.refresh(refresh, policy, closure);
+        async move {
+            let miss = match engine.lookup::<V>(key, &policy, Instant::now()) {
+                Looked::Hit { held, refresh, .. } => {
+                    if let Some(refresh) = refresh {
+                        engine.refresh(refresh, policy, closure);
+                    }
+                    return Ok(held.value().clone());
                 }
-                return Ok(held.value().clone());
+                Looked::Miss(miss) => miss,
+            };
+            match engine.resolve(miss, policy, closure).await {
+                Answer::Served(served) | Answer::Shared(served, _) => {
+                    Ok(served.held.value().clone())
+                }
+                Answer::Private(error) => Err(RebuildError::Failed(error)),
+                Answer::Failed(failure, _) => Err(match failure.kind {
+                    FailureKind::Panic => RebuildError::Panicked,
+                    FailureKind::Timeout | FailureKind::WaitTimeout => RebuildError::TimedOut,
+                    FailureKind::Error => match failure.error.map(|e| e.downcast::<E>()) {
+                        Some(Ok(error)) => RebuildError::Failed(error),
+                        // Another call site's error type, under the same key.
+                        _ => RebuildError::Other,
+                    },
+                }),
+                Answer::Alone(closure) => (closure.rebuild)()
+                    .await
+                    .map_err(|e| RebuildError::Failed(Arc::new(e))),
+                Answer::Panicked(payload) => std::panic::resume_unwind(payload),
             }
-            Looked::Miss(miss) => miss,
-        };
-        match engine.resolve(miss, policy, closure).await {
-            Answer::Served(served) | Answer::Shared(served, _) => Ok(served.held.value().clone()),
-            Answer::Private(error) => Err(RebuildError::Failed(error)),
-            Answer::Failed(failure, _) => Err(match failure.kind {
-                FailureKind::Panic => RebuildError::Panicked,
-                FailureKind::Timeout | FailureKind::WaitTimeout => RebuildError::TimedOut,
-                FailureKind::Error => match failure.error.map(|e| e.downcast::<E>()) {
-                    Some(Ok(error)) => RebuildError::Failed(error),
-                    // Another call site's error type, under the same key.
-                    _ => RebuildError::Other,
-                },
-            }),
-            Answer::Alone(closure) => (closure.rebuild)()
-                .await
-                .map_err(|e| RebuildError::Failed(Arc::new(e))),
-            Answer::Panicked(payload) => std::panic::resume_unwind(payload),
         }
     }
 
@@ -383,6 +392,7 @@ pub enum RebuildError<E> {
 
 impl<E> RebuildError<E> {
     /// The rebuild's own error, if it returned one.
+    #[must_use]
     pub fn error(&self) -> Option<&Arc<E>> {
         match self {
             RebuildError::Failed(error) => Some(error),

@@ -57,6 +57,7 @@ pub enum ErrorKind {
 
 impl Error {
     /// What kind of failure this is.
+    #[must_use]
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }

@@ -58,12 +58,14 @@ impl Key {
     }
 
     /// The raw digest.
+    #[must_use]
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.id
     }
 
     /// The key of this key's group: for a response, its URL, shared by
     /// every variant; for a generic cache value, the key itself.
+    #[must_use]
     pub fn group(&self) -> Key {
         Key {
             id: self.group,
@@ -83,6 +85,7 @@ impl Key {
 
     /// Parses the 32 lowercase hex digits that `Display` writes. The key is
     /// its own group (the digits do not say which group a variant is of).
+    #[must_use]
     pub fn from_hex(hex: &str) -> Option<Key> {
         let hex = hex.as_bytes();
         if hex.len() != 32 {

@@ -98,8 +98,10 @@
 //! - `serde` (opt-in): `Deserialize` for `RedisConfig` and
 //!   [`RouteConfig`], durations in human form.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![warn(clippy::return_self_not_must_use)]
 
 mod backend;
 mod cache;
@@ -110,6 +112,7 @@ mod http;
 mod key;
 mod lock;
 pub mod metrics;
+mod random;
 mod store;
 
 pub use crate::http::{BoxError, SharedBodyError};

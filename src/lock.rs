@@ -150,7 +150,7 @@ impl LockOwner {
     #[must_use]
     pub fn new() -> Self {
         LockOwner {
-            token: format!("{:032x}", rand::random::<u128>()),
+            token: format!("{:032x}", crate::random::unguessable_u128()),
         }
     }
 }
@@ -243,6 +243,7 @@ impl Lock {
     /// command connection until the replicas answer: keep `timeout` short.
     /// On Redis Cluster the replicas are those of the lock's own shard.
     /// On the embedded backend it has no effect.
+    #[must_use]
     pub fn synced(mut self, replicas: u32, timeout: Duration) -> Self {
         self.synced = (replicas > 0).then_some((replicas, timeout.min(MAX_DELTA)));
         self

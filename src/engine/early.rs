@@ -59,7 +59,7 @@ pub(crate) fn due(
 
 /// One draw in (0, 1].
 pub(crate) fn draw() -> f64 {
-    1.0 - rand::random::<f64>()
+    1.0 - crate::random::unit()
 }
 
 #[cfg(test)]

@@ -299,7 +299,7 @@ pub(crate) fn wait_deadline(policy: &FlightPolicy, now: Instant) -> Option<Insta
 
 /// A wait budget less up to a tenth of it, at random.
 fn spread(budget: Duration) -> Duration {
-    budget.saturating_sub((budget / 10).mul_f64(rand::random::<f64>()))
+    budget.saturating_sub((budget / 10).mul_f64(crate::random::unit()))
 }
 
 #[cfg(test)]

@@ -309,6 +309,7 @@ impl StampedeGuard {
     ///     Some(format!("{}:{}", tenant, req.uri.path()))
     /// });
     /// ```
+    #[must_use]
     pub fn key_fn<F>(self, key_fn: F) -> Self
     where
         F: Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
@@ -694,6 +695,7 @@ impl StampedeGuard {
     /// });
     /// # let _ = guard;
     /// ```
+    #[must_use]
     pub fn tags<F>(self, tag_fn: F) -> Self
     where
         F: Fn(&http::request::Parts) -> Vec<String> + Send + Sync + 'static,
@@ -708,6 +710,7 @@ impl StampedeGuard {
     /// not text never hide the other tags of their line); an answer with
     /// tags in more than 256 of the
     /// 4096 tag buckets is served but not stored.
+    #[must_use]
     pub fn tag_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let headers: Arc<[HeaderName]> = headers.into_iter().collect();
         self.with(|p| p.tags.headers = headers)
@@ -716,6 +719,7 @@ impl StampedeGuard {
     /// Leave the tag headers on the answer of the request that rebuilt the
     /// entry (default: removed, as a CDN removes `Surrogate-Key`). They are
     /// never stored, so hits never carry them.
+    #[must_use]
     pub fn expose_tag_headers(self, on: bool) -> Self {
         self.with(|p| p.tags.expose = on)
     }
@@ -814,6 +818,7 @@ impl StampedeGuard {
     }
 
     /// The backend this guard runs on.
+    #[must_use]
     pub fn backend(&self) -> &Backend {
         &self.backend
     }

@@ -76,7 +76,7 @@ pub(crate) fn spill_cap(max_body_bytes: usize, declared: Option<u64>) -> u64 {
     declared.map_or(cap, |d| d.min(cap))
 }
 
-type Ids<V> = HashMap<u64, V, foldhash::fast::RandomState>;
+type Ids<V> = HashMap<u64, V, rapidhash::fast::RandomState>;
 
 /// How far the filling task got.
 enum End {

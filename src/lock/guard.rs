@@ -51,12 +51,14 @@ impl LockGuard {
     /// The fencing number of this acquisition: larger than that of every
     /// earlier acquisition of the lock (a reentrant hold shares the first
     /// hold's number).
+    #[must_use]
     pub fn fencing_token(&self) -> FencingToken {
         self.fence
     }
 
     /// How many holds the owner had when this guard was made (1 unless
     /// reentrant).
+    #[must_use]
     pub fn holds(&self) -> u64 {
         self.holds
     }
@@ -65,6 +67,7 @@ impl LockGuard {
     /// renewal was confirmed within the lease's validity (counted from when
     /// it was sent, less a margin), or [`max_hold`](Lock::max_hold) passed.
     /// Another owner may hold the lock now or very soon.
+    #[must_use]
     pub fn is_lost(&self) -> bool {
         #[cfg(feature = "redis")]
         if let Some(renewer) = &self.renewer {

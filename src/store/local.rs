@@ -90,7 +90,7 @@ impl<T: Stored> Expiry<Key, Slot<T>> for SlotExpiry {
 /// How the L1 hashes its keys. A key is already a BLAKE3 digest, so
 /// SipHash's strength buys nothing here; a randomly seeded fast hash keeps
 /// the table's layout unknowable from outside all the same.
-type KeyHash = foldhash::fast::RandomState;
+type KeyHash = rapidhash::fast::RandomState;
 
 /// The byte-bounded L1.
 pub(crate) struct LocalTier<T> {

@@ -37,7 +37,7 @@ impl SpillFile {
                 ".stampede-guard-spill-{}-{}-{:016x}",
                 std::process::id(),
                 NEXT.fetch_add(1, Ordering::Relaxed),
-                rand::random::<u64>()
+                crate::random::unguessable_u64()
             );
             let path = dir.join(name);
             match std::fs::OpenOptions::new()

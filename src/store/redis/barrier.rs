@@ -171,7 +171,7 @@ impl Barrier {
     /// instance that has not acknowledged by then has stopped trusting
     /// anything it read before the message.
     pub(crate) async fn invalidate(&self, key: &Key) -> Result<(), TierError> {
-        let nonce = rand::random::<u64>();
+        let nonce = crate::random::unguessable_u64();
         let mut acks = self.notifier.acks.expect(nonce);
         let _forget = self.notifier.acks.forget_when_dropped(nonce);
         let until = std::time::Instant::now() + self.conns.config.deadline * INVALIDATE_TRIES;
@@ -220,7 +220,7 @@ impl Barrier {
         let [_, _, route, ..] = self.conns.keys.entry(key);
         self.conns
             .call(&route)
-            .run(|conn| self.invalidate_script(conn, key, rand::random()))
+            .run(|conn| self.invalidate_script(conn, key, crate::random::unguessable_u64()))
             .await?;
         self.pending.forget(key);
         Ok(())
@@ -234,7 +234,7 @@ impl Barrier {
                 .conns
                 .call(&route)
                 .owed()
-                .run(|conn| self.invalidate_script(conn, &key, rand::random()))
+                .run(|conn| self.invalidate_script(conn, &key, crate::random::unguessable_u64()))
                 .await;
             if tried.is_ok() {
                 self.pending.forget(&key);
@@ -274,7 +274,7 @@ impl Barrier {
         field: Field,
         here: impl FnOnce(u64),
     ) -> Result<(), TierError> {
-        let nonce = rand::random::<u64>();
+        let nonce = crate::random::unguessable_u64();
         let mut acks = self.notifier.acks.expect(nonce);
         let _forget = self.notifier.acks.forget_when_dropped(nonce);
         let until = std::time::Instant::now() + self.conns.config.deadline * BUMP_TRIES;
@@ -419,7 +419,7 @@ impl Barrier {
                 Some(generation) if generation >= epoch => loaded.push((field, generation)),
                 _ => {
                     tracing::warn!(field = ?field, "unreadable generation in redis; invalidating its tags");
-                    let nonce = rand::random();
+                    let nonce = crate::random::unguessable_u64();
                     let (generation, _) = self
                         .conns
                         .call(&table)

@@ -32,6 +32,15 @@ pub(crate) fn client_as(
     user: Option<&str>,
     password: Option<&str>,
 ) -> Result<Client, RedisError> {
+    // Without TLS compiled in, the client's own error would name its own
+    // feature, not the one to turn on here.
+    #[cfg(not(feature = "redis-tls"))]
+    if url
+        .get(..7)
+        .is_some_and(|s| s.eq_ignore_ascii_case("rediss:"))
+    {
+        return Err(no_tls());
+    }
     let info = url.into_connection_info()?;
     // RESP3 lets the subscriber receive pushes on a connection that the
     // client reconnects and resubscribes by itself.
@@ -85,7 +94,8 @@ pub(super) fn certificates(tls: &TlsPem) -> redis::TlsCertificates {
 pub(super) fn no_tls() -> RedisError {
     RedisError::from((
         redis::ErrorKind::InvalidClientConfig,
-        "TLS support is not compiled in (enable the `redis-tls` feature)",
+        "TLS support is not compiled in",
+        "a rediss:// URL needs stampede-guard's `redis-tls` feature".to_owned(),
     ))
 }
 
@@ -94,12 +104,19 @@ pub(super) fn no_tls() -> RedisError {
 /// installs one. Without one, the Redis client's rustls would panic while
 /// building its configuration; this says what to do instead, as a settings
 /// error, before anything is sent.
+#[cfg(feature = "redis-tls")]
 pub(super) fn require_crypto_provider() -> Result<(), RedisError> {
-    #[cfg(feature = "redis-tls")]
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        return Err(no_crypto_provider());
+    match rustls::crypto::CryptoProvider::get_default() {
+        Some(_) => Ok(()),
+        None => Err(no_crypto_provider()),
     }
-    Ok(())
+}
+
+/// Without TLS compiled in, no TLS link can be made: the error names the
+/// feature to turn on.
+#[cfg(not(feature = "redis-tls"))]
+pub(super) fn require_crypto_provider() -> Result<(), RedisError> {
+    Err(no_tls())
 }
 
 #[cfg(feature = "redis-tls")]

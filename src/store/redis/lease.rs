@@ -67,7 +67,7 @@ impl Lease {
     /// owner token stored in Redis, its SHA-1: a client that reads the
     /// lease key cannot tell the secret the commit's wake-up reveals.
     pub(crate) fn new_secret() -> (String, String) {
-        let secret = format!("{:032x}", rand::random::<u128>());
+        let secret = format!("{:032x}", crate::random::unguessable_u128());
         let token = super::carried::token_of(&secret);
         (secret, token)
     }

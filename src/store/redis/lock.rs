@@ -40,7 +40,7 @@ pub(crate) enum Attempt {
 /// A random attempt id: names one acquisition attempt in the lock's hash, so
 /// the attempt can be answered again or undone without counting twice.
 pub(crate) fn new_attempt() -> String {
-    format!("{:016x}", rand::random::<u64>())
+    format!("{:016x}", crate::random::unguessable_u64())
 }
 
 /// The lock protocol of one tier.

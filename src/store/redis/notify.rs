@@ -217,7 +217,7 @@ impl Notifier {
             slots: Mutex::new(HashMap::new()),
             heard: AtomicU64::new(0),
             on_invalidate,
-            instance: format!("{:016x}", rand::random::<u64>()),
+            instance: format!("{:016x}", crate::random::unguessable_u64()),
             stats: WakeStats::default(),
             liveness: Liveness::with_grace(lease, grace),
             acks: Acks::default(),
