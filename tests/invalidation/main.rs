@@ -9,6 +9,7 @@ mod common;
 mod acks;
 mod acks_in_redis;
 mod burst_faults;
+mod by_url;
 mod foreign_bytes;
 mod membership;
 mod membership_lost;
