@@ -138,6 +138,25 @@ impl Backend {
         Self::redis_builder(url).connect().await
     }
 
+    /// A backend on the server an application's own [`redis::Client`]
+    /// connects to, with the default settings. See
+    /// [`RedisBackendBuilder::from_client`] to change them.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), stampede_guard::Error> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    /// let backend = stampede_guard::Backend::redis_from_client(&client).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisBackendBuilder::connect`].
+    #[cfg(feature = "redis")]
+    pub async fn redis_from_client(client: &redis::Client) -> Result<Self, Error> {
+        RedisBackendBuilder::from_client(client).connect().await
+    }
+
     /// Settings for a Redis-backed backend: an L1 in each process in front of
     /// a Redis shared by the fleet, which holds the entries, the rebuild
     /// leases and the wake-up channel.
@@ -519,6 +538,9 @@ pub struct RedisBackendBuilder {
     topology: Option<Topology>,
     /// TLS material given in memory (files in `config.tls` add to it).
     tls: TlsPem,
+    /// Why the settings handed over (an application's client) cannot be
+    /// used: reported by `connect`.
+    unusable: Option<String>,
 }
 
 #[cfg(feature = "redis")]
@@ -530,6 +552,54 @@ impl RedisBackendBuilder {
             config,
             topology: None,
             tls: TlsPem::default(),
+            unusable: None,
+        }
+    }
+
+    /// A builder on the server an application's own [`redis::Client`]
+    /// connects to: its address, database, user name and password (the
+    /// `redis` crate of the same major version as this crate's). The
+    /// backend opens connections of its own (it needs a subscriber, and
+    /// deadlines of its own), as the client would.
+    ///
+    /// ```
+    /// use stampede_guard::RedisBackendBuilder;
+    ///
+    /// let client = redis::Client::open("redis://cache:secret@127.0.0.1:6379/2").unwrap();
+    /// // `.connect().await` connects.
+    /// let builder = RedisBackendBuilder::from_client(&client).prefix("shop");
+    /// ```
+    ///
+    /// A `rediss://` client built with certificates in memory cannot hand
+    /// them over: [`connect`](Self::connect) then fails with
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig); give
+    /// them with [`tls_ca_pem`](Self::tls_ca_pem) and
+    /// [`tls_client_pem`](Self::tls_client_pem) on a builder made from a
+    /// URL instead.
+    #[must_use]
+    pub fn from_client(client: &redis::Client) -> Self {
+        Self::from_connection_info(client.get_connection_info())
+    }
+
+    /// A builder on the server `info` names, as
+    /// [`from_client`](Self::from_client) does (settings the application
+    /// already parsed or assembled).
+    ///
+    /// ```
+    /// use redis::IntoConnectionInfo;
+    /// use stampede_guard::RedisBackendBuilder;
+    ///
+    /// let info = "redis://127.0.0.1:6379".into_connection_info().unwrap();
+    /// let builder = RedisBackendBuilder::from_connection_info(&info);
+    /// ```
+    #[must_use]
+    pub fn from_connection_info(info: &redis::ConnectionInfo) -> Self {
+        match crate::store::redis::config::url_of(info) {
+            Ok(url) => Self::from_config(RedisConfig::new(url)),
+            Err(why) => RedisBackendBuilder {
+                unusable: Some(why),
+                ..Self::from_config(RedisConfig::default())
+            },
         }
     }
 
@@ -749,6 +819,12 @@ impl RedisBackendBuilder {
     /// [`Connect`](crate::ErrorKind::Connect) or
     /// [`Timeout`](crate::ErrorKind::Timeout) when it cannot be reached.
     pub async fn connect(self) -> Result<Backend, Error> {
+        if let Some(why) = self.unusable {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("could not set up Redis from the application's client: {why}"),
+            ));
+        }
         let config = self.config;
         let shown = redact(&config.url);
         let setup = |message: String| {

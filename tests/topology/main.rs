@@ -17,6 +17,7 @@ mod cluster_promises;
 mod cluster_replaced_primary;
 mod cluster_timeouts;
 mod cluster_two_bad_shards;
+mod from_client;
 mod sentinel;
 mod sentinel_auth;
 mod sentinel_faults;
