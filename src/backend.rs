@@ -411,6 +411,7 @@ impl Backend {
 
 /// A backend's readiness, from [`Backend::health`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Health {
     /// What the backend protects now.
@@ -422,6 +423,8 @@ pub struct Health {
 
 /// What a backend protects now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum Status {
     /// The embedded backend: this process, by design.
@@ -439,6 +442,7 @@ pub enum Status {
 /// The Redis tier's state, in [`Health`].
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct RedisHealth {
     /// Whether the backend has connected to Redis (false while it connects
@@ -456,6 +460,8 @@ pub struct RedisHealth {
 /// The state of a Redis backend's circuit breakers, in [`RedisHealth`].
 #[cfg(feature = "redis")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum Breaker {
     /// Calls go to Redis.
@@ -471,6 +477,7 @@ pub enum Breaker {
 
 /// A snapshot of a backend's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct BackendStats {
     /// Bytes held by the in-process tier.
@@ -483,6 +490,7 @@ pub struct BackendStats {
 /// Counters of the Redis tier.
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct RedisStats {
     /// False while a circuit breaker is open (Redis failing; serving from

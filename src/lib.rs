@@ -96,7 +96,10 @@
 //!   with [`ErrorKind::InvalidConfig`].
 //! - `redis-cluster` (opt-in): Redis Cluster.
 //! - `serde` (opt-in): `Deserialize` for `RedisConfig` and
-//!   [`RouteConfig`], durations in human form.
+//!   [`RouteConfig`], durations in human form; `Serialize` for the stats
+//!   and the readiness answer.
+//! - `admin` (opt-in): `Admin`, an axum router for operators (purges,
+//!   stats, readiness), mounted behind the application's own auth.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -112,6 +115,8 @@ mod lock;
 pub mod metrics;
 mod store;
 
+#[cfg(feature = "admin")]
+pub use crate::http::Admin;
 pub use crate::http::{BoxError, SharedBodyError};
 pub use crate::http::{
     GuardBody, GuardService, KeyFn, ResponseFuture, RouteConfig, StampedeGuard, WaitTimeout,

@@ -28,6 +28,8 @@
 //! - `unsafe_methods.rs`: what a successful unsafe method invalidates.
 //! - `respond.rs`: an entry as a response (`HEAD`, `304`, ranges, `Age`), and
 //!   the layer's own answers (a failure, a wait timeout).
+//! - `admin.rs`: [`Admin`] (feature `admin`), the operators' router over
+//!   the layer's purges and the backend's stats and readiness.
 //! - `labels.rs`: a request's metric labels (the route's name, never its
 //!   path).
 //!
@@ -62,6 +64,8 @@
 //! - `rfc/`: parsers of what the RFCs define (`Cache-Control`, structured
 //!   fields, URI references, the key's forms of request headers).
 
+#[cfg(feature = "admin")]
+mod admin;
 mod admit;
 mod body;
 mod cache_status;
@@ -89,6 +93,8 @@ mod upgrades;
 mod vary;
 
 #[doc(inline)]
+#[cfg(feature = "admin")]
+pub use admin::Admin;
 pub use body::{BoxError, GuardBody, SharedBodyError};
 #[doc(inline)]
 pub use flight::WaitTimeout;
