@@ -741,7 +741,9 @@ impl StampedeGuard {
 
     /// This guard with every field `config` sets applied, through the method
     /// of the same name (so with the same bounds); fields left out keep this
-    /// guard's settings.
+    /// guard's settings. A config read with serde was validated; one built
+    /// in code is clamped as the methods clamp, unless
+    /// [`RouteConfig::validate`] refused it first.
     ///
     /// ```
     /// use std::time::Duration;
@@ -788,6 +790,14 @@ impl StampedeGuard {
         let g = apply(g, &c.strip_set_cookie, Self::strip_set_cookie);
         let g = apply(g, &c.cache_private, Self::cache_private);
         let g = apply(g, &c.ignore_vary, Self::ignore_vary);
+        let g = apply(g, &c.refresh_ahead, |g, r| {
+            g.refresh_ahead(r.multiple, r.floor)
+        });
+        let g = apply(g, &c.route_name, Self::route_name);
+        let g = apply(g, &c.cache_status, Self::cache_status);
+        let g = apply(g, &c.cache_status_name, Self::cache_status_name);
+        let g = apply(g, &c.tag_headers, Self::tag_headers);
+        let g = apply(g, &c.expose_tag_headers, Self::expose_tag_headers);
         apply(g, &c.invalidate_on_unsafe, Self::invalidate_on_unsafe)
     }
 
