@@ -119,8 +119,8 @@ mod store;
 pub use crate::http::Admin;
 pub use crate::http::{BoxError, SharedBodyError};
 pub use crate::http::{
-    GuardBody, GuardService, KeyFn, RefreshAhead, ResponseFuture, RouteConfig, RouteConfigError,
-    StampedeGuard, WaitTimeout,
+    GuardBody, GuardService, KeyFn, RefreshAheadConfig, ResponseFuture, RouteConfig,
+    RouteConfigError, StampedeGuard, WaitTimeout,
 };
 
 /// The old name of [`GuardBody`], kept for one release.

@@ -104,6 +104,6 @@ pub use future::ResponseFuture;
 pub use key::KeyFn;
 #[doc(inline)]
 pub use layer::StampedeGuard;
-pub use route_config::{RefreshAhead, RouteConfig, RouteConfigError};
+pub use route_config::{RefreshAheadConfig, RouteConfig, RouteConfigError};
 #[doc(inline)]
 pub use service::GuardService;

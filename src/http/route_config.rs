@@ -109,7 +109,7 @@ pub struct RouteConfig {
     pub invalidate_on_unsafe: Option<bool>,
     /// See [`StampedeGuard::refresh_ahead`]: `{ "multiple": 2.0, "floor":
     /// "50ms" }`.
-    pub refresh_ahead: Option<RefreshAhead>,
+    pub refresh_ahead: Option<RefreshAheadConfig>,
     /// See [`StampedeGuard::route_name`].
     pub route_name: Option<String>,
     /// See [`StampedeGuard::cache_status`].
@@ -128,10 +128,10 @@ pub struct RouteConfig {
 ///
 /// ```
 /// use std::time::Duration;
-/// use stampede_guard::{RefreshAhead, RouteConfig};
+/// use stampede_guard::{RefreshAheadConfig, RouteConfig};
 ///
 /// let mut config = RouteConfig::default();
-/// config.refresh_ahead = Some(RefreshAhead::new(2.0, Duration::from_millis(50)));
+/// config.refresh_ahead = Some(RefreshAheadConfig::new(2.0, Duration::from_millis(50)));
 /// assert!(config.validate().is_ok());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -141,7 +141,7 @@ pub struct RouteConfig {
     serde(deny_unknown_fields)
 )]
 #[non_exhaustive]
-pub struct RefreshAhead {
+pub struct RefreshAheadConfig {
     /// Headroom over the last rebuild time: a finite number, at least 0.
     pub multiple: f64,
     /// The least margin before expiry.
@@ -149,17 +149,17 @@ pub struct RefreshAhead {
     pub floor: Duration,
 }
 
-impl RefreshAhead {
+impl RefreshAheadConfig {
     /// `multiple` times the last rebuild time, never less than `floor`.
     ///
     /// ```
     /// use std::time::Duration;
-    /// let ahead = stampede_guard::RefreshAhead::new(2.0, Duration::from_millis(50));
+    /// let ahead = stampede_guard::RefreshAheadConfig::new(2.0, Duration::from_millis(50));
     /// assert_eq!(ahead.multiple, 2.0);
     /// ```
     #[must_use]
     pub fn new(multiple: f64, floor: Duration) -> Self {
-        RefreshAhead { multiple, floor }
+        RefreshAheadConfig { multiple, floor }
     }
 }
 
@@ -547,7 +547,7 @@ mod tests {
         config.cache_private = Some(true);
         config.ignore_vary = Some(true);
         config.invalidate_on_unsafe = Some(false);
-        config.refresh_ahead = Some(RefreshAhead::new(2.0, Duration::from_millis(50)));
+        config.refresh_ahead = Some(RefreshAheadConfig::new(2.0, Duration::from_millis(50)));
         config.route_name = Some("report".to_owned());
         config.cache_status = Some(false);
         config.tag_headers = Some(vec![HeaderName::from_static("x-tags")]);

@@ -67,7 +67,7 @@ fn every_field_deserialises_and_round_trips() {
     assert_eq!(config.invalidate_on_unsafe, Some(false));
     assert_eq!(
         config.refresh_ahead,
-        Some(stampede_guard::RefreshAhead::new(
+        Some(stampede_guard::RefreshAheadConfig::new(
             2.0,
             Duration::from_millis(50)
         ))
