@@ -33,20 +33,24 @@ async fn user(Path(id): Path<u32>) -> String {
     format!("user {id}")
 }
 
+/// The exporter as this app configures it: the crate's two duration
+/// series as histograms with buckets that fit cache latencies, so Grafana
+/// can take quantiles across instances (without buckets the exporter
+/// renders summaries, and the dashboard's `_bucket` queries find nothing).
+pub fn exporter() -> PrometheusBuilder {
+    PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Prefix("stampede_guard_".into()),
+            &stampede_guard::metrics::LATENCY_BUCKETS,
+        )
+        .expect("valid buckets")
+}
+
 #[tokio::main]
 async fn main() {
     let test_mode = std::env::args().any(|a| a == "--test-mode");
 
-    // Histograms with buckets (so Grafana can take quantiles across
-    // instances), for the two duration series.
-    let buckets = [
-        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-    ];
-    let handle = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &buckets)
-        .expect("valid buckets")
-        .install_recorder()
-        .expect("the only recorder");
+    let handle = exporter().install_recorder().expect("the only recorder");
     // After installing the recorder: units and help texts.
     stampede_guard::describe_metrics();
 

@@ -139,6 +139,25 @@ impl Backend {
         Self::redis_builder(url).connect().await
     }
 
+    /// A backend on the server an application's own [`redis::Client`]
+    /// connects to, with the default settings. See
+    /// [`RedisBackendBuilder::from_client`] to change them.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), stampede_guard::Error> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    /// let backend = stampede_guard::Backend::redis_from_client(&client).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisBackendBuilder::connect`].
+    #[cfg(feature = "redis")]
+    pub async fn redis_from_client(client: &redis::Client) -> Result<Self, Error> {
+        RedisBackendBuilder::from_client(client).connect().await
+    }
+
     /// Settings for a Redis-backed backend: an L1 in each process in front of
     /// a Redis shared by the fleet, which holds the entries, the rebuild
     /// leases and the wake-up channel.
@@ -418,6 +437,7 @@ impl Backend {
 
 /// A backend's readiness, from [`Backend::health`].
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Health {
     /// What the backend protects now.
@@ -429,6 +449,8 @@ pub struct Health {
 
 /// What a backend protects now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum Status {
     /// The embedded backend: this process, by design.
@@ -446,6 +468,7 @@ pub enum Status {
 /// The Redis tier's state, in [`Health`].
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct RedisHealth {
     /// Whether the backend has connected to Redis (false while it connects
@@ -467,6 +490,8 @@ pub struct RedisHealth {
 /// The state of a Redis backend's circuit breakers, in [`RedisHealth`].
 #[cfg(feature = "redis")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum Breaker {
     /// Calls go to Redis.
@@ -482,6 +507,7 @@ pub enum Breaker {
 
 /// A snapshot of a backend's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct BackendStats {
     /// Bytes held by the in-process tier.
@@ -494,6 +520,7 @@ pub struct BackendStats {
 /// Counters of the Redis tier.
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct RedisStats {
     /// False while a circuit breaker is open (Redis failing; serving from
@@ -547,6 +574,7 @@ pub struct RedisStats {
 /// One Redis Cluster primary's circuit, in [`RedisStats::nodes`].
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct NodeStats {
     /// `host:port`, as the cluster names the primary.
@@ -575,6 +603,9 @@ pub struct RedisBackendBuilder {
     topology: Option<Topology>,
     /// TLS material given in memory (files in `config.tls` add to it).
     tls: TlsPem,
+    /// Why the settings handed over (an application's client) cannot be
+    /// used: reported by `connect`.
+    unusable: Option<String>,
 }
 
 #[cfg(feature = "redis")]
@@ -586,6 +617,54 @@ impl RedisBackendBuilder {
             config,
             topology: None,
             tls: TlsPem::default(),
+            unusable: None,
+        }
+    }
+
+    /// A builder on the server an application's own [`redis::Client`]
+    /// connects to: its address, database, user name and password (the
+    /// `redis` crate of the same major version as this crate's). The
+    /// backend opens connections of its own (it needs a subscriber, and
+    /// deadlines of its own), as the client would.
+    ///
+    /// ```
+    /// use stampede_guard::RedisBackendBuilder;
+    ///
+    /// let client = redis::Client::open("redis://cache:secret@127.0.0.1:6379/2").unwrap();
+    /// // `.connect().await` connects.
+    /// let builder = RedisBackendBuilder::from_client(&client).prefix("shop");
+    /// ```
+    ///
+    /// A `rediss://` client built with certificates in memory cannot hand
+    /// them over: [`connect`](Self::connect) then fails with
+    /// [`ErrorKind::InvalidConfig`](crate::ErrorKind::InvalidConfig); give
+    /// them with [`tls_ca_pem`](Self::tls_ca_pem) and
+    /// [`tls_client_pem`](Self::tls_client_pem) on a builder made from a
+    /// URL instead.
+    #[must_use]
+    pub fn from_client(client: &redis::Client) -> Self {
+        Self::from_connection_info(client.get_connection_info())
+    }
+
+    /// A builder on the server `info` names, as
+    /// [`from_client`](Self::from_client) does (settings the application
+    /// already parsed or assembled).
+    ///
+    /// ```
+    /// use redis::IntoConnectionInfo;
+    /// use stampede_guard::RedisBackendBuilder;
+    ///
+    /// let info = "redis://127.0.0.1:6379".into_connection_info().unwrap();
+    /// let builder = RedisBackendBuilder::from_connection_info(&info);
+    /// ```
+    #[must_use]
+    pub fn from_connection_info(info: &redis::ConnectionInfo) -> Self {
+        match crate::store::redis::config::url_of(info) {
+            Ok(url) => Self::from_config(RedisConfig::new(url)),
+            Err(why) => RedisBackendBuilder {
+                unusable: Some(why),
+                ..Self::from_config(RedisConfig::default())
+            },
         }
     }
 
@@ -825,6 +904,12 @@ impl RedisBackendBuilder {
     /// [`Connect`](crate::ErrorKind::Connect) or
     /// [`Timeout`](crate::ErrorKind::Timeout) when it cannot be reached.
     pub async fn connect(self) -> Result<Backend, Error> {
+        if let Some(why) = self.unusable {
+            return Err(Error::new(
+                ErrorKind::InvalidConfig,
+                format!("could not set up Redis from the application's client: {why}"),
+            ));
+        }
         let config = self.config;
         let shown = redact(&config.url);
         let setup = |message: String| {

@@ -51,6 +51,9 @@ pub enum ErrorKind {
     /// Redis is failing, or the circuit breaker is open after repeated
     /// failures: the layer serves from its in-process tier meanwhile.
     Unavailable,
+    /// An argument is malformed: a URL to purge that does not parse, or
+    /// names no host.
+    InvalidInput,
     /// Anything else.
     Other,
 }
@@ -62,8 +65,6 @@ impl Error {
         self.kind
     }
 
-    // Every error the crate makes today comes from the Redis tier.
-    #[cfg(feature = "redis")]
     pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error {
             kind,

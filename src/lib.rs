@@ -96,7 +96,10 @@
 //!   with [`ErrorKind::InvalidConfig`].
 //! - `redis-cluster` (opt-in): Redis Cluster.
 //! - `serde` (opt-in): `Deserialize` for `RedisConfig` and
-//!   [`RouteConfig`], durations in human form.
+//!   [`RouteConfig`], durations in human form; `Serialize` for the stats
+//!   and the readiness answer.
+//! - `admin` (opt-in): `Admin`, an axum router for operators (purges,
+//!   stats, readiness), mounted behind the application's own auth.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
@@ -115,9 +118,12 @@ pub mod metrics;
 mod random;
 mod store;
 
+#[cfg(feature = "admin")]
+pub use crate::http::Admin;
 pub use crate::http::{BoxError, SharedBodyError};
 pub use crate::http::{
-    GuardBody, GuardService, KeyFn, ResponseFuture, RouteConfig, StampedeGuard, WaitTimeout,
+    GuardBody, GuardService, KeyFn, RefreshAheadConfig, ResponseFuture, RouteConfig,
+    RouteConfigError, StampedeGuard, WaitTimeout,
 };
 
 /// The old name of [`GuardBody`], kept for one release.

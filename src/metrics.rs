@@ -69,7 +69,7 @@ pub(crate) const EARLY_REFRESHES: &str = "stampede_guard_early_refreshes_total";
 pub(crate) const FENCED_WRITES: &str = "stampede_guard_fenced_writes_total";
 pub(crate) const CORRUPT_ENTRIES: &str = "stampede_guard_corrupt_entries_total";
 pub(crate) const REDIS_ERRORS: &str = "stampede_guard_redis_errors_total";
-#[cfg(feature = "redis")]
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 pub(crate) const CIRCUIT_OPENINGS: &str = "stampede_guard_circuit_openings_total";
 
 pub(crate) const REVALIDATED: &str = "stampede_guard_revalidated_total";
@@ -81,7 +81,7 @@ pub(crate) const L1_BYTES: &str = "stampede_guard_l1_bytes";
 pub(crate) const CIRCUIT_OPEN: &str = "stampede_guard_circuit_open";
 
 /// Every metric the crate emits, with its kind, unit and help text.
-const DESCRIBED: [(&str, Kind, Unit, &str); 20] = [
+const DESCRIBED: [(&str, Kind, Unit, &str); 21] = [
     (HITS, Kind::Counter, Unit::Count, "Requests answered from a fresh entry."),
     (STALE, Kind::Counter, Unit::Count, "Requests answered from a stale entry (while revalidating, or on error)."),
     (MISSES, Kind::Counter, Unit::Count, "Requests that led a rebuild."),
@@ -95,6 +95,7 @@ const DESCRIBED: [(&str, Kind, Unit, &str); 20] = [
     (FENCED_WRITES, Kind::Counter, Unit::Count, "Late commits refused because a newer entry was stored."),
     (CORRUPT_ENTRIES, Kind::Counter, Unit::Count, "Unreadable entries found in Redis (treated as misses)."),
     (REDIS_ERRORS, Kind::Counter, Unit::Count, "Redis calls that failed or missed their deadline."),
+    (CIRCUIT_OPENINGS, Kind::Counter, Unit::Count, "Circuits of this process's Redis tiers opened (on Redis Cluster, one per primary)."),
     (REVALIDATED, Kind::Counter, Unit::Count, "Rebuilds answered 304 Not Modified: the entry was renewed without its body."),
     (UNSAFE_INVALIDATIONS, Kind::Counter, Unit::Count, "URL groups dropped after a successful unsafe method."),
     (INVALIDATION_FAILURES, Kind::Counter, Unit::Count, "Invalidations after an unsafe method that did not reach Redis."),
@@ -102,6 +103,30 @@ const DESCRIBED: [(&str, Kind, Unit, &str); 20] = [
     (WAIT_DURATION, Kind::Histogram, Unit::Seconds, "Time each request waited on a rebuild it did not run, until answered."),
     (L1_BYTES, Kind::Gauge, Unit::Bytes, "Bytes held by the in-process tiers of this process."),
     (CIRCUIT_OPEN, Kind::Gauge, Unit::Count, "Redis tiers of this process whose circuit breaker is open."),
+];
+
+/// Histogram buckets, in seconds, that fit the crate's two duration
+/// series: a wait answered from another request's rebuild in a fraction of
+/// a millisecond, through origin calls of a few milliseconds to seconds, up
+/// to the default rebuild timeout (30 s). Give them to the exporter, or
+/// it may render the durations as summaries, which cannot be aggregated
+/// across instances (the Grafana dashboard in `docs/` queries `_bucket`
+/// series).
+///
+/// ```
+/// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+///
+/// let builder = PrometheusBuilder::new()
+///     .set_buckets_for_metric(
+///         Matcher::Prefix("stampede_guard_".into()),
+///         &stampede_guard::metrics::LATENCY_BUCKETS,
+///     )
+///     .unwrap();
+/// # let _ = builder;
+/// ```
+pub const LATENCY_BUCKETS: [f64; 16] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0,
+    30.0,
 ];
 
 #[derive(Clone, Copy)]
@@ -318,5 +343,18 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), DESCRIBED.len());
+        // Every name this file declares has a description.
+        let declared: Vec<&str> = include_str!("metrics.rs")
+            .lines()
+            .filter_map(|line| line.strip_prefix("pub(crate) const "))
+            .filter_map(|rest| rest.split_once(": &str = \"stampede_guard_"))
+            .filter_map(|(_, name)| name.split_once('"'))
+            .map(|(name, _)| name)
+            .collect();
+        assert!(declared.len() >= 20, "{declared:?}");
+        for name in declared {
+            let full = format!("stampede_guard_{name}");
+            assert!(names.contains(&full.as_str()), "{full} has no description");
+        }
     }
 }

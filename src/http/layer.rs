@@ -761,7 +761,9 @@ impl StampedeGuard {
 
     /// This guard with every field `config` sets applied, through the method
     /// of the same name (so with the same bounds); fields left out keep this
-    /// guard's settings.
+    /// guard's settings. A config read with serde was validated; one built
+    /// in code is clamped as the methods clamp, unless
+    /// [`RouteConfig::validate`] refused it first.
     ///
     /// ```
     /// use std::time::Duration;
@@ -809,6 +811,14 @@ impl StampedeGuard {
         let g = apply(g, &c.strip_set_cookie, Self::strip_set_cookie);
         let g = apply(g, &c.cache_private, Self::cache_private);
         let g = apply(g, &c.ignore_vary, Self::ignore_vary);
+        let g = apply(g, &c.refresh_ahead, |g, r| {
+            g.refresh_ahead(r.multiple, r.floor)
+        });
+        let g = apply(g, &c.route_name, Self::route_name);
+        let g = apply(g, &c.cache_status, Self::cache_status);
+        let g = apply(g, &c.cache_status_name, Self::cache_status_name);
+        let g = apply(g, &c.tag_headers, Self::tag_headers);
+        let g = apply(g, &c.expose_tag_headers, Self::expose_tag_headers);
         apply(g, &c.invalidate_on_unsafe, Self::invalidate_on_unsafe)
     }
 
@@ -896,6 +906,69 @@ impl StampedeGuard {
             None => Ok(()),
         }
     }
+
+    /// Drops the entries of the URL a user types, as
+    /// [`invalidate`](Self::invalidate) drops those of a `GET` request for
+    /// it: every variant (other values of the [`vary`](Self::vary) headers,
+    /// learned ones included, every scheme, every value of the forwarding
+    /// headers), here and on every instance, with the same barrier.
+    ///
+    /// The URL names the host the clients send (`Host`, or the authority of
+    /// an absolute-form target), port included when they send one, and the
+    /// path and query as the handler sees them (the query's pairs in any
+    /// order, as the key sorts them by name). With a
+    /// [`key_fn`](Self::key_fn), the function is given a `GET` request for
+    /// the URL, its `Host` set to the URL's host.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, ErrorKind, StampedeGuard};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = StampedeGuard::new(Backend::local());
+    /// guard.invalidate_url("https://api.example.com/report?x=1").await.unwrap();
+    /// let e = guard.invalidate_url("/report?x=1").await.unwrap_err();
+    /// assert_eq!(e.kind(), ErrorKind::InvalidInput);
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when
+    /// `url` is not an absolute `http` or `https` URL with a host; otherwise
+    /// those of [`invalidate`](Self::invalidate).
+    pub async fn invalidate_url(&self, url: &str) -> Result<(), crate::Error> {
+        self.invalidate(&request_for_url(url)?).await
+    }
+}
+
+/// A `GET` request for `url` as a client sends it: the URL as an
+/// absolute-form target, its authority (without userinfo) in `Host`. The
+/// key of such a request is the key of the same request in origin form.
+fn request_for_url(url: &str) -> Result<Request<()>, crate::Error> {
+    let invalid = |why: &str| {
+        crate::Error::new(
+            crate::ErrorKind::InvalidInput,
+            format!("cannot purge {url:?}: {why}; write a URL like \"https://api.example.com/report?x=1\""),
+        )
+    };
+    let uri: http::Uri = url.trim().parse().map_err(|_| invalid("not a URL"))?;
+    match uri.scheme_str() {
+        Some(scheme)
+            if scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https") => {}
+        Some(_) => return Err(invalid("the scheme is not http or https")),
+        None => return Err(invalid("it names no scheme and host")),
+    }
+    let authority = uri.authority().ok_or_else(|| invalid("it names no host"))?;
+    let host = authority.as_str();
+    let host = host.rsplit_once('@').map_or(host, |(_, host)| host);
+    if host.is_empty() {
+        return Err(invalid("it names no host"));
+    }
+    let host = http::HeaderValue::from_str(host).map_err(|_| invalid("the host is not valid"))?;
+    let mut request = Request::new(());
+    *request.uri_mut() = uri;
+    request.headers_mut().insert(http::header::HOST, host);
+    Ok(request)
 }
 
 impl<S> Layer<S> for StampedeGuard {

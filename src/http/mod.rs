@@ -28,6 +28,8 @@
 //! - `unsafe_methods.rs`: what a successful unsafe method invalidates.
 //! - `respond.rs`: an entry as a response (`HEAD`, `304`, ranges, `Age`), and
 //!   the layer's own answers (a failure, a wait timeout).
+//! - `admin.rs`: [`Admin`] (feature `admin`), the operators' router over
+//!   the layer's purges and the backend's stats and readiness.
 //! - `labels.rs`: a request's metric labels (the route's name, never its
 //!   path).
 //!
@@ -64,6 +66,8 @@
 //! - `rfc/`: parsers of what the RFCs define (`Cache-Control`, structured
 //!   fields, URI references, the key's forms of request headers).
 
+#[cfg(feature = "admin")]
+mod admin;
 mod admit;
 mod body;
 mod cache_status;
@@ -92,6 +96,8 @@ mod upgrades;
 mod vary;
 
 #[doc(inline)]
+#[cfg(feature = "admin")]
+pub use admin::Admin;
 pub use body::{BoxError, GuardBody, SharedBodyError};
 #[doc(inline)]
 pub use flight::WaitTimeout;
@@ -101,6 +107,6 @@ pub use future::ResponseFuture;
 pub use key::KeyFn;
 #[doc(inline)]
 pub use layer::StampedeGuard;
-pub use route_config::RouteConfig;
+pub use route_config::{RefreshAheadConfig, RouteConfig, RouteConfigError};
 #[doc(inline)]
 pub use service::GuardService;

@@ -16,8 +16,15 @@ use crate::StampedeGuard;
 ///
 /// Every field is optional: a field left out keeps the guard's setting, so a
 /// file states only what it changes. Each field does what the
-/// [`StampedeGuard`] method of the same name does, with the same bounds. The
-/// key function and the cache-status header are set in code.
+/// [`StampedeGuard`] method of the same name does. The key function, the
+/// tag function and the cache-status header's name are set in code.
+///
+/// A value read with serde is [validated](Self::validate): a value out of
+/// its field's range (a ttl of `"0s"`, a duration past 2^31 s, a status
+/// outside 100..=599, …) is an error that names the field, the value and
+/// what is accepted, never clamped without a word. A value built in code
+/// is clamped by the builder methods; call [`validate`](Self::validate)
+/// to refuse it instead.
 ///
 /// ```
 /// # #[cfg(feature = "serde")] {
@@ -41,7 +48,9 @@ use crate::StampedeGuard;
 #[cfg_attr(
     feature = "serde",
     derive(serde::Deserialize, serde::Serialize),
-    serde(default, deny_unknown_fields)
+    // The derived impls become inherent functions; the trait impls below
+    // wrap them so that every value read is validated.
+    serde(remote = "Self", default, deny_unknown_fields)
 )]
 #[non_exhaustive]
 pub struct RouteConfig {
@@ -104,6 +113,289 @@ pub struct RouteConfig {
     pub ignore_vary: Option<bool>,
     /// See [`StampedeGuard::invalidate_on_unsafe`].
     pub invalidate_on_unsafe: Option<bool>,
+    /// See [`StampedeGuard::refresh_ahead`]: `{ "multiple": 2.0, "floor":
+    /// "50ms" }`.
+    pub refresh_ahead: Option<RefreshAheadConfig>,
+    /// See [`StampedeGuard::route_name`].
+    pub route_name: Option<String>,
+    /// See [`StampedeGuard::cache_status`].
+    pub cache_status: Option<bool>,
+    /// See [`StampedeGuard::cache_status_name`].
+    pub cache_status_name: Option<String>,
+    /// See [`StampedeGuard::tag_headers`]: header names.
+    #[cfg_attr(feature = "serde", serde(with = "serde_impl::header_names"))]
+    pub tag_headers: Option<Vec<HeaderName>>,
+    /// See [`StampedeGuard::expose_tag_headers`].
+    pub expose_tag_headers: Option<bool>,
+}
+
+/// The two settings of [`StampedeGuard::refresh_ahead`], in a
+/// [`RouteConfig`].
+///
+/// ```
+/// use std::time::Duration;
+/// use stampede_guard::{RefreshAheadConfig, RouteConfig};
+///
+/// let mut config = RouteConfig::default();
+/// config.refresh_ahead = Some(RefreshAheadConfig::new(2.0, Duration::from_millis(50)));
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Deserialize, serde::Serialize),
+    serde(deny_unknown_fields)
+)]
+#[non_exhaustive]
+pub struct RefreshAheadConfig {
+    /// Headroom over the last rebuild time: a finite number, at least 0.
+    pub multiple: f64,
+    /// The least margin before expiry.
+    #[cfg_attr(feature = "serde", serde(with = "humantime_serde", default))]
+    pub floor: Duration,
+}
+
+impl RefreshAheadConfig {
+    /// `multiple` times the last rebuild time, never less than `floor`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// let ahead = stampede_guard::RefreshAheadConfig::new(2.0, Duration::from_millis(50));
+    /// assert_eq!(ahead.multiple, 2.0);
+    /// ```
+    #[must_use]
+    pub fn new(multiple: f64, floor: Duration) -> Self {
+        RefreshAheadConfig { multiple, floor }
+    }
+}
+
+/// A [`RouteConfig`] value out of its field's range: which field, the
+/// value, and what the field accepts.
+///
+/// ```
+/// use std::time::Duration;
+/// use stampede_guard::RouteConfig;
+///
+/// let mut config = RouteConfig::default();
+/// config.ttl = Some(Duration::ZERO);
+/// let e = config.validate().unwrap_err();
+/// assert_eq!(e.field(), "ttl");
+/// assert!(e.to_string().contains("0s"), "{e}");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteConfigError {
+    field: &'static str,
+    value: String,
+    accepted: &'static str,
+}
+
+impl RouteConfigError {
+    /// The field's name, as in the configuration file.
+    ///
+    /// ```
+    /// # use stampede_guard::RouteConfig;
+    /// let mut config = RouteConfig::default();
+    /// config.max_body_bytes = Some(0);
+    /// assert_eq!(config.validate().unwrap_err().field(), "max_body_bytes");
+    /// ```
+    #[must_use]
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+
+    /// The value refused, as text.
+    ///
+    /// ```
+    /// # use stampede_guard::RouteConfig;
+    /// let mut config = RouteConfig::default();
+    /// config.early_refresh = Some(-1.0);
+    /// assert_eq!(config.validate().unwrap_err().value(), "-1");
+    /// ```
+    #[must_use]
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+
+    /// What the field accepts.
+    ///
+    /// ```
+    /// # use stampede_guard::RouteConfig;
+    /// let mut config = RouteConfig::default();
+    /// config.route_name = Some(String::new());
+    /// assert_eq!(config.validate().unwrap_err().accepted(), "a name of at least one character");
+    /// ```
+    #[must_use]
+    pub fn accepted(&self) -> &'static str {
+        self.accepted
+    }
+}
+
+impl std::fmt::Display for RouteConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "route config: `{}` is {}, out of range; it accepts {}",
+            self.field, self.value, self.accepted
+        )
+    }
+}
+
+impl std::error::Error for RouteConfigError {}
+
+/// The longest duration a field takes: the longest any lifetime may be
+/// (2^31 s, RFC 9111 §1.2.2).
+const MAX: Duration = crate::engine::MAX_DELTA;
+const POSITIVE: &str = "a duration from 1ms to 2147483648s (2^31 s)";
+const ANY: &str = "a duration from 0s (off) to 2147483648s (2^31 s)";
+
+impl RouteConfig {
+    /// Checks every field set against the range its
+    /// [`StampedeGuard`] method gives it meaning in; the first one out of
+    /// range is the error. Values read with serde are checked already.
+    ///
+    /// | field | accepts |
+    /// |---|---|
+    /// | `ttl`, `lease`, `rebuild_timeout` | 1ms to 2^31 s |
+    /// | `stale_while_revalidate`, `stale_if_error`, `wait_budget`, `hit_for_miss`, `refresh_ahead.floor` | 0s to 2^31 s |
+    /// | `early_refresh`, `refresh_ahead.multiple` | a finite number, at least 0 |
+    /// | `max_body_bytes` | at least 1 |
+    /// | `cacheable_statuses` | codes in 100..=599 |
+    /// | `on_wait_timeout` `respond` | a code in 200..=599 (a final answer) |
+    /// | `route_name`, `cache_status_name` | at least one character |
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::RouteConfig;
+    ///
+    /// let mut config = RouteConfig::default();
+    /// config.lease = Some(Duration::from_secs(u64::MAX));
+    /// let e = config.validate().unwrap_err();
+    /// assert_eq!(e.field(), "lease");
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The first field out of range, with its value and what it accepts.
+    pub fn validate(&self) -> Result<(), RouteConfigError> {
+        let error = |field, value: String, accepted| RouteConfigError {
+            field,
+            value,
+            accepted,
+        };
+        let show = |d: Duration| {
+            if d.is_zero() {
+                "0s".to_owned()
+            } else {
+                format!("{d:?}")
+            }
+        };
+        let durations = [
+            ("ttl", self.ttl, true),
+            ("lease", self.lease, true),
+            ("rebuild_timeout", self.rebuild_timeout, true),
+            ("stale_while_revalidate", self.stale_while_revalidate, false),
+            ("stale_if_error", self.stale_if_error, false),
+            ("wait_budget", self.wait_budget, false),
+            ("hit_for_miss", self.hit_for_miss, false),
+            (
+                "refresh_ahead.floor",
+                self.refresh_ahead.map(|r| r.floor),
+                false,
+            ),
+        ];
+        for (field, value, positive) in durations {
+            if let Some(d) = value
+                && (d > MAX || (positive && d.is_zero()))
+            {
+                return Err(error(field, show(d), if positive { POSITIVE } else { ANY }));
+            }
+        }
+        let numbers = [
+            ("early_refresh", self.early_refresh),
+            (
+                "refresh_ahead.multiple",
+                self.refresh_ahead.map(|r| r.multiple),
+            ),
+        ];
+        for (field, value) in numbers {
+            if let Some(x) = value
+                && !(x.is_finite() && x >= 0.0)
+            {
+                return Err(error(
+                    field,
+                    x.to_string(),
+                    "a finite number, at least 0 (0: off)",
+                ));
+            }
+        }
+        if self.max_body_bytes == Some(0) {
+            return Err(error("max_body_bytes", "0".to_owned(), "at least 1 byte"));
+        }
+        for code in self.cacheable_statuses.iter().flatten() {
+            if !(100..=599).contains(&code.as_u16()) {
+                return Err(error(
+                    "cacheable_statuses",
+                    code.as_u16().to_string(),
+                    "status codes in 100..=599",
+                ));
+            }
+        }
+        if let Some(WaitTimeout::Respond(code)) = self.on_wait_timeout
+            && !(200..=599).contains(&code.as_u16())
+        {
+            return Err(error(
+                "on_wait_timeout",
+                code.as_u16().to_string(),
+                "\"fail_open\" or a status code in 200..=599 (a final answer)",
+            ));
+        }
+        for (field, value) in [
+            ("route_name", &self.route_name),
+            ("cache_status_name", &self.cache_status_name),
+        ] {
+            if value.as_deref() == Some("") {
+                return Err(error(
+                    field,
+                    "\"\"".to_owned(),
+                    "a name of at least one character",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A [`RouteConfig`] as read, before validation.
+#[cfg(feature = "serde")]
+struct Unchecked(RouteConfig);
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Unchecked {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        RouteConfig::deserialize(d).map(Unchecked)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for RouteConfig {
+    /// Reads a config and [validates](RouteConfig::validate) it; an error
+    /// names the field (its path, `cacheable_statuses[2]`).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let Unchecked(config) = serde_path_to_error::deserialize(d).map_err(|e| {
+            let path = e.path().to_string();
+            D::Error::custom(format!("route config: `{path}`: {}", e.into_inner()))
+        })?;
+        config.validate().map_err(D::Error::custom)?;
+        Ok(config)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl serde::Serialize for RouteConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        RouteConfig::serialize(self, s)
+    }
 }
 
 #[cfg(feature = "serde")]
@@ -116,7 +408,7 @@ mod serde_impl {
 
     fn status<E: serde::de::Error>(code: u16) -> Result<StatusCode, E> {
         StatusCode::from_u16(code)
-            .map_err(|_| E::custom(format!("{code} is not an HTTP status code (100 to 999)")))
+            .map_err(|_| E::custom(format!("{code} is not an HTTP status code (100 to 599)")))
     }
 
     /// `"fail_open"` or `{ "respond": 503 }`.
@@ -298,6 +590,11 @@ mod tests {
         config.cache_private = Some(true);
         config.ignore_vary = Some(true);
         config.invalidate_on_unsafe = Some(false);
+        config.refresh_ahead = Some(RefreshAheadConfig::new(2.0, Duration::from_millis(50)));
+        config.route_name = Some("report".to_owned());
+        config.cache_status = Some(false);
+        config.tag_headers = Some(vec![HeaderName::from_static("x-tags")]);
+        config.expose_tag_headers = Some(true);
         let guard = base.with_config(&config);
         let p = guard.policy();
         assert_eq!(
@@ -333,6 +630,21 @@ mod tests {
             &*p.store.cache_control_targets,
             &[HeaderName::from_static("acme-cache-control")]
         );
+        let ahead = p.flight.refresh_ahead.expect("refresh-ahead set");
+        assert_eq!(
+            (ahead.multiple, ahead.floor),
+            (2.0, Duration::from_millis(50))
+        );
+        assert_eq!(p.route_name.as_deref(), Some("report"));
+        assert!(p.presentation.cache_status.is_none(), "cache_status(false)");
+        assert_eq!(&*p.tags.headers, &[HeaderName::from_static("x-tags")]);
+        assert!(p.tags.expose);
+        // And the name turns the member back on.
+        let named = guard.with_config(&RouteConfig {
+            cache_status_name: Some("edge".to_owned()),
+            ..RouteConfig::default()
+        });
+        assert!(named.policy().presentation.cache_status.is_some());
     }
 
     #[test]

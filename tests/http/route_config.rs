@@ -39,7 +39,13 @@ fn every_field_deserialises_and_round_trips() {
             "strip_set_cookie": true,
             "cache_private": false,
             "ignore_vary": false,
-            "invalidate_on_unsafe": false
+            "invalidate_on_unsafe": false,
+            "refresh_ahead": { "multiple": 2.0, "floor": "50ms" },
+            "route_name": "report",
+            "cache_status": false,
+            "cache_status_name": "edge",
+            "tag_headers": ["x-tags"],
+            "expose_tag_headers": true
         }"#,
     )
     .expect("a full section");
@@ -66,6 +72,23 @@ fn every_field_deserialises_and_round_trips() {
             HeaderName::from_static("acme-cache-control"),
             HeaderName::from_static("cdn-cache-control")
         ])
+    );
+    assert_eq!(
+        config.refresh_ahead,
+        Some(stampede_guard::RefreshAheadConfig::new(
+            2.0,
+            Duration::from_millis(50)
+        ))
+    );
+    assert_eq!(config.route_name.as_deref(), Some("report"));
+    assert_eq!(
+        (config.cache_status, config.expose_tag_headers),
+        (Some(false), Some(true))
+    );
+    assert_eq!(config.cache_status_name.as_deref(), Some("edge"));
+    assert_eq!(
+        config.tag_headers,
+        Some(vec![HeaderName::from_static("x-tags")])
     );
 
     let written = serde_json::to_string(&config).expect("serialises");
@@ -224,16 +247,24 @@ async fn configured_values_govern_a_real_layer() {
 }
 
 /// Durations far past anything sensible (a config typo of a unit) are
-/// clamped, never an overflow on the request path.
+/// refused when read, naming the field; set in code, they are clamped,
+/// never an overflow on the request path.
 #[tokio::test]
-async fn absurd_configured_durations_serve_without_overflow() {
-    let config = parse(
-        r#"{ "ttl": "500000000years", "stale_while_revalidate": "500000000years",
-             "stale_if_error": "500000000years", "wait_budget": "500000000years",
-             "lease": "500000000years", "rebuild_timeout": "500000000years",
-             "hit_for_miss": "500000000years" }"#,
-    )
-    .expect("large but valid");
+async fn absurd_durations_are_refused_when_read_and_clamped_in_code() {
+    let message = parse(r#"{ "ttl": "30s", "lease": "500000000years" }"#).unwrap_err();
+    assert!(message.contains("`lease`"), "{message}");
+    assert!(message.contains("2^31"), "{message}");
+
+    let mut config = RouteConfig::default();
+    let absurd = Some(Duration::from_secs(500_000_000 * 365 * 86_400));
+    config.ttl = absurd;
+    config.stale_while_revalidate = absurd;
+    config.stale_if_error = absurd;
+    config.wait_budget = absurd;
+    config.lease = absurd;
+    config.rebuild_timeout = absurd;
+    config.hit_for_miss = absurd;
+    assert_eq!(config.validate().unwrap_err().field(), "ttl");
     let origin = Origin::default();
     let app = app(
         &origin,
@@ -294,4 +325,63 @@ async fn a_configured_cache_control_target_governs_a_real_layer() {
         send(&app, get_req("/report")).await;
     }
     assert_eq!(default_origin.calls(), 3);
+}
+
+/// Values that parse but mean nothing are refused: the message names the
+/// field, the value and what the field accepts.
+#[test]
+fn nonsense_is_refused_naming_the_field_the_value_and_the_range() {
+    let cases: [(&str, &[&str]); 13] = [
+        (r#"{ "ttl": "0s" }"#, &["`ttl`", "0s", "from 1ms"]),
+        (r#"{ "lease": "0s" }"#, &["`lease`", "0s", "from 1ms"]),
+        (
+            r#"{ "rebuild_timeout": "0ms" }"#,
+            &["`rebuild_timeout`", "0s"],
+        ),
+        (
+            r#"{ "stale_if_error": "100years" }"#,
+            &["`stale_if_error`", "2^31 s"],
+        ),
+        (
+            r#"{ "cacheable_statuses": [200, 999] }"#,
+            &["`cacheable_statuses`", "999", "100..=599"],
+        ),
+        (
+            r#"{ "on_wait_timeout": { "respond": 101 } }"#,
+            &["`on_wait_timeout`", "101", "200..=599"],
+        ),
+        (
+            r#"{ "early_refresh": -1.0 }"#,
+            &["`early_refresh`", "-1", "at least 0"],
+        ),
+        (
+            r#"{ "refresh_ahead": { "multiple": -2.0, "floor": "50ms" } }"#,
+            &["`refresh_ahead.multiple`", "-2"],
+        ),
+        (
+            r#"{ "max_body_bytes": 0 }"#,
+            &["`max_body_bytes`", "at least 1"],
+        ),
+        (r#"{ "route_name": "" }"#, &["`route_name`", "at least one"]),
+        // Errors of form name the field too.
+        (r#"{ "ttl": 30 }"#, &["`ttl`", "expected"]),
+        (r#"{ "ttl": "30 parsecs" }"#, &["`ttl`", "parsecs"]),
+        (
+            r#"{ "cacheable_statuses": [200, 1000] }"#,
+            &["`cacheable_statuses", "1000"],
+        ),
+    ];
+    for (json, expected) in cases {
+        let message = parse(json).expect_err(json);
+        for part in expected {
+            assert!(message.contains(part), "{json}: {message} (wanted {part})");
+        }
+    }
+    // The edges are accepted.
+    parse(
+        r#"{ "ttl": "1ms", "stale_if_error": "0s", "cacheable_statuses": [100, 599],
+             "on_wait_timeout": { "respond": 599 }, "early_refresh": 0.0,
+             "lease": "2147483648s" }"#,
+    )
+    .expect("the edges of each range");
 }

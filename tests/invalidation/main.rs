@@ -8,7 +8,9 @@ mod common;
 
 mod acks;
 mod acks_in_redis;
+mod admin;
 mod burst_faults;
+mod by_url;
 mod foreign_bytes;
 mod membership;
 mod membership_lost;

@@ -6,6 +6,7 @@
 mod common;
 
 mod counters;
+mod dashboard;
 mod labels;
 mod same_counts;
 mod series;

@@ -18,6 +18,7 @@ mod cluster_replaced_primary;
 mod cluster_stalled_shard;
 mod cluster_timeouts;
 mod cluster_two_bad_shards;
+mod from_client;
 mod sentinel;
 mod sentinel_auth;
 mod sentinel_faults;

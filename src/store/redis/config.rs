@@ -239,9 +239,96 @@ pub(crate) fn redact(url: &str) -> String {
     out
 }
 
+/// The URL that names the server `info` connects to, with its database
+/// and credentials: so a backend built from an application's own client
+/// opens every connection it needs (link, subscriber) as that client
+/// would. `Err` says why it cannot be written (certificates given in
+/// memory, an address the crate cannot name), in words for a message.
+pub(crate) fn url_of(info: &redis::ConnectionInfo) -> Result<String, String> {
+    use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+    use redis::ConnectionAddr;
+
+    let settings = info.redis_settings();
+    let escape = |text: &str| utf8_percent_encode(text, NON_ALPHANUMERIC).to_string();
+    let host_port = |host: &str, port: u16| match host.parse::<std::net::Ipv6Addr>() {
+        Ok(_) => format!("[{host}]:{port}"),
+        Err(_) => format!("{host}:{port}"),
+    };
+    let userinfo = match (settings.username(), settings.password()) {
+        (None, None) => String::new(),
+        (user, None) => format!("{}@", escape(user.unwrap_or_default())),
+        (user, Some(password)) => {
+            format!("{}:{}@", escape(user.unwrap_or_default()), escape(password))
+        }
+    };
+    let db = settings.db();
+    match info.addr() {
+        ConnectionAddr::Tcp(host, port) => {
+            Ok(format!("redis://{userinfo}{}/{db}", host_port(host, *port)))
+        }
+        ConnectionAddr::TcpTls {
+            host,
+            port,
+            insecure,
+            tls_params,
+        } => {
+            if tls_params.is_some() {
+                return Err(
+                    "the client carries TLS certificates, which cannot be read back: \
+                            give them with tls_ca_pem / tls_client_pem"
+                        .to_owned(),
+                );
+            }
+            let fragment = if *insecure { "#insecure" } else { "" };
+            Ok(format!(
+                "rediss://{userinfo}{}/{db}{fragment}",
+                host_port(host, *port)
+            ))
+        }
+        ConnectionAddr::Unix(path) => {
+            let path = path
+                .to_str()
+                .ok_or_else(|| "the socket path is not UTF-8".to_owned())?;
+            let mut url = format!("redis+unix://{path}?db={db}");
+            if let Some(user) = settings.username() {
+                url.push_str(&format!("&user={}", escape(user)));
+            }
+            if let Some(password) = settings.password() {
+                url.push_str(&format!("&pass={}", escape(password)));
+            }
+            Ok(url)
+        }
+        other => Err(format!(
+            "the client's address {other:?} is not one the crate can connect to"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_infos_url_reads_back_as_the_same_settings() {
+        use redis::IntoConnectionInfo;
+        for url in [
+            "redis://127.0.0.1:6379/0",
+            "redis://app:p%40ss%3Aw%2Fo%20rd@cache.internal:6380/3",
+            "redis://:only-password@[::1]:6379/0",
+            "redis://user-only@h:1/0",
+            "redis+unix:///run/redis.sock?db=2&user=u&pass=p%26q",
+        ] {
+            let info = url.into_connection_info().unwrap();
+            let again = url_of(&info).unwrap().into_connection_info().unwrap();
+            assert_eq!(again.addr(), info.addr(), "{url}");
+            let (a, b) = (info.redis_settings(), again.redis_settings());
+            assert_eq!(
+                (a.db(), a.username(), a.password()),
+                (b.db(), b.username(), b.password()),
+                "{url}"
+            );
+        }
+    }
 
     #[test]
     fn debug_output_hides_every_password() {
