@@ -305,7 +305,7 @@ impl RouteConfig {
         ];
         for (field, value, positive) in durations {
             if let Some(d) = value
-                && (d > MAX || (positive && d.is_zero()))
+                && (d > MAX || (positive && d < Duration::from_millis(1)))
             {
                 return Err(error(field, show(d), if positive { POSITIVE } else { ANY }));
             }

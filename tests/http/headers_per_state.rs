@@ -351,26 +351,33 @@ async fn across_a_fleet_a_quiet_instance_adds_no_status_header() {
 }
 
 /// What the crate writes it reads back: a config serialised from any value
-/// the fields can hold loads again to the same policy.
+/// in a field's range loads again to the same value, and one out of range is
+/// refused by name, never clamped and never a panic.
 #[cfg(feature = "serde")]
 #[test]
 fn a_serialised_config_loads_back() {
     use stampede_guard::RouteConfig;
+    let accepted = Duration::from_millis(1)..=Duration::from_secs(1 << 31);
     for d in [
         Duration::MAX,
         Duration::from_nanos(1),
         Duration::ZERO,
         Duration::from_secs(u64::MAX / 2),
         Duration::new(1, 999_999_999),
+        Duration::from_millis(1),
+        Duration::from_secs(1 << 31),
     ] {
         let mut config = RouteConfig::default();
         config.ttl = Some(d);
         config.lease = Some(d);
         let text = serde_json::to_string(&config).unwrap();
         let back: Result<RouteConfig, _> = serde_json::from_str(&text);
-        assert!(
-            back.is_ok(),
-            "{d:?} written as {text} does not load: {back:?}"
-        );
+        if accepted.contains(&d) {
+            let back = back.unwrap_or_else(|e| panic!("{d:?} written as {text}: {e}"));
+            assert_eq!((back.ttl, back.lease), (Some(d), Some(d)), "{text}");
+        } else {
+            let message = back.expect_err(&text).to_string();
+            assert!(message.contains("`ttl`"), "{d:?}: {message}");
+        }
     }
 }
