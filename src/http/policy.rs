@@ -5,6 +5,8 @@
 //! shared. A request with credentials, a response that sets a cookie or says
 //! `private`/`no-store`/`no-cache`, or one whose `Vary` can never match
 //! (`*`), passes through untouched unless the route opts in explicitly.
+//! The qualified `private="field"` and `no-cache="field"` alone do not keep
+//! a response out: it is stored without the fields they name.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -320,6 +322,9 @@ pub(crate) fn classify(
     // this cache knows lets `no-store` be ignored; any other is not stored.
     let understood = understands(status);
     let no_store = cc.no_store && !(cc.must_understand && understood);
+    // Only the plain `private` and `no-cache` are read here: a response
+    // whose only ones are qualified is stored without the fields they name
+    // (RFC 9111 §5.2.2.4, §5.2.2.7; `response::take_one_clients`).
     if (cc.private || no_store || cc.no_cache) && !store.cache_private {
         return Verdict::Pass(Pass::Private);
     }

@@ -9,10 +9,10 @@
 use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use http::header::{SET_COOKIE, VARY};
+use http::header::SET_COOKIE;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use super::rfc::cache_control::qualified_fields;
+use super::rfc::cache_control::{qualified_fields, KEPT_WHATEVER_NAMED};
 use super::rfc::headers::{AUTHENTICATION_INFO, PROXY_AUTHENTICATION_INFO, SET_COOKIE2};
 use super::spool::Hold;
 use crate::engine::CacheValue;
@@ -96,11 +96,15 @@ const HEADER_SLOT: usize = 112;
 ///   client's credentials, not part of the resource, so always stripped;
 /// - the fields a qualified `private="…"` or `no-cache="…"` names (RFC 9111
 ///   §5.2.2.7, §5.2.2.4), in `Cache-Control` or a targeted field of
-///   `targets`: whatever lets the rest be stored (a route that stores
-///   private answers, or a targeted field that overrides `Cache-Control`),
-///   they are not, rather than sent later without revalidation.
+///   `targets`: the rest of such a response is stored (by default, when
+///   the qualified forms are its only `private` and `no-cache`; see
+///   `CacheControl::parse`), those fields are not, rather than sent later
+///   without revalidation.
 ///
-/// `Vary` is kept whatever names it: the entry is selected by it.
+/// `Vary` and `Content-Encoding` are kept whatever names them
+/// (`KEPT_WHATEVER_NAMED`): the entry is selected by the one and read by
+/// the other. A list that names either is read as the plain directive, so
+/// only a route that stores private answers keeps such a response.
 ///
 /// Removed from `headers` (what is stored and shared) and returned, for the
 /// answer of the request that asked alone. The fields a `Connection` header
@@ -111,10 +115,10 @@ pub(crate) fn take_one_clients(
     strip_cookies: bool,
     targets: &[HeaderName],
 ) -> Vec<(HeaderName, HeaderValue)> {
-    // Never `Vary`: the entry is selected by it, and without it would be
-    // served to every request.
+    // Never `Vary` nor `Content-Encoding`: without the one the entry would
+    // be served to every request, without the other its body misread.
     let mut names = qualified_fields(headers, targets);
-    names.retain(|name| name != VARY);
+    names.retain(|name| !KEPT_WHATEVER_NAMED.contains(name));
     names.extend([AUTHENTICATION_INFO, PROXY_AUTHENTICATION_INFO].map(HeaderName::from_static));
     if strip_cookies {
         names.extend([SET_COOKIE, HeaderName::from_static(SET_COOKIE2)]);

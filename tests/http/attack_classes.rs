@@ -296,6 +296,181 @@ async fn one_clients_fields_never_reach_another_client() {
     }
 }
 
+/// A response whose only `private` and `no-cache` are qualified (RFC 9111
+/// §5.2.2.4, §5.2.2.7) is stored by default without the fields they name:
+/// the second client is answered from the entry, without them, after one
+/// origin call, while the first keeps its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qualified_private_or_no_cache_stores_the_rest() {
+    let backends = Backends::start();
+    for (kind, backend) in backends.each().await {
+        let guard = || StampedeGuard::new(backend.clone()).ttl(Duration::from_secs(60));
+        let mut n = 0;
+        let mut uri = || {
+            n += 1;
+            format!("/report?q={n}")
+        };
+        for (route, fields, named) in [
+            (
+                guard(),
+                &[
+                    ("cache-control", "no-cache=\"x-user\""),
+                    ("x-user", "user-<n>"),
+                    ("x-keep", "k"),
+                ][..],
+                &["x-user"][..],
+            ),
+            (
+                guard().respect_cache_control(true),
+                &[
+                    ("cache-control", "no-cache=\"x-user, x-token\""),
+                    ("x-user", "user-<n>"),
+                    ("x-token", "t<n>"),
+                    ("x-keep", "k"),
+                    ("cache-control", "max-age=3600"),
+                ],
+                &["x-user", "x-token"],
+            ),
+            (
+                guard(),
+                &[
+                    ("cache-control", "private=\"x-user\", max-age=60"),
+                    ("x-user", "user-<n>"),
+                    ("x-keep", "k"),
+                ],
+                &["x-user"],
+            ),
+            (
+                guard().respect_cache_control(true),
+                &[
+                    ("cache-control", "PRIVATE=\"X-User\", max-age=60"),
+                    ("x-user", "user-<n>"),
+                    ("x-keep", "k"),
+                ],
+                &["x-user"],
+            ),
+            (
+                guard().respect_cache_control(true),
+                &[
+                    ("cdn-cache-control", "max-age=60, no-cache=\"x-user\""),
+                    ("x-user", "user-<n>"),
+                    ("x-keep", "k"),
+                ],
+                &["x-user"],
+            ),
+        ] {
+            let (a, b, calls) = two_clients(route, fields, &uri()).await;
+            let case = format!("{kind}: {fields:?}");
+            for name in named {
+                assert!(a.headers.get(*name).is_some(), "{case}: a lost {name}");
+                assert!(b.headers.get(*name).is_none(), "{case}: {:?}", b.headers);
+            }
+            assert_eq!(b.text(), "v1", "{case}: not stored");
+            assert_eq!(b.x_cache(), "HIT", "{case}");
+            assert_eq!(b.headers["x-keep"], "k", "{case}");
+            assert_eq!(calls, 1, "{case}");
+        }
+
+        // Beside the plain form, or a list this cache cannot honour: not
+        // stored at all.
+        for fields in [
+            &[
+                ("cache-control", "private=\"x-user\", private"),
+                ("x-user", "user-<n>"),
+            ][..],
+            &[
+                ("cache-control", "no-cache=\"x-user\""),
+                ("cache-control", "no-cache"),
+                ("x-user", "user-<n>"),
+            ],
+            &[("cache-control", "private=x-user"), ("x-user", "user-<n>")],
+            &[("cache-control", "private=\"\""), ("x-user", "user-<n>")],
+            &[
+                ("cache-control", "no-cache=\"x user\""),
+                ("x-user", "user-<n>"),
+            ],
+            &[
+                ("cache-control", "no-cache=\"vary\""),
+                ("x-user", "user-<n>"),
+            ],
+            &[
+                ("cache-control", "no-cache=\"content-encoding\""),
+                ("x-user", "user-<n>"),
+            ],
+        ] {
+            let (a, b, calls) = two_clients(guard(), fields, &uri()).await;
+            let case = format!("{kind}: {fields:?}");
+            assert_eq!(a.headers["x-user"], "user-1", "{case}");
+            assert_eq!(b.text(), "v2", "{case}: stored");
+            assert_eq!(b.headers["x-user"], "user-2", "{case}");
+            assert_eq!(calls, 2, "{case}");
+        }
+    }
+}
+
+/// A `304` that renews an entry stored under a qualified `no-cache` does
+/// not bring the named field back into it: the entry served after the
+/// renewal lacks it, and the body crossed the wire once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_304_does_not_bring_a_named_field_back() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let backends = Backends::start();
+    for (kind, backend) in backends.each().await {
+        let origin = Origin::default();
+        let renewals = Arc::new(AtomicUsize::new(0));
+        let (o, r) = (origin.clone(), renewals.clone());
+        let app = Router::new().route(
+            "/renewed",
+            axum::routing::get(move |headers: HeaderMap| {
+                let (origin, renewals) = (o.clone(), r.clone());
+                async move {
+                    let (n, _running) = origin.enter();
+                    let user = format!("user-{n}");
+                    let conditional = headers.get("if-none-match").is_some_and(|v| v == "\"c1\"");
+                    if conditional {
+                        renewals.fetch_add(1, Ordering::SeqCst);
+                        // Fresh for an hour from now on: one renewal.
+                        let cc = "no-cache=\"x-user\", max-age=3600";
+                        let fields = [("cache-control", cc), ("etag", "\"c1\"")];
+                        (http::StatusCode::NOT_MODIFIED, fields, [("x-user", user)]).into_response()
+                    } else {
+                        let cc = "no-cache=\"x-user\", max-age=1";
+                        let fields = [("cache-control", cc), ("etag", "\"c1\"")];
+                        (fields, [("x-user", user)], "the body").into_response()
+                    }
+                }
+            })
+            .layer(
+                StampedeGuard::new(backend.clone())
+                    .ttl(Duration::from_secs(60))
+                    .respect_cache_control(true),
+            ),
+        );
+        let first = send(&app, request("/renewed", &[])).await;
+        assert_eq!(first.headers["x-user"], "user-1", "{kind}");
+        // Asks until the entry, stale after a second, has been renewed.
+        for _ in 0..500 {
+            if renewals.load(Ordering::SeqCst) > 0 {
+                break;
+            }
+            let answer = send(&app, request("/renewed", &[])).await;
+            assert_eq!(answer.text(), "the body", "{kind}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(renewals.load(Ordering::SeqCst), 1, "{kind}");
+        let after = send(&app, request("/renewed", &[])).await;
+        assert_eq!(after.text(), "the body", "{kind}");
+        assert_eq!(after.x_cache(), "HIT", "{kind}");
+        assert!(
+            after.headers.get("x-user").is_none(),
+            "{kind}: {:?}",
+            after.headers
+        );
+        assert_eq!(origin.calls(), 2, "{kind}: one 200, one 304");
+    }
+}
+
 /// An answer that varies on a request header keeps its `Vary` in the stored
 /// copy whatever `Connection` or a qualified `no-cache` names: stored
 /// without it, one client's variant would be served to every other.

@@ -99,7 +99,7 @@ async fn unshareable_responses_are_never_stored() {
         &[("cache-control", "no-cache")],
         &[
             ("cache-control", "public, max-age=60"),
-            ("cache-control", "private=\"x-user\""),
+            ("cache-control", "private=\"x-user\", private"),
         ],
         &[("vary", "*")],
         &[("vary", "accept-language, *")],

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::header::{AGE, CACHE_CONTROL, DATE, EXPIRES};
+use http::header::{AGE, CACHE_CONTROL, CONTENT_ENCODING, DATE, EXPIRES, VARY};
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::structured::{dictionary, Value};
@@ -41,35 +41,52 @@ impl CacheControl {
     /// they stand as a word (whatever separates them: `;`, spaces, inside a
     /// quoted string), as nginx and Varnish read them; directives themselves
     /// may be separated by commas, semicolons or whitespace.
+    ///
+    /// The qualified forms `private="field, …"` and `no-cache="field, …"`
+    /// (RFC 9111 §5.2.2.7, §5.2.2.4) do not set `private` or `no-cache`:
+    /// the response may be stored without the fields they name (see
+    /// [`qualified_fields`]). Only a well-formed one counts as qualified
+    /// (see [`field_list`]); any other occurrence of the word, beside it or
+    /// inside it, is the plain directive.
     pub(crate) fn parse(headers: &HeaderMap) -> Self {
         let mut cc = CacheControl::default();
         for line in headers.get_all(CACHE_CONTROL) {
+            // Words seen, less the well-formed qualified directives among them.
+            let (mut private, mut no_cache) = (0usize, 0usize);
             for token in tokens(line.as_bytes()) {
                 match token.to_ascii_lowercase().as_slice() {
                     b"no-store" => cc.no_store = true,
-                    b"no-cache" => cc.no_cache = true,
-                    b"private" => cc.private = true,
+                    b"no-cache" => no_cache += 1,
+                    b"private" => private += 1,
                     _ => {}
                 }
             }
+            let plain = |cc: &mut CacheControl, private: usize, no_cache: usize| {
+                cc.private |= private > 0;
+                cc.no_cache |= no_cache > 0;
+            };
             let Ok(line) = std::str::from_utf8(line.as_bytes()) else {
                 cc.unparseable = true;
+                plain(&mut cc, private, no_cache);
                 continue;
             };
             let Some(directives) = split_directives(line) else {
                 cc.unparseable = true;
+                plain(&mut cc, private, no_cache);
                 continue;
             };
             for directive in directives {
+                match qualified(directive) {
+                    Some(Qualified::Private) => private = private.saturating_sub(1),
+                    Some(Qualified::NoCache) => no_cache = no_cache.saturating_sub(1),
+                    None => {}
+                }
                 let Some((name, arg)) = directive_parts(directive) else {
                     cc.unparseable = true;
                     continue;
                 };
                 let seconds = || arg.and_then(delta_seconds);
                 match name.to_ascii_lowercase().as_str() {
-                    // The qualified forms (`no-cache="field"`, `private="field"`)
-                    // are treated like the plain ones (see above): safer than
-                    // storing without the named fields.
                     "must-revalidate" => cc.must_revalidate = true,
                     "proxy-revalidate" => cc.proxy_revalidate = true,
                     "must-understand" => cc.must_understand = true,
@@ -80,9 +97,62 @@ impl CacheControl {
                     _ => {}
                 }
             }
+            plain(&mut cc, private, no_cache);
         }
         cc
     }
+}
+
+/// Which qualified directive a well-formed one is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Qualified {
+    Private,
+    NoCache,
+}
+
+/// `directive`, if it is a well-formed qualified `private` or `no-cache`:
+/// its argument a quoted string that [`field_list`] reads.
+fn qualified(directive: &str) -> Option<Qualified> {
+    let (name, arg) = directive.split_once('=')?;
+    let which = match name {
+        _ if name.eq_ignore_ascii_case("private") => Qualified::Private,
+        _ if name.eq_ignore_ascii_case("no-cache") => Qualified::NoCache,
+        _ => return None,
+    };
+    let inner = arg.strip_prefix('"')?.strip_suffix('"')?;
+    field_list(inner).map(|_| which)
+}
+
+/// Fields a stored entry cannot be kept without, whatever a qualified
+/// directive names: `Vary` selects the entry (without it one request's
+/// variant would answer every other), and `Content-Encoding` says how its
+/// body is coded (without it the body would be misread).
+pub(crate) static KEPT_WHATEVER_NAMED: [HeaderName; 2] = [VARY, CONTENT_ENCODING];
+
+/// The field names of a qualified directive's list (the inside of its
+/// quoted string), if it is one this cache can honour: one or more field
+/// names separated by commas (empty members ignored, RFC 9110 §5.6.1),
+/// none of them in [`KEPT_WHATEVER_NAMED`]. `None` for an empty list, a
+/// member that is not a field name (spaces inside, escapes, quotes), or a
+/// field the entry cannot do without: such a directive is read as the
+/// plain one, which keeps the response out of the cache.
+fn field_list(inner: &str) -> Option<Vec<HeaderName>> {
+    let mut names = Vec::new();
+    for member in inner.split(',') {
+        let member = member.trim_matches([' ', '\t']);
+        if member.is_empty() {
+            continue;
+        }
+        if !member.bytes().all(is_tchar) {
+            return None;
+        }
+        let name = HeaderName::from_bytes(member.as_bytes()).ok()?;
+        if KEPT_WHATEVER_NAMED.contains(&name) {
+            return None;
+        }
+        names.push(name);
+    }
+    (!names.is_empty()).then_some(names)
 }
 
 /// The directives of the first targeted field among `targets` that is
@@ -105,7 +175,15 @@ pub(crate) fn targeted(headers: &HeaderMap, targets: &[HeaderName]) -> Option<Ca
         if field.iter().all(|b| *b == b' ' || *b == b'\t') {
             return None;
         }
-        from_dictionary(&dictionary(&field)?)
+        let mut cc = from_dictionary(&dictionary(&field)?)?;
+        // A dictionary keeps the last of two members of one name: a plain
+        // `private` or `no-cache` beside a qualified one still counts.
+        let directives = std::str::from_utf8(&field).ok().and_then(split_directives);
+        for directive in directives.unwrap_or_default() {
+            cc.private |= directive.eq_ignore_ascii_case("private");
+            cc.no_cache |= directive.eq_ignore_ascii_case("no-cache");
+        }
+        Some(cc)
     })
 }
 
@@ -120,19 +198,23 @@ fn from_dictionary(members: &[(String, Value)]) -> Option<CacheControl> {
             }
             _ => None,
         };
-        // A flag: `true` (no value), `?0`, or a list of field names (the
-        // qualified `private` and `no-cache`, taken like the plain ones).
+        // A flag: `true` (no value), `?0`, or a list of field names (a
+        // qualified `private` or `no-cache` that `field_list` reads leaves
+        // the flag as it was; any other list counts as the plain one).
         let flag = || match value {
             Value::Boolean(on) => Some(*on),
             Value::String(_) => Some(true),
             _ => None,
         };
+        let qualified = matches!(value, Value::String(list) if field_list(list).is_some());
         match name.as_str() {
             "max-age" => cc.max_age = Some(seconds()?),
             "s-maxage" => cc.s_maxage = Some(seconds()?),
             "stale-while-revalidate" => cc.stale_while_revalidate = Some(seconds()?),
             "stale-if-error" => cc.stale_if_error = Some(seconds()?),
             "no-store" => cc.no_store = flag()?,
+            "no-cache" if qualified => {}
+            "private" if qualified => {}
             "no-cache" => cc.no_cache = flag()?,
             "private" => cc.private = flag()?,
             "must-revalidate" => cc.must_revalidate = flag()?,
@@ -358,6 +440,49 @@ mod tests {
     }
 
     #[test]
+    fn only_a_well_formed_qualified_form_leaves_the_response_storable() {
+        for line in [
+            "no-cache=\"a\"",
+            "no-cache=\"a, b\", max-age=3600",
+            "PRIVATE=\"X-User\"",
+            "private=\" x-a ,, x-b \"",
+            "private=\"x-a\", no-cache=\"x-b\"",
+        ] {
+            let cc = CacheControl::parse(&headers(&[("cache-control", line)]));
+            assert!(!cc.private && !cc.no_cache && !cc.unparseable, "{line}");
+        }
+        for line in [
+            // Unquoted, empty, not field names, escaped.
+            "private=x-a",
+            "no-cache=x-a",
+            "private=\"\"",
+            "no-cache=\" , \"",
+            "private=\"x a\"",
+            "private=\"x-a\\\"\"",
+            "private=\"x-a;y\"",
+            // A field the entry cannot be stored without.
+            "no-cache=\"vary\"",
+            "private=\"x-a, Content-Encoding\"",
+            // The plain form beside the qualified one wins.
+            "private=\"x-a\", private",
+            "no-cache, no-cache=\"x-a\"",
+            // The word inside another directive's list.
+            "no-cache=\"private\"",
+            "private=\"no-cache\"",
+            "x=\"private\", no-cache=\"x-a\"",
+        ] {
+            let cc = CacheControl::parse(&headers(&[("cache-control", line)]));
+            assert!(cc.private || cc.no_cache, "{line}");
+        }
+        // Across lines: a plain form on any line wins.
+        let cc = CacheControl::parse(&headers(&[
+            ("cache-control", "private=\"x-a\""),
+            ("cache-control", "private"),
+        ]));
+        assert!(cc.private);
+    }
+
+    #[test]
     fn parses_directives_across_lines_and_quotes() {
         let cc = CacheControl::parse(&headers(&[
             ("cache-control", "public, max-age=60, private=\"a, b\""),
@@ -367,7 +492,8 @@ mod tests {
             ),
         ]));
         assert_eq!(cc.max_age, Some(60));
-        assert!(cc.private);
+        // Qualified: the response is stored without `a` and `b`.
+        assert!(!cc.private);
         assert_eq!(cc.stale_while_revalidate, Some(30));
         assert_eq!(cc.stale_if_error, Some(600));
         assert!(!cc.no_store);
@@ -482,7 +608,19 @@ mod tests {
         ]);
         let cc = targeted(&h, &targets).unwrap();
         assert_eq!(cc.max_age, Some(1 << 31));
-        assert!(cc.private && !cc.no_store);
+        assert!(!cc.private && !cc.no_store);
+        // A list this cache cannot honour, or a plain member beside a
+        // qualified one (the dictionary keeps the last): the plain directive.
+        for field in [
+            "private=\"\"",
+            "private=\"x a\"",
+            "no-cache=\"vary\"",
+            "private, private=\"x-a\"",
+            "no-cache=\"x-a\", no-cache",
+        ] {
+            let cc = targeted(&headers(&[("cdn-cache-control", field)]), &targets).unwrap();
+            assert!(cc.private || cc.no_cache, "{field}");
+        }
         // None present or none valid: Cache-Control speaks.
         assert_eq!(
             targeted(&headers(&[("cache-control", "max-age=1")]), &targets),
