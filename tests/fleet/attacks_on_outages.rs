@@ -687,3 +687,204 @@ async fn a_client_pause_under_load_fails_no_request_and_costs_no_warm_call() {
 async fn a_sigstopped_redis_under_load_fails_no_request_and_costs_no_warm_call() {
     a_stall(Stall::Sigstop).await;
 }
+
+/// `/big` answers 64 KiB over a 1 KiB cap; `/report` a short body. Both on
+/// a guard of `backend`.
+fn outage_app(origin: &Origin, backend: Backend) -> axum::Router {
+    use axum::routing::get as route;
+    let guard = StampedeGuard::new(backend)
+        .ttl(Duration::from_secs(60))
+        .max_body_bytes(1024);
+    let big = {
+        let origin = origin.clone();
+        move || {
+            let origin = origin.clone();
+            async move {
+                let (_n, _running) = origin.enter();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                vec![7u8; 64 * 1024]
+            }
+        }
+    };
+    let small = {
+        let origin = origin.clone();
+        move || {
+            let origin = origin.clone();
+            async move {
+                let (n, _running) = origin.enter();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                format!("v{n}")
+            }
+        }
+    };
+    axum::Router::new()
+        .route("/big", route(big).layer(guard.clone()))
+        .route("/report", route(small).layer(guard))
+}
+
+/// During an outage: coalesced waiters on an over-cap body all get the
+/// whole body, and request cache directives on a warm key cost at most one
+/// call per instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_cap_bodies_and_no_store_requests_during_an_outage() {
+    let mut redis = RedisServer::start();
+    let big_origin = Origin::default();
+    let origin = Origin::default();
+    let mut apps = Vec::new();
+    let mut backends = Vec::new();
+    for _ in 0..2 {
+        let backend = backend(&redis.url(), LONG_GRACE).await;
+        let app = outage_app(&origin, backend.clone());
+        let big = outage_app(&big_origin, backend.clone());
+        apps.push((app, big));
+        backends.push(backend);
+    }
+    for (app, _) in &apps {
+        for _ in 0..100 {
+            let answer = send(app, get("/report")).await;
+            if answer.x_cache() == "HIT" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    redis.kill();
+    let until = std::time::Instant::now() + LIMIT;
+    while !backends
+        .iter()
+        .all(|b| b.health().status == Status::Degraded)
+    {
+        assert!(std::time::Instant::now() < until, "the outage was noticed");
+        for (app, _) in &apps {
+            let _ = send(app, get("/report")).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let big = apps[i % 2].1.clone();
+        tasks.push(tokio::spawn(async move { send(&big, get("/big")).await }));
+    }
+    let mut bad_big = 0;
+    for t in tasks {
+        let answer = t.await.expect("request");
+        if answer.status != 200 || answer.body.len() != 64 * 1024 {
+            bad_big += 1;
+        }
+    }
+    let before = origin.calls();
+    let mut tasks = Vec::new();
+    for i in 0..60 {
+        let app = apps[i % 2].0.clone();
+        let (name, value) = match i % 3 {
+            0 => ("cache-control", "no-store"),
+            1 => ("cache-control", "no-cache"),
+            _ => ("pragma", "no-cache"),
+        };
+        let request = http::Request::get("/report")
+            .header(name, value)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        tasks.push(tokio::spawn(
+            async move { send(&app, request).await.status },
+        ));
+    }
+    let mut failed = 0;
+    for t in tasks {
+        if t.await.expect("request") != 200 {
+            failed += 1;
+        }
+    }
+    let directive_calls = origin.calls() - before;
+    eprintln!(
+        "outage: over-cap bad {bad_big} of 40 ({} origin calls), directives failed {failed}, origin calls {directive_calls}",
+        big_origin.calls()
+    );
+    assert_eq!(bad_big, 0, "every over-cap waiter got the whole body");
+    assert_eq!(failed, 0);
+    assert!(
+        directive_calls <= 2,
+        "request directives cost at most one call per instance, got {directive_calls}"
+    );
+}
+
+/// A rebuild longer than the shutdown's deadline while Redis flaps: the
+/// shutdown returns, accounts for the lease (handed back or reported not
+/// handed back), and the other instance's waiter is answered by at most
+/// one more origin call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_cutting_a_rebuild_short_during_a_flap_accounts_for_its_lease() {
+    let redis = Arc::new(std::sync::Mutex::new(RedisServer::start()));
+    let url = redis.lock().unwrap().url();
+    let origin = Origin::default();
+    let a = instance(
+        backend(&url, LONG_GRACE).await,
+        &origin,
+        Duration::from_secs(3),
+        ttl,
+    );
+    let b = instance(
+        backend(&url, LONG_GRACE).await,
+        &origin,
+        Duration::from_secs(3),
+        ttl,
+    );
+    wait_live(&[&a, &b]).await;
+    let in_flight = {
+        let app = a.app.clone();
+        tokio::spawn(async move { send(&app, get("/report?slow")).await.status })
+    };
+    // The lease is a's before b asks.
+    let until = std::time::Instant::now() + LIMIT;
+    while origin.calls() == 0 {
+        assert!(std::time::Instant::now() < until);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiting = {
+        let app = b.app.clone();
+        tokio::spawn(async move { send(&app, get("/report?slow")).await.status })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flapper = {
+        let redis = redis.clone();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut flaps = 0;
+            while !stop.load(Ordering::SeqCst) && flaps < 10 {
+                redis.lock().unwrap().kill();
+                std::thread::sleep(Duration::from_millis(40));
+                redis.lock().unwrap().restart();
+                std::thread::sleep(Duration::from_millis(40));
+                flaps += 1;
+            }
+            flaps
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let report = tokio::time::timeout(LIMIT, a.backend.shutdown(Duration::from_millis(200)))
+        .await
+        .expect("shutdown returns during a flap");
+    stop.store(true, Ordering::SeqCst);
+    let flaps = flapper.join().expect("flapper");
+    let first = tokio::time::timeout(LIMIT, in_flight)
+        .await
+        .expect("no hang")
+        .expect("task");
+    let second = tokio::time::timeout(LIMIT, waiting)
+        .await
+        .expect("no hang")
+        .expect("task");
+    eprintln!(
+        "shutdown cut short during {flaps} flaps: {report:?}, answers {first} {second}, origin {}",
+        origin.calls()
+    );
+    assert_eq!(second, 200, "the other instance's waiter");
+    assert_eq!(report.unfinished_rebuilds, 1, "the rebuild was cut short");
+    assert_eq!(
+        report.leases_handed_back + report.not_handed_back,
+        1,
+        "its lease is accounted for"
+    );
+    assert!(origin.calls() <= 2, "calls {}", origin.calls());
+}
