@@ -301,33 +301,38 @@ async fn a_flapping_redis_fails_no_request_and_warm_keys_stay_within_one_call_pe
     assert_ne!(after.text(), old, "b does not serve what a purged");
 }
 
-/// Redis restored from a snapshot saved before a key purge: the restored
+/// Redis restored from a snapshot saved before a purge: the restored
 /// entry (the purged value) comes back in Redis. Both instances held the
 /// rebuilt value; after the rejoin neither may serve the purged value.
 /// Returns the purged value and how many of 80 answers carried it.
-async fn snapshot_older_than_a_key_purge(grace: Duration) -> (String, usize) {
+async fn snapshot_older_than_a_purge(grace: Duration, purge: Purge) -> (String, usize) {
     let mut redis = RedisServer::start();
     let origin = Origin::default();
     let a = instance(
         backend(&redis.url(), grace).await,
         &origin,
         Duration::ZERO,
-        ttl,
+        tagged,
     );
     let b = instance(
         backend(&redis.url(), grace).await,
         &origin,
         Duration::ZERO,
-        ttl,
+        tagged,
     );
     wait_live(&[&a, &b]).await;
     let old = settled(&a, "/report").await;
     assert_eq!(settled(&b, "/report").await, old);
     assert_eq!(redis.raw(&["SAVE"]), "+OK");
-    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
-        .await
-        .expect("no hang")
-        .expect("purge");
+    tokio::time::timeout(LIMIT, async {
+        match purge {
+            Purge::Key => a.guard.invalidate(&get("/report")).await,
+            Purge::Tag => a.guard.invalidate_tag("t").await,
+        }
+    })
+    .await
+    .expect("no hang")
+    .expect("purge");
     let new = settled(&a, "/report").await;
     assert_ne!(new, old);
     assert_eq!(settled(&b, "/report").await, new);
@@ -355,7 +360,7 @@ async fn snapshot_older_than_a_key_purge(grace: Duration) -> (String, usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a snapshot older than a key purge restores the purged entry: 80 of 80 answers carry it after the rejoin"]
 async fn a_snapshot_older_than_a_key_purge_brings_nothing_purged_back_under_a_grace() {
-    let (old, resurrected) = snapshot_older_than_a_key_purge(LONG_GRACE).await;
+    let (old, resurrected) = snapshot_older_than_a_purge(LONG_GRACE, Purge::Key).await;
     assert_eq!(
         resurrected, 0,
         "answers with the purged value {old} out of 80"
@@ -365,7 +370,18 @@ async fn a_snapshot_older_than_a_key_purge_brings_nothing_purged_back_under_a_gr
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a snapshot older than a key purge restores the purged entry: 80 of 80 answers carry it after the rejoin"]
 async fn a_snapshot_older_than_a_key_purge_brings_nothing_purged_back_with_no_grace() {
-    let (old, resurrected) = snapshot_older_than_a_key_purge(Duration::ZERO).await;
+    let (old, resurrected) = snapshot_older_than_a_purge(Duration::ZERO, Purge::Key).await;
+    assert_eq!(
+        resurrected, 0,
+        "answers with the purged value {old} out of 80"
+    );
+}
+
+/// The same with a tag purge: the generation the instances heard never
+/// goes down, so the restored entry is a miss on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_older_than_a_tag_purge_brings_nothing_purged_back_under_a_grace() {
+    let (old, resurrected) = snapshot_older_than_a_purge(LONG_GRACE, Purge::Tag).await;
     assert_eq!(
         resurrected, 0,
         "answers with the purged value {old} out of 80"
