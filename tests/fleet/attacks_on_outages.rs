@@ -488,6 +488,10 @@ async fn thousands_of_cold_keys_during_an_outage_cost_one_call_per_key_per_insta
         _ = wait_degraded(&both) => {}
         _ = probe => {}
     }
+    // A probe's rebuild cut off by the select runs on: it is over once the
+    // probe key is a hit on both.
+    settled(&a, "/report?probe").await;
+    settled(&b, "/report?probe").await;
     let before = origin.calls();
     let burst = |copies: usize| {
         let mut tasks = Vec::new();
