@@ -1009,3 +1009,55 @@ async fn a_key_purge_that_fails_during_an_outage_drops_the_local_copy() {
     assert_eq!(a_during, 0, "the purger's local copy dropped at once");
     assert_eq!(a_stale, 0, "nor served after its rejoin");
 }
+
+/// An instance started while Redis is stopped (SIGSTOP: it accepts and
+/// never answers) serves with local coalescing, joins once Redis answers,
+/// and then hears a purge another instance makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_started_on_a_stopped_redis_serves_joins_and_hears_purges() {
+    let redis = RedisServer::start();
+    let origin = Origin::default();
+    let a = instance(
+        backend(&redis.url(), LONG_GRACE).await,
+        &origin,
+        Duration::from_millis(20),
+        ttl,
+    );
+    wait_live(&[&a]).await;
+    redis.freeze();
+    let late = tokio::time::timeout(LIMIT, backend(&redis.url(), LONG_GRACE))
+        .await
+        .expect("connect returns while Redis answers nothing");
+    let b = instance(late, &origin, Duration::from_millis(20), ttl);
+    let mut tasks = Vec::new();
+    for _ in 0..100 {
+        let app = b.app.clone();
+        tasks.push(tokio::spawn(async move {
+            send(&app, get("/report?early")).await.status
+        }));
+    }
+    let mut failed = 0;
+    for t in tasks {
+        if t.await.expect("request") != 200 {
+            failed += 1;
+        }
+    }
+    let early = origin.calls();
+    redis.thaw();
+    wait_live(&[&a, &b]).await;
+    let old = settled(&b, "/report?k=9").await;
+    assert_eq!(settled(&a, "/report?k=9").await, old);
+    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report?k=9")))
+        .await
+        .expect("no hang")
+        .expect("purge");
+    let after = send(&b.app, get("/report?k=9")).await;
+    eprintln!("stopped start: failed {failed}, early calls {early}");
+    assert_eq!(failed, 0, "every request answered before the join");
+    assert_eq!(
+        early, 1,
+        "one call for 100 concurrent requests, coalesced locally"
+    );
+    assert_eq!(after.status, 200);
+    assert_ne!(after.text(), old, "the joined instance heard the purge");
+}
