@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attacks_on_outages;
 mod avalanche;
 mod call_faults;
 mod carried;
