@@ -1264,3 +1264,62 @@ async fn query_and_route_rewrite_headers_are_keyed() {
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// Requests that join one slow miss each get their own answer from it: a
+/// `HEAD` leading, then a `GET` (the body), a failing `If-Match` (`412`), a
+/// matching `If-None-Match` (`304`), a `Range` with a weak `If-Range` (the
+/// whole `200`) and a plain `Range` (`206`); one origin call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_joining_one_miss_get_their_own_preconditions() {
+    let backends = Backends::start();
+    for (kind, backend) in backends.each().await {
+        let calls = Calls::default();
+        let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
+        let counted = calls.clone();
+        let slow = move |_: Request<Body>| {
+            let calls = counted.clone();
+            async move {
+                let n = calls.next();
+                tokio::time::sleep(Duration::from_millis(400)).await;
+                respond(format!("0123456789-{n}"), &[("etag", "\"j\"")])
+            }
+        };
+        let app = Router::new().route("/report", any(slow).layer(guard));
+        let spawn = |method: Method, headers: &'static [(&'static str, &'static str)]| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, request(method, "/report?join", headers)).await })
+        };
+        let head = spawn(Method::HEAD, &[]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let joined = [
+            spawn(Method::GET, &[]),
+            spawn(Method::GET, &[("if-match", "\"zz\"")]),
+            spawn(Method::GET, &[("if-none-match", "W/\"j\"")]),
+            spawn(
+                Method::GET,
+                &[("range", "bytes=0-1"), ("if-range", "W/\"j\"")],
+            ),
+            spawn(Method::GET, &[("range", "bytes=0-1")]),
+        ];
+        let head = head.await.expect("head");
+        assert_eq!(head.status, StatusCode::OK, "{kind}: head");
+        assert!(head.body.is_empty(), "{kind}: head body");
+        let mut got = Vec::new();
+        for j in joined {
+            let a = j.await.expect("joined");
+            got.push((a.status.as_u16(), a.text()));
+        }
+        assert_eq!(
+            got,
+            vec![
+                (200, "0123456789-1".to_owned()),
+                (412, String::new()),
+                (304, String::new()),
+                (200, "0123456789-1".to_owned()),
+                (206, "01".to_owned()),
+            ],
+            "{kind}"
+        );
+        assert_eq!(calls.get(), 1, "{kind}");
+    }
+}
