@@ -1323,3 +1323,41 @@ async fn requests_joining_one_miss_get_their_own_preconditions() {
         assert_eq!(calls.get(), 1, "{kind}");
     }
 }
+
+/// A `gzip` body stored without `Vary` never reaches a client that refuses
+/// gzip in any spelling: `Q=0` (parameter names are case-insensitive),
+/// spaces around `;`, `q=0.000`, `*;q=0`, `GZIP;q=0`, or `x-gzip;q=0`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_entry_never_reaches_a_client_refusing_gzip_in_any_spelling() {
+    let backends = Backends::start();
+    let mut failures = Vec::new();
+    for (kind, backend) in backends.each().await {
+        let calls = Calls::default();
+        let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
+        let app = app(&calls, guard, |n, parts| {
+            let ae = header(parts, "accept-encoding").to_owned();
+            let mut r = respond(format!("[{ae}]-{n}"), &[]);
+            if ae == "gzip" {
+                r.headers_mut()
+                    .insert("content-encoding", http::HeaderValue::from_static("gzip"));
+            }
+            r
+        });
+        let _ = send(&app, get("/report?gz", &[("accept-encoding", "gzip")])).await;
+        for ae in [
+            "gzip;Q=0",
+            "gzip ; q=0",
+            "gzip;q=0.000",
+            "*;q=0",
+            "GZIP;q=0",
+            "x-gzip;q=0",
+            "gzip;q=0, identity",
+        ] {
+            let a = send(&app, get("/report?gz", &[("accept-encoding", ae)])).await;
+            if a.headers.contains_key("content-encoding") {
+                failures.push(format!("{kind}: `{ae}` got the gzip body"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
