@@ -12,6 +12,7 @@ mod common;
 static ALLOCATOR: common::counting::Counting = common::counting::Counting;
 
 mod attack_classes;
+mod attacks_on_sharing;
 mod bodies;
 mod bodies_over_the_cap;
 mod cache_status;
