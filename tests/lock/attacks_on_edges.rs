@@ -271,3 +271,76 @@ async fn a_slot_moved_to_an_evicting_primary_refuses_the_next_lock() {
         "locks granted on the evicting primary after the move (first refusal at try {first_refusal:?})"
     );
 }
+
+/// A cluster primary is SIGKILLed; its replica, which evicts
+/// (`allkeys-lru`), takes its slots. A lock on those slots must be refused
+/// there.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_failover_to_an_evicting_replica_refuses_its_locks() {
+    use crate::common::cluster::{wait_replicated, Cluster};
+
+    let mut cluster = Cluster::start(3, 1);
+    let victim = cluster.masters()[0];
+    let victim_port = format!("master_port:{}", cluster.nodes[victim].port());
+    let replica = (0..cluster.nodes.len())
+        .find(|&i| {
+            cluster.nodes[i]
+                .raw(&["INFO", "replication"])
+                .contains(&victim_port)
+        })
+        .expect("the victim's replica");
+    let evicting = &cluster.nodes[replica];
+    assert_eq!(evicting.raw(&["CONFIG", "SET", "maxmemory", "64mb"]), "+OK");
+    assert_eq!(
+        evicting.raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
+        "+OK"
+    );
+    let backend = crate::common::shards::connect(&cluster, ROOMY_DEADLINE).await;
+    let lock = Lock::new(backend.clone());
+    let mut name = None;
+    for n in 0..200 {
+        let candidate = format!("job-{n}");
+        if let Ok(Some(guard)) = lock.try_acquire(&candidate).await {
+            let here = held_locks(&cluster.nodes[victim]) == ":1";
+            assert!(guard.release().await.expect("released"));
+            if here {
+                name = Some(candidate);
+                break;
+            }
+        }
+    }
+    let name = name.expect("a lock on the victim");
+    wait_replicated(&cluster.nodes[victim], Duration::from_secs(10));
+    cluster.nodes[victim].kill();
+    let give_up = std::time::Instant::now() + Duration::from_secs(30);
+    while !cluster.nodes[replica]
+        .raw(&["INFO", "replication"])
+        .contains("role:master")
+    {
+        assert!(std::time::Instant::now() < give_up, "no promotion");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.wait_until_ok(Duration::from_secs(20));
+    let evicting = &cluster.nodes[replica];
+    let (mut granted, mut refused) = (0, false);
+    for _ in 0..300 {
+        match lock.try_acquire(&name).await {
+            Err(LockError::EvictingServer { policy, .. }) => {
+                assert_eq!(policy, "allkeys-lru");
+                refused = true;
+                break;
+            }
+            Ok(Some(guard)) => {
+                if held_locks(evicting) == ":1" {
+                    granted += 1;
+                }
+                let _ = guard.release().await;
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(granted, 0, "locks granted on the promoted evicting replica");
+    assert!(refused, "never refused after the promotion");
+}

@@ -480,3 +480,87 @@ async fn a_burst_of_cold_keys_while_one_shard_is_paused() {
     assert_eq!(bad_over, 0);
     assert!(healthy_openings.is_empty(), "{healthy_openings:?}");
 }
+
+/// 800 empty slots of one primary (`keeper`) are given to another
+/// (`SETSLOT … NODE`) after the instance read its slot map; the receiver is
+/// then paused and 800 keys of those slots are asked, in four bursts of
+/// 200 (a burst's failures are one episode of the breaker). The
+/// receiver's keys degrade; the keeper, which answers throughout, must not
+/// have its circuit opened by failures that are not its own.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_new_owner_of_moved_slots_does_not_open_the_old_owners_circuit() {
+    use crate::common::cluster::Cluster;
+    use crate::common::{get as get_req, send};
+
+    let cluster = Cluster::start_with(3, 0, &["--cluster-require-full-coverage", "no"]);
+    let calls = PerPath::default();
+    let instance = counted_instance(&cluster, &calls).await;
+    let (keeper, receiver) = (&cluster.nodes[0], &cluster.nodes[2]);
+    let receiver_id = receiver.raw(&["CLUSTER", "MYID"]);
+    let mut moved = Vec::new();
+    let mut slots = std::collections::HashSet::new();
+    for i in 0..20_000 {
+        if moved.len() == 800 {
+            break;
+        }
+        let uri = format!("/report/{i}");
+        let key = instance.guard.key_for(&get_req(&uri)).unwrap();
+        let entry = format!("sg:{{{key}}}:v");
+        if keeper.raw(&["EXISTS", &entry]).starts_with("-MOVED") {
+            continue;
+        }
+        let slot = keeper.raw(&["CLUSTER", "KEYSLOT", &entry]);
+        let slot = slot.trim_start_matches(':').to_owned();
+        if keeper.raw(&["CLUSTER", "COUNTKEYSINSLOT", &slot]) != ":0" || !slots.insert(slot) {
+            continue;
+        }
+        moved.push(uri);
+    }
+    assert_eq!(moved.len(), 800);
+    for slot in &slots {
+        for node in [receiver, keeper, &cluster.nodes[1]] {
+            assert_eq!(
+                node.raw(&["CLUSTER", "SETSLOT", slot, "NODE", &receiver_id]),
+                "+OK",
+                "slot {slot}"
+            );
+        }
+    }
+    cluster.wait_until_ok(Duration::from_secs(20));
+    assert_eq!(receiver.raw(&["CLIENT", "PAUSE", "120000", "ALL"]), "+OK");
+    let mut ok = 0;
+    for chunk in moved.chunks(200) {
+        let mut burst = tokio::task::JoinSet::new();
+        for uri in chunk {
+            let (app, uri) = (instance.app.clone(), uri.clone());
+            burst.spawn(async move { send(&app, get_req(&uri)).await.status.as_u16() });
+        }
+        while let Some(status) = burst.join_next().await {
+            ok += usize::from(status.expect("no panic") == 200);
+        }
+    }
+    let keeper_addr = format!("127.0.0.1:{}", keeper.port());
+    let stats = instance.backend.stats().redis.expect("redis");
+    let nodes = stats.nodes.clone();
+    eprintln!(
+        "{ok} of 800 answered; {} origin calls; errors {}; nodes {nodes:?}",
+        calls.0.lock().unwrap().values().sum::<usize>(),
+        stats.errors
+    );
+    let keeper_openings = nodes
+        .iter()
+        .find(|n| n.address == keeper_addr)
+        .map_or(0, |n| n.circuit_openings);
+    let receiver_addr = format!("127.0.0.1:{}", receiver.port());
+    let receiver_openings = nodes
+        .iter()
+        .find(|n| n.address == receiver_addr)
+        .map_or(0, |n| n.circuit_openings);
+    assert_eq!(ok, 800);
+    assert!(
+        receiver_openings >= 1,
+        "the paused receiver's circuit: {nodes:?}"
+    );
+    assert_eq!(keeper_openings, 0, "the keeper's circuit opened: {nodes:?}");
+}
