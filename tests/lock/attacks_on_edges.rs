@@ -344,3 +344,51 @@ async fn a_cluster_failover_to_an_evicting_replica_refuses_its_locks() {
     assert_eq!(granted, 0, "locks granted on the promoted evicting replica");
     assert!(refused, "never refused after the promotion");
 }
+
+/// On a cluster, the primary that serves a lock (not the one holding the
+/// instance's event subscription) turns evicting and drops every client
+/// connection (`CLIENT KILL TYPE normal`): its link was lost, so its policy
+/// must be read again before the next lock there: not one lock is granted
+/// on it after the change.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "in 3 of 4 runs the first acquisition after the links were cut is granted on the now-evicting primary: the loss is found by that call, after the policy check"]
+async fn a_cluster_primary_that_dropped_its_links_is_read_again() {
+    use crate::common::cluster::Cluster;
+
+    let cluster = Cluster::start(3, 0);
+    let backend = crate::common::shards::connect(&cluster, ROOMY_DEADLINE).await;
+    let lock = Lock::new(backend.clone());
+    // A primary without the instance's subscription.
+    let subscribed = |i: usize| {
+        cluster.nodes[i]
+            .raw(&["CLIENT", "LIST", "TYPE", "pubsub"])
+            .contains("id=")
+    };
+    let target = (0..3).find(|&i| !subscribed(i)).expect("a node without it");
+    let node = &cluster.nodes[target];
+    let mut name = None;
+    for n in 0..200 {
+        let candidate = format!("job-{n}");
+        if let Ok(Some(guard)) = lock.try_acquire(&candidate).await {
+            let here = held_locks(node) == ":1";
+            assert!(guard.release().await.expect("released"));
+            if here {
+                name = Some(candidate);
+                break;
+            }
+        }
+    }
+    let name = name.expect("a lock on the target");
+    assert_eq!(node.raw(&["CONFIG", "SET", "maxmemory", "64mb"]), "+OK");
+    assert_eq!(
+        node.raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
+        "+OK"
+    );
+    let killed = node.raw(&["CLIENT", "KILL", "TYPE", "normal"]);
+    assert!(killed.starts_with(':'), "{killed}");
+    let (granted, refused) = granted_before_refusal(&lock, &name, 100).await;
+    eprintln!("granted {granted} before the refusal");
+    assert!(refused, "{granted} locks granted after the links were lost");
+    assert_eq!(granted, 0, "locks granted on the evicting primary");
+}
