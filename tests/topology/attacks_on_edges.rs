@@ -564,3 +564,76 @@ async fn a_paused_new_owner_of_moved_slots_does_not_open_the_old_owners_circuit(
     );
     assert_eq!(keeper_openings, 0, "the keeper's circuit opened: {nodes:?}");
 }
+
+/// One shard paused for 700 ms (`CLIENT PAUSE 700 ALL`), thawing in the
+/// middle of a burst of 600 cold keys, each asked twice by each of two
+/// instances: healthy shards' keys one origin call each and their circuits
+/// never open; the thawed shard's keys at most one call per instance.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_that_thaws_in_the_middle_of_a_burst() {
+    use crate::common::cluster::Cluster;
+    use crate::common::{get as get_req, send};
+
+    const KEYS: usize = 600;
+    let cluster = Cluster::start_with(3, 0, &["--cluster-require-full-coverage", "no"]);
+    let calls = PerPath::default();
+    let instances = [
+        counted_instance(&cluster, &calls).await,
+        counted_instance(&cluster, &calls).await,
+    ];
+    let bad = 0;
+    let uris: Vec<String> = (0..KEYS).map(|i| format!("/report/{i}")).collect();
+    let on_bad: std::collections::HashSet<String> = uris
+        .iter()
+        .filter(|uri| {
+            let key = instances[0].guard.key_for(&get_req(uri)).unwrap();
+            let reply = cluster.nodes[bad].raw(&["EXISTS", &format!("sg:{{{key}}}:v")]);
+            !reply.starts_with("-MOVED")
+        })
+        .cloned()
+        .collect();
+    assert_eq!(
+        cluster.nodes[bad].raw(&["CLIENT", "PAUSE", "700", "ALL"]),
+        "+OK"
+    );
+    let mut burst = tokio::task::JoinSet::new();
+    for uri in &uris {
+        for _ in 0..2 {
+            for instance in &instances {
+                let (app, uri) = (instance.app.clone(), uri.clone());
+                burst.spawn(async move { send(&app, get_req(&uri)).await.status.as_u16() });
+            }
+        }
+    }
+    let mut statuses = std::collections::HashMap::new();
+    while let Some(status) = burst.join_next().await {
+        *statuses.entry(status.expect("no panic")).or_insert(0usize) += 1;
+    }
+    let calls = calls.0.lock().unwrap().clone();
+    let healthy_off = uris
+        .iter()
+        .filter(|u| !on_bad.contains(*u))
+        .filter(|u| calls.get(*u).copied().unwrap_or(0) != 1)
+        .count();
+    let bad_over = on_bad
+        .iter()
+        .filter(|u| calls.get(*u).copied().unwrap_or(0) > 2)
+        .count();
+    let bad_calls: usize = on_bad.iter().filter_map(|u| calls.get(u)).sum();
+    let bad_addr = format!("127.0.0.1:{}", cluster.nodes[bad].port());
+    let healthy_openings: u64 = instances
+        .iter()
+        .flat_map(|i| i.backend.stats().redis.expect("redis").nodes)
+        .filter(|n| n.address != bad_addr)
+        .map(|n| n.circuit_openings)
+        .sum();
+    eprintln!(
+        "statuses {statuses:?}; {healthy_off} healthy keys off one call; {} bad-shard keys, {bad_calls} calls, {bad_over} over two; healthy openings {healthy_openings}",
+        on_bad.len()
+    );
+    assert_eq!(statuses.get(&200).copied(), Some(4 * KEYS), "{statuses:?}");
+    assert_eq!(healthy_off, 0);
+    assert_eq!(bad_over, 0);
+    assert_eq!(healthy_openings, 0);
+}
