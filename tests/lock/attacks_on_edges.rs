@@ -392,3 +392,39 @@ async fn a_cluster_primary_that_dropped_its_links_is_read_again() {
     assert!(refused, "{granted} locks granted after the links were lost");
     assert_eq!(granted, 0, "locks granted on the evicting primary");
 }
+
+/// The server keeps every key when the instance connects; its policy is
+/// then set to `allkeys-lru` (no reconnect) and memory filled until a held
+/// lock's key is evicted. With the default (no opt-in), a second owner in
+/// the same process must not get the lock while the first still holds it.
+#[tokio::test]
+#[ignore = "after a runtime switch to allkeys-lru and an eviction, a second owner gets the lock by default while the first's is_lost() is false"]
+async fn a_runtime_policy_switch_and_an_eviction_do_not_give_the_lock_twice() {
+    let redis = RedisServer::start();
+    let backend = backend(&redis.url(), ROOMY_DEADLINE).await;
+    let lock = Lock::new(backend.clone()).lease(Duration::from_secs(6));
+    let first = lock.acquire("stock").await.expect("noeviction");
+    assert_eq!(redis.raw(&["CONFIG", "SET", "maxmemory", "4mb"]), "+OK");
+    assert_eq!(
+        redis.raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
+        "+OK"
+    );
+    let fill = "for i = 1, 100 do \
+                redis.call('SET', 'filler:' .. ARGV[1] .. ':' .. i, string.rep('x', 1024)) \
+                end return 1";
+    let mut batch = 0;
+    while held_locks(&redis) != ":0" {
+        assert!(batch < 20_000, "redis kept the hold");
+        assert_eq!(redis.raw(&["EVAL", fill, "0", &batch.to_string()]), ":1");
+        batch += 1;
+    }
+    let second = lock.try_acquire("stock").await;
+    let both = matches!(&second, Ok(Some(_))) && !first.is_lost();
+    if let Ok(Some(guard)) = second {
+        let _ = guard.release().await;
+    }
+    assert!(
+        !both,
+        "two guards hold the lock at once (evicted after {batch} batches)"
+    );
+}
