@@ -7,6 +7,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attacks_on_edges;
 mod eviction;
 mod exclusion;
 mod faults;

@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attacks_on_edges;
 mod cluster;
 mod cluster_connections;
 mod cluster_failover;
