@@ -13,12 +13,24 @@ use super::{get, Origin};
 
 /// A cluster backend with `deadline` and a probe every 100 ms.
 pub async fn connect(cluster: &Cluster, deadline: Duration) -> Backend {
-    Backend::redis_cluster_builder(cluster.urls())
+    let backend = Backend::redis_cluster_builder(cluster.urls())
         .deadline(deadline)
         .probe_interval(Duration::from_millis(100))
         .connect()
         .await
-        .expect("cluster backend")
+        .expect("cluster backend");
+    // On a loaded machine the first connect may outlast its timeout: the
+    // backend then starts on its in-process tier and joins in the
+    // background. These tests measure the joined fleet, so wait for it.
+    let joined = std::time::Instant::now() + Duration::from_secs(30);
+    while backend.stats().redis.is_none() {
+        assert!(
+            std::time::Instant::now() < joined,
+            "the cluster backend never connected"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    backend
 }
 
 /// The instance's Redis tier counters.
