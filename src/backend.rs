@@ -556,10 +556,10 @@ pub struct RedisStats {
     /// Redis (forged, or sent by an instance of an earlier version). Each
     /// waited a whole subscription lease before it returned.
     pub unconfirmed_invalidations: u64,
-    /// Redis's `maxmemory-policy` when, as last read (at connect, and again
-    /// before a lock acquisition after the link was lost or replaced), it
-    /// could evict keys (a `maxmemory` set, a policy other than
-    /// `noeviction`); `None` if it cannot, or could not be read. Entries and
+    /// Redis's `maxmemory-policy` when, as last seen (read at connect, then
+    /// by every lock acquisition), it could evict keys (a `maxmemory` set, a
+    /// policy other than `noeviction`); on a cluster, the worst primary's.
+    /// `None` if it cannot, or could not be read (`INFO` refused). Entries and
     /// fencing counters survive eviction; a lock does not, and is refused
     /// there by default (see [`Lock::allow_evicting_server`](crate::Lock::allow_evicting_server)
     /// and docs/TOPOLOGY.md).

@@ -46,11 +46,15 @@
 //! **Eviction.** Redis cannot exempt a key from eviction: with a `maxmemory`
 //! and any `maxmemory-policy` but `noeviction` it may evict a held lock's
 //! key, and a second owner would then take the lock while the first still
-//! works. So on such a server (read at connect, and again after the link was
-//! lost or replaced) acquisitions fail with [`LockError::EvictingServer`],
-//! unless [`allow_evicting_server`](Lock::allow_evicting_server) opts in;
-//! where the policy cannot be read (`CONFIG` and `INFO` refused) a warning
-//! is logged once and locks go on. Opted in, the watchdog finds an evicted
+//! works. So on such a server acquisitions fail with
+//! [`LockError::EvictingServer`], unless
+//! [`allow_evicting_server`](Lock::allow_evicting_server) opts in. Every
+//! attempt is judged by the server that would grant it, in the same atomic
+//! script (it reads `INFO memory`): a policy set at runtime, a failover, a
+//! slot moved to another primary or a reconnect is seen by the very next
+//! attempt, a waiter's included. Where `INFO` is refused to the user the
+//! policy is unknown: a warning is logged once and locks go on (a script
+//! cannot run `CONFIG`, so `CONFIG GET` rights do not help). Opted in, the watchdog finds an evicted
 //! hold at its next renewal and the guard is lost, and fencing tokens keep
 //! rising across the eviction; until that renewal two owners may hold the
 //! lock, so fence the resource. Keep locks on a Redis with `noeviction`, a
@@ -253,7 +257,9 @@ impl Lock {
     /// `maxmemory` set and a `maxmemory-policy` other than `noeviction`).
     /// Off by default: such a server may evict a held lock's key, and a
     /// second owner then takes the lock while the first still works, so
-    /// acquisitions are refused with [`LockError::EvictingServer`].
+    /// acquisitions are refused with [`LockError::EvictingServer`]. The
+    /// server that would grant the lock reads its own settings in the
+    /// acquisition's script, at every attempt; allowed, that read is skipped.
     ///
     /// Allowed, an evicted hold is found at the holder's next renewal (a
     /// third of the lease at most): its guard is then
@@ -368,11 +374,6 @@ impl Lock {
         reenter: bool,
     ) -> Result<Option<LockGuard>, LockError> {
         let unavailable = |e: crate::store::redis::TierError| LockError::Unavailable(e.into());
-        if !self.allow_evicting_server
-            && let Some((policy, maxmemory)) = l2.lock_eviction(&id).await.map_err(unavailable)?
-        {
-            return Err(LockError::EvictingServer { policy, maxmemory });
-        }
         let give_up = wait.map(|w| Instant::now() + w);
         // A waiter's place lasts one heartbeat, whatever its wait budget, and
         // every attempt refreshes it: a waiter that died, is paused or was
@@ -400,6 +401,7 @@ impl Lock {
                     beat,
                     reenter,
                     self.synced,
+                    !self.allow_evicting_server,
                 )
                 .await
             {
@@ -419,6 +421,12 @@ impl Lock {
                     ));
                 }
                 Attempt::Busy { pttl } => pttl,
+                // Judged by the server that would have granted it, at that
+                // moment; the undo gives back a hold an earlier try of this
+                // attempt may have taken there.
+                Attempt::Evicting { policy, maxmemory } => {
+                    return Err(LockError::EvictingServer { policy, maxmemory });
+                }
             };
             let left = give_up.map_or(Duration::ZERO, |at| {
                 at.saturating_duration_since(Instant::now())

@@ -12,13 +12,16 @@ pub enum LockError {
     /// error says which, and keeps the cause). A lock never falls back to a
     /// local one: that would not exclude other processes.
     Unavailable(crate::Error),
-    /// The lock's Redis may evict its key (a `maxmemory` set and a
-    /// `maxmemory-policy` other than `noeviction`), and
+    /// The Redis that would have granted the lock may evict its key (a
+    /// `maxmemory` set and a `maxmemory-policy` other than `noeviction`, as
+    /// that server read them in the same atomic step), and
     /// [`Lock::allow_evicting_server`](crate::Lock::allow_evicting_server)
     /// was not set: an evicted hold would be a free lock while its holder
-    /// still works. Use a Redis with `noeviction` for locks, or opt in.
+    /// still works. Nothing was taken, and a waiter left the queue. Use a
+    /// Redis with `noeviction` for locks, or opt in.
     EvictingServer {
-        /// The server's `maxmemory-policy` (on a cluster, of a primary).
+        /// That server's `maxmemory-policy` (on a cluster, the lock's
+        /// primary's).
         policy: String,
         /// Its `maxmemory`, in bytes.
         maxmemory: u64,

@@ -1,10 +1,11 @@
 //! A lock on a Redis that may evict its key. Redis cannot exempt a key from
 //! eviction, so by default a lock is refused on a server with a `maxmemory`
-//! and a policy other than `noeviction` (read at connect and after the link
-//! was lost); opted in, a holder whose key was evicted learns it at its next
-//! renewal, and fencing tokens keep rising across the eviction. Where the
-//! policy cannot be read, a warning, once, and locks go on. The cache tier
-//! works on any policy. On a cluster a lock is judged by its own primary.
+//! and a policy other than `noeviction`, judged by the server that would
+//! grant it, in the acquisition's own script; opted in, a holder whose key
+//! was evicted learns it at its next renewal, and fencing tokens keep rising
+//! across the eviction. Where the policy cannot be read (`INFO` refused), a
+//! warning, once, and locks go on. The cache tier works on any policy. On a
+//! cluster a lock is judged by its own primary.
 #![cfg(feature = "redis")]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -195,7 +196,7 @@ async fn opted_in_an_evicted_hold_is_lost_and_tokens_keep_rising() {
 }
 
 #[tokio::test]
-async fn the_policy_is_read_again_after_the_link_was_lost() {
+async fn a_policy_changed_at_runtime_is_judged_by_the_next_acquisition() {
     let redis = RedisServer::start();
     let backend = backend(&redis.url(), ROOMY_DEADLINE).await;
     let lock = Lock::new(backend.clone());
@@ -207,26 +208,34 @@ async fn the_policy_is_read_again_after_the_link_was_lost() {
         redis.raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
         "+OK"
     );
-    // Read at connect: while the link stays up, the change is not seen.
-    let guard = lock.try_acquire("stock").await.expect("redis answers");
-    assert!(guard.expect("free").release().await.expect("released"));
-    // The connections are cut; the backend reconnects, and reads the
-    // settings again before its next acquisition.
+    // The link stays up: the server judges each acquisition itself.
+    let refused = lock.try_acquire("stock").await;
+    assert!(
+        matches!(&refused, Err(LockError::EvictingServer { policy, .. }) if policy == "allkeys-lru"),
+        "{refused:?}"
+    );
+    let stats = backend.stats().redis.expect("a redis backend");
+    assert_eq!(stats.eviction_policy.as_deref(), Some("allkeys-lru"));
+    // Cut and back: still refused, by the server reached since.
     redis.raw(&["CLIENT", "KILL", "TYPE", "pubsub"]);
     redis.raw(&["CLIENT", "KILL", "TYPE", "normal"]);
-    eventually(
-        "acquisitions are refused after the reconnect",
-        async || match lock.try_acquire("stock").await {
-            Err(LockError::EvictingServer { policy, .. }) => policy == "allkeys-lru",
-            Ok(Some(guard)) => {
-                let _ = guard.release().await;
-                false
-            }
-            _ => false,
-        },
-    )
-    .await;
+    for _ in 0..5 {
+        let refused = lock.try_acquire("stock").await;
+        assert!(
+            !matches!(refused, Ok(Some(_))),
+            "granted on an evicting server: {refused:?}"
+        );
+    }
     assert_eq!(held_locks(&redis), ":0");
+    // Back to noeviction: granted again, at once.
+    assert_eq!(
+        redis.raw(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]),
+        "+OK"
+    );
+    let guard = lock.acquire("stock").await.expect("noeviction again");
+    assert!(guard.release().await.expect("released"));
+    let stats = backend.stats().redis.expect("a redis backend");
+    assert_eq!(stats.eviction_policy, None);
 }
 
 #[tokio::test]
@@ -324,23 +333,41 @@ async fn where_config_is_refused_the_unknown_policy_is_warned_once_and_locks_go_
     assert_eq!(stats.eviction_policy, None);
 }
 
+/// The policy is read by the acquisition script through `INFO` (a script
+/// cannot run `CONFIG`): a user without `+config` is refused on an evicting
+/// server; one without `+info` cannot tell, and takes locks after one
+/// warning.
 #[tokio::test]
-async fn where_one_of_info_and_config_is_allowed_the_policy_is_read_from_it() {
+async fn the_policy_is_read_through_info_alone() {
     let redis = evicting_server();
     for (user, denied) in [("no-config", "-config"), ("no-info", "-info")] {
         assert_eq!(
             redis.raw(&["ACL", "SETUSER", user, "on", ">secret", "~*", "&*", "+@all", denied]),
             "+OK"
         );
-        let url = format!("redis://{user}:secret@127.0.0.1:{}/", redis.port());
-        let backend = backend(&url, ROOMY_DEADLINE).await;
-        let refused = Lock::new(backend).try_acquire("stock").await;
-        assert!(
-            matches!(&refused, Err(LockError::EvictingServer { policy, .. }) if policy == "allkeys-lru"),
-            "{user}: {refused:?}"
-        );
-        assert_eq!(held_locks(&redis), ":0", "{user}");
     }
+    let url = |user: &str| format!("redis://{user}:secret@127.0.0.1:{}/", redis.port());
+    let refused = Lock::new(backend(&url("no-config"), ROOMY_DEADLINE).await)
+        .try_acquire("stock")
+        .await;
+    assert!(
+        matches!(&refused, Err(LockError::EvictingServer { policy, .. }) if policy == "allkeys-lru"),
+        "no-config: {refused:?}"
+    );
+    assert_eq!(held_locks(&redis), ":0", "no-config");
+
+    let warnings = Warnings::default();
+    let _scope = tracing::subscriber::set_default(warnings.clone());
+    let backend = backend(&url("no-info"), ROOMY_DEADLINE).await;
+    let guard = Lock::new(backend.clone())
+        .try_acquire("stock")
+        .await
+        .expect("the policy is unknown: go on")
+        .expect("free");
+    assert!(guard.release().await.expect("released"));
+    assert_eq!(warnings.0.load(Ordering::SeqCst), 1, "warned once");
+    let stats = backend.stats().redis.expect("a redis backend");
+    assert_eq!(stats.eviction_policy, None);
 }
 
 #[cfg(feature = "redis-cluster")]

@@ -242,7 +242,6 @@ impl Connections {
             std::mem::replace(&mut *current, Arc::new(link))
         };
         old.retired.store(true, Ordering::Release);
-        self.notifier.relinked();
         self.notifier.wake_all();
         // Only once the new subscription is in use: on a new primary the
         // scripts spare requests a NOSCRIPT retry, but a load that fails or

@@ -12,8 +12,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use redis::Value;
+
 use super::connection::Conn;
 use super::connections::Connections;
+use super::eviction::{self, Policy};
 use super::notify::Event;
 use super::{RedisTier, TierError};
 use crate::key::Key;
@@ -35,6 +38,9 @@ pub(crate) enum Attempt {
     Held { fence: u64, holds: u64 },
     /// Another owner holds it for `pttl` more (if it has a lease).
     Busy { pttl: Option<Duration> },
+    /// The server that would have granted it may evict its key: nothing
+    /// was taken, and the caller's place in the queue was given up.
+    Evicting { policy: String, maxmemory: u64 },
 }
 
 /// A random attempt id: names one acquisition attempt in the lock's hash, so
@@ -59,6 +65,11 @@ impl Locks {
     /// (replicas, timeout), a hold counts only once that many replicas have
     /// acknowledged it (`WAIT`); if fewer did, the attempt fails, and the
     /// caller's undo gives the hold back.
+    ///
+    /// With `judge`, the script refuses the attempt on a server that may
+    /// evict the lock's key, read by that server in the same atomic step
+    /// (see [`eviction`](super::eviction)). Returns the attempt's answer and
+    /// what the server's policy was seen to be (`None` when not judged).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn acquire(
         &self,
@@ -69,7 +80,8 @@ impl Locks {
         beat: Option<Duration>,
         reenter: bool,
         synced: Option<(u32, Duration)>,
-    ) -> Result<Attempt, TierError> {
+        judge: bool,
+    ) -> Result<(Attempt, Option<Policy>), TierError> {
         let conn = self.conns.conn();
         let mut invocation = self.conns.scripts.lock_acquire.prepare_invoke();
         let keys = self.conns.keys.lock(id);
@@ -84,11 +96,12 @@ impl Locks {
             .arg(if reenter { "1" } else { "0" })
             .arg(attempt)
             .arg(&self.conns.channel)
-            .arg(Event::Released.message(id));
+            .arg(Event::Released.message(id))
+            .arg(if judge { "1" } else { "0" });
         // Every try on the one connection that a synced acquisition's
         // `WAIT` then asks about.
         let script = &invocation;
-        let (won, a, b): (i64, i64, i64) = self
+        let reply: Vec<Value> = self
             .conns
             .call(&keys[0])
             .run(|_| {
@@ -96,6 +109,14 @@ impl Locks {
                 async move { script.invoke_async(&mut conn).await }
             })
             .await?;
+        let (won, a, b, seen) = read_reply(&reply)?;
+        if let Some(Policy::Evicts { policy, maxmemory }) = seen.as_ref().filter(|_| won == 2) {
+            let refused = Attempt::Evicting {
+                policy: policy.clone(),
+                maxmemory: *maxmemory,
+            };
+            return Ok((refused, seen));
+        }
         if let (1, Some((replicas, timeout))) = (won, synced)
             && let Err(e) = self.wait_replicas(&keys[0], conn, replicas, timeout).await
         {
@@ -106,7 +127,7 @@ impl Locks {
             let _ = self.leave(id, token, attempt, Instant::now()).await;
             return Err(e);
         }
-        Ok(if won == 1 {
+        let answer = if won == 1 {
             Attempt::Held {
                 fence: a.max(0) as u64,
                 holds: b.max(1) as u64,
@@ -115,7 +136,8 @@ impl Locks {
             Attempt::Busy {
                 pttl: (a > 0).then(|| Duration::from_millis(a as u64)),
             }
-        })
+        };
+        Ok((answer, seen))
     }
 
     /// Waits until `replicas` replicas acknowledge every write sent on
@@ -289,6 +311,32 @@ impl Locks {
             }
         });
     }
+}
+
+/// Reads the acquisition script's reply: `{won, a, b, seen}`, or
+/// `{2, 0, 0, policy, maxmemory}` for a server that may evict the lock's
+/// key (see `scripts/lock_acquire.lua`).
+fn read_reply(reply: &[Value]) -> Result<(i64, i64, i64, Option<Policy>), TierError> {
+    let int = |i: usize| -> Result<i64, TierError> {
+        redis::from_redis_value_ref(reply.get(i).unwrap_or(&Value::Nil))
+            .map_err(|e| TierError::Redis(e.into()))
+    };
+    let won = int(0)?;
+    if won == 2 {
+        let text = |i: usize| -> String {
+            reply
+                .get(i)
+                .and_then(|v| redis::from_redis_value_ref(v).ok())
+                .unwrap_or_default()
+        };
+        return Ok((2, 0, 0, Some(eviction::refusal(text(3), &text(4)))));
+    }
+    let seen = match int(3)? {
+        1 => Some(Policy::Keeps),
+        2 => Some(Policy::Unknown),
+        _ => None,
+    };
+    Ok((won, int(1)?, int(2)?, seen))
 }
 
 /// Sends `WAIT` on `conn`. On a cluster the client would send it to every

@@ -53,7 +53,7 @@
 //! | `health.rs`, `breaker.rs`, `nodes.rs` | the slot map and one breaker per primary; the cluster's own node connections |
 //! | `round_trip.rs` | the link's measured round trip, and how long a call may go unanswered |
 //! | `config.rs`, `scripts.rs`, `scripts/*.lua` | settings; the Lua scripts, each one atomic step |
-//! | `eviction.rs` | whether a node may evict our keys, read at connect and after the link is lost or replaced; locks are refused where it may |
+//! | `eviction.rs` | whether a node may evict our keys, as last seen: read at connect, then by each lock acquisition (whose script refuses the lock where it may) |
 
 mod acks;
 mod barrier;
@@ -161,7 +161,7 @@ pub(crate) struct RedisTier {
     /// Fleet-wide wake-ups: waiters register here.
     notifier: Arc<Notifier>,
     stats: Arc<TierStats>,
-    /// Whether Redis may evict our keys, as last read (see [`eviction`]).
+    /// Whether Redis may evict our keys, as last seen (see [`eviction`]).
     eviction: eviction::Eviction,
     /// Every lease this process holds now (see [`held`]).
     pub(crate) held: held::HeldLeases,
@@ -337,24 +337,13 @@ impl RedisTier {
         self.notifier.stats.carried.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Redis's `maxmemory-policy` as last read, if it may evict keys.
+    /// Redis's `maxmemory-policy` as last seen (at connect, or by a lock's
+    /// acquisition), if it may evict keys.
     pub(crate) fn eviction(&self) -> Option<String> {
         match self.eviction.current() {
             eviction::Policy::Evicts { policy, .. } => Some(policy),
             eviction::Policy::Keeps | eviction::Policy::Unknown => None,
         }
-    }
-
-    /// Whether the lock `id`'s key may be evicted: the policy and
-    /// `maxmemory` of the node that serves it if so, read again first when
-    /// the link was lost or replaced since the last reading (see
-    /// [`eviction`]). `None` when it keeps every key, or cannot tell.
-    pub(crate) async fn lock_eviction(&self, id: &Key) -> Result<Option<(String, u64)>, TierError> {
-        let [lock, ..] = self.conns.keys.lock(id);
-        Ok(match self.eviction.for_lock(&self.conns, &lock).await? {
-            eviction::Policy::Evicts { policy, maxmemory } => Some((policy, maxmemory)),
-            eviction::Policy::Keeps | eviction::Policy::Unknown => None,
-        })
     }
 
     /// Whether every circuit lets calls through.
@@ -517,7 +506,10 @@ impl RedisTier {
 
     // The lease as a distributed lock (see [`lock`]).
 
-    /// One acquisition attempt (see [`Locks::acquire`]).
+    /// One acquisition attempt (see [`Locks::acquire`]); with `judge`,
+    /// refused by the server that would grant it if that server may evict
+    /// the lock's key. What the server was seen to do is kept for the stats
+    /// and the logs (see [`eviction`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn lock_acquire(
         self: &Arc<Self>,
@@ -528,10 +520,17 @@ impl RedisTier {
         beat: Option<Duration>,
         reenter: bool,
         synced: Option<(u32, Duration)>,
+        judge: bool,
     ) -> Result<Attempt, TierError> {
-        self.locks
-            .acquire(id, token, attempt, lease, beat, reenter, synced)
-            .await
+        let (answer, seen) = self
+            .locks
+            .acquire(id, token, attempt, lease, beat, reenter, synced, judge)
+            .await?;
+        if let Some(policy) = seen {
+            let [lock, ..] = self.conns.keys.lock(id);
+            self.eviction.seen(self.conns.health.node(&lock), policy);
+        }
+        Ok(answer)
     }
 
     /// Releases the hold taken by `attempt` (see [`Locks::release`]).

@@ -183,9 +183,6 @@ pub(crate) struct Notifier {
     /// connection (or a link about to be replaced) until it is confirmed
     /// again.
     gap: AtomicBool,
-    /// Counts the link's losses and replacements: the server reached after
-    /// one may be another (restarted, promoted), with other settings.
-    links: AtomicU64,
     /// Gaps that ended with an outage grace set, and how many of them the
     /// in-process tier has caught up with (the table read again, and what
     /// it held decided on: see [`Invalidated::Rejoined`]). Until it has,
@@ -224,7 +221,6 @@ impl Notifier {
             ack_queue,
             ack_out: Mutex::new(Some(ack_out)),
             gap: Default::default(),
-            links: AtomicU64::new(0),
             rejoins: AtomicU64::new(0),
             caught_up: AtomicU64::new(0),
             disconnected: tokio::sync::Notify::new(),
@@ -287,19 +283,7 @@ impl Notifier {
 
     /// Records that messages may be missed until the next subscription.
     pub(crate) fn mark_gap(&self) {
-        self.links.fetch_add(1, Ordering::AcqRel);
         self.gap.store(true, Ordering::Release);
-    }
-
-    /// How often the link was lost or replaced (see `links`).
-    pub(crate) fn links(&self) -> u64 {
-        self.links.load(Ordering::Acquire)
-    }
-
-    /// Counts a link swapped in: what was read on the old one (before the
-    /// swap, even after the new one subscribed) may not hold on it.
-    pub(crate) fn relinked(&self) {
-        self.links.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Marks a gap, and keeps it marked for a new link until
@@ -355,7 +339,6 @@ impl Notifier {
     /// leaves its owner to decide (see [`Invalidated::Rejoined`]).
     pub(crate) fn subscription_lost(&self) {
         self.heard.fetch_add(1, Ordering::AcqRel);
-        self.links.fetch_add(1, Ordering::AcqRel);
         if !self.gap.swap(true, Ordering::AcqRel) && !self.liveness.has_grace() {
             self.liveness.dropped(std::time::Instant::now());
             (self.on_invalidate)(Invalidated::Everything);
@@ -433,7 +416,6 @@ impl Notifier {
                 if !self.is_ack_subscription(&push) && self.gap.swap(false, Ordering::AcqRel) =>
             {
                 self.heard.fetch_add(1, Ordering::AcqRel);
-                self.links.fetch_add(1, Ordering::AcqRel);
                 if self.liveness.has_grace() {
                     tracing::debug!("event channel subscribed again after a gap");
                     self.rejoins.fetch_add(1, Ordering::AcqRel);

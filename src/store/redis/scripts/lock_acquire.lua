@@ -26,20 +26,53 @@
 -- ARGV[6] attempt  the attempt's random id
 -- ARGV[7] channel  the namespace's event channel
 -- ARGV[8] message  the release notice for this lock
+-- ARGV[9] judge    1: refuse on a server that may evict the lock's key
 --
--- Returns {1, fence, holds} when the lock is ours,
---         {0, lock_pttl, position} when it is not (position 0: not queued).
+-- Returns {1, fence, holds, seen} when the lock is ours,
+--         {0, lock_pttl, position, seen} when it is not (position 0: not
+--         queued), where seen is 0 (not judged), 1 (keeps every key) or 2
+--         (the policy could not be read: INFO refused);
+--         {2, 0, 0, policy, maxmemory} when this server may evict the
+--         lock's key: nothing is taken, and the caller's place in the queue
+--         is given up.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local token = ARGV[1]
 local attempt = 'a:' .. ARGV[6]
+
+-- Redis cannot exempt a key from eviction: under a maxmemory limit every
+-- policy but noeviction may evict a key with a TTL, and an evicted hold is
+-- a free lock while its holder still works. Judged here, by the server
+-- that would grant the lock, at the moment it would: a policy set at
+-- runtime, a failover or a moved slot is seen by the next attempt.
+local seen = 0
+if ARGV[9] == '1' then
+  seen = 2
+  local info = redis.pcall('INFO', 'memory')
+  if type(info) == 'string' then
+    local maxmemory = string.match(info, '\nmaxmemory:(%d+)')
+    local policy = string.match(info, '\nmaxmemory_policy:([%w%-]+)')
+    if maxmemory and policy then
+      seen = 1
+      if tonumber(maxmemory) > 0 and policy ~= 'noeviction' then
+        -- Out of the queue at once: the others are not held back by a
+        -- place nobody will take.
+        if redis.call('ZREM', KEYS[3], token) == 1 then
+          redis.call('HDEL', KEYS[4], token)
+          redis.call('PUBLISH', ARGV[7], ARGV[8])
+        end
+        return {2, 0, 0, policy, maxmemory}
+      end
+    end
+  end
+end
 
 -- An attempt its caller already undid (lock_leave.lua) takes nothing: it
 -- reached Redis late, and nobody would release what it took.
 local abandoned = tonumber(redis.call('ZSCORE', KEYS[6], ARGV[6]) or '0')
 if abandoned > 0 then
   if abandoned >= now then
-    return {0, redis.call('PTTL', KEYS[1]), 0}
+    return {0, redis.call('PTTL', KEYS[1]), 0, seen}
   end
   redis.call('ZREM', KEYS[6], ARGV[6])
 end
@@ -49,7 +82,7 @@ if owner == token then
   if redis.call('HEXISTS', KEYS[1], attempt) == 1 then
     -- This attempt already took its hold: the caller is asking again.
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')),
-            tonumber(redis.call('HGET', KEYS[1], 'count'))}
+            tonumber(redis.call('HGET', KEYS[1], 'count')), seen}
   end
   if ARGV[5] == '1' then
     local holds = redis.call('HINCRBY', KEYS[1], 'count', 1)
@@ -59,7 +92,7 @@ if owner == token then
     if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
       redis.call('PEXPIRE', KEYS[1], ARGV[2])
     end
-    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')), holds}
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')), holds, seen}
   end
 end
 
@@ -93,7 +126,7 @@ if not owner and (head == nil or head == token) then
   redis.call('PEXPIRE', KEYS[2], ARGV[4])
   redis.call('HSET', KEYS[1], 'owner', token, 'count', 1, 'fence', fence, attempt, 1)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, fence, 1}
+  return {1, fence, 1, seen}
 end
 
 local position = 0
@@ -108,4 +141,4 @@ if ARGV[3] ~= '0' then
   redis.call('PEXPIRE', KEYS[4], ARGV[4])
   position = redis.call('ZRANK', KEYS[3], token) + 1
 end
-return {0, redis.call('PTTL', KEYS[1]), position}
+return {0, redis.call('PTTL', KEYS[1]), position, seen}
