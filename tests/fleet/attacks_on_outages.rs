@@ -994,7 +994,6 @@ async fn a_kept_purge_retried_on_an_empty_redis(purge: Purge) -> (usize, usize, 
 /// copy at once. The late instance is not asserted on: a purge that failed
 /// promises nothing to it, and what it held is kept within the grace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a tag purge that fails during an outage leaves the purger serving the purged value: 50 of 50 during the outage, 50 of 50 after its rejoin"]
 async fn a_tag_purge_that_fails_during_an_outage_drops_the_local_copy() {
     let (a_during, a_stale, _fields, _stale) =
         a_kept_purge_retried_on_an_empty_redis(Purge::Tag).await;
