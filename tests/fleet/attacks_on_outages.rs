@@ -358,7 +358,6 @@ async fn snapshot_older_than_a_purge(grace: Duration, purge: Purge) -> (String, 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a snapshot older than a key purge restores the purged entry: 80 of 80 answers carry it after the rejoin"]
 async fn a_snapshot_older_than_a_key_purge_brings_nothing_purged_back_under_a_grace() {
     let (old, resurrected) = snapshot_older_than_a_purge(LONG_GRACE, Purge::Key).await;
     assert_eq!(
@@ -368,7 +367,6 @@ async fn a_snapshot_older_than_a_key_purge_brings_nothing_purged_back_under_a_gr
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a snapshot older than a key purge restores the purged entry: 80 of 80 answers carry it after the rejoin"]
 async fn a_snapshot_older_than_a_key_purge_brings_nothing_purged_back_with_no_grace() {
     let (old, resurrected) = snapshot_older_than_a_purge(Duration::ZERO, Purge::Key).await;
     assert_eq!(

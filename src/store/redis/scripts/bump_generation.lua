@@ -1,7 +1,8 @@
 -- Move one generation of the namespace's invalidation table (everything, or
 -- one tag bucket), and tell every instance.
 --
--- KEYS[1] table   hash {all = generation, b<n> = generation of tag bucket n}
+-- KEYS[1] table   hash {epoch, purges, all = generation,
+--                 b<n> = generation of tag bucket n}
 -- ARGV[1] field   `all` or `b<n>`
 -- ARGV[2] channel the namespace's event channel
 -- ARGV[3] signed  `<instance>:<nonce>`, appended to the message
@@ -21,7 +22,11 @@
 -- clock is behind; see load_generations.lua). A move to the clock alone
 -- would stay below what those entries recorded and purge none of them.
 --
--- Returns {generation, instances that received the message}.
+-- The table's purge mark moves too (see note_purge.lua): a copy of the
+-- table from before this move is told from the real one.
+--
+-- Returns {generation, instances that received the message, purge mark,
+-- epoch ('': the table has none yet)}.
 local function plain(s)
   return type(s) == 'string' and #s >= 1 and #s <= 16 and string.find(s, '^%d+$') ~= nil
     and tonumber(s) < 9007199254740992
@@ -43,6 +48,12 @@ if gen >= 9007199254740992 then
   return redis.error_reply('stampede-guard: generation ' .. ARGV[1] .. ' exhausted')
 end
 gen = string.format('%.0f', gen)
-redis.call('HSET', KEYS[1], ARGV[1], gen)
+local mark = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
+local old_mark = redis.call('HGET', KEYS[1], 'purges')
+if plain(old_mark) and tonumber(old_mark) >= mark then
+  mark = math.min(tonumber(old_mark) + 1, 9007199254740991)
+end
+mark = string.format('%.0f', mark)
+redis.call('HSET', KEYS[1], ARGV[1], gen, 'purges', mark)
 local receivers = redis.call('PUBLISH', ARGV[2], 'g:' .. ARGV[1] .. ':' .. gen .. ':' .. ARGV[3])
-return {gen, receivers}
+return {gen, receivers, mark, redis.call('HGET', KEYS[1], 'epoch') or ''}
