@@ -161,6 +161,9 @@ pub(crate) struct Barrier {
     /// The highest purge mark seen, and the epoch it was seen under (see
     /// the module doc, "a Redis that went back in time").
     seen: Mutex<(u64, u64)>,
+    /// The highest epoch of the table read: a move on a table without an
+    /// epoch it may keep starts one above it (see `bump_generation.lua`).
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 impl Barrier {
@@ -176,6 +179,7 @@ impl Barrier {
             notifier,
             pending: Pending::default(),
             seen: Mutex::new((0, 0)),
+            epoch: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -183,6 +187,8 @@ impl Barrier {
     /// epoch's mark replaces an older one's, and within one epoch only the
     /// highest is kept.
     fn saw_mark(&self, epoch: u64, mark: u64) {
+        self.epoch
+            .fetch_max(epoch, std::sync::atomic::Ordering::AcqRel);
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         if epoch > seen.0 {
             *seen = (epoch, mark);
@@ -401,6 +407,7 @@ impl Barrier {
             .arg(field.name())
             .arg(&self.conns.channel)
             .arg(signed)
+            .arg(self.epoch.load(std::sync::atomic::Ordering::Acquire))
             .invoke_async(&mut conn)
             .await?;
         let generation = parse_generation(&generation).ok_or_else(|| {
@@ -492,6 +499,8 @@ impl Barrier {
                     "unexpected epoch from a stampede-guard script",
                 )))
             })?;
+        self.epoch
+            .fetch_max(epoch, std::sync::atomic::Ordering::AcqRel);
         if let Some(mark) = values
             .next()
             .flatten()

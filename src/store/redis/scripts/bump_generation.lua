@@ -6,6 +6,13 @@
 -- ARGV[1] field   `all` or `b<n>`
 -- ARGV[2] channel the namespace's event channel
 -- ARGV[3] signed  `<instance>:<nonce>`, appended to the message
+-- ARGV[4] floor   the highest epoch the caller read (0 for none)
+--
+-- A table with no epoch it may keep (lost to a restart with empty memory
+-- or an eviction, foreign bytes, behind the caller's: the rule of
+-- load_generations.lua) starts its new life here, before the move: the
+-- next read would otherwise take it for a lost table and drop every field,
+-- this move among them, after the invalidation returned.
 --
 -- A generation only goes up, for the life of the deployment: the new one is
 -- above the old one and at least Redis's clock in microseconds. A table lost
@@ -33,7 +40,18 @@ local function plain(s)
 end
 local t = redis.call('TIME')
 local least = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
+local floor = tonumber(ARGV[4]) or 0
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not (plain(epoch) and tonumber(epoch) >= 1000000000000000 and tonumber(epoch) >= floor
+    and tonumber(epoch) <= least + 3600000000) then
+  local new = least
+  if new <= floor then
+    new = floor + 1
+  end
+  epoch = string.format('%.0f', new)
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'epoch', epoch)
+end
 if plain(epoch) and tonumber(epoch) >= least then
   least = tonumber(epoch) + 1
 end
