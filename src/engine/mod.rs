@@ -1147,14 +1147,25 @@ impl Engine {
     /// barrier like [`Engine::invalidate`]: a rebuild already running stores
     /// nothing, and a request that starts after this returns does not join
     /// it.
+    ///
+    /// When the fleet's half fails (Redis down, the deadline passed), the
+    /// generation still moves here, as it does without a shared tier: this
+    /// process serves nothing it held before the call, whatever the other
+    /// instances do. The moved generation is at least this host's clock in
+    /// microseconds, like the ones Redis hands out; one above Redis's
+    /// (a clock ahead of Redis's) makes entries Redis holds for the field
+    /// misses here until Redis's generations pass it: more rebuilds, never
+    /// a stale answer.
     pub(crate) async fn invalidate_field(&self, field: Field) -> Result<(), crate::Error> {
         let moved = |generation| self.generation_moved(field, generation);
-        if let Some(moved) = self.fleet.move_generation(field, moved).await {
-            return moved;
-        }
+        let failed = match self.fleet.move_generation(field, moved).await {
+            Some(Ok(())) => return Ok(()),
+            Some(Err(error)) => Some(error),
+            None => None,
+        };
         let generation = self.tags.bump_here(field);
         self.generation_moved(field, generation);
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// A rebuilt entry with the generations it was built under, and whether

@@ -742,9 +742,13 @@ impl StampedeGuard {
     ///
     /// When the backend has a Redis tier and the invalidation did not reach
     /// it (Redis down, the deadline passed; it was tried for four
-    /// deadlines). It may have reached Redis without an answer, or not at
-    /// all: nothing is promised then, and this process holds no memory of
-    /// it. Call it again.
+    /// deadlines). This process has dropped its entries of the tag all the
+    /// same (the generation moved here): it serves none of them again. It
+    /// may have reached Redis without an answer, or not at all: nothing is
+    /// promised for the other instances then (they may serve their copies
+    /// as an outage allows), and it is not retried once the backend is
+    /// connected (before the join it is kept, and made once it joins). Call
+    /// it again.
     pub async fn invalidate_tag(&self, tag: &str) -> Result<(), crate::Error> {
         self.backend
             .engine

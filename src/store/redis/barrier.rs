@@ -87,6 +87,27 @@
 //! built under; each instance keeps the table in memory, moved by the
 //! messages [`bump`](Barrier::bump_generation) publishes and reloaded after
 //! any gap in its subscription, and compares on every read.
+//!
+//! **A Redis that went back in time.** Restored from a copy older than a
+//! purge (or a replica that lagged promoted), Redis may hold entries purged
+//! since, under the same epoch. Instances that heard a tag's or
+//! everything's purge keep its generation, never lower; but a key's purge
+//! moves nothing an instance keeps, and an instance started after the
+//! restore knows no generation at all. So every purge also moves the
+//! table's purge mark (`purges`): a key's after the purge itself
+//! (`note_purge.lua`: a copy that holds the mark holds the purge), a tag's
+//! or everything's with its generation. Each instance remembers the highest
+//! mark it saw under the table's epoch (from its own purges and from every
+//! read of the table). A read that finds the same epoch with a lower mark
+//! repairs the table (`load_generations.lua`): `all` moves and every
+//! instance hears it, so every entry stored before is void (one rebuild per
+//! key for the fleet), and the mark is set back so the repair is made once.
+//! So once an instance that made a purge, or read the table after one, is
+//! connected, the restored copies of what was purged are misses from its
+//! first read of the table on (the read that ends its rejoin). Before that,
+//! and for good when no such instance is left, nothing tells the restored
+//! table from the real one: an instance that reads it serves the restored
+//! entries (until their TTL, or until that repair).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -137,6 +158,12 @@ pub(crate) struct Barrier {
     pub(super) pending: Pending,
     /// The reads of the invalidations waiting for the fleet.
     reads: Arc<Reads>,
+    /// The highest purge mark seen, and the epoch it was seen under (see
+    /// the module doc, "a Redis that went back in time").
+    seen: Mutex<(u64, u64)>,
+    /// The highest epoch of the table read: a move on a table without an
+    /// epoch it may keep starts one above it (see `bump_generation.lua`).
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 impl Barrier {
@@ -151,6 +178,54 @@ impl Barrier {
             conns,
             notifier,
             pending: Pending::default(),
+            seen: Mutex::new((0, 0)),
+            epoch: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Remembers purge `mark`, seen in the table under `epoch`: a newer
+    /// epoch's mark replaces an older one's, and within one epoch only the
+    /// highest is kept.
+    fn saw_mark(&self, epoch: u64, mark: u64) {
+        self.epoch
+            .fetch_max(epoch, std::sync::atomic::Ordering::AcqRel);
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if epoch > seen.0 {
+            *seen = (epoch, mark);
+        } else if epoch == seen.0 {
+            seen.1 = seen.1.max(mark);
+        }
+    }
+
+    /// Moves the table's purge mark once a key's purge reached Redis (see
+    /// the module doc). Its failure is only logged: the purge itself is
+    /// made, and an older copy of Redis restored afterwards is then not
+    /// told from the real one by this purge.
+    async fn note_purge(&self, key: &Key, until: Option<std::time::Instant>) {
+        let table = self.conns.keys.table();
+        let script = self.conns.scripts.note_purge.key(&table);
+        let script = &script;
+        let call = self.conns.call(&table).owed();
+        let call = match until {
+            Some(until) => call.until(until),
+            None => call,
+        };
+        let noted: Result<(Vec<u8>, Vec<u8>), TierError> = call
+            .run(move |mut conn| async move { script.invoke_async(&mut conn).await })
+            .await;
+        match noted {
+            Ok((mark, epoch)) => {
+                if let (Some(mark), Some(epoch)) =
+                    (parse_generation(&mark), parse_generation(&epoch))
+                {
+                    self.saw_mark(epoch, mark);
+                }
+            }
+            Err(error) => tracing::warn!(
+                key = %key,
+                error = %error,
+                "a purge reached redis, but not its mark in the invalidation table"
+            ),
         }
     }
 
@@ -195,6 +270,7 @@ impl Barrier {
         };
         // A newer invalidation of the group supersedes a pending one.
         self.pending.forget(key);
+        self.note_purge(key, Some(until)).await;
         let receivers = u64::try_from(receivers).unwrap_or(0);
         let subject = messages::key_subject(&key.group());
         let acked = self
@@ -223,6 +299,7 @@ impl Barrier {
             .run(|conn| self.invalidate_script(conn, key, crate::random::unguessable_u64()))
             .await?;
         self.pending.forget(key);
+        self.note_purge(key, None).await;
         Ok(())
     }
 
@@ -238,6 +315,7 @@ impl Barrier {
                 .await;
             if tried.is_ok() {
                 self.pending.forget(&key);
+                self.note_purge(&key, None).await;
                 tracing::info!(key = %key, "a pending invalidation reached redis");
             }
         }
@@ -321,7 +399,7 @@ impl Barrier {
         nonce: u64,
     ) -> Result<(u64, u64), RedisError> {
         let signed = self.notifier.signature(nonce);
-        let (generation, receivers): (Vec<u8>, i64) = self
+        let (generation, receivers, mark, epoch): (Vec<u8>, i64, Vec<u8>, Vec<u8>) = self
             .conns
             .scripts
             .bump_generation
@@ -329,6 +407,7 @@ impl Barrier {
             .arg(field.name())
             .arg(&self.conns.channel)
             .arg(signed)
+            .arg(self.epoch.load(std::sync::atomic::Ordering::Acquire))
             .invoke_async(&mut conn)
             .await?;
         let generation = parse_generation(&generation).ok_or_else(|| {
@@ -337,6 +416,9 @@ impl Barrier {
                 "unexpected generation from a stampede-guard script",
             ))
         })?;
+        if let (Some(mark), Some(epoch)) = (parse_generation(&mark), parse_generation(&epoch)) {
+            self.saw_mark(epoch, mark);
+        }
         Ok((generation, u64::try_from(receivers).unwrap_or(0)))
     }
 
@@ -377,8 +459,14 @@ impl Barrier {
             }
         };
         let table = self.conns.keys.table();
+        let (seen_epoch, seen_mark) = *self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let mut invocation = self.conns.scripts.load_generations.key(&table);
-        invocation.arg(floor);
+        invocation
+            .arg(floor)
+            .arg(seen_epoch)
+            .arg(seen_mark)
+            .arg(&self.conns.channel)
+            .arg(self.notifier.signature(crate::random::unguessable_u64()));
         for field in fields {
             invocation.arg(field.name());
         }
@@ -411,8 +499,31 @@ impl Barrier {
                     "unexpected epoch from a stampede-guard script",
                 )))
             })?;
-        let raw = fields.iter().copied().zip(values);
+        self.epoch
+            .fetch_max(epoch, std::sync::atomic::Ordering::AcqRel);
+        if let Some(mark) = values
+            .next()
+            .flatten()
+            .as_deref()
+            .and_then(parse_generation)
+        {
+            self.saw_mark(epoch, mark);
+        }
         let mut loaded = Vec::new();
+        if let Some(all) = values
+            .next()
+            .flatten()
+            .as_deref()
+            .and_then(parse_generation)
+        {
+            tracing::warn!(
+                "redis holds an older copy of the invalidation table than this instance saw \
+                 (restored from a snapshot, or a lagging replica took over): every entry \
+                 stored before is invalidated"
+            );
+            loaded.push((Field::All, all));
+        }
+        let raw = fields.iter().copied().zip(values);
         for (field, value) in raw {
             let Some(value) = value else { continue };
             match parse_generation(&value) {

@@ -17,6 +17,7 @@ pub(super) struct Scripts {
     pub(super) lock_leave: Script,
     pub(super) bump_generation: Script,
     pub(super) load_generations: Script,
+    pub(super) note_purge: Script,
     pub(super) member_renew: Script,
     pub(super) members: Script,
     pub(super) ack: Script,
@@ -49,13 +50,14 @@ impl Scripts {
             lock_leave: Script::new(include_str!("scripts/lock_leave.lua")),
             bump_generation: Script::new(include_str!("scripts/bump_generation.lua")),
             load_generations: Script::new(include_str!("scripts/load_generations.lua")),
+            note_purge: Script::new(include_str!("scripts/note_purge.lua")),
             member_renew: Script::new(include_str!("scripts/member_renew.lua")),
             members: Script::new(include_str!("scripts/members.lua")),
             ack: Script::new(include_str!("scripts/ack.lua")),
         }
     }
 
-    pub(super) fn all(&self) -> [&Script; 15] {
+    pub(super) fn all(&self) -> [&Script; 16] {
         [
             &self.fetch_or_lease,
             &self.fetch_fresh,
@@ -69,6 +71,7 @@ impl Scripts {
             &self.lock_leave,
             &self.bump_generation,
             &self.load_generations,
+            &self.note_purge,
             &self.member_renew,
             &self.members,
             &self.ack,

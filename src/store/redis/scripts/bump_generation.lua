@@ -1,10 +1,18 @@
 -- Move one generation of the namespace's invalidation table (everything, or
 -- one tag bucket), and tell every instance.
 --
--- KEYS[1] table   hash {all = generation, b<n> = generation of tag bucket n}
+-- KEYS[1] table   hash {epoch, purges, all = generation,
+--                 b<n> = generation of tag bucket n}
 -- ARGV[1] field   `all` or `b<n>`
 -- ARGV[2] channel the namespace's event channel
 -- ARGV[3] signed  `<instance>:<nonce>`, appended to the message
+-- ARGV[4] floor   the highest epoch the caller read (0 for none)
+--
+-- A table with no epoch it may keep (lost to a restart with empty memory
+-- or an eviction, foreign bytes, behind the caller's: the rule of
+-- load_generations.lua) starts its new life here, before the move: the
+-- next read would otherwise take it for a lost table and drop every field,
+-- this move among them, after the invalidation returned.
 --
 -- A generation only goes up, for the life of the deployment: the new one is
 -- above the old one and at least Redis's clock in microseconds. A table lost
@@ -21,14 +29,29 @@
 -- clock is behind; see load_generations.lua). A move to the clock alone
 -- would stay below what those entries recorded and purge none of them.
 --
--- Returns {generation, instances that received the message}.
+-- The table's purge mark moves too (see note_purge.lua): a copy of the
+-- table from before this move is told from the real one.
+--
+-- Returns {generation, instances that received the message, purge mark,
+-- epoch ('': the table has none yet)}.
 local function plain(s)
   return type(s) == 'string' and #s >= 1 and #s <= 16 and string.find(s, '^%d+$') ~= nil
     and tonumber(s) < 9007199254740992
 end
 local t = redis.call('TIME')
 local least = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
+local floor = tonumber(ARGV[4]) or 0
 local epoch = redis.call('HGET', KEYS[1], 'epoch')
+if not (plain(epoch) and tonumber(epoch) >= 1000000000000000 and tonumber(epoch) >= floor
+    and tonumber(epoch) <= least + 3600000000) then
+  local new = least
+  if new <= floor then
+    new = floor + 1
+  end
+  epoch = string.format('%.0f', new)
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'epoch', epoch)
+end
 if plain(epoch) and tonumber(epoch) >= least then
   least = tonumber(epoch) + 1
 end
@@ -43,6 +66,12 @@ if gen >= 9007199254740992 then
   return redis.error_reply('stampede-guard: generation ' .. ARGV[1] .. ' exhausted')
 end
 gen = string.format('%.0f', gen)
-redis.call('HSET', KEYS[1], ARGV[1], gen)
+local mark = tonumber(t[1] .. string.format('%06d', tonumber(t[2])))
+local old_mark = redis.call('HGET', KEYS[1], 'purges')
+if plain(old_mark) and tonumber(old_mark) >= mark then
+  mark = math.min(tonumber(old_mark) + 1, 9007199254740991)
+end
+mark = string.format('%.0f', mark)
+redis.call('HSET', KEYS[1], ARGV[1], gen, 'purges', mark)
 local receivers = redis.call('PUBLISH', ARGV[2], 'g:' .. ARGV[1] .. ':' .. gen .. ':' .. ARGV[3])
-return {gen, receivers}
+return {gen, receivers, mark, redis.call('HGET', KEYS[1], 'epoch') or ''}
