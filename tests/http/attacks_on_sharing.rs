@@ -155,7 +155,6 @@ fn query(parts: &Parts) -> &str {
 /// Two services in one process share a backend with default settings. An
 /// HTTP/1.0 request carries no `Host` (none is required): each service's
 /// answer to it is its own, never the other's.
-#[ignore = "a request without Host (HTTP/1.0) or with an empty Host is keyed on no host, so two services on one backend share its entry"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http10_without_host_never_crosses_two_services_on_one_backend() {
     let backends = Backends::start();

@@ -16,6 +16,7 @@ fn parts(uri: &str, headers: &[(&str, &str)]) -> Parts {
 fn rules<'a>(namespace: &'a str, vary: &'a [HeaderName]) -> KeyRules<'a> {
     KeyRules {
         namespace,
+        guard: 0,
         vary,
         forwarded: &DEFAULT_FORWARDED,
         accept_encoding: vary.contains(&ACCEPT_ENCODING),
@@ -377,4 +378,24 @@ proptest! {
         let (qa, qb) = (query(&a), query(&b));
         prop_assert_eq!(per_name(&qa) == per_name(&qb), hashed_query(&qa) == hashed_query(&qb));
     }
+}
+
+#[test]
+fn a_request_without_a_host_is_keyed_under_its_guard() {
+    let of = |guard: u64, headers: &[(&str, &str)]| {
+        let rules = KeyRules {
+            guard,
+            ..rules("ns", &[])
+        };
+        let p = parts("/r?x", headers);
+        split_key(&rules, &p, None)
+    };
+    // No host, and an empty one: the guard's ordinal splits them, and the
+    // two stay apart.
+    assert_ne!(of(0, &[]).url, of(1, &[]).url);
+    assert_ne!(of(0, &[("host", "")]).url, of(1, &[("host", "")]).url);
+    assert_ne!(of(0, &[]).url, of(0, &[("host", "")]).url);
+    assert_eq!(of(3, &[]), of(3, &[]));
+    // A host: keyed without the ordinal.
+    assert_eq!(of(0, &[("host", "a.test")]), of(7, &[("host", "a.test")]));
 }
