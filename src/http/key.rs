@@ -366,10 +366,13 @@ fn hash_values(h: &mut KeyHasher, parts: &Parts, name: &HeaderName) {
 
 /// Sorts the query's pairs by name, stably, so that `?b=2&a=1` and `?a=1&b=2`
 /// share an entry while `?s=1&s=2` and `?s=2&s=1` (a list whose order the
-/// origin may use) do not, nor `?%73=1&s=2` and `?s=2&%73=1` (names are
-/// compared decoded and case-folded), and drops empty pairs (`?a=1&&`). A
-/// query with a name that decodes to invalid UTF-8 keeps its order
-/// (`?%FF=1&%FE=2`: one name to a lossy parser).
+/// origin may use) do not, nor `?%73=1&s=2` and `?s=2&%73=1`, nor
+/// `?a_b=1&%20a+b=2` and its reverse (names are compared as an origin may
+/// fold them: decoded, case-folded, space, `+` and `_` alike), and drops
+/// empty pairs (`?a=1&&`). A query with a `;`, or a name that decodes to
+/// something outside printable ASCII or holds `.`, `[`, `]` or `%`, keeps
+/// its order (`?%FF=1&%FE=2`: one name to a lossy parser; `a.b` is `a_b`
+/// to PHP; `?x=1;a=2`: two pairs to an origin that splits at `;`).
 /// Values keep their bytes: `%41` and `A` stay different, as an origin may
 /// treat them differently. (The key hashes these bytes without building the string; this
 /// is its reference form.)
