@@ -451,7 +451,6 @@ async fn rewrite_header_spellings_with_dots_are_keyed() {
 /// framework that honours it deleted the resource, so the cached `GET` of
 /// that URL must not be served afterwards (RFC 9111 §4.4 applies to the
 /// method the origin ran).
-#[ignore = "a GET with a method override to DELETE passes the cache but does not invalidate the URL"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_method_override_to_delete_invalidates_like_a_delete() {
     let backends = Backends::start();
