@@ -441,7 +441,6 @@ async fn rewrite_header_spellings_in_case_and_underscores_are_keyed() {
 /// Dots as separators: PHP's `$_SERVER` reads `.` in a name as `_` (Caddy
 /// and the built-in server pass such names on), so `X.Original.URL` is
 /// `X-Original-URL` to a PHP framework. Each spelling is keyed.
-#[ignore = "the rewrite class splits names at `-` and `_` only: `X.Original.URL` (PHP reads `.` as `_`) is not keyed"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rewrite_header_spellings_with_dots_are_keyed() {
     spellings_are_keyed(&["x-original.url", "x.original.url", "x.forwarded.host"]).await;
@@ -1232,7 +1231,6 @@ async fn if_range_with_a_weak_date_gets_the_whole_representation() {
 /// or under names the word list does not hold (`x-request-target`,
 /// `x-query-string`): each changes what the handler answers, so each is
 /// keyed like the rest of the target-rewrite class.
-#[ignore = "the rewrite class has no word for the query or the route (`x-invoke-query`, `x-now-route-matches`, `x-query-string`, `x-request-target`): not keyed"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn query_and_route_rewrite_headers_are_keyed() {
     let backends = Backends::start();
