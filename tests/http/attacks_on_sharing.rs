@@ -1029,7 +1029,6 @@ async fn concurrent_first_variants_never_get_each_others_answer() {
 /// would tell them apart: `Alice` and `alice` (case), `"a,b"` and `"a, b"`
 /// (a comma inside a quoted string) are other users to an origin that reads
 /// the value whole; neither gets the other's answer.
-#[ignore = "learned Vary drops whitespace after a comma inside a quoted string: `\"a,b\"` and `\"a, b\"` share a variant"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn learned_vary_values_that_differ_never_share() {
     let backends = Backends::start();
