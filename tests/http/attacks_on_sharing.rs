@@ -1192,7 +1192,6 @@ async fn per_client_fields_of_a_stored_200_are_never_replayed() {
 /// §8.8.2.2); otherwise the date is weak and `If-Range` is false (§13.1.5):
 /// the whole `200`, never a range that could be spliced onto another
 /// version written within the same second.
-#[ignore = "If-Range compares a date to Last-Modified byte for byte, without asking whether the stored date is strong (60 s before Date)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn if_range_with_a_weak_date_gets_the_whole_representation() {
     let backends = Backends::start();
