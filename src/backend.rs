@@ -6,6 +6,7 @@
 //! [`Cache`](crate::Cache) too), under one memory bound.
 
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,6 +45,9 @@ pub struct Backend {
     /// Shared by every clone: when the last one goes, the background tasks
     /// stop.
     _last: Arc<LastHandle>,
+    /// How many guards have been built on this backend: each takes the next
+    /// ordinal, which keys the requests it sees that name no host.
+    pub(crate) guards: Arc<AtomicU64>,
 }
 
 /// Stops the engine's background tasks when the last handle of a backend
@@ -92,6 +96,7 @@ impl Backend {
             _last: Arc::new(LastHandle(engine.clone())),
             engine,
             locks: Arc::default(),
+            guards: Arc::default(),
         }
     }
 

@@ -278,40 +278,59 @@ pub(crate) fn query_name(pair: &str) -> &str {
     pair.split_once('=').map_or(pair, |(name, _)| name)
 }
 
-/// Whether a query's pairs may be sorted by name: every name must
-/// percent-decode to valid UTF-8. A parser that decodes names lossily (axum's
-/// `Query`, any `form_urlencoded` reader) turns each invalid sequence into
-/// U+FFFD, so `%FF` and `%FE` are one name to it, in an order the key cannot
-/// tell: such a query is keyed in the order it was sent.
+/// Whether a query's pairs may be sorted by name. Sorting may only ever
+/// reorder pairs whose names no origin reads as one name; where the key
+/// cannot tell, the query keeps the order it was sent in:
+///
+/// - a pair with a `;`: some origins (older Python `parse_qs`, Perl's
+///   `CGI.pm`) split pairs at `;` too, so the names a sort would order are
+///   not the names they read;
+/// - a name whose percent-decoded form holds a byte outside printable ASCII
+///   (a lossy parser reads each invalid UTF-8 sequence as U+FFFD, so `%FF`
+///   and `%FE` are one name to it; other letters may be case-folded in ways
+///   this order cannot follow, `%C3%84` and `%C3%A4`, or U+212A, which
+///   lowercases to `k`; PHP ends a name at NUL), or a `.`, `[`, `]` or `%`
+///   (PHP reads `a.b` and `a[b` as `a_b`, `qs` and Rails read `a.b` and
+///   `a[b]` as members of `a`, a second decoding reads `%2561` as `a`).
 pub(crate) fn names_are_sortable(pairs: &[&str]) -> bool {
     pairs.iter().all(|pair| {
-        let name = query_name(pair);
-        // Names are compared with ASCII case folded; a name with other
-        // letters (raw or escaped, valid UTF-8 or not) might be folded or
-        // replaced by an origin in ways this order cannot follow (`%C3%84`
-        // and `%C3%A4`, or U+212A, which lowercases to `k`), so its query
-        // keeps the order it was sent in.
-        name_skeleton(name).all(|b| b.is_ascii())
+        !pair.contains(';')
+            && decoded(query_name(pair)).all(|b| {
+                (b.is_ascii_graphic() || b == b' ') && !matches!(b, b'.' | b'[' | b']' | b'%')
+            })
     })
 }
 
 /// Orders query pairs by name as an origin might read it: percent-decoded,
-/// ASCII case folded, `+` and space alike (`+` is a space to form decoding,
-/// a plus sign to plain percent-decoding). Names that some origin could take
-/// for the same one (`a`, `%61`, `A`; `a+b`, `a%20b`, `a%2Bb`) compare equal, so the stable sort keeps
-/// their pairs in the order the client sent them.
+/// ASCII case folded, `+`, space and `_` alike (`+` is a space to form
+/// decoding, a plus sign to plain percent-decoding; PHP reads a space as
+/// `_`), leading spaces, `+` and `_` dropped (PHP drops leading spaces).
+/// Names that some origin could take for the same one (`a`, `%61`, `A`;
+/// `a+b`, `a%20b`, `a%2Bb`, `a_b`, `%20a_b`) compare equal, so the stable
+/// sort keeps their pairs in the order the client sent them.
 pub(crate) fn cmp_query_names(a: &str, b: &str) -> std::cmp::Ordering {
     name_skeleton(query_name(a)).cmp(name_skeleton(query_name(b)))
 }
 
 fn name_skeleton(name: &str) -> impl Iterator<Item = u8> + '_ {
+    decoded(name)
+        .map(|byte| match byte {
+            b'+' | b' ' => b'_',
+            other => other.to_ascii_lowercase(),
+        })
+        .skip_while(|b| *b == b'_')
+}
+
+/// A name's bytes, percent-decoded once (a `%` not followed by two hex
+/// digits is itself).
+fn decoded(name: &str) -> impl Iterator<Item = u8> + '_ {
     let bytes = name.as_bytes();
     let mut i = 0;
     std::iter::from_fn(move || {
         let byte = *bytes.get(i)?;
         i += 1;
         let hex = |b: u8| (b as char).to_digit(16);
-        let decoded = match byte {
+        Some(match byte {
             b'%' => match (
                 bytes.get(i).and_then(|b| hex(*b)),
                 bytes.get(i + 1).and_then(|b| hex(*b)),
@@ -323,10 +342,6 @@ fn name_skeleton(name: &str) -> impl Iterator<Item = u8> + '_ {
                 _ => b'%',
             },
             other => other,
-        };
-        Some(match decoded {
-            b'+' => b' ',
-            other => other.to_ascii_lowercase(),
         })
     })
 }

@@ -162,6 +162,7 @@ pub mod __bench {
     pub fn request_key(parts: &::http::request::Parts, vary: &[HeaderName]) -> crate::Key {
         let rules = crate::http::key::KeyRules {
             namespace: "bench",
+            guard: 0,
             vary,
             forwarded: &crate::http::key::DEFAULT_FORWARDED,
             accept_encoding: false,

@@ -57,6 +57,10 @@ pub(crate) static DEFAULT_FORWARDED: [HeaderName; 5] = [
 #[derive(Clone)]
 pub(crate) struct KeySettings {
     pub namespace: Arc<str>,
+    /// The guard's ordinal on its backend (the Nth guard built on it):
+    /// keys the requests that name no host, so that two services sharing a
+    /// backend never share them.
+    pub guard: u64,
     pub vary: Arc<[HeaderName]>,
     pub forwarded: Arc<[HeaderName]>,
     /// Set once an origin answer said `Vary: accept-encoding`; from then on
@@ -69,6 +73,7 @@ impl Default for KeySettings {
     fn default() -> Self {
         KeySettings {
             namespace: Arc::from(""),
+            guard: 0,
             vary: Arc::from([]),
             forwarded: Arc::from(DEFAULT_FORWARDED.as_slice()),
             learned_encoding: LearnedEncoding::default(),
@@ -81,6 +86,7 @@ impl fmt::Debug for KeySettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeySettings")
             .field("namespace", &self.namespace)
+            .field("guard", &self.guard)
             .field("vary", &self.vary)
             .field("forwarded", &self.forwarded)
             .field("learned_encoding", &self.learned_encoding.get())
@@ -135,6 +141,9 @@ impl Keyed {
 /// What, besides the URL, a route keys on.
 pub(crate) struct KeyRules<'a> {
     pub namespace: &'a str,
+    /// The guard's ordinal on its backend, keyed when the request names no
+    /// host (or an empty one).
+    pub guard: u64,
     /// The route's Vary headers; `accept-encoding` among them is keyed in its
     /// normalised form.
     pub vary: &'a [HeaderName],
@@ -150,6 +159,7 @@ impl<'a> KeyRules<'a> {
     pub(crate) fn of(keys: &'a KeySettings, keyed: Keyed) -> Self {
         KeyRules {
             namespace: &keys.namespace,
+            guard: keys.guard,
             vary: &keys.vary,
             forwarded: &keys.forwarded,
             accept_encoding: keyed.accept_encoding,
@@ -246,11 +256,24 @@ pub(crate) fn url_key(rules: &KeyRules<'_>, parts: &Parts, custom: Option<&str>)
             let host = target_host(parts)
                 .map(str::as_bytes)
                 .or_else(|| parts.headers.get(HOST).map(|v| v.as_bytes()));
+            // A request that names no host (HTTP/1.0, an in-process call
+            // with an origin-form URI) or an empty one is answered by
+            // whichever service got it: it is keyed under the guard's
+            // ordinal on the backend, so two services sharing a backend
+            // never share it, while the instances of a fleet, which build
+            // their guards in the same order, do.
             match host {
-                Some(host) => h.part_lowercase(host),
+                Some(host) if !host.is_empty() => h.part_lowercase(host),
                 // No host differs from an empty one: a handler may fall back
                 // to a default host for the one, not the other.
-                None => h.part(b"\x00absent"),
+                Some(_) => {
+                    h.part(b"\x00empty");
+                    h.part(&rules.guard.to_le_bytes());
+                }
+                None => {
+                    h.part(b"\x00absent");
+                    h.part(&rules.guard.to_le_bytes());
+                }
             }
             h.part(uri.path().as_bytes());
             h.part_query(uri.query().unwrap_or(""));
@@ -343,10 +366,13 @@ fn hash_values(h: &mut KeyHasher, parts: &Parts, name: &HeaderName) {
 
 /// Sorts the query's pairs by name, stably, so that `?b=2&a=1` and `?a=1&b=2`
 /// share an entry while `?s=1&s=2` and `?s=2&s=1` (a list whose order the
-/// origin may use) do not, nor `?%73=1&s=2` and `?s=2&%73=1` (names are
-/// compared decoded and case-folded), and drops empty pairs (`?a=1&&`). A
-/// query with a name that decodes to invalid UTF-8 keeps its order
-/// (`?%FF=1&%FE=2`: one name to a lossy parser).
+/// origin may use) do not, nor `?%73=1&s=2` and `?s=2&%73=1`, nor
+/// `?a_b=1&%20a+b=2` and its reverse (names are compared as an origin may
+/// fold them: decoded, case-folded, space, `+` and `_` alike), and drops
+/// empty pairs (`?a=1&&`). A query with a `;`, or a name that decodes to
+/// something outside printable ASCII or holds `.`, `[`, `]` or `%`, keeps
+/// its order (`?%FF=1&%FE=2`: one name to a lossy parser; `a.b` is `a_b`
+/// to PHP; `?x=1;a=2`: two pairs to an origin that splits at `;`).
 /// Values keep their bytes: `%41` and `A` stay different, as an origin may
 /// treat them differently. (The key hashes these bytes without building the string; this
 /// is its reference form.)

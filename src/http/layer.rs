@@ -77,6 +77,14 @@ impl StampedeGuard {
     /// A guard on `backend` with the default policy: 10 s ttl, no stale
     /// windows, 10 s wait budget, bodies up to 4 MiB, `x-cache` header on.
     ///
+    /// A request that names no host (HTTP/1.0 without `Host`, an in-process
+    /// call with an origin-form URI, an empty `Host`) is keyed under its
+    /// guard: the Nth guard built on a backend keys it under N, so two
+    /// services sharing a backend never answer each other's host-less
+    /// requests, while instances of a fleet that build their guards in the
+    /// same order share them. Clones of a guard and every builder method keep
+    /// its ordinal; requests that name a host are keyed without it.
+    ///
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};
     ///
@@ -87,6 +95,9 @@ impl StampedeGuard {
         crate::metrics::describe_once();
         let mut policy = Policy::default();
         policy.store.keep_bound = backend.engine.keep_bound();
+        policy.keys.guard = backend
+            .guards
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         StampedeGuard {
             backend,
             policy: Arc::new(policy),
@@ -667,7 +678,8 @@ impl StampedeGuard {
     }
 
     /// Prefix for every key, to keep apart services or versions that share a
-    /// backend.
+    /// backend. (Requests that name no host are kept apart without it: see
+    /// [`new`](Self::new).)
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};

@@ -6,11 +6,14 @@
 //! anything that does not parse get the whole `200`, as a server may answer
 //! (§14.2). Numbers saturate, so no value a client sends can overflow.
 
+use std::time::Duration;
+
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 
 use super::body::GuardBody as Body;
 use super::response::CachedResponse;
+use super::rfc::cache_control::http_date;
 
 /// What a `Range` header asks of a representation of a given length.
 #[derive(Debug, PartialEq, Eq)]
@@ -132,7 +135,13 @@ fn number(digits: &str) -> Option<u64> {
 }
 
 /// `If-Range` (§13.1.5): the range applies only if the validator is the
-/// entry's strong `ETag` (strong comparison) or exactly its `Last-Modified`.
+/// entry's strong `ETag` (strong comparison), or exactly its
+/// `Last-Modified` when that date is strong: at least 60 s before the
+/// entry's `Date` (§8.8.2.2; a representation changed twice within a
+/// second keeps its date, so a weak one could splice a range of one version
+/// onto another). Without a `Date` the date is weak. (`If-Modified-Since`
+/// and `If-Unmodified-Since` compare dates as weak validators, and need no
+/// such check.)
 fn if_range_holds(validator: &HeaderValue, entry: &HeaderMap) -> bool {
     let validator = validator.as_bytes().trim_ascii();
     if validator.starts_with(b"W/") {
@@ -147,7 +156,19 @@ fn if_range_holds(validator: &HeaderValue, entry: &HeaderMap) -> bool {
         // A weak ETag never matches, since a strong validator cannot equal it.
         same(header::ETAG)
     } else {
-        same(header::LAST_MODIFIED)
+        same(header::LAST_MODIFIED) && last_modified_is_strong(entry)
+    }
+}
+
+/// Whether the entry's `Last-Modified` is at least 60 s before its `Date`
+/// (RFC 9110 §8.8.2.2); false when either is missing or unreadable.
+fn last_modified_is_strong(entry: &HeaderMap) -> bool {
+    let date = |name| entry.get(name).and_then(http_date);
+    match (date(header::LAST_MODIFIED), date(header::DATE)) {
+        (Some(modified), Some(date)) => date
+            .duration_since(modified)
+            .is_ok_and(|gap| gap >= Duration::from_secs(60)),
+        _ => false,
     }
 }
 
@@ -201,6 +222,10 @@ mod tests {
             header::LAST_MODIFIED,
             HeaderValue::from_static("Sun, 06 Nov 1994 08:49:37 GMT"),
         );
+        entry.insert(
+            header::DATE,
+            HeaderValue::from_static("Sun, 06 Nov 1994 08:50:37 GMT"),
+        );
         let holds = |v: &'static str, entry: &HeaderMap| {
             if_range_holds(&HeaderValue::from_static(v), entry)
         };
@@ -209,6 +234,21 @@ mod tests {
         assert!(!holds("\"v2\"", &entry));
         assert!(holds("Sun, 06 Nov 1994 08:49:37 GMT", &entry));
         assert!(!holds("Sun, 06 Nov 1994 08:49:38 GMT", &entry));
+        // A date less than 60 s before `Date`, or without one, is weak.
+        for date in [
+            Some("Sun, 06 Nov 1994 08:50:36 GMT"),
+            Some("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some("Sun, 06 Nov 1994 08:40:00 GMT"),
+            Some("not a date"),
+            None,
+        ] {
+            let mut weak = entry.clone();
+            match date {
+                Some(d) => weak.insert(header::DATE, HeaderValue::from_static(d)),
+                None => weak.remove(header::DATE),
+            };
+            assert!(!holds("Sun, 06 Nov 1994 08:49:37 GMT", &weak), "{date:?}");
+        }
         entry.insert(header::ETAG, HeaderValue::from_static("W/\"v1\""));
         assert!(!holds("W/\"v1\"", &entry));
         assert!(!holds("\"v1\"", &entry));

@@ -29,7 +29,7 @@ use super::policy::{admission, Admission, Policy};
 use super::respond::{self, failure, present, tag_with, try_present, Conditions};
 use super::response::CachedResponse;
 use super::select::{covers, selected, Back, Lane, Selecting};
-use super::unsafe_methods::{invalidate, is_unsafe, Targets};
+use super::unsafe_methods::{invalidate, is_unsafe, overrides_to_unsafe, Targets};
 use super::upgrades::{is_handshake, strip_upgrade, Ask, Probe};
 use crate::backend::Backend;
 use crate::engine::{Answer, Engine, Held, Looked, Miss};
@@ -111,7 +111,7 @@ where
             return self.bad_request(reason, labels);
         }
         if policy.store.invalidate_on_unsafe && is_unsafe(&parts.method) {
-            return self.unsafe_method(Request::from_parts(parts, body), labels);
+            return self.unsafe_method(Request::from_parts(parts, body), Pass::Method, labels);
         }
         // A request whose content the layer already read and threw away
         // (see `Discarded`) has none left, whatever its body type says.
@@ -164,6 +164,15 @@ where
             Admission::Upgrade => {
                 let request = Request::from_parts(parts, body);
                 return self.pass_through(request, Pass::Upgrade, labels);
+            }
+            // A method override that names an unsafe method: a framework
+            // that honours it runs that method, so its answer invalidates as
+            // the method's own would.
+            Admission::Pass(Pass::MethodOverride)
+                if store.invalidate_on_unsafe && overrides_to_unsafe(&parts.headers) =>
+            {
+                let request = Request::from_parts(parts, body);
+                return self.unsafe_method(request, Pass::MethodOverride, labels);
             }
             Admission::Pass(reason) => {
                 return self.pass_through(Request::from_parts(parts, body), reason, labels);
@@ -368,11 +377,13 @@ impl<S> GuardService<S> {
 }
 
 impl<S> GuardService<S> {
-    /// An unsafe method: passed through; a successful answer drops the
-    /// groups it touched, everywhere, before it is returned.
+    /// An unsafe method (or a method override naming one, `reason` says
+    /// which): passed through; a successful answer drops the groups it
+    /// touched, everywhere, before it is returned.
     fn unsafe_method<ReqBody, ResBody>(
         &mut self,
         request: Request<ReqBody>,
+        reason: Pass,
         labels: Labels,
     ) -> ResponseFuture<S::Future, ResBody, S::Error>
     where
@@ -381,7 +392,7 @@ impl<S> GuardService<S> {
         S::Error: Send + 'static,
         ResBody: HttpBody + Send + 'static,
     {
-        self.policy.passes.request(Pass::Method, labels);
+        self.policy.passes.request(reason, labels);
         let (mut parts, body) = request.into_parts();
         let targets = Targets::of(&self.policy, &mut parts);
         let future = self.inner.call(Request::from_parts(parts, body));
@@ -396,7 +407,7 @@ impl<S> GuardService<S> {
                 &policy,
                 response.map(|body| Body::stream_hiding(body, policy.tags.hidden())),
                 CacheStatus::Bypass,
-                Forward::new(Fwd::Method),
+                Forward::new(Fwd::of_bypass(reason)),
             ))
         }))
     }

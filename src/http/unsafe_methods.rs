@@ -21,7 +21,7 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, Method, Request, StatusCode, Uri};
 use std::sync::Arc;
 
-use super::key::{url_key, KeyRules, Keyed};
+use super::key::{rewrite_class, url_key, KeyRules, Keyed, Rewrite};
 use super::policy::Policy;
 use super::rfc::reference::{resolve, Reference};
 use crate::engine::Engine;
@@ -35,6 +35,25 @@ pub(crate) fn is_unsafe(method: &Method) -> bool {
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
     )
+}
+
+/// Whether a method override on the request (`X-HTTP-Method-Override`, any
+/// header of the class, see `key::rewrites`) may name an unsafe method: any
+/// value but a safe method's name (case aside), on any of its lines. A
+/// framework that honours it runs that method, so the request invalidates
+/// as that method would.
+pub(crate) fn overrides_to_unsafe(headers: &HeaderMap) -> bool {
+    headers
+        .keys()
+        .filter(|name| rewrite_class(name) == Some(Rewrite::Method))
+        .flat_map(|name| headers.get_all(name))
+        .any(|value| {
+            let value = String::from_utf8_lossy(value.as_bytes());
+            let value = value.trim();
+            !["GET", "HEAD", "OPTIONS", "TRACE"]
+                .iter()
+                .any(|safe| value.eq_ignore_ascii_case(safe))
+        })
 }
 
 /// What an unsafe request may invalidate once its answer is known: its
@@ -225,6 +244,39 @@ mod tests {
             assert!(is_unsafe(&m));
         }
         assert!(is_unsafe(&Method::from_bytes(b"PURGE").unwrap()));
+    }
+
+    #[test]
+    fn an_override_naming_an_unsafe_method_is_unsafe() {
+        let of = |pairs: &[(&str, &str)]| {
+            let mut headers = HeaderMap::new();
+            for (k, v) in pairs {
+                headers.append(
+                    http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    v.parse().unwrap(),
+                );
+            }
+            overrides_to_unsafe(&headers)
+        };
+        for (name, value) in [
+            ("x-http-method-override", "DELETE"),
+            ("x-http-method", "put"),
+            ("x-method-override", " PATCH "),
+            ("x_http_method_override", "POST"),
+            ("x-original-method", "PURGE"),
+            ("x-http-method-override", ""),
+        ] {
+            assert!(of(&[(name, value)]), "{name}: {value}");
+        }
+        assert!(of(&[
+            ("x-http-method-override", "GET"),
+            ("x-http-method", "DELETE")
+        ]));
+        for value in ["GET", "head", "OPTIONS", "trace"] {
+            assert!(!of(&[("x-http-method-override", value)]), "{value}");
+        }
+        assert!(!of(&[("x-forwarded-host", "DELETE")]));
+        assert!(!of(&[]));
     }
 
     #[test]

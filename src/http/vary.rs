@@ -146,7 +146,8 @@ pub(crate) fn selector(stored: &HeaderMap, covers: Covers<'_>) -> Option<Selecto
 /// header, whether it is present, and its lines combined into one list
 /// with the whitespace around its members removed (RFC 9111 §4.1: `1, 2`,
 /// `1,2` and two lines `1` and `2` are one value; absent differs from
-/// empty); then, for each coding (identity for none), whether the request
+/// empty; a comma inside a quoted string or a comment separates nothing,
+/// so `"a,b"` and `"a, b"` stay two values); then, for each coding (identity for none), whether the request
 /// accepts it, refuses it or says nothing.
 pub(crate) fn selection(request: &HeaderMap, selector: &Selector) -> Key {
     let mut h = KeyHasher::new(b"sel2");
@@ -159,7 +160,7 @@ pub(crate) fn selection(request: &HeaderMap, selector: &Selector) -> Key {
         }
         let mut combined = Vec::new();
         for line in lines {
-            for member in line.as_bytes().split(|b| *b == b',') {
+            for member in list_members(line.as_bytes()) {
                 if !combined.is_empty() {
                     combined.push(b',');
                 }
@@ -179,6 +180,38 @@ pub(crate) fn selection(request: &HeaderMap, selector: &Selector) -> Key {
         h.part(&[acceptance(request, coding).byte()]);
     }
     h.finish()
+}
+
+/// A field line's list members: split at the commas outside quoted strings
+/// and comments (RFC 9110 §5.6: `"a,b"` and `(a, b)` are one member, their
+/// bytes kept whole, `\` escaping the next byte in either), so only the
+/// whitespace around list commas is ever dropped. An unclosed quote or
+/// comment runs to the end of the line.
+fn list_members(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(line);
+    std::iter::from_fn(move || {
+        let line = rest?;
+        let (mut quoted, mut depth, mut escaped) = (false, 0usize, false);
+        for (i, &b) in line.iter().enumerate() {
+            if escaped {
+                escaped = false;
+                continue;
+            }
+            match b {
+                b'\\' if quoted || depth > 0 => escaped = true,
+                b'"' if depth == 0 => quoted = !quoted,
+                b'(' if !quoted => depth = depth.saturating_add(1),
+                b')' if !quoted => depth = depth.saturating_sub(1),
+                b',' if !quoted && depth == 0 => {
+                    rest = Some(&line[i + 1..]);
+                    return Some(&line[..i]);
+                }
+                _ => {}
+            }
+        }
+        rest = None;
+        Some(line)
+    })
 }
 
 /// Whether an entry with `stored` headers may answer a request with
@@ -318,6 +351,25 @@ mod tests {
         assert_eq!(one, selection(&map(&[("foo", "1"), ("foo", "2")]), &names));
         assert_eq!(one, selection(&map(&[("foo", " 1,2 ")]), &names));
         assert_ne!(one, selection(&map(&[("foo", "2, 1")]), &names));
+        // Inside a quoted string or a comment, every byte counts.
+        for (a, b) in [
+            ("\"a,b\"", "\"a, b\""),
+            ("\"a,b\"", "\"a\",\"b\""),
+            ("\"a\\\",b\"", "\"a\\\", b\""),
+            ("(a,b)", "(a, b)"),
+            ("x (a (b,c))", "x (a (b, c))"),
+            ("\"a,b", "\"a, b"),
+        ] {
+            assert_ne!(
+                selection(&map(&[("foo", a)]), &names),
+                selection(&map(&[("foo", b)]), &names),
+                "{a} / {b}"
+            );
+        }
+        assert_eq!(
+            selection(&map(&[("foo", "\"a, b\" , c")]), &names),
+            selection(&map(&[("foo", "\"a, b\""), ("foo", "c")]), &names)
+        );
         assert_ne!(
             selection(&map(&[]), &names),
             selection(&map(&[("foo", "")]), &names)

@@ -188,6 +188,14 @@ async fn every_state_has_one_valid_member_and_no_tag_header() {
 /// name.
 #[tokio::test]
 async fn a_guard_without_the_headers_emits_none_on_anothers_entries() {
+    // Guards on one backend share the entries of requests that name a host
+    // (a host-less request is keyed under the guard that got it).
+    let request = |uri: &str| {
+        let mut r = request(uri);
+        r.headers_mut()
+            .insert(header::HOST, "shop.test".parse().unwrap());
+        r
+    };
     let origin = Origin::default();
     let backend = Backend::local();
     let loud = StampedeGuard::new(backend.clone()).ttl(Duration::from_secs(60));

@@ -115,8 +115,10 @@ fn slow_reader(version: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
     Router::new().route("/doc", get(read).layer(guard))
 }
 
+/// A request that names its host: guards on one backend (the embedded
+/// stand-in for two instances) share its entries.
 fn lang(l: &str) -> Request<Body> {
-    request(Method::GET, "/doc", &[("x-lang", l)])
+    request(Method::GET, "/doc", &[("host", "docs.test"), ("x-lang", l)])
 }
 
 /// `invalidate` drops every variant on every instance, and is a barrier: a

@@ -38,10 +38,14 @@ fn file_app(body: &'static [u8], guard: StampedeGuard) -> (Router, Origin, Arc<A
                 if headers.contains_key("range") || headers.contains_key("if-range") {
                     ranged.fetch_add(1, Ordering::SeqCst);
                 }
+                // `Last-Modified` long before `Date`: a strong date, which
+                // `If-Range` may name (RFC 9110 §8.8.2.2).
+                let date = httpdate::fmt_http_date(std::time::SystemTime::now());
                 (
                     [
                         ("etag", "\"v1\""),
                         ("last-modified", LM),
+                        ("date", date.as_str()),
                         ("content-type", "text/plain"),
                     ],
                     body,

@@ -44,10 +44,14 @@ fn app(gate: Option<Arc<Notify>>) -> App {
                 if let Some(gate) = gate {
                     gate.notified().await;
                 }
+                // `Last-Modified` long before `Date`: a strong date, which
+                // `If-Range` may name (RFC 9110 §8.8.2.2).
+                let date = httpdate::fmt_http_date(std::time::SystemTime::now());
                 (
                     [
                         ("etag", "\"v1\""),
                         ("last-modified", "Sun, 06 Nov 1994 08:49:37 GMT"),
+                        ("date", date.as_str()),
                         ("content-type", "text/plain"),
                     ],
                     BODY,

@@ -49,8 +49,10 @@ fn app(origin: &Origin, gate: &Gate, backend: Backend) -> (StampedeGuard, Router
     (guard, router)
 }
 
+/// A request that names its host: guards on one backend (the embedded
+/// stand-in for two instances) share its entries.
 fn req(lang: Option<&str>) -> Request<Body> {
-    let mut b = Request::get("/p");
+    let mut b = Request::get("/p").header("host", "shop.test");
     if let Some(lang) = lang {
         b = b.header(ACCEPT_LANGUAGE, lang);
     }

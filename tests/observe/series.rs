@@ -181,10 +181,10 @@ async fn paths_sent_by_clients_never_become_label_values() {
 async fn the_l1_bytes_gauge_follows_what_the_tier_holds() {
     let (snapshotter, _turn) = recorder().await;
     let backend = Backend::local();
+    let guard = StampedeGuard::new(backend.clone()).namespace("bytes");
     let app = Router::new().route(
         "/k/{n}",
-        get(|| async { "x".repeat(1000) })
-            .layer(StampedeGuard::new(backend.clone()).namespace("bytes")),
+        get(|| async { "x".repeat(1000) }).layer(guard.clone()),
     );
     for n in 0..5 {
         send(&app, get_req(&format!("/k/{n}"))).await;
@@ -209,11 +209,7 @@ async fn the_l1_bytes_gauge_follows_what_the_tier_holds() {
     // last one, here the five entries this backend stored.)
     assert_eq!(gauge(&all), held as f64);
     let request = get_req("/k/0");
-    StampedeGuard::new(backend.clone())
-        .namespace("bytes")
-        .invalidate(&request)
-        .await
-        .unwrap();
+    guard.invalidate(&request).await.unwrap();
     let after = backend.l1_weighted_size();
     assert!(after < held);
     assert_eq!(gauge(&series(snapshotter)), after as f64 - held as f64);

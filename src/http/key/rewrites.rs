@@ -6,13 +6,17 @@
 //!
 //! The class is told by the header's name, not by a list, so that a
 //! spelling a list missed is still caught. A name is read as words split at
-//! `-` and `_` (CGI, WSGI and PHP read `X_Original_URL` as `X-Original-URL`):
+//! every character but a letter or digit (CGI, WSGI and PHP read
+//! `X_Original_URL` and PHP `X.Original.URL` as `X-Original-URL`):
 //!
 //! - a name whose last word is `for`, `ip`, `ips`, `addr` or `address`
 //!   names the client (`X-Forwarded-For`, `X-Real-IP`): in neither class;
 //! - a word `method` or `verb` makes a **method override**;
 //! - otherwise a word `forwarded`, `original`, `rewrite`, `rewritten`,
-//!   `override`, `script`, `url`, `uri`, `host` or `path`, or a last word
+//!   `override`, `script`, `url`, `uri`, `host`, `path`, `query`,
+//!   `querystring`, `qs`, `args`, `params`, `route`, `routes`, `matches`,
+//!   `matched`, `target`, `location`, `redirect`, `redirected`, `invoke`,
+//!   `middleware` or `subrequest`, or a last word
 //!   `pathname`, `hostname`, `authority`, `prefix`, `base`, `port`,
 //!   `proto`, `protocol`, `scheme`, `ssl`, `https` or `server`, makes a
 //!   **target rewrite**. `Host` itself is not one: it is part of the URL's
@@ -40,8 +44,12 @@ pub(crate) enum Rewrite {
 /// Last words of the names that carry a client's address.
 const CLIENT: [&str; 5] = ["for", "ip", "ips", "addr", "address"];
 
-/// Words that, anywhere in a name, mark a target rewrite.
-const TARGET_ANY: [&str; 10] = [
+/// Words that, anywhere in a name, mark a target rewrite: the URL and its
+/// parts (path, query, host, script), what a router matched (route,
+/// matches), and the internal rewrites and redirects of proxies and
+/// frameworks (`X-Middleware-Rewrite`, `X-Invoke-Query`,
+/// `X-Accel-Redirect`, `X-Middleware-Subrequest`).
+const TARGET_ANY: &[&str] = &[
     "forwarded",
     "original",
     "rewrite",
@@ -52,10 +60,26 @@ const TARGET_ANY: [&str; 10] = [
     "uri",
     "host",
     "path",
+    "query",
+    "querystring",
+    "qs",
+    "args",
+    "params",
+    "route",
+    "routes",
+    "matches",
+    "matched",
+    "target",
+    "location",
+    "redirect",
+    "redirected",
+    "invoke",
+    "middleware",
+    "subrequest",
 ];
 
 /// Last words that mark a target rewrite.
-const TARGET_LAST: [&str; 12] = [
+const TARGET_LAST: &[&str] = &[
     "pathname",
     "hostname",
     "authority",
@@ -76,7 +100,13 @@ pub(crate) fn rewrite_class(name: &HeaderName) -> Option<Rewrite> {
     if name == "host" {
         return None;
     }
-    let words = || name.split(['-', '_']).filter(|w| !w.is_empty());
+    // Every character but a letter or digit separates words: proxies and
+    // servers pass `.` (and the other token characters) on, and PHP reads
+    // `X.Original.URL` as `X_Original_URL`.
+    let words = || {
+        name.split(|c: char| !c.is_ascii_alphanumeric())
+            .filter(|w| !w.is_empty())
+    };
     let last = words().next_back()?;
     if CLIENT.contains(&last) {
         return None;
@@ -130,6 +160,27 @@ mod tests {
             "x-host-override",
             "x-path-info",
             "x-context-path",
+            "x.original.url",
+            "X.Forwarded.Host",
+            "x-original.url",
+            "x~original~url",
+            "x+rewrite+url",
+            "x-invoke-query",
+            "x-invoke-output",
+            "x-now-route-matches",
+            "x-matched-path",
+            "x-nextjs-matched-path",
+            "x-query-string",
+            "x-querystring",
+            "query-string",
+            "x-request-target",
+            "x-middleware-rewrite",
+            "x-middleware-subrequest",
+            "x-rewrite",
+            "x-accel-redirect",
+            "x-original-args",
+            "x-route-params",
+            "x-location",
         ] {
             assert_eq!(class(name), Some(Rewrite::Target), "{name}");
         }
@@ -145,6 +196,7 @@ mod tests {
             "x-forwarded-method",
             "x_http_method_override",
             "x-http-verb",
+            "x.http.method.override",
         ] {
             assert_eq!(class(name), Some(Rewrite::Method), "{name}");
         }
@@ -176,6 +228,11 @@ mod tests {
             "cache-control",
             "priority",
             "dnt",
+            "x.forwarded.for",
+            "sec-fetch-dest",
+            "x-requested-with",
+            "content-type",
+            "if-match",
         ] {
             assert_eq!(class(name), None, "{name}");
         }

@@ -16,6 +16,7 @@ fn parts(uri: &str, headers: &[(&str, &str)]) -> Parts {
 fn rules<'a>(namespace: &'a str, vary: &'a [HeaderName]) -> KeyRules<'a> {
     KeyRules {
         namespace,
+        guard: 0,
         vary,
         forwarded: &DEFAULT_FORWARDED,
         accept_encoding: vary.contains(&ACCEPT_ENCODING),
@@ -377,4 +378,51 @@ proptest! {
         let (qa, qb) = (query(&a), query(&b));
         prop_assert_eq!(per_name(&qa) == per_name(&qb), hashed_query(&qa) == hashed_query(&qb));
     }
+}
+
+#[test]
+fn a_request_without_a_host_is_keyed_under_its_guard() {
+    let of = |guard: u64, headers: &[(&str, &str)]| {
+        let rules = KeyRules {
+            guard,
+            ..rules("ns", &[])
+        };
+        let p = parts("/r?x", headers);
+        split_key(&rules, &p, None)
+    };
+    // No host, and an empty one: the guard's ordinal splits them, and the
+    // two stay apart.
+    assert_ne!(of(0, &[]).url, of(1, &[]).url);
+    assert_ne!(of(0, &[("host", "")]).url, of(1, &[("host", "")]).url);
+    assert_ne!(of(0, &[]).url, of(0, &[("host", "")]).url);
+    assert_eq!(of(3, &[]), of(3, &[]));
+    // A host: keyed without the ordinal.
+    assert_eq!(of(0, &[("host", "a.test")]), of(7, &[("host", "a.test")]));
+}
+
+#[test]
+fn names_an_origin_may_fold_together_keep_their_order() {
+    // One name to some origin: never reordered relative to each other.
+    for (one, other) in [
+        ("a_b=1&a.b=2", "a.b=2&a_b=1"),
+        ("a_b=1&a%20b=2", "a%20b=2&a_b=1"),
+        ("a_b=1&%20a_b=2", "%20a_b=2&a_b=1"),
+        ("a_b=1&a+b=2", "a+b=2&a_b=1"),
+        ("a_b=1&a[b=2", "a[b=2&a_b=1"),
+        ("a=1&a[x]=2", "a[x]=2&a=1"),
+        ("a=1&a.x=2", "a.x=2&a=1"),
+        ("a=1&a%00=2", "a%00=2&a=1"),
+        ("a=1&%2561=2", "%2561=2&a=1"),
+        ("x=1;a=2&a=3", "a=3&x=1;a=2"),
+        ("a=3&x=1%3Ba=2;", "x=1%3Ba=2;&a=3"),
+    ] {
+        assert_ne!(
+            key(&format!("/r?{one}"), &[], &[]),
+            key(&format!("/r?{other}"), &[], &[]),
+            "{one} / {other}"
+        );
+    }
+    // Names no origin folds together still share an entry in any order.
+    assert_eq!(key("/r?b_c=1&a=2", &[], &[]), key("/r?a=2&b_c=1", &[], &[]));
+    assert_eq!(normalize_query("z=1&a-b=2"), "a-b=2&z=1");
 }
