@@ -58,7 +58,9 @@ fn get<K: PartialEq + Copy, V: Copy>(list: &[(K, V)], key: K) -> Option<V> {
 }
 
 impl LockRedis {
-    /// lock_acquire.lua (not reentrant). `tenures` numbers the holds.
+    /// lock_acquire.lua (not reentrant). `tenures` numbers the holds. (The
+    /// script's refusal on a server that may evict the hold takes nothing
+    /// and changes no state, so it is not modelled.)
     #[allow(clippy::too_many_arguments)]
     pub fn acquire(
         &mut self,

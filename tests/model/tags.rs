@@ -107,8 +107,22 @@ fn plain(n: u64) -> bool {
 
 impl TagRedis {
     /// bump_generation.lua: above the old generation, at least the clock,
-    /// and above the table's epoch.
-    fn bump(&mut self, us: u64, mutation: Option<Mutation>) -> u64 {
+    /// and above the table's epoch. A table with no epoch it may keep (the
+    /// rule of `load`, with the caller's `floor`) starts its new epoch here,
+    /// before the move, so the next read keeps the move. (The script's
+    /// purge mark is not modelled: the model has no restore from a copy.)
+    fn bump(&mut self, us: u64, floor: u64, mutation: Option<Mutation>) -> u64 {
+        let kept = match self.table.epoch {
+            Some(e) => plain(e) && e >= floor && e <= us.saturating_add(3_600_000_000),
+            None => mutation == Some(Mutation::LostEpochKept),
+        };
+        if !kept {
+            let new = if us <= floor { floor + 1 } else { us };
+            self.table = Table {
+                epoch: Some(new),
+                generation: None,
+            };
+        }
         let least = match self.table.epoch {
             Some(e) if plain(e) && e >= us && mutation != Some(Mutation::BumpBelowEpoch) => e + 1,
             _ => us,
@@ -129,7 +143,9 @@ impl TagRedis {
     /// load_generations.lua with the caller's `floor`: (epoch, the field if
     /// `field`). A table without an epoch, or one behind the floor, starts
     /// a new epoch from the clock (above the floor) with every field
-    /// dropped. Returns whether it wrote.
+    /// dropped. Returns whether it wrote. (The script's purge mark, which
+    /// tells a table restored from an older copy and then moves `all`, is
+    /// not modelled: the model has no restore from a copy.)
     fn load(
         &mut self,
         us: u64,
@@ -571,7 +587,8 @@ impl Model for Tags {
             TagAction::InvRun => {
                 s.us += 1;
                 s.write(self.failover());
-                let generation = s.redis.bump(s.us, m);
+                // The invalidator reads no table first: its floor is 0.
+                let generation = s.redis.bump(s.us, 0, m);
                 for inst in &mut s.insts {
                     inst.answered = false;
                     if inst.link == Link::Ok {
