@@ -281,7 +281,8 @@ impl Lock {
     /// use std::time::Duration;
     /// use stampede_guard::{Backend, Lock};
     ///
-    /// // Each acquisition waits for one replica to acknowledge it, up to 50 ms.
+    /// // On Redis, each acquisition waits up to 50 ms for one replica to
+    /// // acknowledge it (no effect on the embedded backend used here).
     /// let lock = Lock::new(Backend::local()).synced(1, Duration::from_millis(50));
     /// ```
     #[must_use]

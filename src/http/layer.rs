@@ -47,8 +47,9 @@ use crate::store::generations::Field;
 ///
 /// - [`ttl`](Self::ttl): how long an answer is fresh.
 /// - [`stale_while_revalidate`](Self::stale_while_revalidate) and
-///   [`stale_if_error`](Self::stale_if_error): serve the old answer while one
-///   request rebuilds it, or while the origin fails.
+///   [`stale_if_error`](Self::stale_if_error): after the ttl, serve the old
+///   answer while one request rebuilds it, or in place of a failed rebuild
+///   (an error or a 5xx).
 /// - [`respect_cache_control`](Self::respect_cache_control): let the
 ///   origin's `Cache-Control` set the freshness.
 /// - [`vary`](Self::vary): request headers that select different answers.
