@@ -62,6 +62,16 @@ impl Drop for LastHandle {
 }
 
 /// What [`Backend::shutdown`] found and did.
+///
+/// ```
+/// use std::time::Duration;
+/// use stampede_guard::Backend;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let report = Backend::local().shutdown(Duration::from_secs(5)).await;
+/// assert_eq!(report.unfinished_rebuilds, 0);
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShutdownReport {
@@ -115,11 +125,21 @@ impl Backend {
     /// Bytes the L1 holds now (entries are weighed by body, headers and a fixed
     /// overhead). Applies pending evictions first, so it is exact but not free:
     /// meant for diagnostics and tests, not the request path.
+    ///
+    /// ```
+    /// let backend = stampede_guard::Backend::local();
+    /// assert_eq!(backend.l1_weighted_size(), 0);
+    /// ```
     pub fn l1_weighted_size(&self) -> u64 {
         self.engine.l1().weighted_size()
     }
 
     /// The L1's bound in bytes.
+    ///
+    /// ```
+    /// let backend = stampede_guard::Backend::builder().l1_max_bytes(16 << 20).build();
+    /// assert_eq!(backend.l1_max_bytes(), 16 << 20);
+    /// ```
     #[must_use]
     pub fn l1_max_bytes(&self) -> u64 {
         self.engine.l1().max_bytes()
@@ -405,6 +425,13 @@ impl Backend {
     }
 
     /// Counters and state, for diagnostics.
+    ///
+    /// ```
+    /// let stats = stampede_guard::Backend::local().stats();
+    /// assert_eq!(stats.l1_bytes, 0);
+    /// # #[cfg(feature = "redis")]
+    /// assert!(stats.redis.is_none());
+    /// ```
     #[must_use]
     pub fn stats(&self) -> BackendStats {
         BackendStats {
@@ -440,7 +467,8 @@ impl Backend {
     }
 }
 
-/// A backend's readiness, from [`Backend::health`].
+/// A backend's readiness, from [`Backend::health`]. See
+/// [`Backend::health`](Backend::health) for an example.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
@@ -452,7 +480,17 @@ pub struct Health {
     pub redis: Option<RedisHealth>,
 }
 
-/// What a backend protects now.
+/// What a backend protects now, in [`Health`].
+///
+/// ```
+/// use stampede_guard::{Backend, Status};
+///
+/// match Backend::local().health().status {
+///     Status::Fleet | Status::Local => println!("ready"),
+///     Status::Degraded => println!("serving with in-process protection"),
+///     _ => {}
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
@@ -471,6 +509,15 @@ pub enum Status {
 }
 
 /// The Redis tier's state, in [`Health`].
+///
+/// ```no_run
+/// # async fn run() -> Result<(), stampede_guard::Error> {
+/// let backend = stampede_guard::Backend::redis("redis://127.0.0.1:6379").await?;
+/// if let Some(redis) = backend.health().redis {
+///     println!("reachable: {}, open nodes: {:?}", redis.reachable, redis.open_nodes);
+/// }
+/// # Ok(()) }
+/// ```
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -493,6 +540,19 @@ pub struct RedisHealth {
 }
 
 /// The state of a Redis backend's circuit breakers, in [`RedisHealth`].
+///
+/// ```no_run
+/// use stampede_guard::{Backend, Breaker};
+///
+/// # async fn run() -> Result<(), stampede_guard::Error> {
+/// let backend = Backend::redis("redis://127.0.0.1:6379").await?;
+/// if let Some(redis) = backend.health().redis {
+///     if let Breaker::Open { circuits } = redis.breaker {
+///         println!("{circuits} circuit(s) open");
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 #[cfg(feature = "redis")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -510,7 +570,8 @@ pub enum Breaker {
     },
 }
 
-/// A snapshot of a backend's counters.
+/// A snapshot of a backend's counters, from [`Backend::stats`]. See
+/// [`Backend::stats`](Backend::stats) for an example.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
@@ -522,7 +583,19 @@ pub struct BackendStats {
     pub redis: Option<RedisStats>,
 }
 
-/// Counters of the Redis tier.
+/// Counters of the Redis tier, in [`BackendStats`].
+///
+/// ```no_run
+/// # async fn run() -> Result<(), stampede_guard::Error> {
+/// let backend = stampede_guard::Backend::redis("redis://127.0.0.1:6379").await?;
+/// if let Some(redis) = backend.stats().redis {
+///     println!("circuit openings: {}, errors: {}", redis.circuit_openings, redis.errors);
+///     for node in &redis.nodes {
+///         println!("{} open: {}", node.address, node.open);
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -576,7 +649,8 @@ pub struct RedisStats {
     pub nodes: Vec<NodeStats>,
 }
 
-/// One Redis Cluster primary's circuit, in [`RedisStats::nodes`].
+/// One Redis Cluster primary's circuit, in [`RedisStats::nodes`]. See
+/// [`RedisStats`] for an example.
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
@@ -600,6 +674,19 @@ impl fmt::Debug for Backend {
 }
 
 /// Builds a [`Backend`] on Redis.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use stampede_guard::Backend;
+///
+/// # async fn run() -> Result<(), stampede_guard::Error> {
+/// let backend = Backend::redis_builder("redis://127.0.0.1:6379")
+///     .prefix("shop")
+///     .deadline(Duration::from_millis(50))
+///     .connect()
+///     .await?;
+/// # Ok(()) }
+/// ```
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug)]
 pub struct RedisBackendBuilder {
@@ -616,6 +703,14 @@ pub struct RedisBackendBuilder {
 #[cfg(feature = "redis")]
 impl RedisBackendBuilder {
     /// A builder with these settings.
+    ///
+    /// ```
+    /// use stampede_guard::{RedisBackendBuilder, RedisConfig};
+    ///
+    /// let builder = RedisBackendBuilder::from_config(RedisConfig::new("redis://127.0.0.1:6379"));
+    /// // `.connect().await` connects.
+    /// # let _ = builder;
+    /// ```
     #[must_use]
     pub fn from_config(config: RedisConfig) -> Self {
         RedisBackendBuilder {
@@ -908,6 +1003,14 @@ impl RedisBackendBuilder {
     /// for what the server answered; with `require_redis_at_start`, also
     /// [`Connect`](crate::ErrorKind::Connect) or
     /// [`Timeout`](crate::ErrorKind::Timeout) when it cannot be reached.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), stampede_guard::Error> {
+    /// let backend = stampede_guard::Backend::redis_builder("redis://127.0.0.1:6379")
+    ///     .connect()
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
     pub async fn connect(self) -> Result<Backend, Error> {
         if let Some(why) = self.unusable {
             return Err(Error::new(
@@ -954,7 +1057,11 @@ impl RedisBackendBuilder {
     }
 }
 
-/// Builds a [`Backend`].
+/// Builds a [`Backend`], from [`Backend::builder`].
+///
+/// ```
+/// let backend = stampede_guard::Backend::builder().l1_max_bytes(16 << 20).build();
+/// ```
 #[derive(Clone, Debug)]
 pub struct BackendBuilder {
     l1_max_bytes: u64,

@@ -260,6 +260,19 @@ impl<V: CacheValue> Cache<V> {
     /// If `rebuild` panics, the caller that started it panics with the same
     /// payload, as it would without the cache; the callers waiting for it get
     /// [`RebuildError::Panicked`].
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, Cache};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let cache: Cache<String> = Cache::new(Backend::local());
+    /// let price = cache
+    ///     .get_or_rebuild("eur-usd", || async { Ok::<_, std::io::Error>("1.08".to_owned()) })
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(price, "1.08");
+    /// # }
+    /// ```
     pub fn get_or_rebuild<F, Fut, E>(
         &self,
         key: impl AsRef<[u8]>,
@@ -327,6 +340,19 @@ impl<V: CacheValue> Cache<V> {
     }
 
     /// The value for `key` if it is fresh, without rebuilding.
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, Cache};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let cache: Cache<String> = Cache::new(Backend::local());
+    /// assert_eq!(cache.get("eur-usd"), None);
+    /// cache
+    ///     .get_or_rebuild("eur-usd", || async { Ok::<_, std::io::Error>("1.08".to_owned()) })
+    ///     .await
+    ///     .unwrap();
+    /// assert_eq!(cache.get("eur-usd").as_deref(), Some("1.08"));
+    /// # }
+    /// ```
     pub fn get(&self, key: impl AsRef<[u8]>) -> Option<V> {
         self.backend
             .engine
@@ -355,6 +381,19 @@ impl<V: CacheValue> Cache<V> {
     /// of this key from Redis until Redis has the invalidation, and retries
     /// it in the background; other instances may serve the old value until
     /// then.
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, Cache};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let cache: Cache<String> = Cache::new(Backend::local());
+    /// cache
+    ///     .get_or_rebuild("eur-usd", || async { Ok::<_, std::io::Error>("1.08".to_owned()) })
+    ///     .await
+    ///     .unwrap();
+    /// cache.invalidate("eur-usd").await.unwrap();
+    /// assert_eq!(cache.get("eur-usd"), None);
+    /// # }
+    /// ```
     pub async fn invalidate(&self, key: impl AsRef<[u8]>) -> Result<(), crate::Error> {
         self.backend
             .engine
@@ -366,6 +405,14 @@ impl<V: CacheValue> Cache<V> {
     /// [`StampedeGuard`](crate::StampedeGuard) route on it), here and on
     /// every instance, in O(1). The same barrier and errors as
     /// [`StampedeGuard::invalidate_all`](crate::StampedeGuard::invalidate_all).
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, Cache};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let cache: Cache<String> = Cache::new(Backend::local());
+    /// cache.invalidate_all().await.unwrap();
+    /// # }
+    /// ```
     pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
         self.backend
             .engine
@@ -375,6 +422,23 @@ impl<V: CacheValue> Cache<V> {
 }
 
 /// Why [`Cache::get_or_rebuild`] has no value.
+///
+/// ```
+/// use stampede_guard::{Backend, Cache, RebuildError};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let cache: Cache<String> = Cache::new(Backend::local());
+/// let failed = cache
+///     .get_or_rebuild("eur-usd", || async {
+///         Err::<String, _>(std::io::Error::other("feed down"))
+///     })
+///     .await;
+/// match failed {
+///     Err(RebuildError::Failed(e)) => assert_eq!(e.to_string(), "feed down"),
+///     other => panic!("{other:?}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RebuildError<E> {
@@ -392,6 +456,13 @@ pub enum RebuildError<E> {
 
 impl<E> RebuildError<E> {
     /// The rebuild's own error, if it returned one.
+    ///
+    /// ```
+    /// use stampede_guard::RebuildError;
+    ///
+    /// let e: RebuildError<std::io::Error> = RebuildError::TimedOut;
+    /// assert!(e.error().is_none());
+    /// ```
     #[must_use]
     pub fn error(&self) -> Option<&Arc<E>> {
         match self {

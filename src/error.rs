@@ -29,6 +29,16 @@ pub struct Error {
 }
 
 /// What kind of failure an [`Error`] is.
+///
+/// ```
+/// use stampede_guard::{Backend, ErrorKind, StampedeGuard};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let guard = StampedeGuard::new(Backend::local());
+/// let e = guard.invalidate_url("not a url").await.unwrap_err();
+/// assert_eq!(e.kind(), ErrorKind::InvalidInput);
+/// # }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ErrorKind {
@@ -59,7 +69,7 @@ pub enum ErrorKind {
 }
 
 impl Error {
-    /// What kind of failure this is.
+    /// What kind of failure this is. See [`ErrorKind`] for an example.
     #[must_use]
     pub fn kind(&self) -> ErrorKind {
         self.kind

@@ -15,6 +15,16 @@ use std::fmt;
 /// §4.1: the values of the headers it varies on); a generic cache value is
 /// its own group. Two keys are equal when their digests are: the digest
 /// already covers the group.
+///
+/// ```
+/// use http::Request;
+/// use stampede_guard::{Backend, Key, StampedeGuard};
+///
+/// let guard = StampedeGuard::new(Backend::local());
+/// let request = Request::get("/report").header("host", "api.example.com").body(()).unwrap();
+/// let key = guard.key_for(&request).unwrap();
+/// assert_eq!(Key::from_hex(&key.to_string()).unwrap(), key);
+/// ```
 #[derive(Clone, Copy)]
 pub struct Key {
     id: [u8; 16],
@@ -58,6 +68,11 @@ impl Key {
     }
 
     /// The raw digest.
+    ///
+    /// ```
+    /// let key = stampede_guard::Key::from_hex("000102030405060708090a0b0c0d0e0f").unwrap();
+    /// assert_eq!(key.as_bytes()[15], 0x0f);
+    /// ```
     #[must_use]
     pub fn as_bytes(&self) -> &[u8; 16] {
         &self.id
@@ -65,6 +80,18 @@ impl Key {
 
     /// The key of this key's group: for a response, its URL, shared by
     /// every variant; for a generic cache value, the key itself.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// let guard = StampedeGuard::new(Backend::local()).vary([http::header::ACCEPT_LANGUAGE]);
+    /// let en = Request::get("/report").header("host", "h").header("accept-language", "en").body(()).unwrap();
+    /// let fr = Request::get("/report").header("host", "h").header("accept-language", "fr").body(()).unwrap();
+    /// let (en, fr) = (guard.key_for(&en).unwrap(), guard.key_for(&fr).unwrap());
+    /// assert_ne!(en, fr);
+    /// assert_eq!(en.group(), fr.group());
+    /// ```
     #[must_use]
     pub fn group(&self) -> Key {
         Key {
@@ -85,6 +112,14 @@ impl Key {
 
     /// Parses the 32 lowercase hex digits that `Display` writes. The key is
     /// its own group (the digits do not say which group a variant is of).
+    ///
+    /// ```
+    /// use stampede_guard::Key;
+    ///
+    /// let key = Key::from_hex("000102030405060708090a0b0c0d0e0f").unwrap();
+    /// assert_eq!(key.to_string(), "000102030405060708090a0b0c0d0e0f");
+    /// assert!(Key::from_hex("not hex").is_none());
+    /// ```
     #[must_use]
     pub fn from_hex(hex: &str) -> Option<Key> {
         let hex = hex.as_bytes();

@@ -126,7 +126,8 @@ pub use crate::http::{
     RouteConfigError, StampedeGuard, WaitTimeout,
 };
 
-/// The old name of [`GuardBody`], kept for one release.
+/// The old name of [`GuardBody`], kept for one release. See
+/// [`GuardService`] for an example.
 #[deprecated(note = "renamed `GuardBody`, so as not to clash with `axum::body::Body`")]
 pub type Body<B> = GuardBody<B>;
 pub use crate::metrics::describe_metrics;

@@ -120,6 +120,17 @@ use guard::never_lost;
 pub use guard::LockGuard;
 
 /// A named lock on a backend. Clone it freely.
+///
+/// ```
+/// use stampede_guard::{Backend, Lock};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let lock = Lock::new(Backend::local());
+/// let guard = lock.acquire("nightly-report").await.unwrap();
+/// // ... the work only one holder may do, fenced by `guard.fencing_token()` ...
+/// assert!(guard.release().await.unwrap());
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct Lock {
     backend: Backend,
@@ -144,6 +155,19 @@ impl fmt::Debug for Lock {
 
 /// Who holds a lock. Acquisitions with the same owner are reentrant: the lock
 /// counts its holds and is released when the last guard goes.
+///
+/// ```
+/// use stampede_guard::{Backend, Lock, LockOwner};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let lock = Lock::new(Backend::local());
+/// let owner = LockOwner::new();
+/// let outer = lock.acquire_as("account:7", &owner).await.unwrap();
+/// let inner = lock.acquire_as("account:7", &owner).await.unwrap();
+/// assert_eq!(inner.holds(), 2);
+/// # drop((inner, outer));
+/// # }
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct LockOwner {
     token: String,
@@ -151,6 +175,11 @@ pub struct LockOwner {
 
 impl LockOwner {
     /// A new owner with a random 128-bit token (not guessable).
+    ///
+    /// ```
+    /// let owner = stampede_guard::LockOwner::new();
+    /// assert_ne!(owner, stampede_guard::LockOwner::new());
+    /// ```
     #[must_use]
     pub fn new() -> Self {
         LockOwner {
@@ -247,6 +276,15 @@ impl Lock {
     /// command connection until the replicas answer: keep `timeout` short.
     /// On Redis Cluster the replicas are those of the lock's own shard.
     /// On the embedded backend it has no effect.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use stampede_guard::{Backend, Lock};
+    ///
+    /// // On Redis, each acquisition waits up to 50 ms for one replica to
+    /// // acknowledge it (no effect on the embedded backend used here).
+    /// let lock = Lock::new(Backend::local()).synced(1, Duration::from_millis(50));
+    /// ```
     #[must_use]
     pub fn synced(mut self, replicas: u32, timeout: Duration) -> Self {
         self.synced = (replicas > 0).then_some((replicas, timeout.min(MAX_DELTA)));
@@ -290,6 +328,17 @@ impl Lock {
     ///
     /// [`LockError::Timeout`] if another owner held it for the whole wait
     /// budget; [`LockError::Unavailable`] if the backend could not be asked.
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, Lock};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let lock = Lock::new(Backend::local());
+    /// let first = lock.acquire("job").await.unwrap();
+    /// drop(first);
+    /// let second = lock.acquire("job").await.unwrap();
+    /// # drop(second);
+    /// # }
+    /// ```
     pub async fn acquire(&self, name: &str) -> Result<LockGuard, LockError> {
         self.acquire_inner(name, &LockOwner::new(), Some(self.wait_budget), false)
             .await?
@@ -303,6 +352,16 @@ impl Lock {
     ///
     /// [`LockError::Unavailable`] if the backend could not be asked (a lock
     /// held by another owner is `Ok(None)`, not an error).
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, Lock};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let lock = Lock::new(Backend::local());
+    /// let held = lock.try_acquire("job").await.unwrap().expect("free");
+    /// assert!(lock.try_acquire("job").await.unwrap().is_none());
+    /// # drop(held);
+    /// # }
+    /// ```
     pub async fn try_acquire(&self, name: &str) -> Result<Option<LockGuard>, LockError> {
         self.acquire_inner(name, &LockOwner::new(), None, false)
             .await
@@ -315,6 +374,8 @@ impl Lock {
     /// # Errors
     ///
     /// As [`acquire`](Self::acquire).
+    ///
+    /// See [`LockOwner`] for an example.
     pub async fn acquire_as(&self, name: &str, owner: &LockOwner) -> Result<LockGuard, LockError> {
         self.acquire_inner(name, owner, Some(self.wait_budget), true)
             .await?

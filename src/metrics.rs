@@ -137,6 +137,11 @@ enum Kind {
 }
 
 /// Every metric name the crate emits.
+///
+/// ```
+/// let names: Vec<&str> = stampede_guard::metrics::names().collect();
+/// assert!(!names.is_empty());
+/// ```
 pub fn names() -> impl Iterator<Item = &'static str> {
     DESCRIBED.iter().map(|(name, ..)| *name)
 }

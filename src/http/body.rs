@@ -21,6 +21,7 @@ use super::spool::{hidden, OriginError, Read, Spool, SpoolReader};
 
 /// The error type of a [`GuardBody`]: the inner body's error, or a
 /// [`SharedBodyError`] for a request that shared another one's origin body.
+/// See [`SharedBodyError`] for an example.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pin_project! {
@@ -32,6 +33,8 @@ pin_project! {
     /// errors, so axum and hyper take it as it is. A request that read its
     /// own origin body sees that body's error as it was (boxed); a request
     /// that shared someone else's sees a [`SharedBodyError`].
+    ///
+    /// See [`GuardService`](crate::GuardService) for an example.
     pub struct GuardBody<B> where B: http_body::Body {
         #[pin]
         kind: Kind<B>,
@@ -209,6 +212,14 @@ impl<B: http_body::Body> std::fmt::Debug for GuardBody<B> {
 
 /// The error a body shared by several requests ends with when the origin's
 /// body failed part way.
+///
+/// ```
+/// use stampede_guard::{BoxError, SharedBodyError};
+///
+/// fn origin_failed_for_someone_else(e: &BoxError) -> bool {
+///     e.is::<SharedBodyError>()
+/// }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct SharedBodyError;

@@ -10,7 +10,9 @@ use crate::engine::{FlightPolicy, RefreshAhead};
 use crate::metrics::Labels;
 
 /// What a waiter does when the route's wait budget runs out before the
-/// rebuild it is waiting on lands.
+/// rebuild it is waiting on lands. See
+/// [`StampedeGuard::on_wait_timeout`](crate::StampedeGuard::on_wait_timeout)
+/// for an example.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WaitTimeout {

@@ -19,7 +19,8 @@ pub(crate) type MissFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<Body<B>>, E>> + Send>>;
 
 pin_project! {
-    /// Response future of [`GuardService`](super::GuardService).
+    /// Response future of [`GuardService`](super::GuardService). See
+    /// [`GuardService`](super::GuardService) for an example.
     pub struct ResponseFuture<F, B, E> where B: HttpBody {
         #[pin]
         state: State<F, B, E>,

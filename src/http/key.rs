@@ -38,7 +38,8 @@ pub(crate) use rewrites::{rewrite_class, Rewrite};
 
 /// A route's own cache key: receives the request head, returns the key (host,
 /// path and query are then left out of it) or `None` to pass the request
-/// through uncached.
+/// through uncached. See [`StampedeGuard::key_fn`](crate::StampedeGuard::key_fn)
+/// for an example.
 pub type KeyFn = Arc<dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync>;
 
 /// The forwarding headers keyed on by default: the ones frameworks read the

@@ -43,6 +43,50 @@ use crate::store::generations::Field;
 ///     .route("/feed", get(feed).layer(guard.clone().ttl(Duration::from_secs(2))));
 /// ```
 ///
+/// # The knobs most routes need
+///
+/// - [`ttl`](Self::ttl): how long an answer is fresh.
+/// - [`stale_while_revalidate`](Self::stale_while_revalidate) and
+///   [`stale_if_error`](Self::stale_if_error): after the ttl, serve the old
+///   answer while one request rebuilds it, or in place of a failed rebuild
+///   (an error or a 5xx).
+/// - [`respect_cache_control`](Self::respect_cache_control): let the
+///   origin's `Cache-Control` set the freshness.
+/// - [`vary`](Self::vary): request headers that select different answers.
+/// - [`namespace`](Self::namespace): keep apart the services or versions
+///   that share a backend.
+/// - [`invalidate`](Self::invalidate), [`invalidate_tag`](Self::invalidate_tag)
+///   and [`invalidate_url`](Self::invalidate_url): purge after a write.
+///
+/// # All the other methods, by what they do
+///
+/// - Freshness: [`early_refresh`](Self::early_refresh),
+///   [`refresh_ahead`](Self::refresh_ahead),
+///   [`hit_for_miss`](Self::hit_for_miss),
+///   [`cacheable_statuses`](Self::cacheable_statuses),
+///   [`cache_control_targets`](Self::cache_control_targets),
+///   [`respect_request_cache_control`](Self::respect_request_cache_control).
+/// - Coalescing and waiting: [`wait_budget`](Self::wait_budget),
+///   [`on_wait_timeout`](Self::on_wait_timeout), [`lease`](Self::lease),
+///   [`rebuild_timeout`](Self::rebuild_timeout).
+/// - Keys: [`key_fn`](Self::key_fn), [`ignore_vary`](Self::ignore_vary),
+///   [`forwarded_headers`](Self::forwarded_headers),
+///   [`key_for`](Self::key_for).
+/// - Storage safety: [`max_body_bytes`](Self::max_body_bytes),
+///   [`allow_credentials`](Self::allow_credentials),
+///   [`strip_set_cookie`](Self::strip_set_cookie),
+///   [`cache_private`](Self::cache_private).
+/// - Invalidation: [`invalidate_all`](Self::invalidate_all),
+///   [`invalidate_on_unsafe`](Self::invalidate_on_unsafe),
+///   [`tags`](Self::tags), [`tag_headers`](Self::tag_headers),
+///   [`expose_tag_headers`](Self::expose_tag_headers).
+/// - Observability: [`cache_status`](Self::cache_status),
+///   [`cache_status_name`](Self::cache_status_name),
+///   [`cache_status_header`](Self::cache_status_header),
+///   [`route_name`](Self::route_name).
+/// - Setup: [`new`](Self::new), [`with_config`](Self::with_config) (a
+///   [`RouteConfig`] read with serde), [`backend`](Self::backend).
+///
 /// Only `GET` and `HEAD` requests are cached (HEAD is answered from the GET
 /// entry). Requests with credentials and responses that must not be shared pass
 /// through untouched unless the route opts in; see the methods below.
@@ -722,6 +766,14 @@ impl StampedeGuard {
     /// not text never hide the other tags of their line); an answer with
     /// tags in more than 256 of the
     /// 4096 tag buckets is served but not stored.
+    ///
+    /// ```
+    /// use http::HeaderName;
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// let guard = StampedeGuard::new(Backend::local())
+    ///     .tag_headers([HeaderName::from_static("x-cache-tags")]);
+    /// ```
     #[must_use]
     pub fn tag_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let headers: Arc<[HeaderName]> = headers.into_iter().collect();
@@ -731,6 +783,11 @@ impl StampedeGuard {
     /// Leave the tag headers on the answer of the request that rebuilt the
     /// entry (default: removed, as a CDN removes `Surrogate-Key`). They are
     /// never stored, so hits never carry them.
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, StampedeGuard};
+    /// let guard = StampedeGuard::new(Backend::local()).expose_tag_headers(true);
+    /// ```
     #[must_use]
     pub fn expose_tag_headers(self, on: bool) -> Self {
         self.with(|p| p.tags.expose = on)
@@ -761,6 +818,16 @@ impl StampedeGuard {
     /// as an outage allows), and it is not retried once the backend is
     /// connected (before the join it is kept, and made once it joins). Call
     /// it again.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = StampedeGuard::new(Backend::local());
+    /// // After a write to product 42, whose pages are tagged `product:42`:
+    /// guard.invalidate_tag("product:42").await.unwrap();
+    /// # }
+    /// ```
     pub async fn invalidate_tag(&self, tag: &str) -> Result<(), crate::Error> {
         self.backend
             .engine
@@ -771,6 +838,14 @@ impl StampedeGuard {
     /// Drops every entry of the backend (every route and every
     /// [`Cache`](crate::Cache) on it), here and on every instance: the same
     /// barrier and errors as [`invalidate_tag`](Self::invalidate_tag).
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, StampedeGuard};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = StampedeGuard::new(Backend::local());
+    /// guard.invalidate_all().await.unwrap();
+    /// # }
+    /// ```
     pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
         self.backend.engine.invalidate_field(Field::All).await
     }
@@ -844,6 +919,14 @@ impl StampedeGuard {
     }
 
     /// The backend this guard runs on.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// let guard = StampedeGuard::new(Backend::local());
+    /// let stats = guard.backend().stats();
+    /// # let _ = stats;
+    /// ```
     #[must_use]
     pub fn backend(&self) -> &Backend {
         &self.backend
@@ -855,6 +938,19 @@ impl StampedeGuard {
     /// The URL is the one the client sent: with the `axum` feature, the
     /// `OriginalUri` a router records, so `/v1/items` names the entry of the
     /// route nested under `/v1` wherever the guard sits.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// let guard = StampedeGuard::new(Backend::local());
+    /// let request = Request::get("/report?x=1")
+    ///     .header("host", "api.example.com")
+    ///     .body(())
+    ///     .unwrap();
+    /// let key = guard.key_for(&request).expect("no key_fn: every request has a key");
+    /// # let _ = key;
+    /// ```
     pub fn key_for<B>(&self, request: &Request<B>) -> Option<Key> {
         let (mut parts, ()) = Request::new(()).into_parts();
         parts.method = request.method().clone();
@@ -916,6 +1012,20 @@ impl StampedeGuard {
     /// from the origin instead); it retries in the background until Redis
     /// takes it (up to 10,000 URLs remembered per process). Other instances
     /// may serve the old value until then.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = StampedeGuard::new(Backend::local());
+    /// let request = Request::get("/report?x=1")
+    ///     .header("host", "api.example.com")
+    ///     .body(())
+    ///     .unwrap();
+    /// guard.invalidate(&request).await.unwrap();
+    /// # }
+    /// ```
     pub async fn invalidate<B>(&self, request: &Request<B>) -> Result<(), crate::Error> {
         match self.key_for(request) {
             Some(key) => self.backend.engine.invalidate(&key).await,

@@ -38,6 +38,25 @@ use crate::metrics::Labels;
 
 /// The service a [`StampedeGuard`](crate::StampedeGuard) wraps around an inner
 /// service.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use http::{Request, Response};
+/// use stampede_guard::{Backend, GuardBody, GuardService, StampedeGuard};
+/// use tower::{service_fn, Layer, ServiceExt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let origin = service_fn(|_req: Request<String>| async {
+///     Ok::<_, Infallible>(Response::new(String::from("expensive")))
+/// });
+/// let service = StampedeGuard::new(Backend::local()).layer(origin);
+/// let request = Request::get("/report").header("host", "h").body(String::new()).unwrap();
+/// let response: Response<GuardBody<String>> = service.clone().oneshot(request).await.unwrap();
+/// assert!(response.status().is_success());
+/// let origin = service.into_inner();
+/// # let _ = origin;
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct GuardService<S> {
     inner: S,
@@ -56,17 +75,18 @@ impl<S> GuardService<S> {
         }
     }
 
-    /// The inner service.
+    /// The inner service. See [`GuardService`] for an example.
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
 
-    /// The inner service, mutably.
+    /// The inner service, mutably. See [`GuardService`] for an example.
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.inner
     }
 
-    /// Consumes the guard, returning the inner service.
+    /// Consumes the guard, returning the inner service. See
+    /// [`GuardService`] for an example.
     pub fn into_inner(self) -> S {
         self.inner
     }

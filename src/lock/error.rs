@@ -3,6 +3,18 @@
 use std::fmt;
 
 /// Why a lock was not acquired or released.
+///
+/// ```
+/// use stampede_guard::{Backend, Lock, LockError};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// match Lock::new(Backend::local()).acquire("job").await {
+///     Ok(guard) => { /* do the work */ drop(guard) }
+///     Err(LockError::Timeout) => { /* someone else is doing it */ }
+///     Err(e) => eprintln!("{e}"),
+/// }
+/// # }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum LockError {

@@ -22,6 +22,20 @@ pub(super) fn never_lost() -> watch::Receiver<bool> {
 
 /// A held lock. Dropping it releases the hold in the background; call
 /// [`release`](Self::release) to wait for that and see its result.
+///
+/// ```
+/// use stampede_guard::{Backend, Lock};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let lock = Lock::new(Backend::local());
+/// let guard = lock.acquire("job").await.unwrap();
+/// let first = guard.fencing_token();
+/// assert!(!guard.is_lost());
+/// assert!(guard.release().await.unwrap());
+/// let again = lock.acquire("job").await.unwrap();
+/// assert!(again.fencing_token() > first);
+/// # }
+/// ```
 pub struct LockGuard {
     pub(super) id: Key,
     pub(super) token: String,
@@ -51,6 +65,8 @@ impl LockGuard {
     /// The fencing number of this acquisition: larger than that of every
     /// earlier acquisition of the lock (a reentrant hold shares the first
     /// hold's number).
+    ///
+    /// See [`LockGuard`] for an example.
     #[must_use]
     pub fn fencing_token(&self) -> FencingToken {
         self.fence
@@ -58,6 +74,8 @@ impl LockGuard {
 
     /// How many holds the owner had when this guard was made (1 unless
     /// reentrant).
+    ///
+    /// See [`LockOwner`](super::LockOwner) for an example.
     #[must_use]
     pub fn holds(&self) -> u64 {
         self.holds
@@ -67,6 +85,8 @@ impl LockGuard {
     /// renewal was confirmed within the lease's validity (counted from when
     /// it was sent, less a margin), or [`max_hold`](Lock::max_hold) passed.
     /// Another owner may hold the lock now or very soon.
+    ///
+    /// See [`LockGuard`] for an example.
     #[must_use]
     pub fn is_lost(&self) -> bool {
         #[cfg(feature = "redis")]
@@ -79,6 +99,17 @@ impl LockGuard {
     /// Completes when the lease is lost, before it can lapse in Redis (see
     /// [`is_lost`](Self::is_lost)). Select on it beside the critical section
     /// to stop before committing anything.
+    ///
+    /// ```
+    /// # use stampede_guard::{Backend, Lock};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = Lock::new(Backend::local()).acquire("job").await.unwrap();
+    /// tokio::select! {
+    ///     () = guard.lost() => { /* stop: another owner may hold it */ }
+    ///     () = async { /* the critical section */ } => {}
+    /// }
+    /// # }
+    /// ```
     pub async fn lost(&self) {
         let mut lost = self.lost.clone();
         if lost.wait_for(|lost| *lost).await.is_err() {
@@ -99,6 +130,8 @@ impl LockGuard {
     /// # Errors
     ///
     /// [`LockError::Unavailable`], as above.
+    ///
+    /// See [`LockGuard`] for an example.
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
         #[cfg(feature = "redis")]

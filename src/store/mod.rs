@@ -13,6 +13,12 @@ pub(crate) mod locks;
 pub(crate) mod redis;
 
 /// Default L1 bound: 64 MiB of cached values.
+///
+/// ```
+/// use stampede_guard::{Backend, DEFAULT_L1_MAX_BYTES};
+///
+/// assert_eq!(Backend::local().l1_max_bytes(), DEFAULT_L1_MAX_BYTES);
+/// ```
 pub const DEFAULT_L1_MAX_BYTES: u64 = 64 << 20;
 
 /// A duration in whole milliseconds, as Redis and the entry codec take it.

@@ -93,6 +93,12 @@ pub struct RedisConfig {
 /// How long an instance that cannot hear the fleet keeps serving its
 /// in-process tier past the subscription lease, by default: not at all,
 /// so that an invalidation that returned `Ok` holds on every instance.
+///
+/// ```
+/// use stampede_guard::{RedisConfig, DEFAULT_OUTAGE_GRACE};
+///
+/// assert_eq!(RedisConfig::default().outage_grace, DEFAULT_OUTAGE_GRACE);
+/// ```
 pub const DEFAULT_OUTAGE_GRACE: Duration = Duration::ZERO;
 
 impl std::fmt::Debug for RedisConfig {
@@ -137,6 +143,11 @@ impl Default for RedisConfig {
 
 impl RedisConfig {
     /// The defaults, with this URL.
+    ///
+    /// ```
+    /// let config = stampede_guard::RedisConfig::new("redis://cache.internal:6379");
+    /// assert_eq!(config.prefix, "sg");
+    /// ```
     pub fn new(url: impl Into<String>) -> Self {
         RedisConfig {
             url: url.into(),
@@ -147,6 +158,15 @@ impl RedisConfig {
 
 /// PEM files for TLS: a private CA to trust instead of the system's roots,
 /// and a client certificate for servers that require one (mutual TLS).
+///
+/// ```
+/// use stampede_guard::{RedisConfig, TlsFiles};
+///
+/// let mut tls = TlsFiles::default();
+/// tls.ca_file = Some("/etc/ssl/private-ca.pem".into());
+/// let mut config = RedisConfig::new("rediss://cache.internal:6380");
+/// config.tls = Some(tls);
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(
     feature = "serde",
