@@ -5,7 +5,6 @@
 //! `HEAD` before `GET`, HTTP/1.0 without `Host`, method overrides on writes.
 //! Each counts origin calls and compares bodies; most run on both backends.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,17 +15,9 @@ use axum::routing::any;
 use axum::Router;
 use http::request::Parts;
 use http::{Method, Request, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use stampede_guard::{Backend, StampedeGuard};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 use crate::common::send;
-
-/// A bound on a wait, never a measurement.
-const GENEROUS: Duration = Duration::from_secs(30);
 
 /// The backends a test runs on, and what keeps them alive.
 struct Backends {
@@ -109,40 +100,7 @@ fn get(uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
     request(Method::GET, uri, headers)
 }
 
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let service = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
-}
-
-/// One hand-written request on its own connection: status and body.
-async fn raw(addr: SocketAddr, request: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).await.expect("connect");
-    stream.write_all(request.as_bytes()).await.expect("write");
-    let mut out = Vec::new();
-    let _ = tokio::time::timeout(GENEROUS, stream.read_to_end(&mut out)).await;
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_owned())
-}
+use crate::review_attacks::{raw, serve};
 
 fn query(parts: &Parts) -> &str {
     parts.uri.query().unwrap_or("")

@@ -30,7 +30,7 @@ use crate::common::{send, Origin};
 /// seconds of patience included): a bound on a wait, never a measurement.
 const GENEROUS: Duration = Duration::from_secs(60);
 
-async fn serve(app: Router) -> SocketAddr {
+pub(crate) async fn serve(app: Router) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
@@ -52,7 +52,7 @@ async fn serve(app: Router) -> SocketAddr {
 /// One hand-written request on its own connection: the status and the body
 /// (everything after the head; a `Connection: close` request gets an
 /// unchunked body or a chunked one, compared by containment).
-async fn raw(addr: SocketAddr, request: &str) -> (u16, String) {
+pub(crate) async fn raw(addr: SocketAddr, request: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream.write_all(request.as_bytes()).await.expect("write");
     let mut out = Vec::new();
