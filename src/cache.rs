@@ -20,6 +20,12 @@ const UNNAMED: &str = "unnamed";
 /// rebuild once and share its result, stale values can be served while one
 /// refresh runs, and a failed rebuild can fall back on a stale value.
 ///
+/// On a Redis backend a value is rebuilt once for the whole fleet only if
+/// its type is shared: [`CacheValue::SHARED`] is `true` and it implements
+/// `encode` and `decode`, as [`Bytes`](bytes::Bytes), `String` and `Vec<u8>`
+/// do. Any other value type is rebuilt once per key **per instance**, each
+/// process caching and coalescing its own (see [`CacheValue`]).
+///
 /// ```
 /// use std::time::Duration;
 /// use bytes::Bytes;

@@ -59,6 +59,17 @@
 //!
 //! ## Without HTTP
 //! [`Cache`] gives any async value the same protection, on the same backend.
+//! A value type is shared across a fleet (one rebuild per key for the fleet)
+//! only if its [`CacheValue`] implementation sets `SHARED = true` with
+//! `encode` and `decode`, as `Bytes`, `String` and `Vec<u8>` do; any other
+//! is rebuilt once per instance.
+//!
+//! ## The guide
+//! [`guide::topology`] says what a fleet needs from Redis (settings, ACL
+//! users, Sentinel, Cluster) and what each topology promises;
+//! [`guide::semantics`] how the layer behaves on each path, in detail;
+//! [`guide::failures`] what happens when Redis fails. [`Lock`]'s page says
+//! what the lock guarantees and what it does not.
 //!
 //! ## Safe by default
 //! Never stored or shared unless the route opts in: requests with
@@ -111,6 +122,7 @@ mod cache;
 mod engine;
 mod error;
 mod fence;
+pub mod guide;
 mod http;
 mod key;
 mod lock;

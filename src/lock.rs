@@ -1,92 +1,5 @@
-//! The rebuild lease as a public lock for critical sections across processes:
-//! a flash sale that must not oversell, a job that must run on one node.
-//!
-//! ```no_run
-//! use std::time::Duration;
-//! use stampede_guard::{Backend, FencingToken, Lock};
-//!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let lock = Lock::new(Backend::redis("redis://127.0.0.1:6379").await?)
-//!     .lease(Duration::from_secs(10))
-//!     .wait_budget(Duration::from_secs(5));
-//!
-//! let guard = lock.acquire("stock:sku-42").await?;
-//! // Hand the fencing token to the resource on the read *and* the write, so
-//! // it can refuse a holder whose lease ran out (see `FencingToken`).
-//! let fence = guard.fencing_token();
-//! tokio::select! {
-//!     _ = sell_one(fence) => {}
-//!     _ = guard.lost() => { /* the lease is ending: stop, do not commit */ }
-//! }
-//! guard.release().await?;
-//! # Ok(()) }
-//! # async fn sell_one(_: FencingToken) {}
-//! ```
-//!
-//! **Guarantees.** On Redis, a lock is a hash holding a random owner token,
-//! the tenure's fencing number and one record per hold, with a lease: only
-//! that owner, under that fencing number, can renew or release it (a guard
-//! whose lease lapsed cannot touch a newer hold of the same owner), and a
-//! guard releases exactly its own hold, once. A watchdog renews the lease
-//! every third of it while the guard lives (or until
-//! [`max_hold`](Lock::max_hold)); a holder that dies loses it when the lease
-//! runs out.
-//!
-//! A lease can still run out under a holder that is alive but stalled (a long
-//! pause, a partition), so the lock alone is an *efficiency* lock. The
-//! guard's [`lost`](LockGuard::lost) future completes *before* the lease can
-//! lapse: the watchdog counts the lease from when a renewal was sent, less a
-//! margin (a tenth of the lease, at most a second), and reports the loss when
-//! that passes without a confirmed renewal. That narrows the overlap to a
-//! holder that does not look, or stalls between looking and acting. For
-//! *correctness*, pass the guard's [`FencingToken`] to the protected resource
-//! and have it refuse a token lower than one it has seen, on reads as well as
-//! writes (or write conditionally on what was read).
-//!
-//! **Eviction.** Redis cannot exempt a key from eviction: with a `maxmemory`
-//! and any `maxmemory-policy` but `noeviction` it may evict a held lock's
-//! key, and a second owner would then take the lock while the first still
-//! works. So on such a server acquisitions fail with
-//! [`LockError::EvictingServer`], unless
-//! [`allow_evicting_server`](Lock::allow_evicting_server) opts in. Every
-//! attempt is judged by the server that would grant it, in the same atomic
-//! script (it reads `INFO memory`): a policy set at runtime, a failover, a
-//! slot moved to another primary or a reconnect is seen by the very next
-//! attempt, a waiter's included. Where `INFO` is refused to the user the
-//! policy is unknown: a warning is logged once and locks go on (a script
-//! cannot run `CONFIG`, so `CONFIG GET` rights do not help). Opted in, the watchdog finds an evicted
-//! hold at its next renewal and the guard is lost, and fencing tokens keep
-//! rising across the eviction; until that renewal two owners may hold the
-//! lock, so fence the resource. Keep locks on a Redis with `noeviction`, a
-//! separate one if the cache's Redis must evict (docs/TOPOLOGY.md).
-//!
-//! **Faults.** Acquiring goes through the backend's circuit breaker: with
-//! Redis failing, [`acquire`](Lock::acquire) says so at once. Giving back
-//! does not: [`release`](LockGuard::release), a dropped guard, renewals and a
-//! waiter leaving the queue bypass the breaker and are retried, each try
-//! under the deadline, until the lease (or queue place) would have lapsed by
-//! itself; `release` fails only if no try was answered by then. An attempt
-//! whose reply never came (its deadline passed, or its caller was cancelled)
-//! is undone in the background by its owner token and attempt id, so what it
-//! took is not held by nobody; a retried attempt is never counted twice.
-//!
-//! **Fairness.** Waiters are served first come, first served: each joins a
-//! queue in Redis, and the lock goes to the head of the queue, so a waiter
-//! cannot starve while others release and re-acquire. A waiter's place lasts
-//! a short heartbeat (750 ms), refreshed while it waits whatever its wait
-//! budget: a waiter that gives up or is cancelled leaves at once, and one
-//! that died or is paused drops out when its heartbeat lapses, so a free lock
-//! waits for a dead head for about one heartbeat.
-//!
-//! **Waking.** A release, a waiter leaving and a lapsed head dropped from the
-//! queue publish on the backend's channel, and every waiter for that lock
-//! retries at once; a lease that expires (holder died) wakes them when it
-//! runs out. Waiters also refresh their places (every 250 ms), which is when
-//! they notice a lapsed head nobody announced.
-//!
-//! On the embedded backend the same API locks within the process (with the
-//! same queue order, fencing numbers and reentrancy, and a cancelled waiter
-//! leaving the queue at once); leases cannot be lost there.
+//! A lock across processes: [`Lock`], whose documentation says what it
+//! guarantees and what it does not.
 
 use std::fmt;
 #[cfg(feature = "redis")]
@@ -119,15 +32,121 @@ pub use error::LockError;
 use guard::never_lost;
 pub use guard::LockGuard;
 
-/// A named lock on a backend. Clone it freely.
+/// A named lock for critical sections across processes: a flash sale that
+/// must not oversell, a job that must run on one node. On Redis it is the
+/// rebuild lease, made public; on [`Backend::local()`] it covers **one process
+/// only** (see [On the embedded backend](#on-the-embedded-backend)). Clone it
+/// freely.
+///
+/// **Read this first.** The lock alone is an *efficiency* lock: a holder that
+/// is alive but stalled (a long pause, a partition) can outlive its lease, and
+/// another holder then takes the lock while the first still works. Use the
+/// [fencing token](LockGuard::fencing_token) with the protected resource for
+/// correctness, and stop when [`lost`](LockGuard::lost) completes, as below.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use stampede_guard::{Backend, FencingToken, Lock};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let lock = Lock::new(Backend::redis("redis://127.0.0.1:6379").await?)
+///     .lease(Duration::from_secs(10))
+///     .wait_budget(Duration::from_secs(5));
+///
+/// let guard = lock.acquire("stock:sku-42").await?;
+/// // Hand the fencing token to the resource on the read *and* the write, so
+/// // it can refuse a holder whose lease ran out (see `FencingToken`).
+/// let fence = guard.fencing_token();
+/// tokio::select! {
+///     _ = sell_one(fence) => {}
+///     _ = guard.lost() => { /* the lease is ending: stop, do not commit */ }
+/// }
+/// guard.release().await?;
+/// # Ok(()) }
+/// # async fn sell_one(_: FencingToken) {}
+/// ```
+///
+/// # Guarantees
+/// On Redis, a lock is a hash holding a random owner token,
+/// the tenure's fencing number and one record per hold, with a lease: only
+/// that owner, under that fencing number, can renew or release it (a guard
+/// whose lease lapsed cannot touch a newer hold of the same owner), and a
+/// guard releases exactly its own hold, once. A watchdog renews the lease
+/// every third of it while the guard lives (or until
+/// [`max_hold`](Lock::max_hold)); a holder that dies loses it when the lease
+/// runs out.
+///
+/// A lease can still run out under a holder that is alive but stalled (a long
+/// pause, a partition), so the lock alone is an *efficiency* lock. The
+/// guard's [`lost`](LockGuard::lost) future completes *before* the lease can
+/// lapse: the watchdog counts the lease from when a renewal was sent, less a
+/// margin (a tenth of the lease, at most a second), and reports the loss when
+/// that passes without a confirmed renewal. That narrows the overlap to a
+/// holder that does not look, or stalls between looking and acting. For
+/// *correctness*, pass the guard's [`FencingToken`] to the protected resource
+/// and have it refuse a token lower than one it has seen, on reads as well as
+/// writes (or write conditionally on what was read).
+///
+/// # Eviction
+/// Redis cannot exempt a key from eviction: with a `maxmemory`
+/// and any `maxmemory-policy` but `noeviction` it may evict a held lock's
+/// key, and a second owner would then take the lock while the first still
+/// works. So on such a server acquisitions fail with
+/// [`LockError::EvictingServer`], unless
+/// [`allow_evicting_server`](Lock::allow_evicting_server) opts in. Every
+/// attempt is judged by the server that would grant it, in the same atomic
+/// script (it reads `INFO memory`): a policy set at runtime, a failover, a
+/// slot moved to another primary or a reconnect is seen by the very next
+/// attempt, a waiter's included. Where `INFO` is refused to the user the
+/// policy is unknown: a warning is logged once and locks go on (a script
+/// cannot run `CONFIG`, so `CONFIG GET` rights do not help). Opted in, the watchdog finds an evicted
+/// hold at its next renewal and the guard is lost, and fencing tokens keep
+/// rising across the eviction; until that renewal two owners may hold the
+/// lock, so fence the resource. Keep locks on a Redis with `noeviction`, a
+/// separate one if the cache's Redis must evict (see
+/// [the topology guide](crate::guide::topology)).
+///
+/// # Faults
+/// Acquiring goes through the backend's circuit breaker: with
+/// Redis failing, [`acquire`](Lock::acquire) says so at once. Giving back
+/// does not: [`release`](LockGuard::release), a dropped guard, renewals and a
+/// waiter leaving the queue bypass the breaker and are retried, each try
+/// under the deadline, until the lease (or queue place) would have lapsed by
+/// itself; `release` fails only if no try was answered by then. An attempt
+/// whose reply never came (its deadline passed, or its caller was cancelled)
+/// is undone in the background by its owner token and attempt id, so what it
+/// took is not held by nobody; a retried attempt is never counted twice.
+///
+/// # Fairness
+/// Waiters are served first come, first served: each joins a
+/// queue in Redis, and the lock goes to the head of the queue, so a waiter
+/// cannot starve while others release and re-acquire. A waiter's place lasts
+/// a short heartbeat (750 ms), refreshed while it waits whatever its wait
+/// budget: a waiter that gives up or is cancelled leaves at once, and one
+/// that died or is paused drops out when its heartbeat lapses, so a free lock
+/// waits for a dead head for about one heartbeat.
+///
+/// # Waking
+/// A release, a waiter leaving and a lapsed head dropped from the
+/// queue publish on the backend's channel, and every waiter for that lock
+/// retries at once; a lease that expires (holder died) wakes them when it
+/// runs out. Waiters also refresh their places (every 250 ms), which is when
+/// they notice a lapsed head nobody announced.
+///
+/// # On the embedded backend
+/// On [`Backend::local()`] the same API locks within the process (with the
+/// same queue order, fencing numbers and reentrancy, and a cancelled waiter
+/// leaving the queue at once); leases cannot be lost there. Such a lock does
+/// not exclude another process or another machine: use a Redis backend for
+/// that.
 ///
 /// ```
 /// use stampede_guard::{Backend, Lock};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let lock = Lock::new(Backend::local());
+/// let lock = Lock::new(Backend::local()); // this process only
 /// let guard = lock.acquire("nightly-report").await.unwrap();
-/// // ... the work only one holder may do, fenced by `guard.fencing_token()` ...
+/// // ... the work only one holder in this process may do ...
 /// assert!(guard.release().await.unwrap());
 /// # }
 /// ```

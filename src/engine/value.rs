@@ -8,6 +8,18 @@ use bytes::Bytes;
 /// A value the cache can hold: cheap to clone (share data behind `Bytes` or
 /// `Arc`) and able to say roughly how many bytes it keeps alive.
 ///
+/// **Shared across the fleet only with `SHARED = true`.** A value type is
+/// stored in Redis, and rebuilt once for the whole fleet, only when its
+/// implementation sets [`SHARED`](Self::SHARED) to `true` *and* implements
+/// [`encode`](Self::encode) and [`decode`](Self::decode). Otherwise (the
+/// default, with [`weight`](Self::weight) as the only method written) the
+/// value is cached and coalesced in each process, but every instance of the
+/// fleet rebuilds it on its own: one rebuild per instance, not one for the
+/// fleet. [`Bytes`], [`String`] and `Vec<u8>` are shared; `Arc<T>` is shared
+/// when `T` is.
+///
+/// A value kept in each process:
+///
 /// ```
 /// use stampede_guard::CacheValue;
 ///
@@ -19,9 +31,32 @@ use bytes::Bytes;
 /// }
 /// ```
 ///
-/// To be shared through Redis a value must also turn into bytes and back.
-/// A value that does not (the default) is still cached and coalesced in this
-/// process, but each instance of the fleet builds its own.
+/// A value shared through Redis:
+///
+/// ```
+/// use bytes::Bytes;
+/// use stampede_guard::CacheValue;
+///
+/// #[derive(Clone)]
+/// struct Price { cents: u64 }
+///
+/// impl CacheValue for Price {
+///     fn weight(&self) -> usize { 8 }
+///     fn encode(&self) -> Option<Bytes> {
+///         Some(Bytes::copy_from_slice(&self.cents.to_be_bytes()))
+///     }
+///     fn decode(bytes: Bytes) -> Option<Self> {
+///         let cents = u64::from_be_bytes(bytes.as_ref().try_into().ok()?);
+///         Some(Price { cents })
+///     }
+///     const SHARED: bool = true; // without it, each instance rebuilds its own
+/// }
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be held by the cache: it does not implement `CacheValue`",
+    label = "not a `CacheValue`",
+    note = "`CacheValue` is implemented for `Bytes`, `String`, `Vec<u8>` and `Arc<T>` where `T: CacheValue`; wrap the value, or implement `CacheValue` for it (with `encode`, `decode` and `SHARED = true` to share it across the fleet)"
+)]
 pub trait CacheValue: Clone + Send + Sync + 'static {
     /// Approximate heap bytes this value keeps alive; counted against the L1
     /// byte bound.
@@ -40,8 +75,10 @@ pub trait CacheValue: Clone + Send + Sync + 'static {
     }
 
     /// Whether [`encode`](Self::encode) and [`decode`](Self::decode) are
-    /// implemented. Values that say `false` never touch the shared tier, so
-    /// each instance builds its own instead of waiting on another's.
+    /// implemented (default `false`). Values that say `false` never touch the
+    /// shared tier, so each instance builds its own instead of waiting on
+    /// another's: set it to `true` with `encode` and `decode` for one
+    /// rebuild per key for the fleet.
     const SHARED: bool = false;
 }
 
