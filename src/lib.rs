@@ -158,6 +158,12 @@ pub use fence::FencingToken;
 pub use key::Key;
 pub use lock::{Lock, LockError, LockGuard, LockOwner};
 
+/// The README's examples, compiled (and run, unless marked `no_run`) as
+/// doc tests. They use the `redis` and `admin` features.
+#[cfg(all(doctest, feature = "redis", feature = "admin"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 /// Entry points for the crate's own benchmarks (key building, the entry
 /// codec). Not part of the API: no stability promise.
 #[doc(hidden)]
