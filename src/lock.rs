@@ -48,8 +48,9 @@ pub use guard::LockGuard;
 /// use std::time::Duration;
 /// use stampede_guard::{Backend, FencingToken, Lock};
 ///
-/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let lock = Lock::new(Backend::redis("redis://127.0.0.1:6379").await?)
+/// # async fn run(backend: Backend) -> Result<(), Box<dyn std::error::Error>> {
+/// // backend: Backend::redis("redis://127.0.0.1:6379").await?, shared by the fleet
+/// let lock = Lock::new(backend)
 ///     .lease(Duration::from_secs(10))
 ///     .wait_budget(Duration::from_secs(5));
 ///
