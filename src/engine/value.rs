@@ -55,7 +55,7 @@ use bytes::Bytes;
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be held by the cache: it does not implement `CacheValue`",
     label = "not a `CacheValue`",
-    note = "`CacheValue` is implemented for `Bytes`, `String`, `Vec<u8>` and `Arc<T>` where `T: CacheValue`; wrap the value, or implement `CacheValue` for it (with `encode`, `decode` and `SHARED = true` to share it across the fleet)"
+    note = "`CacheValue` is implemented for `Bytes`, `String`, `Vec<u8>` and `Arc<T>` where `T: CacheValue`; store it encoded as `Bytes` or `String`, or implement `CacheValue` for it (with `encode`, `decode` and `SHARED = true` to share it across the fleet)"
 )]
 pub trait CacheValue: Clone + Send + Sync + 'static {
     /// Approximate heap bytes this value keeps alive; counted against the L1
