@@ -7,6 +7,7 @@
 mod common;
 
 mod attacks_on_outages;
+mod attacks_on_slow_links;
 mod avalanche;
 mod call_faults;
 mod carried;

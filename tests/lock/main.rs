@@ -8,6 +8,7 @@
 mod common;
 
 mod attacks_on_edges;
+mod attacks_on_slow_links;
 mod eviction;
 mod exclusion;
 mod faults;
