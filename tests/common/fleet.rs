@@ -137,3 +137,23 @@ pub fn keys_like(redis: &RedisServer, pattern: &str) -> Vec<String> {
     ]);
     reply.split_whitespace().map(str::to_owned).collect()
 }
+
+/// The longest a whole burst may take on a loaded machine, for tests whose
+/// subject is not a time limit: a burst of thousands of calls queues for
+/// seconds on a busy 2-core machine, and a call queued past the connect
+/// timeout, a lease whose renewal is queued past its end, or a waiter past
+/// its budget each falls back to an origin call by design.
+pub const ROOMY_BURST: Duration = Duration::from_secs(60);
+
+/// A backend on `url` whose time limits a loaded machine meets: each call
+/// judged silent after [`ROOMY_DEADLINE`](super::ROOMY_DEADLINE), a queued
+/// call waiting up to [`ROOMY_BURST`].
+pub async fn roomy_backend_at(url: &str) -> Backend {
+    Backend::redis_builder(url)
+        .deadline(super::ROOMY_DEADLINE)
+        .connect_timeout(ROOMY_BURST)
+        .outage_grace(ROOMY_BURST)
+        .connect()
+        .await
+        .expect("redis backend")
+}
