@@ -145,13 +145,22 @@ pub fn keys_like(redis: &RedisServer, pattern: &str) -> Vec<String> {
 /// its budget each falls back to an origin call by design.
 pub const ROOMY_BURST: Duration = Duration::from_secs(60);
 
-/// A backend on `url` whose time limits a loaded machine meets: each call
+/// Settings on `url` whose call limits a loaded machine meets: each call
 /// judged silent after [`ROOMY_DEADLINE`](super::ROOMY_DEADLINE), a queued
-/// call waiting up to [`ROOMY_BURST`].
-pub async fn roomy_backend_at(url: &str) -> Backend {
+/// call waiting up to [`ROOMY_BURST`]; the strict invalidation barrier (no
+/// outage grace).
+pub fn roomy_builder(url: &str) -> stampede_guard::RedisBackendBuilder {
     Backend::redis_builder(url)
         .deadline(super::ROOMY_DEADLINE)
         .connect_timeout(ROOMY_BURST)
+}
+
+/// A backend on [`roomy_builder`]'s settings that also keeps trusting its
+/// in-process tier for [`ROOMY_BURST`] past a subscription keepalive
+/// answered late (its flights stay attached): for tests that count origin
+/// calls, not invalidations.
+pub async fn roomy_backend_at(url: &str) -> Backend {
+    roomy_builder(url)
         .outage_grace(ROOMY_BURST)
         .connect()
         .await
