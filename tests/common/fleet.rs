@@ -166,3 +166,23 @@ pub async fn roomy_backend_at(url: &str) -> Backend {
         .await
         .expect("redis backend")
 }
+
+/// Waits (bounded) until every instance protects the fleet again: Redis
+/// answers and its subscription to the fleet's invalidations is confirmed
+/// live. A closed circuit alone is not that: until the subscription is
+/// back, an instance trusts nothing it holds, and when it comes back the
+/// instance drops what it holds and detaches its flights, so a burst sent
+/// meanwhile may cost that instance an origin call of its own.
+pub async fn wait_until_fleet(instances: &[Instance], limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if instances
+            .iter()
+            .all(|i| i.backend.health().status == stampede_guard::Status::Fleet)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("an instance did not rejoin the fleet within {limit:?}");
+}
