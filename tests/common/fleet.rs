@@ -137,3 +137,52 @@ pub fn keys_like(redis: &RedisServer, pattern: &str) -> Vec<String> {
     ]);
     reply.split_whitespace().map(str::to_owned).collect()
 }
+
+/// The longest a whole burst may take on a loaded machine, for tests whose
+/// subject is not a time limit: a burst of thousands of calls queues for
+/// seconds on a busy 2-core machine, and a call queued past the connect
+/// timeout, a lease whose renewal is queued past its end, or a waiter past
+/// its budget each falls back to an origin call by design.
+pub const ROOMY_BURST: Duration = Duration::from_secs(60);
+
+/// Settings on `url` whose call limits a loaded machine meets: each call
+/// judged silent after [`ROOMY_DEADLINE`](super::ROOMY_DEADLINE), a queued
+/// call waiting up to [`ROOMY_BURST`]; the strict invalidation barrier (no
+/// outage grace).
+pub fn roomy_builder(url: &str) -> stampede_guard::RedisBackendBuilder {
+    Backend::redis_builder(url)
+        .deadline(super::ROOMY_DEADLINE)
+        .connect_timeout(ROOMY_BURST)
+}
+
+/// A backend on [`roomy_builder`]'s settings that also keeps trusting its
+/// in-process tier for [`ROOMY_BURST`] past a subscription keepalive
+/// answered late (its flights stay attached): for tests that count origin
+/// calls, not invalidations.
+pub async fn roomy_backend_at(url: &str) -> Backend {
+    roomy_builder(url)
+        .outage_grace(ROOMY_BURST)
+        .connect()
+        .await
+        .expect("redis backend")
+}
+
+/// Waits (bounded) until every instance protects the fleet again: Redis
+/// answers and its subscription to the fleet's invalidations is confirmed
+/// live. A closed circuit alone is not that: until the subscription is
+/// back, an instance trusts nothing it holds, and when it comes back the
+/// instance drops what it holds and detaches its flights, so a burst sent
+/// meanwhile may cost that instance an origin call of its own.
+pub async fn wait_until_fleet(instances: &[Instance], limit: Duration) {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if instances
+            .iter()
+            .all(|i| i.backend.health().status == stampede_guard::Status::Fleet)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("an instance did not rejoin the fleet within {limit:?}");
+}

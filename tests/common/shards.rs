@@ -13,12 +13,31 @@ use super::{get, Origin};
 
 /// A cluster backend with `deadline` and a probe every 100 ms.
 pub async fn connect(cluster: &Cluster, deadline: Duration) -> Backend {
-    let backend = Backend::redis_cluster_builder(cluster.urls())
-        .deadline(deadline)
-        .probe_interval(Duration::from_millis(100))
-        .connect()
-        .await
-        .expect("cluster backend");
+    connect_with(
+        Backend::redis_cluster_builder(cluster.urls())
+            .deadline(deadline)
+            .probe_interval(Duration::from_millis(100)),
+    )
+    .await
+}
+
+/// A cluster backend with `deadline`, a probe every 100 ms, and the other
+/// time limits a loaded machine meets (see
+/// [`super::fleet::roomy_backend_at`]): for bursts counted in origin calls.
+pub async fn connect_roomy(cluster: &Cluster, deadline: Duration) -> Backend {
+    connect_with(
+        Backend::redis_cluster_builder(cluster.urls())
+            .deadline(deadline)
+            .connect_timeout(super::fleet::ROOMY_BURST)
+            .outage_grace(super::fleet::ROOMY_BURST)
+            .probe_interval(Duration::from_millis(100)),
+    )
+    .await
+}
+
+/// Connects `builder`, and waits (bounded) until the backend joined.
+async fn connect_with(builder: stampede_guard::RedisBackendBuilder) -> Backend {
+    let backend = builder.connect().await.expect("cluster backend");
     // On a loaded machine the first connect may outlast its timeout: the
     // backend then starts on its in-process tier and joins in the
     // background. These tests measure the joined fleet, so wait for it.

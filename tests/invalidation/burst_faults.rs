@@ -24,6 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::driver::Boom;
+use crate::common::fleet::roomy_builder;
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
 use stampede_guard::{Backend, Cache};
@@ -933,6 +934,9 @@ async fn reads_rebuilds_and_purge_bursts_with_writes_paused_now_and_then() {
 /// purges of distinct keys all from one instance (its reads and the
 /// others' acknowledgements past one batch's size), then 1,000 purges of
 /// only 10 keys from every instance at once. Every purge is confirmed.
+/// The calls' limits are ones a loaded machine meets: a purge queued behind
+/// 2,000 others is not failing, and this test counts confirmations, not
+/// purges that missed a deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lopsided_purge_bursts_are_all_confirmed() {
     const KEYS: usize = 2_000;
@@ -940,7 +944,12 @@ async fn lopsided_purge_bursts_are_all_confirmed() {
     let version = Arc::new(AtomicU64::new(0));
     let mut backends = Vec::new();
     for _ in 0..3 {
-        backends.push(Backend::redis(&redis.url()).await.expect("redis backend"));
+        backends.push(
+            roomy_builder(&redis.url())
+                .connect()
+                .await
+                .expect("redis backend"),
+        );
     }
     let caches = Arc::new(backends.iter().map(cache).collect::<Vec<_>>());
     warm(&caches, &version, 10).await;

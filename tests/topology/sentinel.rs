@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::cluster::wait_replicated;
-use crate::common::fleet::{fleet, fleet_burst, wait_until_available};
+use crate::common::fleet::{fleet, fleet_burst, wait_until_available, wait_until_fleet};
 use crate::common::sentinel::SentinelSetup;
 use crate::common::{get as get_req, send, Origin, ROOMY_DEADLINE};
 use axum::routing::get;
@@ -49,6 +49,7 @@ async fn a_failover_keeps_the_service_going_and_fences_the_stale_holder() {
         |g| g.ttl(Duration::from_secs(60)),
     )
     .await;
+    wait_until_fleet(&instances, Duration::from_secs(20)).await;
     let answers = fleet_burst(&instances, 300, || get_req("/report")).await;
     assert_eq!(
         load.calls(),
@@ -190,7 +191,9 @@ async fn a_failover_keeps_the_service_going_and_fences_the_stale_holder() {
     assert_eq!((answer.text().as_str(), answer.x_cache()), ("v2", "HIT"));
     assert_eq!(slow.calls(), 2);
 
-    // Fleet-wide protection is back on the new primary.
+    // Fleet-wide protection is back on the new primary, once every
+    // instance's subscription is.
+    wait_until_fleet(&instances, Duration::from_secs(20)).await;
     let before = load.calls();
     let answers = fleet_burst(&instances, 300, || get_req("/report/after")).await;
     assert!(answers.iter().all(|a| a.status == 200));
