@@ -5,7 +5,7 @@
 
 use std::future::poll_fn;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use bytes::Buf;
 use http::{header, HeaderName, Method, Request, Response, StatusCode};
@@ -20,6 +20,7 @@ use super::policy::Policy;
 use super::respond::tag_with;
 use super::response::CachedResponse;
 use super::revalidate::{ask_conditionally, renew};
+use super::rfc::date::stamp;
 use crate::engine::{Held, Overtaken, Rebuild};
 use crate::metrics::{self as m, count, Labels};
 
@@ -53,9 +54,14 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: HttpBody,
 {
+    /// The origin's answer, given a `Date` when it has no valid one: the
+    /// time it arrived (RFC 9110 §6.6.1), before anything reads its age or
+    /// its freshness, stores it or forwards it.
     async fn call(mut self) -> Result<Response<ResBody>, S::Error> {
         poll_fn(|cx| self.inner.poll_ready(cx)).await?;
-        self.inner.call(self.request).await
+        let mut response = self.inner.call(self.request).await?;
+        stamp(response.headers_mut(), SystemTime::now());
+        Ok(response)
     }
 
     /// This request alone, uncached, streamed.

@@ -18,7 +18,7 @@ use super::flight::WaitTimeout;
 use super::policy::Policy;
 use super::range;
 use super::response::{CachedBody, CachedResponse};
-use super::rfc::cache_control::http_date;
+use super::rfc::date::{http_date, stamp};
 use crate::engine::{Failure, FailureKind, Held};
 
 /// Sets the cache-status headers on a response that did not come from an
@@ -326,8 +326,19 @@ pub(crate) fn try_present<B: HttpBody>(
         }
         *response.status_mut() = cached.status;
     }
+    let age = held.entry().age(now);
     let headers = response.headers_mut();
-    headers.insert(header::AGE, age_value(held.entry().age(now).as_secs()));
+    headers.insert(header::AGE, age_value(age.as_secs()));
+    if !cached.headers.contains_key(header::DATE) {
+        // Every entry this layer stores has a `Date` (the origin's, or when
+        // the first instance received it); one stored without (by an older
+        // release, or the failure an origin answered) is dated when it was
+        // received, as its age tells, not when it is served.
+        let received = SystemTime::now()
+            .checked_sub(age)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        stamp(headers, received);
+    }
     // Range applies to GET only (RFC 9110 §14.2), after the preconditions.
     if let (Some((range, if_range)), false) = (&conditions.range, head_only) {
         range::answer(&mut response, cached, range, if_range.as_ref());

@@ -26,7 +26,8 @@ use super::policy::{classify, Policy, Verdict};
 use super::respond::tag;
 use super::response::{take_one_clients, CachedBody, CachedResponse};
 use super::revalidation_window::with_revalidation;
-use super::rfc::cache_control::{http_date, initial_age};
+use super::rfc::cache_control::initial_age;
+use super::rfc::date::http_date;
 use crate::engine::{Built, TagSet, Waiters};
 
 /// Header fields a 304 never changes in the stored response: the body's

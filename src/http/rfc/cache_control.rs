@@ -3,9 +3,10 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::header::{AGE, CACHE_CONTROL, CONTENT_ENCODING, DATE, EXPIRES, VARY};
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{AGE, CACHE_CONTROL, CONTENT_ENCODING, EXPIRES, VARY};
+use http::{HeaderMap, HeaderName};
 
+use super::date::{date_of, http_date};
 use super::structured::{dictionary, Value};
 use crate::engine::MAX_DELTA;
 
@@ -363,7 +364,7 @@ pub(crate) fn expires_lifetime(headers: &HeaderMap, now: SystemTime) -> Option<D
     if expires <= now {
         return Some(Duration::ZERO);
     }
-    let date = headers.get(DATE).and_then(http_date).unwrap_or(now);
+    let date = date_of(headers).unwrap_or(now);
     Some(
         expires
             .duration_since(date)
@@ -390,23 +391,17 @@ pub(crate) fn initial_age(headers: &HeaderMap, now: SystemTime) -> Duration {
             delta_seconds(first.split(';').next().unwrap_or_default().trim())
         })
         .map_or(Duration::ZERO, Duration::from_secs);
-    let apparent = headers
-        .get(DATE)
-        .and_then(http_date)
+    let apparent = date_of(headers)
         .and_then(|date| now.duration_since(date).ok())
         .map_or(Duration::ZERO, |d| Duration::from_secs(d.as_secs()));
     age.max(apparent).min(MAX_DELTA)
 }
 
-/// An HTTP-date (RFC 9110 §5.6.7, all three forms), or `None`.
-pub(crate) fn http_date(value: &HeaderValue) -> Option<SystemTime> {
-    httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderName;
+    use http::header::DATE;
+    use http::{HeaderName, HeaderValue};
     use proptest::prelude::*;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
