@@ -199,7 +199,9 @@ pub(crate) fn answer_alone<B: HttpBody>(
     let not_modified = verdict == Precondition::NotModified;
     let sized = old.contains_key(header::CONTENT_LENGTH);
     for (name, value) in &old {
+        // `Date` on either: a 412 is dated as any 4xx (RFC 9110 §6.6.1).
         let kept = name == CACHE_STATUS
+            || name == header::DATE
             || Some(name) == status_header
             || (not_modified && (NOT_MODIFIED_FIELDS.contains(name) || name == header::SET_COOKIE));
         if kept {
@@ -376,6 +378,8 @@ fn precondition_failed<B: HttpBody>(
 ) -> Response<Body<B>> {
     let mut response = Response::new(Body::empty());
     *response.status_mut() = StatusCode::PRECONDITION_FAILED;
+    // The layer's own answer: dated now (RFC 9110 §6.6.1, a 4xx).
+    stamp(response.headers_mut(), SystemTime::now());
     if let Some(members) = &policy.presentation.cache_status {
         let member = match forward {
             None => members.hit(ttl_of(held, now)),
@@ -440,6 +444,9 @@ pub(crate) fn failure<B: HttpBody>(
     };
     let mut response = Response::new(Body::empty());
     *response.status_mut() = code;
+    // The layer's own answer, dated now as any answer it sends (RFC 9110
+    // §6.6.1 asks it of a 4xx, such as a wait timeout's configured status).
+    stamp(response.headers_mut(), SystemTime::now());
     let detail = match kind {
         FailureKind::WaitTimeout => "wait-timeout",
         FailureKind::Error => "error",

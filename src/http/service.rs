@@ -447,6 +447,8 @@ impl<S> GuardService<S> {
         self.policy.passes.request(reason, labels);
         let mut response = Response::new(Body::empty());
         *response.status_mut() = http::StatusCode::BAD_REQUEST;
+        // The layer's own 4xx: dated now (RFC 9110 §6.6.1).
+        stamp(response.headers_mut(), SystemTime::now());
         let forward = Forward {
             detail: Some(reason.as_str()),
             ..Forward::new(Fwd::of_bypass(reason))

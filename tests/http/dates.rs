@@ -233,6 +233,65 @@ async fn a_passed_answer_is_forwarded_with_a_date() {
     date_of(&send(&app, private).await);
 }
 
+/// The layer's own answers are dated too (RFC 9110 §6.6.1 asks it of every
+/// 4xx): a `412` from an entry or from an answer it could not share, and a
+/// waiter's timeout answer.
+#[tokio::test]
+async fn the_layers_own_answers_are_dated() {
+    for cache_control in ["max-age=60", "no-store"] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let app = app(&calls, guard(), move |_| {
+            vec![
+                (ETAG, HeaderValue::from_static("\"d1\"")),
+                (CACHE_CONTROL, HeaderValue::from_static(cache_control)),
+            ]
+        });
+        send(&app, request(Method::GET, &[])).await;
+        let failed = send(
+            &app,
+            request(Method::GET, &[(http::header::IF_MATCH, "\"other\"")]),
+        )
+        .await;
+        assert_eq!(
+            failed.status,
+            StatusCode::PRECONDITION_FAILED,
+            "{cache_control}"
+        );
+        date_of(&failed);
+    }
+
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let (g, c) = (gate.clone(), calls.clone());
+    let guard = StampedeGuard::new(Backend::local())
+        .wait_budget(Duration::from_millis(50))
+        .on_wait_timeout(stampede_guard::WaitTimeout::Respond(
+            StatusCode::TOO_MANY_REQUESTS,
+        ));
+    let app = Router::new().route(
+        "/doc",
+        get(move || {
+            let (gate, calls) = (g.clone(), c.clone());
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                gate.acquire().await.unwrap().forget();
+                "late"
+            }
+        })
+        .layer(guard),
+    );
+    let a = app.clone();
+    let starter = tokio::spawn(async move { send(&a, request(Method::GET, &[])).await });
+    while calls.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let waiter = send(&app, request(Method::GET, &[])).await;
+    assert_eq!(waiter.status, StatusCode::TOO_MANY_REQUESTS);
+    date_of(&waiter);
+    gate.add_permits(1);
+    date_of(&starter.await.unwrap());
+}
+
 #[cfg(feature = "redis")]
 mod with_redis {
     use super::*;
