@@ -6,7 +6,7 @@
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, Bytes};
 use http::header::{self, HeaderName, HeaderValue};
@@ -67,6 +67,9 @@ where
     B::Error: Send + 'static,
 {
     let (mut parts, body) = response.into_parts();
+    // Its age when its head arrived (RFC 9111 §4.2.3: `response_time` is
+    // then, not once the body is read). The head is dated by now.
+    let initial_age = initial_age(&parts.headers, SystemTime::now());
     // Before anything else: no answer, shared or not, carries them on.
     tags.extend(&policy.tags.take(&mut parts.headers));
     let (lifetime, store) = match decide(policy, &parts, keyed) {
@@ -105,7 +108,21 @@ where
             }
         }
     };
-    entry(policy, labels, parts, stream, body, lifetime, store, tags)
+    let kept = Kept {
+        lifetime,
+        initial_age,
+        store,
+        tags,
+    };
+    entry(policy, labels, parts, stream, body, kept)
+}
+
+/// What the head decided of the entry, carried to [`entry`].
+struct Kept {
+    lifetime: Lifetime,
+    initial_age: Duration,
+    store: bool,
+    tags: TagSet,
 }
 
 /// What the route's rules make of the origin's head.
@@ -369,23 +386,25 @@ where
 
 /// Step 4: the entry the waiters share (and the tiers keep, when `store`).
 /// `rest`: the body past the size cap, still to read.
-#[allow(clippy::too_many_arguments)]
 fn entry<B, E>(
     policy: &Policy,
     labels: Labels,
     mut parts: http::response::Parts,
     stream: Stream<B>,
     rest: Option<Pin<Box<B>>>,
-    lifetime: Lifetime,
-    store: bool,
-    tags: TagSet,
+    kept: Kept,
 ) -> Admitted<B, E>
 where
     B: HttpBody + Send + 'static,
     B::Data: Buf + Send,
     B::Error: Send + 'static,
 {
-    let initial_age = initial_age(&parts.headers, SystemTime::now());
+    let Kept {
+        lifetime,
+        initial_age,
+        store,
+        tags,
+    } = kept;
     parts.headers.remove(header::AGE);
     // The stored copy loses every field that belongs to the one client (its
     // cookies, its authentication, the fields a qualified `private` or
