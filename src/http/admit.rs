@@ -27,6 +27,12 @@ use super::spool::{hidden, spill_cap, Filling, Hold, OriginError, Spool};
 use crate::engine::{Built, Lifetime, TagSet, Waiters};
 use crate::metrics::Labels;
 
+/// How long the origin took to answer, from the request sent to the head
+/// received (RFC 9111 §4.2.3 `response_delay`): set by the caller of the
+/// origin on its response, read (and removed) where the response's age is.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ResponseDelay(pub Duration);
+
 /// What the request that caused a rebuild may have, and nobody else.
 pub(crate) enum Private<B: HttpBody, E> {
     /// The origin's response, streamed to it alone.
@@ -69,7 +75,11 @@ where
     let (mut parts, body) = response.into_parts();
     // Its age when its head arrived (RFC 9111 §4.2.3: `response_time` is
     // then, not once the body is read). The head is dated by now.
-    let initial_age = initial_age(&parts.headers, SystemTime::now());
+    let delay = parts
+        .extensions
+        .remove::<ResponseDelay>()
+        .unwrap_or_default();
+    let initial_age = initial_age(&parts.headers, SystemTime::now(), delay.0);
     // Before anything else: no answer, shared or not, carries them on.
     tags.extend(&policy.tags.take(&mut parts.headers));
     let (lifetime, store) = match decide(policy, &parts, keyed) {

@@ -12,7 +12,7 @@ use http::{header, HeaderName, Method, Request, Response, StatusCode};
 use http_body::Body as HttpBody;
 use tower_service::Service;
 
-use super::admit::{admit, Admitted, Early, Private};
+use super::admit::{admit, Admitted, Early, Private, ResponseDelay};
 use super::body::GuardBody as Body;
 use super::cache_status::{CacheStatus, Forward, Forwarded, Fwd};
 use super::key::Keyed;
@@ -56,11 +56,16 @@ where
 {
     /// The origin's answer, given a `Date` when it has no valid one: the
     /// time it arrived (RFC 9110 §6.6.1), before anything reads its age or
-    /// its freshness, stores it or forwards it.
+    /// its freshness, stores it or forwards it; and the time it took.
     async fn call(mut self) -> Result<Response<ResBody>, S::Error> {
         poll_fn(|cx| self.inner.poll_ready(cx)).await?;
+        let asked = Instant::now();
         let mut response = self.inner.call(self.request).await?;
         stamp(response.headers_mut(), SystemTime::now());
+        // Its `Age` counts from `asked` (RFC 9111 §4.2.3).
+        response
+            .extensions_mut()
+            .insert(ResponseDelay(asked.elapsed()));
         Ok(response)
     }
 
@@ -68,6 +73,7 @@ where
     pub(super) async fn alone(self) -> Result<Response<Body<ResBody>>, S::Error> {
         let policy = self.policy.clone();
         let mut response = self.call().await?;
+        response.extensions_mut().remove::<ResponseDelay>();
         policy.tags.take(response.headers_mut());
         let forward = Forward {
             detail: Some("hit-for-miss"),
