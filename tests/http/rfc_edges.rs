@@ -136,6 +136,33 @@ async fn an_age_counts_from_when_the_request_was_sent() {
     );
 }
 
+/// RFC 9111 §5.3: with `max-age` (or, for a shared cache, `s-maxage`) the
+/// `Expires` field is ignored, even an invalid or past one, whether the
+/// route follows the origin's freshness or keeps its own.
+#[tokio::test]
+async fn max_age_and_s_maxage_silence_expires() {
+    for respect in [true, false] {
+        for cc in ["max-age=60", "s-maxage=60", "max-age=0, s-maxage=60"] {
+            for expires in ["0", "Thu, 01 Jan 1970 00:00:00 GMT"] {
+                let origin = Origin::default();
+                let app = app_with(&origin, guard().respect_cache_control(respect), move || {
+                    vec![
+                        ("cache-control", HeaderValue::from_static(cc)),
+                        ("expires", HeaderValue::from_static(expires)),
+                    ]
+                });
+                send(&app, get_req("/report")).await;
+                let second = send(&app, get_req("/report")).await;
+                assert_eq!(
+                    (second.text().as_str(), origin.calls()),
+                    ("v1", 1),
+                    "{cc}, Expires: {expires} (respect {respect})"
+                );
+            }
+        }
+    }
+}
+
 /// Huge numbers anywhere never panic, and a huge max-age still stores.
 #[tokio::test]
 async fn huge_numbers_in_every_header_never_panic() {
