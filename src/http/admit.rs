@@ -6,7 +6,7 @@
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use bytes::{Buf, Bytes};
 use http::header::{self, HeaderName, HeaderValue};
@@ -26,6 +26,12 @@ use super::rfc::cache_control::initial_age;
 use super::spool::{hidden, spill_cap, Filling, Hold, OriginError, Spool};
 use crate::engine::{Built, Lifetime, TagSet, Waiters};
 use crate::metrics::Labels;
+
+/// How long the origin took to answer, from the request sent to the head
+/// received (RFC 9111 §4.2.3 `response_delay`): set by the caller of the
+/// origin on its response, read (and removed) where the response's age is.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct ResponseDelay(pub Duration);
 
 /// What the request that caused a rebuild may have, and nobody else.
 pub(crate) enum Private<B: HttpBody, E> {
@@ -67,6 +73,13 @@ where
     B::Error: Send + 'static,
 {
     let (mut parts, body) = response.into_parts();
+    // Its age when its head arrived (RFC 9111 §4.2.3: `response_time` is
+    // then, not once the body is read). The head is dated by now.
+    let delay = parts
+        .extensions
+        .remove::<ResponseDelay>()
+        .unwrap_or_default();
+    let initial_age = initial_age(&parts.headers, SystemTime::now(), delay.0);
     // Before anything else: no answer, shared or not, carries them on.
     tags.extend(&policy.tags.take(&mut parts.headers));
     let (lifetime, store) = match decide(policy, &parts, keyed) {
@@ -105,7 +118,21 @@ where
             }
         }
     };
-    entry(policy, labels, parts, stream, body, lifetime, store, tags)
+    let kept = Kept {
+        lifetime,
+        initial_age,
+        store,
+        tags,
+    };
+    entry(policy, labels, parts, stream, body, kept)
+}
+
+/// What the head decided of the entry, carried to [`entry`].
+struct Kept {
+    lifetime: Lifetime,
+    initial_age: Duration,
+    store: bool,
+    tags: TagSet,
 }
 
 /// What the route's rules make of the origin's head.
@@ -369,23 +396,25 @@ where
 
 /// Step 4: the entry the waiters share (and the tiers keep, when `store`).
 /// `rest`: the body past the size cap, still to read.
-#[allow(clippy::too_many_arguments)]
 fn entry<B, E>(
     policy: &Policy,
     labels: Labels,
     mut parts: http::response::Parts,
     stream: Stream<B>,
     rest: Option<Pin<Box<B>>>,
-    lifetime: Lifetime,
-    store: bool,
-    tags: TagSet,
+    kept: Kept,
 ) -> Admitted<B, E>
 where
     B: HttpBody + Send + 'static,
     B::Data: Buf + Send,
     B::Error: Send + 'static,
 {
-    let initial_age = initial_age(&parts.headers, SystemTime::now());
+    let Kept {
+        lifetime,
+        initial_age,
+        store,
+        tags,
+    } = kept;
     parts.headers.remove(header::AGE);
     // The stored copy loses every field that belongs to the one client (its
     // cookies, its authentication, the fields a qualified `private` or

@@ -7,6 +7,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::SystemTime;
 
 use http::Response;
 use http_body::Body as HttpBody;
@@ -14,6 +15,7 @@ use pin_project_lite::pin_project;
 
 use super::body::GuardBody as Body;
 use super::cache_status::StatusHeaders;
+use super::rfc::date::stamp;
 
 pub(crate) type MissFuture<B, E> =
     Pin<Box<dyn Future<Output = Result<Response<Body<B>>, E>> + Send>>;
@@ -78,6 +80,11 @@ where
                 let response = std::task::ready!(future.poll(cx))?;
                 let hide = status.as_ref().and_then(|tags| tags.hidden());
                 let mut response = response.map(|body| Body::stream_hiding(body, hide));
+                // Forwarded: it carries a `Date` (RFC 9110 §6.6.1), but an
+                // interim answer (a protocol switch) needs none.
+                if !response.status().is_informational() {
+                    stamp(response.headers_mut(), SystemTime::now());
+                }
                 if let Some(tags) = status.take() {
                     tags.apply(response.headers_mut());
                 }

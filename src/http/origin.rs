@@ -5,14 +5,14 @@
 
 use std::future::poll_fn;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use bytes::Buf;
 use http::{header, HeaderName, Method, Request, Response, StatusCode};
 use http_body::Body as HttpBody;
 use tower_service::Service;
 
-use super::admit::{admit, Admitted, Early, Private};
+use super::admit::{admit, Admitted, Early, Private, ResponseDelay};
 use super::body::GuardBody as Body;
 use super::cache_status::{CacheStatus, Forward, Forwarded, Fwd};
 use super::key::Keyed;
@@ -20,6 +20,7 @@ use super::policy::Policy;
 use super::respond::tag_with;
 use super::response::CachedResponse;
 use super::revalidate::{ask_conditionally, renew};
+use super::rfc::date::stamp;
 use crate::engine::{Held, Overtaken, Rebuild};
 use crate::metrics::{self as m, count, Labels};
 
@@ -53,15 +54,26 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: HttpBody,
 {
+    /// The origin's answer, given a `Date` when it has no valid one: the
+    /// time it arrived (RFC 9110 §6.6.1), before anything reads its age or
+    /// its freshness, stores it or forwards it; and the time it took.
     async fn call(mut self) -> Result<Response<ResBody>, S::Error> {
         poll_fn(|cx| self.inner.poll_ready(cx)).await?;
-        self.inner.call(self.request).await
+        let asked = Instant::now();
+        let mut response = self.inner.call(self.request).await?;
+        stamp(response.headers_mut(), SystemTime::now());
+        // Its `Age` counts from `asked` (RFC 9111 §4.2.3).
+        response
+            .extensions_mut()
+            .insert(ResponseDelay(asked.elapsed()));
+        Ok(response)
     }
 
     /// This request alone, uncached, streamed.
     pub(super) async fn alone(self) -> Result<Response<Body<ResBody>>, S::Error> {
         let policy = self.policy.clone();
         let mut response = self.call().await?;
+        response.extensions_mut().remove::<ResponseDelay>();
         policy.tags.take(response.headers_mut());
         let forward = Forward {
             detail: Some("hit-for-miss"),

@@ -13,7 +13,7 @@ use http::{Response, StatusCode};
 
 use super::body::GuardBody as Body;
 use super::response::CachedResponse;
-use super::rfc::cache_control::http_date;
+use super::rfc::date::http_date;
 
 /// What a `Range` header asks of a representation of a given length.
 #[derive(Debug, PartialEq, Eq)]

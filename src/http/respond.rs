@@ -18,7 +18,7 @@ use super::flight::WaitTimeout;
 use super::policy::Policy;
 use super::range;
 use super::response::{CachedBody, CachedResponse};
-use super::rfc::cache_control::http_date;
+use super::rfc::date::{http_date, stamp};
 use crate::engine::{Failure, FailureKind, Held};
 
 /// Sets the cache-status headers on a response that did not come from an
@@ -199,7 +199,9 @@ pub(crate) fn answer_alone<B: HttpBody>(
     let not_modified = verdict == Precondition::NotModified;
     let sized = old.contains_key(header::CONTENT_LENGTH);
     for (name, value) in &old {
+        // `Date` on either: a 412 is dated as any 4xx (RFC 9110 §6.6.1).
         let kept = name == CACHE_STATUS
+            || name == header::DATE
             || Some(name) == status_header
             || (not_modified && (NOT_MODIFIED_FIELDS.contains(name) || name == header::SET_COOKIE));
         if kept {
@@ -326,8 +328,19 @@ pub(crate) fn try_present<B: HttpBody>(
         }
         *response.status_mut() = cached.status;
     }
+    let age = held.entry().age(now);
     let headers = response.headers_mut();
-    headers.insert(header::AGE, age_value(held.entry().age(now).as_secs()));
+    headers.insert(header::AGE, age_value(age.as_secs()));
+    if !cached.headers.contains_key(header::DATE) {
+        // Every entry this layer stores has a `Date` (the origin's, or when
+        // the first instance received it); one stored without (by an older
+        // release, or the failure an origin answered) is dated when it was
+        // received, as its age tells, not when it is served.
+        let received = SystemTime::now()
+            .checked_sub(age)
+            .unwrap_or(SystemTime::UNIX_EPOCH);
+        stamp(headers, received);
+    }
     // Range applies to GET only (RFC 9110 §14.2), after the preconditions.
     if let (Some((range, if_range)), false) = (&conditions.range, head_only) {
         range::answer(&mut response, cached, range, if_range.as_ref());
@@ -365,6 +378,8 @@ fn precondition_failed<B: HttpBody>(
 ) -> Response<Body<B>> {
     let mut response = Response::new(Body::empty());
     *response.status_mut() = StatusCode::PRECONDITION_FAILED;
+    // The layer's own answer: dated now (RFC 9110 §6.6.1, a 4xx).
+    stamp(response.headers_mut(), SystemTime::now());
     if let Some(members) = &policy.presentation.cache_status {
         let member = match forward {
             None => members.hit(ttl_of(held, now)),
@@ -429,6 +444,9 @@ pub(crate) fn failure<B: HttpBody>(
     };
     let mut response = Response::new(Body::empty());
     *response.status_mut() = code;
+    // The layer's own answer, dated now as any answer it sends (RFC 9110
+    // §6.6.1 asks it of a 4xx, such as a wait timeout's configured status).
+    stamp(response.headers_mut(), SystemTime::now());
     let detail = match kind {
         FailureKind::WaitTimeout => "wait-timeout",
         FailureKind::Error => "error",

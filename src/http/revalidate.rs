@@ -18,7 +18,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use http_body::Body as HttpBody;
 
-use super::admit::{connection_named, Admitted, Private};
+use super::admit::{connection_named, Admitted, Private, ResponseDelay};
 use super::body::GuardBody as Body;
 use super::cache_status::{CacheStatus, CACHE_STATUS};
 use super::key::Keyed;
@@ -26,7 +26,8 @@ use super::policy::{classify, Policy, Verdict};
 use super::respond::tag;
 use super::response::{take_one_clients, CachedBody, CachedResponse};
 use super::revalidation_window::with_revalidation;
-use super::rfc::cache_control::{http_date, initial_age};
+use super::rfc::cache_control::initial_age;
+use super::rfc::date::http_date;
 use crate::engine::{Built, TagSet, Waiters};
 
 /// Header fields a 304 never changes in the stored response: the body's
@@ -77,7 +78,11 @@ pub(crate) fn renew<B, E>(
 where
     B: HttpBody,
 {
-    let (parts, _no_body) = not_modified.into_parts();
+    let (mut parts, _no_body) = not_modified.into_parts();
+    let delay = parts
+        .extensions
+        .remove::<ResponseDelay>()
+        .unwrap_or_default();
     let update = parts.headers;
     if !selects(&update, &stored.headers) {
         tracing::warn!("a 304 named another representation; the entry is not renewed");
@@ -88,7 +93,7 @@ where
         };
     }
     // The 304's own age: its `Age` and `Date`, not the stored response's.
-    let initial_age = initial_age(&update, SystemTime::now());
+    let initial_age = initial_age(&update, SystemTime::now(), delay.0);
     let CachedResponse {
         status,
         mut headers,

@@ -9,7 +9,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use bytes::Buf;
 use http::{header, Method, Request, Response};
@@ -28,6 +28,7 @@ use super::passes::Pass;
 use super::policy::{admission, Admission, Policy};
 use super::respond::{self, failure, present, tag_with, try_present, Conditions};
 use super::response::CachedResponse;
+use super::rfc::date::stamp;
 use super::select::{covers, selected, Back, Lane, Selecting};
 use super::unsafe_methods::{invalidate, is_unsafe, overrides_to_unsafe, Targets};
 use super::upgrades::{is_handshake, strip_upgrade, Ask, Probe};
@@ -420,6 +421,7 @@ impl<S> GuardService<S> {
         let policy = self.policy.clone();
         ResponseFuture::miss(Box::pin(async move {
             let mut response = future.await?;
+            stamp(response.headers_mut(), SystemTime::now());
             let keys = targets.keys(&policy, response.status(), response.headers());
             invalidate(&engine, keys, labels).await;
             policy.tags.take(response.headers_mut());
@@ -445,6 +447,8 @@ impl<S> GuardService<S> {
         self.policy.passes.request(reason, labels);
         let mut response = Response::new(Body::empty());
         *response.status_mut() = http::StatusCode::BAD_REQUEST;
+        // The layer's own 4xx: dated now (RFC 9110 §6.6.1).
+        stamp(response.headers_mut(), SystemTime::now());
         let forward = Forward {
             detail: Some(reason.as_str()),
             ..Forward::new(Fwd::of_bypass(reason))

@@ -17,6 +17,7 @@ mod bodies;
 mod bodies_over_the_cap;
 mod cache_status;
 mod client_forced_passes;
+mod dates;
 mod expired_revalidation;
 mod explicit_freshness;
 mod headers_on_pass_through;

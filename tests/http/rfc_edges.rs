@@ -108,6 +108,61 @@ async fn an_expires_counted_from_an_old_date_ends_when_it_says() {
     );
 }
 
+/// RFC 9111 §4.2.3: an `Age` counts from when the request was sent, not
+/// from when the answer arrived. An answer that took two seconds to come
+/// with `Age: 10` and `max-age=12` is stale on arrival: not stored.
+#[tokio::test]
+async fn an_age_counts_from_when_the_request_was_sent() {
+    let origin = Origin::default();
+    let app = counted_app(
+        &origin,
+        guard().respect_cache_control(true),
+        |n| async move {
+            tokio::time::sleep(Duration::from_millis(2100)).await;
+            let mut map = HeaderMap::new();
+            map.insert("cache-control", HeaderValue::from_static("max-age=12"));
+            map.insert("age", HeaderValue::from_static("10"));
+            (map, format!("v{n}")).into_response()
+        },
+    );
+    assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
+    let second = send(&app, get_req("/report")).await;
+    assert_eq!(
+        (second.text().as_str(), origin.calls()),
+        ("v2", 2),
+        "stored as fresh ({}, Age {:?})",
+        second.x_cache(),
+        second.headers.get("age")
+    );
+}
+
+/// RFC 9111 §5.3: with `max-age` (or, for a shared cache, `s-maxage`) the
+/// `Expires` field is ignored, even an invalid or past one, whether the
+/// route follows the origin's freshness or keeps its own.
+#[tokio::test]
+async fn max_age_and_s_maxage_silence_expires() {
+    for respect in [true, false] {
+        for cc in ["max-age=60", "s-maxage=60", "max-age=0, s-maxage=60"] {
+            for expires in ["0", "Thu, 01 Jan 1970 00:00:00 GMT"] {
+                let origin = Origin::default();
+                let app = app_with(&origin, guard().respect_cache_control(respect), move || {
+                    vec![
+                        ("cache-control", HeaderValue::from_static(cc)),
+                        ("expires", HeaderValue::from_static(expires)),
+                    ]
+                });
+                send(&app, get_req("/report")).await;
+                let second = send(&app, get_req("/report")).await;
+                assert_eq!(
+                    (second.text().as_str(), origin.calls()),
+                    ("v1", 1),
+                    "{cc}, Expires: {expires} (respect {respect})"
+                );
+            }
+        }
+    }
+}
+
 /// Huge numbers anywhere never panic, and a huge max-age still stores.
 #[tokio::test]
 async fn huge_numbers_in_every_header_never_panic() {

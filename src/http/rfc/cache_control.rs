@@ -3,9 +3,10 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::header::{AGE, CACHE_CONTROL, CONTENT_ENCODING, DATE, EXPIRES, VARY};
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{AGE, CACHE_CONTROL, CONTENT_ENCODING, EXPIRES, VARY};
+use http::{HeaderMap, HeaderName};
 
+use super::date::{date_of, http_date};
 use super::structured::{dictionary, Value};
 use crate::engine::MAX_DELTA;
 
@@ -363,7 +364,7 @@ pub(crate) fn expires_lifetime(headers: &HeaderMap, now: SystemTime) -> Option<D
     if expires <= now {
         return Some(Duration::ZERO);
     }
-    let date = headers.get(DATE).and_then(http_date).unwrap_or(now);
+    let date = date_of(headers).unwrap_or(now);
     Some(
         expires
             .duration_since(date)
@@ -372,16 +373,23 @@ pub(crate) fn expires_lifetime(headers: &HeaderMap, now: SystemTime) -> Option<D
 }
 
 /// How old a response was when it arrived (RFC 9111 §4.2.3): the larger of
-/// its `Age` and its apparent age, `now` minus its `Date` in whole seconds
-/// (none when `Date` is missing, invalid or in the future), at most
-/// [`MAX_DELTA`].
+/// its corrected `Age` and its apparent age, `now` minus its `Date` in whole
+/// seconds (none when `Date` is missing, invalid or in the future), at most
+/// [`MAX_DELTA`]. The `Age` counts from when the request was sent, not from
+/// when the answer arrived (§4.2.3): `response_delay`, the time between
+/// the two, is added to it (in whole seconds, as `Age` is; an absent `Age`
+/// is 0).
 ///
 /// `Age` is delta-seconds; a list (several members, or several lines) is
 /// read by its first member, without any parameters (`7200;foo=bar` is
 /// 7200). One too large to represent is 2^31 s, never zero. A first member
 /// that is not delta-seconds (negative, decimal, not a number, empty) is
 /// ignored, as RFC 9111 §5.1 says: the apparent age still counts.
-pub(crate) fn initial_age(headers: &HeaderMap, now: SystemTime) -> Duration {
+pub(crate) fn initial_age(
+    headers: &HeaderMap,
+    now: SystemTime,
+    response_delay: Duration,
+) -> Duration {
     let age = headers
         .get(AGE)
         .and_then(|value| value.to_str().ok())
@@ -389,24 +397,19 @@ pub(crate) fn initial_age(headers: &HeaderMap, now: SystemTime) -> Duration {
             let first = value.split(',').next().unwrap_or_default();
             delta_seconds(first.split(';').next().unwrap_or_default().trim())
         })
-        .map_or(Duration::ZERO, Duration::from_secs);
-    let apparent = headers
-        .get(DATE)
-        .and_then(http_date)
+        .map_or(Duration::ZERO, Duration::from_secs)
+        .saturating_add(Duration::from_secs(response_delay.as_secs()));
+    let apparent = date_of(headers)
         .and_then(|date| now.duration_since(date).ok())
         .map_or(Duration::ZERO, |d| Duration::from_secs(d.as_secs()));
     age.max(apparent).min(MAX_DELTA)
 }
 
-/// An HTTP-date (RFC 9110 §5.6.7, all three forms), or `None`.
-pub(crate) fn http_date(value: &HeaderValue) -> Option<SystemTime> {
-    httpdate::parse_http_date(value.to_str().ok()?.trim()).ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderName;
+    use http::header::DATE;
+    use http::{HeaderName, HeaderValue};
     use proptest::prelude::*;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
@@ -687,12 +690,27 @@ mod tests {
             for (k, v) in pairs {
                 h.append(k.clone(), v.clone());
             }
-            initial_age(&h, now)
+            initial_age(&h, now, Duration::ZERO)
         };
         let secs = Duration::from_secs;
         let value = HeaderValue::from_static;
         assert_eq!(age(&[]), Duration::ZERO);
         assert_eq!(age(&[(AGE, value("100"))]), secs(100));
+        // Counted from the request: the time the answer took is added.
+        let delayed = |pairs: &[(HeaderName, HeaderValue)], delay| {
+            let mut h = HeaderMap::new();
+            for (k, v) in pairs {
+                h.append(k.clone(), v.clone());
+            }
+            initial_age(&h, now, delay)
+        };
+        assert_eq!(delayed(&[(AGE, value("100"))], secs(3)), secs(103));
+        assert_eq!(delayed(&[], Duration::from_millis(2500)), secs(2));
+        assert_eq!(
+            delayed(&[(AGE, value("9"))], Duration::from_millis(900)),
+            secs(9)
+        );
+        assert_eq!(delayed(&[(AGE, value("1"))], Duration::MAX), MAX_DELTA);
         assert_eq!(age(&[(AGE, value(" 7 , 9"))]), secs(7));
         // Too large to represent: 2^31, never zero.
         for huge in ["18446744073709551616", "99999999999999999999999999"] {
