@@ -82,7 +82,7 @@ use crate::store::generations::Field;
 ///   [`expose_tag_headers`](Self::expose_tag_headers).
 /// - Observability: [`cache_status`](Self::cache_status),
 ///   [`cache_status_name`](Self::cache_status_name),
-///   [`cache_status_header`](Self::cache_status_header),
+///   [`x_cache_header`](Self::x_cache_header),
 ///   [`route_name`](Self::route_name).
 /// - Setup: [`new`](Self::new), [`with_config`](Self::with_config) (a
 ///   [`RouteConfig`] read with serde), [`backend`](Self::backend).
@@ -119,7 +119,8 @@ pub struct StampedeGuard {
 
 impl StampedeGuard {
     /// A guard on `backend` with the default policy: 10 s ttl, no stale
-    /// windows, 10 s wait budget, bodies up to 4 MiB, `x-cache` header on.
+    /// windows, 10 s wait budget, bodies up to 4 MiB, the `x-cache` and
+    /// `Cache-Status` headers on.
     ///
     /// A request that names no host (HTTP/1.0 without `Host`, an in-process
     /// call with an origin-form URI, an empty `Host`) is keyed under its
@@ -373,23 +374,40 @@ impl StampedeGuard {
         self.with(|p| p.keys.key_fn = Some(key_fn))
     }
 
-    /// Response header that tells how a response was answered (`HIT`, `STALE`,
-    /// `MISS`, `COALESCED`, `BYPASS`); `None` to leave responses as they are.
-    /// Default `x-cache`. The standard [`Cache-Status`](Self::cache_status)
-    /// header is set beside it, or alone.
+    /// The non-standard one-word outcome header (`HIT`, `STALE`, `MISS`,
+    /// `COALESCED`, `BYPASS`): its name (default `x-cache`), or `None` to
+    /// send none. The standard RFC 9211 [`Cache-Status`](Self::cache_status)
+    /// header is set beside it, or alone: this method never changes it.
     ///
     /// ```
-    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
-    /// let guard = StampedeGuard::new(Backend::local()).cache_status_header(None);
+    /// use http::HeaderName;
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// // Cache-Status alone, without x-cache:
+    /// let guard = StampedeGuard::new(Backend::local()).x_cache_header(None);
+    /// // The outcome under another name:
+    /// let guard = StampedeGuard::new(Backend::local())
+    ///     .x_cache_header(Some(HeaderName::from_static("x-edge-cache")));
     /// ```
     #[must_use]
-    pub fn cache_status_header(self, header: Option<HeaderName>) -> Self {
+    pub fn x_cache_header(self, header: Option<HeaderName>) -> Self {
         self.with(|p| p.presentation.status_header = header)
+    }
+
+    /// The old name of [`x_cache_header`](Self::x_cache_header), which it
+    /// calls: it names the `x-cache` header, not `Cache-Status`.
+    #[doc(hidden)]
+    #[deprecated(
+        note = "renamed `x_cache_header`: it sets the `x-cache` header, not `Cache-Status`"
+    )]
+    #[must_use]
+    pub fn cache_status_header(self, header: Option<HeaderName>) -> Self {
+        self.x_cache_header(header)
     }
 
     /// Whether responses carry this layer's member of the RFC 9211
     /// `Cache-Status` header (on by default), beside or instead of
-    /// [`x-cache`](Self::cache_status_header):
+    /// [`x-cache`](Self::x_cache_header):
     /// `stampede-guard; hit; ttl=27`, `stampede-guard; fwd=uri-miss; stored`,
     /// `stampede-guard; fwd=uri-miss; collapsed` for a request that waited on
     /// another's rebuild, `stampede-guard; hit; ttl=-3` for a stale entry
@@ -408,7 +426,7 @@ impl StampedeGuard {
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};
     /// // Cache-Status alone, without x-cache:
-    /// let guard = StampedeGuard::new(Backend::local()).cache_status_header(None);
+    /// let guard = StampedeGuard::new(Backend::local()).x_cache_header(None);
     /// // x-cache alone:
     /// let guard = StampedeGuard::new(Backend::local()).cache_status(false);
     /// ```
