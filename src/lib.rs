@@ -113,6 +113,7 @@ mod error;
 mod fence;
 mod http;
 mod key;
+mod limits;
 mod lock;
 pub mod metrics;
 mod random;
