@@ -231,7 +231,8 @@ impl<V: CacheValue> Cache<V> {
     /// The `route` label of this cache's metrics (default `unnamed`; the
     /// `namespace` label is its [namespace](Self::namespace)). A name the
     /// code gives, never data from a request: every distinct name is a
-    /// series of its own for the life of the process.
+    /// series of its own for the life of the process. An empty name is no
+    /// name.
     ///
     /// ```
     /// use stampede_guard::{Backend, Cache};
@@ -239,9 +240,9 @@ impl<V: CacheValue> Cache<V> {
     /// ```
     #[must_use]
     pub fn route_name(self, name: impl Into<String>) -> Self {
-        let name = name.into();
+        let name: String = name.into();
         self.with(|s| {
-            s.route = Some(name);
+            s.route = (!name.is_empty()).then_some(name);
             s.relabel();
         })
     }

@@ -483,7 +483,8 @@ impl StampedeGuard {
     /// The cache's name in its `Cache-Status` member (default
     /// `stampede-guard`), and turns the member on. A name that is not a
     /// structured-field token is sent as a quoted string, without the
-    /// characters a string cannot hold.
+    /// characters a string cannot hold. An empty name, which
+    /// [`RouteConfig`] refuses, is taken as the default.
     ///
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};
@@ -491,7 +492,10 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn cache_status_name(self, name: impl AsRef<str>) -> Self {
-        let members = Rfc9211::new(name.as_ref());
+        let members = match name.as_ref() {
+            "" => Rfc9211::default_name(),
+            name => Rfc9211::new(name),
+        };
         self.with(|p| p.presentation.cache_status = Some(members))
     }
 
@@ -500,6 +504,7 @@ impl StampedeGuard {
     /// the `axum` feature: `/users/{id}`, never the path a client sent), or
     /// `unnamed`. A name the code gives, never data from a request: every
     /// distinct name is a series of its own for the life of the process.
+    /// An empty name, which [`RouteConfig`] refuses, is no name.
     ///
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};
@@ -507,8 +512,9 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn route_name(self, name: impl Into<String>) -> Self {
-        let name: Arc<str> = Arc::from(name.into());
-        self.with(|p| p.route_name = Some(name))
+        let name: String = name.into();
+        let name: Option<Arc<str>> = (!name.is_empty()).then(|| Arc::from(name));
+        self.with(|p| p.route_name = name)
     }
 
     /// Take freshness from the origin's `Cache-Control` (`s-maxage`, then

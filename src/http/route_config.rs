@@ -802,6 +802,22 @@ mod tests {
             assert!(kept >= 1);
         }
 
+        // Names: the empty one the config refuses is no name in code (the
+        // route's label and the cache's name as if never set).
+        let named = RouteConfig {
+            route_name: Some(String::new()),
+            cache_status_name: Some(String::new()),
+            ..RouteConfig::default()
+        };
+        assert!(named.validate().is_err());
+        let p = guard().cache_status(false).with_config(&named);
+        assert!(p.policy().route_name.is_none());
+        let members = p.policy().presentation.cache_status.as_ref();
+        assert_eq!(
+            format!("{:?}", members.expect("the name turns the member on")),
+            format!("{:?}", super::super::cache_status::Rfc9211::default_name()),
+        );
+
         // Status codes: what the config refuses, the builder refuses too
         // (with a panic at construction: a status is a constant in code).
         for code in [100, 101, 199, 200, 503, 599, 600, 999] {
