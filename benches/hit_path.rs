@@ -8,7 +8,7 @@
 //! entries in Redis.
 //!
 //! ```text
-//! cargo bench --bench hit_path
+//! cargo bench --bench hit_path --features bench-internals
 //! ```
 
 use std::convert::Infallible;

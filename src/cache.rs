@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use crate::backend::Backend;
 use crate::engine::{
     Answer, Built, CacheValue, FailureKind, FlightPolicy, Held, Lifetime, Looked, Overtaken,
-    Rebuild, SharedError, TagSet, MAX_DELTA,
+    Rebuild, SharedError, TagSet,
 };
 use crate::key::Key;
+use crate::limits;
 use crate::metrics::Labels;
 
 /// The route label of a cache that was given no name.
@@ -122,7 +123,9 @@ impl<V: CacheValue> Cache<V> {
         self
     }
 
-    /// How long a value is fresh.
+    /// How long a value is fresh (default 10 s). From 0 to 2^31 s, a
+    /// longer one taken as 2^31 s; at 0 nothing is stored, and concurrent
+    /// calls for a key still share one rebuild.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
@@ -130,11 +133,12 @@ impl<V: CacheValue> Cache<V> {
     /// ```
     #[must_use]
     pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|s| s.lifetime.ttl = ttl)
+        self.with(|s| s.lifetime.ttl = limits::TTL.clamp(ttl))
     }
 
     /// After the ttl, how long a value is still returned at once while one
-    /// caller's rebuild refreshes it in the background.
+    /// caller's rebuild refreshes it in the background. Default 0 (none);
+    /// from 0 to 2^31 s, a longer one taken as 2^31 s.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
@@ -142,10 +146,13 @@ impl<V: CacheValue> Cache<V> {
     /// ```
     #[must_use]
     pub fn stale_while_revalidate(self, window: Duration) -> Self {
-        self.with(|s| s.lifetime.stale_while_revalidate = window)
+        self.with(|s| {
+            s.lifetime.stale_while_revalidate = limits::STALE_WHILE_REVALIDATE.clamp(window)
+        })
     }
 
     /// After the ttl, how long a value may stand in for a failed rebuild.
+    /// Default 0 (none); from 0 to 2^31 s, a longer one taken as 2^31 s.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
@@ -153,12 +160,13 @@ impl<V: CacheValue> Cache<V> {
     /// ```
     #[must_use]
     pub fn stale_if_error(self, window: Duration) -> Self {
-        self.with(|s| s.lifetime.stale_if_error = window)
+        self.with(|s| s.lifetime.stale_if_error = limits::STALE_IF_ERROR.clamp(window))
     }
 
     /// How long a rebuild waits, at least, for another instance's rebuild of
     /// the same key before running its own (default 10 s). It waits longer
     /// if the other may run longer: up to the rebuild timeout plus a lease.
+    /// From 0 to 2^31 s, a longer one taken as 2^31 s.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
@@ -166,11 +174,12 @@ impl<V: CacheValue> Cache<V> {
     /// ```
     #[must_use]
     pub fn wait_budget(self, budget: Duration) -> Self {
-        self.with(|s| s.wait_budget = budget.min(MAX_DELTA))
+        self.with(|s| s.wait_budget = limits::WAIT_BUDGET.clamp(budget))
     }
 
     /// Fleet-wide rebuild lease time (default 5 s), renewed every third of it
-    /// while a rebuild runs. Only used with a Redis backend.
+    /// while a rebuild runs. Only used with a Redis backend. From 1 ms to
+    /// 2^31 s: a shorter one is taken as 1 ms, a longer one as 2^31 s.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
@@ -178,12 +187,13 @@ impl<V: CacheValue> Cache<V> {
     /// ```
     #[must_use]
     pub fn lease(self, lease: Duration) -> Self {
-        self.with(|s| s.lease = lease.min(MAX_DELTA))
+        self.with(|s| s.lease = limits::LEASE.clamp(lease))
     }
 
     /// The longest a rebuild may run (default 30 s); past it the rebuild is
     /// abandoned and its callers get stale-if-error or
-    /// [`RebuildError::TimedOut`].
+    /// [`RebuildError::TimedOut`]. From 1 ms to 2^31 s: a shorter one is
+    /// taken as 1 ms, a longer one as 2^31 s.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
@@ -191,11 +201,13 @@ impl<V: CacheValue> Cache<V> {
     /// ```
     #[must_use]
     pub fn rebuild_timeout(self, timeout: Duration) -> Self {
-        self.with(|s| s.rebuild_timeout = timeout.min(MAX_DELTA))
+        self.with(|s| s.rebuild_timeout = limits::REBUILD_TIMEOUT.clamp(timeout))
     }
 
     /// Probabilistic early refresh (XFetch) with this `beta`; see
     /// [`StampedeGuard::early_refresh`](crate::StampedeGuard::early_refresh).
+    /// Off by default; a finite number, at least 0: 0 turns it off, and so
+    /// does a value out of that range (NaN, an infinity, a negative number).
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
@@ -203,7 +215,7 @@ impl<V: CacheValue> Cache<V> {
     /// ```
     #[must_use]
     pub fn early_refresh(self, beta: f64) -> Self {
-        let beta = (beta.is_finite() && beta > 0.0).then_some(beta);
+        let beta = Some(limits::ratio(beta)).filter(|beta| *beta > 0.0);
         self.with(|s| s.early_refresh = beta)
     }
 
@@ -225,7 +237,8 @@ impl<V: CacheValue> Cache<V> {
     /// The `route` label of this cache's metrics (default `unnamed`; the
     /// `namespace` label is its [namespace](Self::namespace)). A name the
     /// code gives, never data from a request: every distinct name is a
-    /// series of its own for the life of the process.
+    /// series of its own for the life of the process. An empty name is no
+    /// name.
     ///
     /// ```
     /// use stampede_guard::{Backend, Cache};
@@ -233,9 +246,9 @@ impl<V: CacheValue> Cache<V> {
     /// ```
     #[must_use]
     pub fn route_name(self, name: impl Into<String>) -> Self {
-        let name = name.into();
+        let name: String = name.into();
         self.with(|s| {
-            s.route = Some(name);
+            s.route = (!name.is_empty()).then_some(name);
             s.relabel();
         })
     }

@@ -125,6 +125,7 @@ mod fence;
 pub mod guide;
 mod http;
 mod key;
+mod limits;
 mod lock;
 pub mod metrics;
 mod random;
@@ -132,14 +133,19 @@ mod store;
 
 #[cfg(feature = "admin")]
 pub use crate::http::Admin;
+/// The type [`StampedeGuard::key_fn`] stores its function as. No method
+/// takes or returns it (`key_fn` takes any closure), so it is not part of
+/// the documented API; kept for code that names it.
+#[doc(hidden)]
+pub use crate::http::KeyFn;
 pub use crate::http::{BoxError, SharedBodyError};
 pub use crate::http::{
-    GuardBody, GuardService, KeyFn, RefreshAheadConfig, ResponseFuture, RouteConfig,
-    RouteConfigError, StampedeGuard, WaitTimeout,
+    GuardBody, GuardService, RefreshAheadConfig, ResponseFuture, RouteConfig, RouteConfigError,
+    StampedeGuard, WaitTimeout,
 };
 
-/// The old name of [`GuardBody`], kept for one release. See
-/// [`GuardService`] for an example.
+/// Another name of [`GuardBody`], for code that names it so.
+#[doc(hidden)]
 #[deprecated(note = "renamed `GuardBody`, so as not to clash with `axum::body::Body`")]
 pub type Body<B> = GuardBody<B>;
 pub use crate::metrics::describe_metrics;
@@ -165,9 +171,19 @@ pub use lock::{Lock, LockError, LockGuard, LockOwner};
 pub struct ReadmeDoctests;
 
 /// Entry points for the crate's own benchmarks (key building, the entry
-/// codec). Not part of the API: no stability promise.
+/// codec), behind the `bench-internals` feature. Not part of the API: no
+/// stability promise.
+#[cfg(feature = "bench-internals")]
 #[doc(hidden)]
 pub mod __bench {
+    pub use crate::bench::{decode_response, encode_response, request_key};
+}
+
+/// What [`__bench`] exports, built in every configuration so that a build
+/// without the feature checks it too (and the codec it measures is not
+/// dead code in a build without Redis).
+#[cfg_attr(not(feature = "bench-internals"), allow(dead_code))]
+mod bench {
     use std::time::Duration;
 
     use ::http::{HeaderMap, HeaderName, StatusCode};

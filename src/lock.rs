@@ -9,8 +9,8 @@ use std::time::Duration;
 use std::time::Instant;
 
 use crate::backend::Backend;
-use crate::engine::MAX_DELTA;
 use crate::key::Key;
+use crate::limits;
 #[cfg(feature = "redis")]
 use crate::store::redis::held::LeaseKind;
 #[cfg(feature = "redis")]
@@ -243,7 +243,8 @@ impl Lock {
 
     /// How long a holder keeps the lock without renewing it. The guard's
     /// watchdog renews it every third of this; a dead holder loses it after
-    /// at most this long.
+    /// at most this long. Default 10 s; from 3 ms to 2^31 s, a shorter one
+    /// taken as 3 ms, a longer one as 2^31 s.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, Lock};
@@ -251,11 +252,12 @@ impl Lock {
     /// ```
     #[must_use]
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease.clamp(Duration::from_millis(3), MAX_DELTA);
+        self.lease = limits::LOCK_LEASE.clamp(lease);
         self
     }
 
-    /// How long [`acquire`](Self::acquire) waits for the lock.
+    /// How long [`acquire`](Self::acquire) waits for the lock (default
+    /// 10 s; from 0 to 2^31 s, a longer one taken as 2^31 s).
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, Lock};
@@ -263,7 +265,7 @@ impl Lock {
     /// ```
     #[must_use]
     pub fn wait_budget(mut self, budget: Duration) -> Self {
-        self.wait_budget = budget.min(MAX_DELTA);
+        self.wait_budget = limits::LOCK_WAIT_BUDGET.clamp(budget);
         self
     }
 
@@ -271,8 +273,8 @@ impl Lock {
     /// long after the acquisition, so the lease runs out after at most
     /// `max_hold` plus one lease, and the guard is then
     /// [lost](LockGuard::lost). Unset by default (renewed while the guard
-    /// lives). On the embedded backend a lock is never lost, and this has no
-    /// effect.
+    /// lives). From 0 to 2^31 s, a longer one taken as 2^31 s. On the
+    /// embedded backend a lock is never lost, and this has no effect.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, Lock};
@@ -280,7 +282,7 @@ impl Lock {
     /// ```
     #[must_use]
     pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold.min(MAX_DELTA));
+        self.max_hold = Some(limits::LOCK_MAX_HOLD.clamp(max_hold));
         self
     }
 
@@ -295,7 +297,9 @@ impl Lock {
     /// acquisition costs one more round trip, and holds the instance's
     /// command connection until the replicas answer: keep `timeout` short.
     /// On Redis Cluster the replicas are those of the lock's own shard.
-    /// On the embedded backend it has no effect.
+    /// On the embedded backend it has no effect. Off by default; `replicas`
+    /// 0 turns it off; `timeout` is from 0 to 2^31 s, a longer one taken as
+    /// 2^31 s.
     ///
     /// ```
     /// use std::time::Duration;
@@ -307,7 +311,8 @@ impl Lock {
     /// ```
     #[must_use]
     pub fn synced(mut self, replicas: u32, timeout: Duration) -> Self {
-        self.synced = (replicas > 0).then_some((replicas, timeout.min(MAX_DELTA)));
+        self.synced =
+            (replicas > 0).then_some((replicas, limits::LOCK_SYNCED_TIMEOUT.clamp(timeout)));
         self
     }
 

@@ -16,8 +16,8 @@ use super::route_config::RouteConfig;
 use super::service::GuardService;
 use super::tags::TagFn;
 use crate::backend::Backend;
-use crate::engine::MAX_DELTA;
 use crate::key::Key;
+use crate::limits;
 use crate::store::generations::Field;
 
 /// A tower layer that caches responses and lets only one request per key
@@ -82,7 +82,7 @@ use crate::store::generations::Field;
 ///   [`expose_tag_headers`](Self::expose_tag_headers).
 /// - Observability: [`cache_status`](Self::cache_status),
 ///   [`cache_status_name`](Self::cache_status_name),
-///   [`cache_status_header`](Self::cache_status_header),
+///   [`x_cache_header`](Self::x_cache_header),
 ///   [`route_name`](Self::route_name).
 /// - Setup: [`new`](Self::new), [`with_config`](Self::with_config) (a
 ///   [`RouteConfig`] read with serde), [`backend`](Self::backend).
@@ -119,7 +119,8 @@ pub struct StampedeGuard {
 
 impl StampedeGuard {
     /// A guard on `backend` with the default policy: 10 s ttl, no stale
-    /// windows, 10 s wait budget, bodies up to 4 MiB, `x-cache` header on.
+    /// windows, 10 s wait budget, bodies up to 4 MiB, the `x-cache` and
+    /// `Cache-Status` headers on.
     ///
     /// A request that names no host (HTTP/1.0 without `Host`, an in-process
     /// call with an origin-form URI, an empty `Host`) is keyed under its
@@ -153,7 +154,12 @@ impl StampedeGuard {
         self
     }
 
-    /// How long a response is served as fresh.
+    /// How long a response is served as fresh (default 10 s).
+    ///
+    /// From 0 to 2^31 s; a longer one is taken as 2^31 s. At 0 nothing is
+    /// stored on the route's own lifetime: requests still coalesce, and with
+    /// [`respect_cache_control`](Self::respect_cache_control) an answer the
+    /// origin gives freshness to is stored for that long.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
@@ -161,11 +167,12 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|p| p.store.lifetime.ttl = ttl)
+        self.with(|p| p.store.lifetime.ttl = limits::TTL.clamp(ttl))
     }
 
     /// After the ttl, how long an entry is still served at once while one
-    /// request refreshes it in the background (RFC 5861).
+    /// request refreshes it in the background (RFC 5861). Default 0 (none);
+    /// from 0 to 2^31 s, a longer one taken as 2^31 s.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
@@ -175,11 +182,14 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn stale_while_revalidate(self, window: Duration) -> Self {
-        self.with(|p| p.store.lifetime.stale_while_revalidate = window)
+        self.with(|p| {
+            p.store.lifetime.stale_while_revalidate = limits::STALE_WHILE_REVALIDATE.clamp(window);
+        })
     }
 
     /// After the ttl, how long an entry may stand in for a failed rebuild: an
-    /// inner-service error or a 5xx response (RFC 5861).
+    /// inner-service error or a 5xx response (RFC 5861). Default 0 (none);
+    /// from 0 to 2^31 s, a longer one taken as 2^31 s.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
@@ -187,11 +197,12 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn stale_if_error(self, window: Duration) -> Self {
-        self.with(|p| p.store.lifetime.stale_if_error = window)
+        self.with(|p| p.store.lifetime.stale_if_error = limits::STALE_IF_ERROR.clamp(window))
     }
 
     /// How long a request waits for a rebuild it did not start before
-    /// [`on_wait_timeout`](Self::on_wait_timeout) applies (default 10 s).
+    /// [`on_wait_timeout`](Self::on_wait_timeout) applies (default 10 s;
+    /// from 0 to 2^31 s, a longer one taken as 2^31 s).
     ///
     /// Failing open (the default), nobody is sent to the origin when it runs
     /// out: a request keeps waiting for its own process's rebuild, and that
@@ -206,11 +217,18 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn wait_budget(self, budget: Duration) -> Self {
-        self.with(|p| p.flight.wait_budget = budget.min(MAX_DELTA))
+        self.with(|p| p.flight.wait_budget = limits::WAIT_BUDGET.clamp(budget))
     }
 
     /// What a waiter does when its wait budget runs out (default: keep
     /// waiting for this process's own rebuild; see [`WaitTimeout`]).
+    ///
+    /// # Panics
+    ///
+    /// On [`WaitTimeout::Respond`] with a status outside 200..=599: it
+    /// would not be a final answer (a server turns a 1xx into a 500). The
+    /// status is a constant in code, so this is a programmer error, seen
+    /// when the guard is built rather than in the answers.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -223,10 +241,19 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn on_wait_timeout(self, action: WaitTimeout) -> Self {
+        if let WaitTimeout::Respond(code) = action {
+            assert!(
+                limits::ANSWER_STATUS.contains(&code.as_u16()),
+                "StampedeGuard::on_wait_timeout: status {} is out of range; it accepts {}",
+                code.as_u16(),
+                limits::ANSWER_STATUS_ACCEPTED,
+            );
+        }
         self.with(|p| p.flight.on_wait_timeout = action)
     }
 
-    /// Largest body stored (default 4 MiB). A larger response is not stored:
+    /// Largest body stored (default 4 MiB; at least 1 byte, 0 is taken as
+    /// 1). A larger response is not stored:
     /// it is read from the origin once and streamed to every request that
     /// waited for it, each from the start, within `4 × bytes` of memory
     /// (plus one chunk). No request holds the others back: when that window
@@ -256,6 +283,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn max_body_bytes(self, bytes: usize) -> Self {
+        let bytes = bytes.max(*limits::MAX_BODY_BYTES.start());
         self.with(|p| p.store.max_body_bytes = bytes)
     }
 
@@ -265,6 +293,12 @@ impl StampedeGuard {
     /// same rebuild do not get them, one of them rebuilds instead. A 5xx is a
     /// failed rebuild: the waiters share it (or the stale-if-error copy).
     ///
+    /// # Panics
+    ///
+    /// On a status outside 100..=599 (the statuses HTTP defines): statuses
+    /// are constants in code, so this is a programmer error, seen when the
+    /// guard is built.
+    ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
     /// let guard = StampedeGuard::new(Backend::local()).cacheable_statuses([http::StatusCode::OK]);
@@ -272,6 +306,14 @@ impl StampedeGuard {
     #[must_use]
     pub fn cacheable_statuses(self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
         let statuses: Arc<[StatusCode]> = statuses.into_iter().collect();
+        for code in statuses.iter() {
+            assert!(
+                limits::STORED_STATUS.contains(&code.as_u16()),
+                "StampedeGuard::cacheable_statuses: status {} is out of range; it accepts {}",
+                code.as_u16(),
+                limits::STORED_STATUS_ACCEPTED,
+            );
+        }
         self.with(|p| p.store.statuses = statuses)
     }
 
@@ -373,23 +415,40 @@ impl StampedeGuard {
         self.with(|p| p.keys.key_fn = Some(key_fn))
     }
 
-    /// Response header that tells how a response was answered (`HIT`, `STALE`,
-    /// `MISS`, `COALESCED`, `BYPASS`); `None` to leave responses as they are.
-    /// Default `x-cache`. The standard [`Cache-Status`](Self::cache_status)
-    /// header is set beside it, or alone.
+    /// The non-standard one-word outcome header (`HIT`, `STALE`, `MISS`,
+    /// `COALESCED`, `BYPASS`): its name (default `x-cache`), or `None` to
+    /// send none. The standard RFC 9211 [`Cache-Status`](Self::cache_status)
+    /// header is set beside it, or alone: this method never changes it.
     ///
     /// ```
-    /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
-    /// let guard = StampedeGuard::new(Backend::local()).cache_status_header(None);
+    /// use http::HeaderName;
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// // Cache-Status alone, without x-cache:
+    /// let guard = StampedeGuard::new(Backend::local()).x_cache_header(None);
+    /// // The outcome under another name:
+    /// let guard = StampedeGuard::new(Backend::local())
+    ///     .x_cache_header(Some(HeaderName::from_static("x-edge-cache")));
     /// ```
     #[must_use]
-    pub fn cache_status_header(self, header: Option<HeaderName>) -> Self {
+    pub fn x_cache_header(self, header: Option<HeaderName>) -> Self {
         self.with(|p| p.presentation.status_header = header)
+    }
+
+    /// The old name of [`x_cache_header`](Self::x_cache_header), which it
+    /// calls: it names the `x-cache` header, not `Cache-Status`.
+    #[doc(hidden)]
+    #[deprecated(
+        note = "renamed `x_cache_header`: it sets the `x-cache` header, not `Cache-Status`"
+    )]
+    #[must_use]
+    pub fn cache_status_header(self, header: Option<HeaderName>) -> Self {
+        self.x_cache_header(header)
     }
 
     /// Whether responses carry this layer's member of the RFC 9211
     /// `Cache-Status` header (on by default), beside or instead of
-    /// [`x-cache`](Self::cache_status_header):
+    /// [`x-cache`](Self::x_cache_header):
     /// `stampede-guard; hit; ttl=27`, `stampede-guard; fwd=uri-miss; stored`,
     /// `stampede-guard; fwd=uri-miss; collapsed` for a request that waited on
     /// another's rebuild, `stampede-guard; hit; ttl=-3` for a stale entry
@@ -408,7 +467,7 @@ impl StampedeGuard {
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};
     /// // Cache-Status alone, without x-cache:
-    /// let guard = StampedeGuard::new(Backend::local()).cache_status_header(None);
+    /// let guard = StampedeGuard::new(Backend::local()).x_cache_header(None);
     /// // x-cache alone:
     /// let guard = StampedeGuard::new(Backend::local()).cache_status(false);
     /// ```
@@ -424,7 +483,8 @@ impl StampedeGuard {
     /// The cache's name in its `Cache-Status` member (default
     /// `stampede-guard`), and turns the member on. A name that is not a
     /// structured-field token is sent as a quoted string, without the
-    /// characters a string cannot hold.
+    /// characters a string cannot hold. An empty name, which
+    /// [`RouteConfig`] refuses, is taken as the default.
     ///
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};
@@ -432,7 +492,10 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn cache_status_name(self, name: impl AsRef<str>) -> Self {
-        let members = Rfc9211::new(name.as_ref());
+        let members = match name.as_ref() {
+            "" => Rfc9211::default_name(),
+            name => Rfc9211::new(name),
+        };
         self.with(|p| p.presentation.cache_status = Some(members))
     }
 
@@ -441,6 +504,7 @@ impl StampedeGuard {
     /// the `axum` feature: `/users/{id}`, never the path a client sent), or
     /// `unnamed`. A name the code gives, never data from a request: every
     /// distinct name is a series of its own for the life of the process.
+    /// An empty name, which [`RouteConfig`] refuses, is no name.
     ///
     /// ```
     /// use stampede_guard::{Backend, StampedeGuard};
@@ -448,8 +512,9 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn route_name(self, name: impl Into<String>) -> Self {
-        let name: Arc<str> = Arc::from(name.into());
-        self.with(|p| p.route_name = Some(name))
+        let name: String = name.into();
+        let name: Option<Arc<str>> = (!name.is_empty()).then(|| Arc::from(name));
+        self.with(|p| p.route_name = name)
     }
 
     /// Take freshness from the origin's `Cache-Control` (`s-maxage`, then
@@ -592,7 +657,8 @@ impl StampedeGuard {
     }
 
     /// How long a key is marked after an answer it could not share or store
-    /// (default 5 s).
+    /// (default 5 s; from 0, never marked, to 2^31 s, a longer one taken as
+    /// 2^31 s).
     ///
     /// An answer for one client (it sets a cookie, says `private`, or is a
     /// second refusal in a row) releases the requests waiting on it at once,
@@ -616,13 +682,14 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn hit_for_miss(self, window: Duration) -> Self {
-        self.with(|p| p.store.hit_for_miss = window.min(MAX_DELTA))
+        self.with(|p| p.store.hit_for_miss = limits::HIT_FOR_MISS.clamp(window))
     }
 
     /// How long the fleet-wide rebuild lease lasts before it must be renewed
     /// (default 5 s). While the handler runs, a watchdog renews it every third
     /// of this; if the instance dies, another may rebuild after at most this
-    /// long. Only used with a Redis backend.
+    /// long. Only used with a Redis backend. From 1 ms to 2^31 s: a shorter
+    /// one is taken as 1 ms, a longer one as 2^31 s.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
@@ -630,13 +697,14 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn lease(self, lease: Duration) -> Self {
-        self.with(|p| p.flight.lease = lease.min(MAX_DELTA))
+        self.with(|p| p.flight.lease = limits::LEASE.clamp(lease))
     }
 
     /// The longest a rebuild may run (default 30 s). A rebuild runs on its
     /// own task and finishes even if every request waiting for it has gone;
     /// past this it is abandoned, and its waiters get stale-if-error or
-    /// `504 Gateway Timeout`.
+    /// `504 Gateway Timeout`. From 1 ms to 2^31 s: a shorter one is taken
+    /// as 1 ms, a longer one as 2^31 s.
     ///
     /// ```
     /// use std::time::Duration;
@@ -646,7 +714,7 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn rebuild_timeout(self, timeout: Duration) -> Self {
-        self.with(|p| p.flight.rebuild_timeout = timeout.min(MAX_DELTA))
+        self.with(|p| p.flight.rebuild_timeout = limits::REBUILD_TIMEOUT.clamp(timeout))
     }
 
     /// Probabilistic early refresh (XFetch): a fresh entry is refreshed in
@@ -655,13 +723,18 @@ impl StampedeGuard {
     /// how early (1.0 is the usual choice; larger refreshes earlier). A hot key
     /// then rarely expires at all.
     ///
+    /// Off by default. `beta` is a finite number, at least 0; 0 turns it
+    /// off, and so does a value out of that range (NaN, an infinity, a
+    /// negative number): no value read from the environment makes every
+    /// request refresh.
+    ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
     /// let guard = StampedeGuard::new(Backend::local()).early_refresh(1.0);
     /// ```
     #[must_use]
     pub fn early_refresh(self, beta: f64) -> Self {
-        let beta = (beta.is_finite() && beta > 0.0).then_some(beta);
+        let beta = Some(limits::ratio(beta)).filter(|beta| *beta > 0.0);
         self.with(|p| p.flight.early_refresh = beta)
     }
 
@@ -678,8 +751,10 @@ impl StampedeGuard {
     /// it replaces `early_refresh`.
     ///
     /// `multiple` is headroom for a rebuild slower than the last: `2.0` with
-    /// a `floor` of 50 ms is a good start. A `multiple` that is not a finite
-    /// number of at least 0 counts as 0 (the floor alone). The margin is
+    /// a `floor` of 50 ms is a good start. Off by default. `multiple` is a
+    /// finite number, at least 0: a value out of that range (NaN, an
+    /// infinity, a negative number) counts as 0, the floor alone. `floor`
+    /// is from 0 to 2^31 s, a longer one taken as 2^31 s. The margin is
     /// never more than half the entry's freshness lifetime, so a margin as
     /// long as the ttl refreshes an entry halfway, not at its first hit.
     ///
@@ -694,12 +769,10 @@ impl StampedeGuard {
     /// ```
     #[must_use]
     pub fn refresh_ahead(self, multiple: f64, floor: Duration) -> Self {
-        let multiple = if multiple.is_finite() && multiple > 0.0 {
-            multiple
-        } else {
-            0.0
+        let ahead = crate::engine::RefreshAhead {
+            multiple: limits::ratio(multiple),
+            floor: limits::REFRESH_AHEAD_FLOOR.clamp(floor),
         };
-        let ahead = crate::engine::RefreshAhead { multiple, floor };
         self.with(|p| p.flight.refresh_ahead = Some(ahead))
     }
 
@@ -853,8 +926,9 @@ impl StampedeGuard {
     /// This guard with every field `config` sets applied, through the method
     /// of the same name (so with the same bounds); fields left out keep this
     /// guard's settings. A config read with serde was validated; one built
-    /// in code is clamped as the methods clamp, unless
-    /// [`RouteConfig::validate`] refused it first.
+    /// in code is clamped as the methods clamp (and a status code out of
+    /// range panics, as in the methods), unless [`RouteConfig::validate`]
+    /// refused it first.
     ///
     /// ```
     /// use std::time::Duration;

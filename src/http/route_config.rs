@@ -6,6 +6,7 @@ use std::time::Duration;
 use http::{HeaderName, StatusCode};
 
 use super::flight::WaitTimeout;
+use crate::limits;
 #[cfg(doc)]
 use crate::StampedeGuard;
 
@@ -17,14 +18,16 @@ use crate::StampedeGuard;
 /// Every field is optional: a field left out keeps the guard's setting, so a
 /// file states only what it changes. Each field does what the
 /// [`StampedeGuard`] method of the same name does. The key function, the
-/// tag function and the cache-status header's name are set in code.
+/// tag function and the name of the `x-cache` header are set in code.
 ///
-/// A value read with serde is [validated](Self::validate): a value out of
-/// its field's range (a ttl of `"0s"`, a duration past 2^31 s, a status
-/// outside 100..=599, …) is an error that names the field, the value and
-/// what is accepted, never clamped without a word. A value built in code
-/// is clamped by the builder methods; call [`validate`](Self::validate)
-/// to refuse it instead.
+/// A field accepts the range its method documents, the same in code and in
+/// a file. A value read with serde is [validated](Self::validate): a value
+/// out of its field's range (a lease of `"0s"`, a duration past 2^31 s, a
+/// status outside 100..=599, …) is an error that names the field, the value
+/// and what is accepted, never clamped without a word. A value built in
+/// code is clamped by the builder methods as they document (a status code
+/// out of range panics there); call [`validate`](Self::validate) to refuse
+/// it instead.
 ///
 /// ```
 /// # #[cfg(feature = "serde")] {
@@ -177,9 +180,9 @@ impl RefreshAheadConfig {
 /// use stampede_guard::RouteConfig;
 ///
 /// let mut config = RouteConfig::default();
-/// config.ttl = Some(Duration::ZERO);
+/// config.lease = Some(Duration::ZERO);
 /// let e = config.validate().unwrap_err();
-/// assert_eq!(e.field(), "ttl");
+/// assert_eq!(e.field(), "lease");
 /// assert!(e.to_string().contains("0s"), "{e}");
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -242,21 +245,19 @@ impl std::fmt::Display for RouteConfigError {
 
 impl std::error::Error for RouteConfigError {}
 
-/// The longest duration a field takes: the longest any lifetime may be
-/// (2^31 s, RFC 9111 §1.2.2).
-const MAX: Duration = crate::engine::MAX_DELTA;
-const POSITIVE: &str = "a duration from 1ms to 2147483648s (2^31 s)";
-const ANY: &str = "a duration from 0s (off) to 2147483648s (2^31 s)";
-
 impl RouteConfig {
     /// Checks every field set against the range its
     /// [`StampedeGuard`] method gives it meaning in; the first one out of
     /// range is the error. Values read with serde are checked already.
     ///
+    /// The ranges are those the builder methods clamp into (a status code
+    /// out of range panics there): a knob means the same in code and in a
+    /// file.
+    ///
     /// | field | accepts |
     /// |---|---|
-    /// | `ttl`, `lease`, `rebuild_timeout` | 1ms to 2^31 s |
-    /// | `stale_while_revalidate`, `stale_if_error`, `wait_budget`, `hit_for_miss`, `refresh_ahead.floor` | 0s to 2^31 s |
+    /// | `lease`, `rebuild_timeout` | 1ms to 2^31 s |
+    /// | `ttl`, `stale_while_revalidate`, `stale_if_error`, `wait_budget`, `hit_for_miss`, `refresh_ahead.floor` | 0s to 2^31 s |
     /// | `early_refresh`, `refresh_ahead.multiple` | a finite number, at least 0 |
     /// | `max_body_bytes` | at least 1 |
     /// | `cacheable_statuses` | codes in 100..=599 |
@@ -290,24 +291,36 @@ impl RouteConfig {
             }
         };
         let durations = [
-            ("ttl", self.ttl, true),
-            ("lease", self.lease, true),
-            ("rebuild_timeout", self.rebuild_timeout, true),
-            ("stale_while_revalidate", self.stale_while_revalidate, false),
-            ("stale_if_error", self.stale_if_error, false),
-            ("wait_budget", self.wait_budget, false),
-            ("hit_for_miss", self.hit_for_miss, false),
+            ("ttl", self.ttl, limits::TTL),
+            ("lease", self.lease, limits::LEASE),
+            (
+                "rebuild_timeout",
+                self.rebuild_timeout,
+                limits::REBUILD_TIMEOUT,
+            ),
+            (
+                "stale_while_revalidate",
+                self.stale_while_revalidate,
+                limits::STALE_WHILE_REVALIDATE,
+            ),
+            (
+                "stale_if_error",
+                self.stale_if_error,
+                limits::STALE_IF_ERROR,
+            ),
+            ("wait_budget", self.wait_budget, limits::WAIT_BUDGET),
+            ("hit_for_miss", self.hit_for_miss, limits::HIT_FOR_MISS),
             (
                 "refresh_ahead.floor",
                 self.refresh_ahead.map(|r| r.floor),
-                false,
+                limits::REFRESH_AHEAD_FLOOR,
             ),
         ];
-        for (field, value, positive) in durations {
+        for (field, value, span) in durations {
             if let Some(d) = value
-                && (d > MAX || (positive && d < Duration::from_millis(1)))
+                && !span.holds(d)
             {
-                return Err(error(field, show(d), if positive { POSITIVE } else { ANY }));
+                return Err(error(field, show(d), span.accepted));
             }
         }
         let numbers = [
@@ -319,34 +332,36 @@ impl RouteConfig {
         ];
         for (field, value) in numbers {
             if let Some(x) = value
-                && !(x.is_finite() && x >= 0.0)
+                && !limits::ratio_holds(x)
             {
-                return Err(error(
-                    field,
-                    x.to_string(),
-                    "a finite number, at least 0 (0: off)",
-                ));
+                return Err(error(field, x.to_string(), limits::RATIO_ACCEPTED));
             }
         }
-        if self.max_body_bytes == Some(0) {
-            return Err(error("max_body_bytes", "0".to_owned(), "at least 1 byte"));
+        if let Some(bytes) = self.max_body_bytes
+            && !limits::MAX_BODY_BYTES.contains(&bytes)
+        {
+            return Err(error(
+                "max_body_bytes",
+                bytes.to_string(),
+                limits::MAX_BODY_BYTES_ACCEPTED,
+            ));
         }
         for code in self.cacheable_statuses.iter().flatten() {
-            if !(100..=599).contains(&code.as_u16()) {
+            if !limits::STORED_STATUS.contains(&code.as_u16()) {
                 return Err(error(
                     "cacheable_statuses",
                     code.as_u16().to_string(),
-                    "status codes in 100..=599",
+                    limits::STORED_STATUS_ACCEPTED,
                 ));
             }
         }
         if let Some(WaitTimeout::Respond(code)) = self.on_wait_timeout
-            && !(200..=599).contains(&code.as_u16())
+            && !limits::ANSWER_STATUS.contains(&code.as_u16())
         {
             return Err(error(
                 "on_wait_timeout",
                 code.as_u16().to_string(),
-                "\"fail_open\" or a status code in 200..=599 (a final answer)",
+                limits::ANSWER_STATUS_ACCEPTED,
             ));
         }
         for (field, value) in [
@@ -556,6 +571,7 @@ mod serde_impl {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http::policy::Policy;
     use crate::{Backend, StampedeGuard};
 
     #[test]
@@ -659,5 +675,169 @@ mod tests {
             .with_config(&config);
         assert_eq!(guard.policy().flight.lease, crate::engine::MAX_DELTA);
         assert_eq!(guard.policy().flight.early_refresh, None);
+    }
+
+    /// One table of limits for code and config: for every knob and every
+    /// edge value, a value the config accepts is kept as is by the builder,
+    /// and one it refuses (naming the knob) is brought into the range the
+    /// config accepts.
+    #[test]
+    fn the_builder_and_the_config_agree_on_every_knob() {
+        type SetConfig = fn(&mut RouteConfig, Duration);
+        type Read = fn(&Policy) -> Duration;
+        let durations: [(&str, SetConfig, Read); 8] = [
+            ("ttl", |c, d| c.ttl = Some(d), |p| p.store.lifetime.ttl),
+            (
+                "stale_while_revalidate",
+                |c, d| c.stale_while_revalidate = Some(d),
+                |p| p.store.lifetime.stale_while_revalidate,
+            ),
+            (
+                "stale_if_error",
+                |c, d| c.stale_if_error = Some(d),
+                |p| p.store.lifetime.stale_if_error,
+            ),
+            (
+                "wait_budget",
+                |c, d| c.wait_budget = Some(d),
+                |p| p.flight.wait_budget,
+            ),
+            ("lease", |c, d| c.lease = Some(d), |p| p.flight.lease),
+            (
+                "rebuild_timeout",
+                |c, d| c.rebuild_timeout = Some(d),
+                |p| p.flight.rebuild_timeout,
+            ),
+            (
+                "hit_for_miss",
+                |c, d| c.hit_for_miss = Some(d),
+                |p| p.store.hit_for_miss,
+            ),
+            (
+                "refresh_ahead.floor",
+                |c, d| c.refresh_ahead = Some(RefreshAheadConfig::new(1.0, d)),
+                |p| p.flight.refresh_ahead.map_or(Duration::MAX, |r| r.floor),
+            ),
+        ];
+        let edges = [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_micros(999),
+            Duration::from_millis(1),
+            Duration::from_secs(30),
+            crate::engine::MAX_DELTA,
+            crate::engine::MAX_DELTA + Duration::from_nanos(1),
+            Duration::from_secs(u64::MAX),
+            Duration::MAX,
+        ];
+        let guard = || StampedeGuard::new(Backend::local());
+        for (field, set, read) in durations {
+            for d in edges {
+                let mut config = RouteConfig::default();
+                set(&mut config, d);
+                let kept = read(guard().with_config(&config).policy());
+                match config.validate() {
+                    Ok(()) => assert_eq!(kept, d, "{field} = {d:?}: accepted, so kept"),
+                    Err(e) => {
+                        assert_eq!(e.field(), field, "{e}");
+                        assert_ne!(kept, d, "{field} = {d:?}: refused, so clamped");
+                        let mut clamped = RouteConfig::default();
+                        set(&mut clamped, kept);
+                        assert!(
+                            clamped.validate().is_ok(),
+                            "{field} = {d:?} clamped to {kept:?}, which the config refuses"
+                        );
+                    }
+                }
+            }
+        }
+
+        type SetRatio = fn(&mut RouteConfig, f64);
+        type ReadRatio = fn(&Policy) -> f64;
+        let ratios: [(&str, SetRatio, ReadRatio); 2] = [
+            (
+                "early_refresh",
+                |c, x| c.early_refresh = Some(x),
+                |p| p.flight.early_refresh.unwrap_or(0.0),
+            ),
+            (
+                "refresh_ahead.multiple",
+                |c, x| c.refresh_ahead = Some(RefreshAheadConfig::new(x, Duration::ZERO)),
+                |p| p.flight.refresh_ahead.map_or(f64::NAN, |r| r.multiple),
+            ),
+        ];
+        let edges = [
+            f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            -1.0,
+            -0.0,
+            0.0,
+            f64::MIN_POSITIVE,
+            1.0,
+            f64::MAX,
+        ];
+        for (field, set, read) in ratios {
+            for x in edges {
+                let mut config = RouteConfig::default();
+                set(&mut config, x);
+                let kept = read(guard().with_config(&config).policy());
+                match config.validate() {
+                    Ok(()) => assert_eq!(kept, x, "{field} = {x}: accepted, so kept"),
+                    Err(e) => {
+                        assert_eq!(e.field(), field, "{e}");
+                        assert_eq!(kept, 0.0, "{field} = {x}: refused, so off");
+                    }
+                }
+            }
+        }
+
+        for bytes in [0, 1, 4 << 20, usize::MAX] {
+            let config = RouteConfig {
+                max_body_bytes: Some(bytes),
+                ..RouteConfig::default()
+            };
+            let kept = guard().with_config(&config).policy().store.max_body_bytes;
+            assert_eq!(config.validate().is_ok(), kept == bytes, "{bytes}");
+            assert!(kept >= 1);
+        }
+
+        // Names: the empty one the config refuses is no name in code (the
+        // route's label and the cache's name as if never set).
+        let named = RouteConfig {
+            route_name: Some(String::new()),
+            cache_status_name: Some(String::new()),
+            ..RouteConfig::default()
+        };
+        assert!(named.validate().is_err());
+        let p = guard().cache_status(false).with_config(&named);
+        assert!(p.policy().route_name.is_none());
+        let members = p.policy().presentation.cache_status.as_ref();
+        assert_eq!(
+            format!("{:?}", members.expect("the name turns the member on")),
+            format!("{:?}", super::super::cache_status::Rfc9211::default_name()),
+        );
+
+        // Status codes: what the config refuses, the builder refuses too
+        // (with a panic at construction: a status is a constant in code).
+        for code in [100, 101, 199, 200, 503, 599, 600, 999] {
+            let code = StatusCode::from_u16(code).unwrap();
+            let cases = [
+                RouteConfig {
+                    cacheable_statuses: Some(vec![code]),
+                    ..RouteConfig::default()
+                },
+                RouteConfig {
+                    on_wait_timeout: Some(WaitTimeout::Respond(code)),
+                    ..RouteConfig::default()
+                },
+            ];
+            for config in cases {
+                let built = std::panic::catch_unwind(|| {
+                    let _ = guard().with_config(&config);
+                });
+                assert_eq!(config.validate().is_ok(), built.is_ok(), "{config:?}");
+            }
+        }
     }
 }

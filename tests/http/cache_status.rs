@@ -310,7 +310,7 @@ async fn the_headers_and_the_name_are_configurable() {
     // Cache-Status alone, under another name.
     let only = app_with_fresh_origin(
         StampedeGuard::new(Backend::local())
-            .cache_status_header(None)
+            .x_cache_header(None)
             .cache_status_name("edge 1\r\n\"x\""),
     );
     let miss = send(&only, get_req("/r")).await;

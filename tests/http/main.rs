@@ -15,6 +15,7 @@ mod attack_classes;
 mod attacks_on_sharing;
 mod bodies;
 mod bodies_over_the_cap;
+mod builder_limits;
 mod cache_status;
 mod client_forced_passes;
 mod dates;

@@ -332,7 +332,7 @@ async fn a_configured_cache_control_target_governs_a_real_layer() {
 #[test]
 fn nonsense_is_refused_naming_the_field_the_value_and_the_range() {
     let cases: [(&str, &[&str]); 13] = [
-        (r#"{ "ttl": "0s" }"#, &["`ttl`", "0s", "from 1ms"]),
+        (r#"{ "ttl": "100years" }"#, &["`ttl`", "2^31 s"]),
         (r#"{ "lease": "0s" }"#, &["`lease`", "0s", "from 1ms"]),
         (
             r#"{ "rebuild_timeout": "0ms" }"#,
@@ -379,7 +379,7 @@ fn nonsense_is_refused_naming_the_field_the_value_and_the_range() {
     }
     // The edges are accepted.
     parse(
-        r#"{ "ttl": "1ms", "stale_if_error": "0s", "cacheable_statuses": [100, 599],
+        r#"{ "ttl": "0s", "stale_if_error": "0s", "cacheable_statuses": [100, 599],
              "on_wait_timeout": { "respond": 599 }, "early_refresh": 0.0,
              "lease": "2147483648s" }"#,
     )

@@ -155,12 +155,12 @@ async fn responses_carry_cache_status_and_age() {
     assert_eq!(hit.x_cache(), "HIT");
     assert!(hit.headers["age"].to_str().unwrap().parse::<u64>().is_ok());
 
-    let quiet = echo_app(&Origin::default(), guard().cache_status_header(None));
+    let quiet = echo_app(&Origin::default(), guard().x_cache_header(None));
     let answer = send(&quiet, get_req("/r")).await;
     assert!(answer.headers.get("x-cache").is_none());
     let custom = echo_app(
         &Origin::default(),
-        guard().cache_status_header(Some(HeaderName::from_static("x-stampede"))),
+        guard().x_cache_header(Some(HeaderName::from_static("x-stampede"))),
     );
     assert_eq!(
         send(&custom, get_req("/r")).await.headers["x-stampede"],
