@@ -285,6 +285,14 @@ mod with_redis {
     use super::*;
     use crate::common::fleet::backend_at;
     use crate::common::redis::RedisServer;
+    use crate::common::tagged::bucket_field;
+
+    /// FNV-1a, as the crate names a namespace in the table.
+    fn fnv(namespace: &str) -> u64 {
+        namespace.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
 
     #[tokio::test]
     async fn fleet_purges_stay_in_their_namespace_on_every_instance() {
@@ -311,6 +319,18 @@ mod with_redis {
         // Stored in Redis as v1; the purge moves the tag's generation and
         // leaves the entry there, void.
         shop.guard.invalidate_tag("shared").await.unwrap();
+        // In the namespace's own field of the table; the empty namespace's
+        // (the one versions without namespaces read) did not move.
+        let bucket = bucket_field("shared");
+        let ours = format!("s{:016x}.{bucket}", fnv("shop"));
+        assert!(redis
+            .raw(&["HGET", "sg:tags", &ours])
+            .parse::<u64>()
+            .is_ok());
+        assert!(redis
+            .raw(&["HGET", "sg:tags", &bucket])
+            .parse::<u64>()
+            .is_err());
 
         let late = backend_at(&redis.url(), Duration::from_secs(1)).await;
         let plain = service(&late, None, &Origin::default());
