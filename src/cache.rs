@@ -13,6 +13,7 @@ use crate::engine::{
 use crate::key::Key;
 use crate::limits;
 use crate::metrics::Labels;
+use crate::store::generations::{Field, Scope};
 
 /// The route label of a cache that was given no name.
 const UNNAMED: &str = "unnamed";
@@ -53,6 +54,8 @@ pub struct Cache<V> {
 #[derive(Clone, Debug)]
 struct Settings {
     namespace: String,
+    /// The namespace, as the generations name it.
+    scope: Scope,
     route: Option<String>,
     /// The metric labels of `route` in `namespace`, made once.
     labels: Labels,
@@ -103,6 +106,7 @@ impl<V: CacheValue> Cache<V> {
             backend,
             settings: Arc::new(Settings {
                 namespace: String::new(),
+                scope: Scope::ROOT,
                 route: None,
                 labels: Labels::of(UNNAMED, ""),
                 lifetime: Lifetime {
@@ -219,7 +223,11 @@ impl<V: CacheValue> Cache<V> {
         self.with(|s| s.early_refresh = beta)
     }
 
-    /// Prefix for every key, to keep apart caches sharing a backend.
+    /// Prefix for every key, to keep apart caches sharing a backend. A
+    /// namespace is a service's whole cache world: this cache shares it,
+    /// and its purges ([`invalidate_all`](Self::invalidate_all)), with
+    /// every cache and [`StampedeGuard`](crate::StampedeGuard) of the same
+    /// namespace on the backend's fleet, and with no other.
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, Cache};
@@ -228,8 +236,10 @@ impl<V: CacheValue> Cache<V> {
     #[must_use]
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace = namespace.into();
+        let scope = self.backend.engine.scope(&namespace);
         self.with(|s| {
             s.namespace = namespace;
+            s.scope = scope;
             s.relabel();
         })
     }
@@ -355,6 +365,7 @@ impl<V: CacheValue> Cache<V> {
             early_refresh: self.settings.early_refresh,
             labels: self.settings.labels,
             refresh_ahead: None,
+            scope: self.settings.scope,
         }
     }
 
@@ -375,12 +386,14 @@ impl<V: CacheValue> Cache<V> {
     pub fn get(&self, key: impl AsRef<[u8]>) -> Option<V> {
         self.backend
             .engine
-            .peek::<V>(&self.key(key.as_ref()), Instant::now())
+            .peek::<V>(&self.key(key.as_ref()), self.settings.scope, Instant::now())
             .map(|held| held.value().clone())
     }
 
     /// Drops the value for `key`, here and (with Redis) everywhere in the
-    /// fleet; the next caller rebuilds it.
+    /// fleet; the next caller rebuilds it. The key holds the cache's
+    /// [namespace](Self::namespace): the same key in another namespace is
+    /// kept.
     ///
     /// It is a barrier: once it returns `Ok`, no call that starts
     /// afterwards, here or (with Redis) on any instance, gets a value built
@@ -420,9 +433,11 @@ impl<V: CacheValue> Cache<V> {
             .await
     }
 
-    /// Drops every value of the backend (every cache and every
-    /// [`StampedeGuard`](crate::StampedeGuard) route on it), here and on
-    /// every instance, in O(1). The same barrier and errors as
+    /// Drops every value of this cache's [namespace](Self::namespace) (every
+    /// cache and every [`StampedeGuard`](crate::StampedeGuard) route on the
+    /// backend with the same namespace; all with none share one), here and
+    /// on every instance, in O(1); the values of other namespaces are kept.
+    /// The same barrier and errors as
     /// [`StampedeGuard::invalidate_all`](crate::StampedeGuard::invalidate_all).
     ///
     /// ```
@@ -435,7 +450,7 @@ impl<V: CacheValue> Cache<V> {
     pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
         self.backend
             .engine
-            .invalidate_field(crate::store::generations::Field::All)
+            .invalidate_field(Field::Own(self.settings.scope))
             .await
     }
 }

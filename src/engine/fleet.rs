@@ -906,7 +906,10 @@ async fn attach(engine: &Engine, tier: Arc<RedisTier>) {
     // Invalidations made before the join reach Redis now.
     fleet.hand_pending();
     let mark = fleet.reloads.mark();
-    if let Ok((table, loaded)) = tier.load_table_joining(engine.tags.table_epoch()).await {
+    if let Ok((table, loaded)) = tier
+        .load_table_joining(engine.tags.table_epoch(), &engine.tags.scopes())
+        .await
+    {
         engine.apply(table, loaded);
         fleet.reloads.loaded(mark);
     }
@@ -1065,7 +1068,10 @@ fn reload_tags(engine: &Engine, tier: &Arc<RedisTier>, reloads: &Arc<Reloads>) {
                 tries += 1;
                 let mark = reloads.mark();
                 let rejoins = shared.rejoins();
-                match shared.load_table_joining(tags.table_epoch()).await {
+                match shared
+                    .load_table_joining(tags.table_epoch(), &tags.scopes())
+                    .await
+                {
                     Ok((table, loaded)) => {
                         apply_to(&tags, &flights, &l1, table, loaded, outlived.any());
                         reloads.loaded(mark);
@@ -1121,8 +1127,14 @@ async fn admits_remote(
     let stamp = entry.stamp();
     if !trusted || stamp.epoch != engine.tags.table_epoch() {
         // The fields whose generations it recorded.
-        let fields: Vec<Field> = std::iter::once(Field::All)
-            .chain(stamp.tags.iter().map(|&(b, _)| Field::Bucket(b)))
+        let fields: Vec<Field> = [Field::All, Field::Own(stamp.scope)]
+            .into_iter()
+            .chain(
+                stamp
+                    .tags
+                    .iter()
+                    .map(|&(b, _)| Field::Bucket(stamp.scope, b)),
+            )
             .collect();
         match tier
             .load_generations(Some(&fields), engine.tags.table_epoch())

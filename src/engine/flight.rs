@@ -454,6 +454,7 @@ mod tests {
             early_refresh: None,
             labels: crate::metrics::Labels::of("test", "test"),
             refresh_ahead: None,
+            scope: crate::store::generations::Scope::ROOT,
         };
         let now = Instant::now();
         assert_eq!(wait_deadline(&policy, now), None, "saturates, no panic");

@@ -108,7 +108,7 @@ use outcome::Served;
 
 use crate::key::Key;
 use crate::metrics::{self as m, count, count_hit, Labels};
-use crate::store::generations::Field;
+use crate::store::generations::{Field, Scope};
 use crate::store::local;
 
 /// The L1 as the engine uses it.
@@ -139,6 +139,9 @@ pub(crate) struct FlightPolicy {
     pub labels: Labels,
     /// Deterministic refresh-ahead; when set, it is used instead of XFetch.
     pub refresh_ahead: Option<early::RefreshAhead>,
+    /// The namespace whose generations its entries record (see
+    /// [`Engine::scope`]): only an entry of it is served.
+    pub scope: Scope,
 }
 
 /// Allowance for the instants of this process and Redis's clock to differ
@@ -216,7 +219,10 @@ impl Engine {
             .filter(|s| trusted || !matches!(s, Slot::Value(_)))
         {
             // An entry whose tags were invalidated is gone.
-            Some(Slot::Value(entry)) if self.fleet.serves(&self.tags, &entry, now) => {
+            Some(Slot::Value(entry))
+                if entry.stamp().scope == policy.scope
+                    && self.fleet.serves(&self.tags, &entry, now) =>
+            {
                 if let Some(held) = Held::<V>::new(entry) {
                     let entry = held.entry();
                     match entry.freshness(now) {
@@ -336,14 +342,21 @@ impl Engine {
         })
     }
 
-    /// The entry for `key` if it is fresh; never joins a flight.
-    pub(crate) fn peek<V: CacheValue>(&self, key: &Key, now: Instant) -> Option<Held<V>> {
+    /// The entry for `key` of namespace `scope` if it is fresh; never joins
+    /// a flight.
+    pub(crate) fn peek<V: CacheValue>(
+        &self,
+        key: &Key,
+        scope: Scope,
+        now: Instant,
+    ) -> Option<Held<V>> {
         if !self.confirm_l1(now) {
             return None;
         }
         match self.l1.get(key) {
             Some(Slot::Value(entry))
                 if entry.freshness(now) == Freshness::Fresh
+                    && entry.stamp().scope == scope
                     && self.fleet.serves(&self.tags, &entry, now) =>
             {
                 Held::new(entry)
@@ -425,7 +438,9 @@ impl Engine {
         };
         if miss.hit_for_miss {
             let leader = self.flights.try_lead(key);
-            return self.uncoalesced(key, leader, rebuild, labels).await;
+            return self
+                .uncoalesced(key, leader, rebuild, labels, policy.scope)
+                .await;
         }
         let began = Instant::now();
         let stale = miss.stale;
@@ -450,6 +465,7 @@ impl Engine {
                     {
                         Some(Slot::Value(entry))
                             if entry.freshness(now) == Freshness::Fresh
+                                && entry.stamp().scope == policy.scope
                                 && self.fleet.serves(&self.tags, &entry, now) =>
                         {
                             if let Some(held) = Held::new(entry.clone()) {
@@ -465,7 +481,9 @@ impl Engine {
                             }
                         }
                         Some(Slot::HitForMiss(until)) if now < until => {
-                            return self.uncoalesced(key, Some(leader), rebuild, labels).await;
+                            return self
+                                .uncoalesced(key, Some(leader), rebuild, labels, policy.scope)
+                                .await;
                         }
                         _ => {}
                     }
@@ -526,7 +544,9 @@ impl Engine {
                         leader.mark_relead();
                         leader
                     });
-                    return self.uncoalesced(key, leader, rebuild, labels).await;
+                    return self
+                        .uncoalesced(key, leader, rebuild, labels, policy.scope)
+                        .await;
                 }
                 Some(Outcome::Failed(failure)) => {
                     stale_or(&stale, Answer::Failed(failure, Status::Coalesced))
@@ -810,7 +830,7 @@ impl Engine {
                 if store {
                     self.learn_epoch().await;
                 }
-                let (entry, store) = self.stamped(entry, &tags, since, store);
+                let (entry, store) = self.stamped(entry, policy.scope, &tags, since, store);
                 let held = Held::new(entry.clone());
                 // Before the flight ends: a request from then on finds the
                 // mark, and no later flight's entry can be overwritten by it.
@@ -977,6 +997,7 @@ impl Engine {
         leader: Option<Leader>,
         rebuild: R,
         labels: Labels,
+        scope: Scope,
     ) -> Answer<R> {
         m::count_bypass("hit-for-miss", labels);
         count(m::ORIGIN_CALLS, labels);
@@ -1005,7 +1026,7 @@ impl Engine {
                     started.elapsed(),
                     Instant::now(),
                 );
-                let (entry, store) = self.stamped(entry, &tags, since, store);
+                let (entry, store) = self.stamped(entry, scope, &tags, since, store);
                 let held = Held::new(entry.clone());
                 // Renewed by every answer that cannot be stored, before the
                 // flight (if this request holds it) ends.
@@ -1175,11 +1196,12 @@ impl Engine {
     pub(super) fn stamped(
         &self,
         entry: Entry,
+        scope: Scope,
         tags: &TagSet,
         since: u64,
         store: bool,
     ) -> (Arc<Entry>, bool) {
-        let stamp = self.tags.stamp(tags, since);
+        let stamp = self.tags.stamp(scope, tags, since);
         let store = store && stamp.is_some() && !tags.overflowed();
         (Arc::new(entry.with_stamp(stamp.unwrap_or_default())), store)
     }
@@ -1190,10 +1212,27 @@ impl Engine {
     pub(crate) fn generation_moved(&self, field: Field, generation: u64) {
         self.tags.raise(field, generation);
         self.flights.detach_all();
-        if field == Field::All {
-            // Nothing in it can be served any more: free the memory now.
-            self.l1.clear();
+        // Nothing it voids can be served any more: free the memory now.
+        match field {
+            Field::All => self.l1.clear(),
+            Field::Own(scope) => self
+                .l1
+                .remove_values_if(move |entry| entry.stamp().scope == scope),
+            Field::Bucket(..) => {}
         }
+    }
+
+    /// The namespace `namespace` as the generations name it, known here
+    /// from now on: its purges are heard, and a read of the table loads
+    /// its generations. With Redis, a namespace new to this process makes
+    /// the table untrusted until a whole read covers it (meanwhile an entry
+    /// read from Redis has its generations checked there).
+    pub(crate) fn scope(&self, namespace: &str) -> Scope {
+        let scope = Scope::of(namespace);
+        if self.tags.register(scope) {
+            self.fleet.table_lost(self);
+        }
+        scope
     }
 
     /// Before a rebuilt entry is stamped while the table is not trusted
@@ -1332,6 +1371,7 @@ mod tests {
             early_refresh: None,
             labels: Labels::of("test", "test"),
             refresh_ahead: None,
+            scope: Scope::ROOT,
         }
     }
 
@@ -1395,7 +1435,11 @@ mod tests {
             engine.lookup::<String>(key, &policy(), Instant::now()),
             Looked::Miss(_)
         ));
-        assert!(engine.peek::<String>(&key, Instant::now()).is_none());
-        assert!(engine.peek::<Bytes>(&key, Instant::now()).is_some());
+        assert!(engine
+            .peek::<String>(&key, Scope::ROOT, Instant::now())
+            .is_none());
+        assert!(engine
+            .peek::<Bytes>(&key, Scope::ROOT, Instant::now())
+            .is_some());
     }
 }

@@ -4,8 +4,8 @@
 //! | method and path | body | answer |
 //! |---|---|---|
 //! | `POST` or `DELETE` `/purge/url` | `{"url": "https://host/path?q"}` | `200 {"purged":"url"}`; `400` for a URL that is not one |
-//! | `POST` or `DELETE` `/purge/tag` | `{"tag": "report"}` | `200 {"purged":"tag"}` |
-//! | `POST` or `DELETE` `/purge/all` | none | `200 {"purged":"all"}` |
+//! | `POST` or `DELETE` `/purge/tag` | `{"tag": "report"}` | `200 {"purged":"tag"}` (in the guards' namespaces) |
+//! | `POST` or `DELETE` `/purge/all` | none | `200 {"purged":"all"}` (every entry of the guards' namespaces) |
 //! | `GET` `/stats` | | [`BackendStats`](crate::BackendStats) as JSON |
 //! | `GET` `/health` | | `200` when ready, `503` when degraded; the body says why |
 //!
@@ -30,7 +30,10 @@ use crate::error::{Error, ErrorKind};
 ///
 /// A purge by URL drops the URL's entries under the key rules (namespace,
 /// key function) of each guard given, so give one guard per distinct rule
-/// set (routes in one namespace without a key function share one).
+/// set (routes in one namespace without a key function share one). A purge
+/// by tag or of all reaches the namespaces of the guards given, each once,
+/// and no other namespace on the backend (see
+/// [`StampedeGuard::invalidate_tag`]).
 ///
 /// ```
 /// use axum::{middleware, Router};
@@ -77,7 +80,8 @@ impl Admin {
     }
 
     /// Purges by URL also under `guard`'s key rules (another namespace, or
-    /// a key function). It should be on the same backend.
+    /// a key function), and by tag and of all also in its namespace. It
+    /// should be on the same backend.
     ///
     /// ```
     /// use stampede_guard::{Admin, Backend, StampedeGuard};
@@ -131,18 +135,35 @@ impl Admin {
         Answer::purged("url")
     }
 
+    /// One guard per namespace among the guards given, in order.
+    fn namespaces(&self) -> Vec<&StampedeGuard> {
+        let mut seen = Vec::new();
+        self.guards
+            .iter()
+            .filter(|guard| {
+                let fresh = !seen.contains(&guard.scope());
+                seen.push(guard.scope());
+                fresh
+            })
+            .collect()
+    }
+
     async fn purge_tag(State(admin): State<Admin>, Json(body): Json<TagBody>) -> Answer {
-        match admin.guards[0].invalidate_tag(&body.tag).await {
-            Ok(()) => Answer::purged("tag"),
-            Err(e) => Answer::failed(&e),
+        for guard in admin.namespaces() {
+            if let Err(e) = guard.invalidate_tag(&body.tag).await {
+                return Answer::failed(&e);
+            }
         }
+        Answer::purged("tag")
     }
 
     async fn purge_all(State(admin): State<Admin>) -> Answer {
-        match admin.guards[0].invalidate_all().await {
-            Ok(()) => Answer::purged("all"),
-            Err(e) => Answer::failed(&e),
+        for guard in admin.namespaces() {
+            if let Err(e) = guard.invalidate_all().await {
+                return Answer::failed(&e);
+            }
         }
+        Answer::purged("all")
     }
 
     async fn stats(State(admin): State<Admin>) -> Json<crate::backend::BackendStats> {

@@ -8,6 +8,7 @@ use http::StatusCode;
 
 use crate::engine::{FlightPolicy, RefreshAhead};
 use crate::metrics::Labels;
+use crate::store::generations::Scope;
 
 /// What a waiter does when the route's wait budget runs out before the
 /// rebuild it is waiting on lands. See
@@ -41,6 +42,8 @@ pub(crate) struct FlightSettings {
     pub rebuild_timeout: Duration,
     pub early_refresh: Option<f64>,
     pub refresh_ahead: Option<RefreshAhead>,
+    /// The route's namespace, as the generations name it.
+    pub scope: Scope,
 }
 
 impl Default for FlightSettings {
@@ -52,6 +55,7 @@ impl Default for FlightSettings {
             rebuild_timeout: DEFAULT_REBUILD_TIMEOUT,
             early_refresh: None,
             refresh_ahead: None,
+            scope: Scope::ROOT,
         }
     }
 }
@@ -67,6 +71,7 @@ impl FlightSettings {
             early_refresh: self.early_refresh,
             labels,
             refresh_ahead: self.refresh_ahead,
+            scope: self.scope,
         }
     }
 }

@@ -798,6 +798,16 @@ impl StampedeGuard {
     /// backend. (Requests that name no host are kept apart without it: see
     /// [`new`](Self::new).)
     ///
+    /// A namespace is a service's whole cache world: every purge made
+    /// through this guard ([`invalidate`](Self::invalidate),
+    /// [`invalidate_url`](Self::invalidate_url),
+    /// [`invalidate_tag`](Self::invalidate_tag),
+    /// [`invalidate_all`](Self::invalidate_all), an
+    /// [`Admin`](crate::Admin) router built from it) reaches the entries of
+    /// its namespace only, on every instance of the fleet. Guards and caches
+    /// with the same namespace (or all with none) are one service and share
+    /// their purges.
+    ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::{Backend, StampedeGuard};
     /// let guard = StampedeGuard::new(Backend::local()).namespace("catalog-v2");
@@ -805,7 +815,11 @@ impl StampedeGuard {
     #[must_use]
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let namespace: Arc<str> = Arc::from(namespace.into());
-        self.with(|p| p.keys.namespace = namespace)
+        let scope = self.backend.engine.scope(&namespace);
+        self.with(|p| {
+            p.keys.namespace = namespace;
+            p.flight.scope = scope;
+        })
     }
 
     /// Tags every entry of the route with what `tag_fn` returns for the
@@ -867,9 +881,16 @@ impl StampedeGuard {
     }
 
     /// Drops every entry tagged `tag` (by any route on this backend, or by
-    /// [`tags`](Self::tags)), here and, with a Redis backend, in Redis and
-    /// on every instance: O(1), whatever the number of entries (a generation
-    /// moves; entries recorded the older one).
+    /// [`tags`](Self::tags)) in this guard's [namespace](Self::namespace),
+    /// here and, with a Redis backend, in Redis and on every instance: O(1),
+    /// whatever the number of entries (a generation of the namespace moves;
+    /// entries recorded the older one).
+    ///
+    /// A namespace is a service's whole cache world: the purge reaches the
+    /// entries of every guard and [`Cache`](crate::Cache) with the same
+    /// namespace (two with none share one), on every instance and on either
+    /// backend, and no entry of another namespace on the same backend or
+    /// Redis, whatever its tags.
     ///
     /// The same barrier as [`invalidate`](Self::invalidate): once it returns
     /// `Ok`, no request that starts afterwards, on any instance, is answered
@@ -904,13 +925,16 @@ impl StampedeGuard {
     pub async fn invalidate_tag(&self, tag: &str) -> Result<(), crate::Error> {
         self.backend
             .engine
-            .invalidate_field(Field::of_tag(tag.trim()))
+            .invalidate_field(Field::of_tag(self.policy.flight.scope, tag.trim()))
             .await
     }
 
-    /// Drops every entry of the backend (every route and every
-    /// [`Cache`](crate::Cache) on it), here and on every instance: the same
-    /// barrier and errors as [`invalidate_tag`](Self::invalidate_tag).
+    /// Drops every entry of this guard's [namespace](Self::namespace) (every
+    /// route and every [`Cache`](crate::Cache) on the backend with the same
+    /// namespace; two with none share one), here and on every instance, in
+    /// O(1): the same barrier and errors as
+    /// [`invalidate_tag`](Self::invalidate_tag). The entries of other
+    /// namespaces on the same backend or Redis are kept.
     ///
     /// ```
     /// # use stampede_guard::{Backend, StampedeGuard};
@@ -920,7 +944,11 @@ impl StampedeGuard {
     /// # }
     /// ```
     pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
-        self.backend.engine.invalidate_field(Field::All).await
+        let scope = self.policy.flight.scope;
+        self.backend
+            .engine
+            .invalidate_field(Field::Own(scope))
+            .await
     }
 
     /// This guard with every field `config` sets applied, through the method
@@ -987,6 +1015,12 @@ impl StampedeGuard {
         apply(g, &c.invalidate_on_unsafe, Self::invalidate_on_unsafe)
     }
 
+    /// The namespace, as the generations name it.
+    #[cfg_attr(not(feature = "admin"), allow(dead_code))]
+    pub(crate) fn scope(&self) -> crate::store::generations::Scope {
+        self.policy.flight.scope
+    }
+
     #[cfg(test)]
     pub(crate) fn policy(&self) -> &Policy {
         &self.policy
@@ -1046,7 +1080,9 @@ impl StampedeGuard {
     /// variant of its URL (the entries for other values of the route's
     /// [`vary`](Self::vary) headers), so the next request rebuilds them: in
     /// this process and, with a Redis backend, in Redis and in every
-    /// instance's in-process tier.
+    /// instance's in-process tier. The key holds the guard's
+    /// [namespace](Self::namespace): the same URL's entries in another
+    /// namespace are kept.
     ///
     /// Every variant goes: the entries for other values of the Vary headers,
     /// on a route keyed on `Accept-Encoding` (listed or learned) every

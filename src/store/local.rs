@@ -219,7 +219,6 @@ impl<T: Stored> LocalTier<T> {
     /// Drops every value for which `pred` holds. Once this returns, none of
     /// them is returned again (moka checks the predicate on reads until its
     /// sweep has removed them).
-    #[cfg(feature = "redis")]
     pub(crate) fn remove_values_if(&self, pred: impl Fn(&T) -> bool + Send + Sync + 'static) {
         let predicate = self
             .cache

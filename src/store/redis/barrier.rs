@@ -81,12 +81,19 @@
 //! per group, and retried by the supervisor until Redis has it.
 //!
 //! **The invalidation table.** One hash, `{prefix}:tags`, with a generation
-//! for everything (`all`) and one per tag bucket (`b<n>`). It is one key, in
-//! its own cluster slot, apart from every entry: no script touches it
-//! together with an entry's keys. Entries record the generations they were
-//! built under; each instance keeps the table in memory, moved by the
-//! messages [`bump`](Barrier::bump_generation) publishes and reloaded after
-//! any gap in its subscription, and compares on every read.
+//! above everything (`all`: moved by the repair below, and by versions that
+//! knew no namespaces), and for each namespace one for the whole namespace
+//! and one per tag bucket: `n.all` and `b<n>` for the empty namespace,
+//! `s<hex>.all` and `s<hex>.b<n>` for another (see
+//! [`Field`]). A purge through one namespace moves only its own fields. It
+//! is one key, in its own cluster slot, apart from every entry: no script
+//! touches it together with an entry's keys. Entries record their
+//! namespace and the generations they were built under; each instance
+//! keeps the fields of the namespaces it has guards or caches for in
+//! memory, moved by the messages [`bump`](Barrier::bump_generation)
+//! publishes (a move of another namespace is ignored) and reloaded after
+//! any gap in its subscription or a namespace new to it, and compares on
+//! every read.
 //!
 //! **A Redis that went back in time.** Restored from a copy older than a
 //! purge (or a replica that lagged promoted), Redis may hold entries purged
@@ -127,7 +134,7 @@ use super::notify::Notifier;
 use super::TierError;
 use crate::error::ErrorKind;
 use crate::key::Key;
-use crate::store::generations::{parse_generation, Field, BUCKETS};
+use crate::store::generations::{parse_generation, Field, Scope, BUCKETS};
 use crate::store::millis;
 
 /// How many subscription leases an acknowledgement set is kept: its sender
@@ -436,14 +443,16 @@ impl Barrier {
         fields: Option<&[Field]>,
         floor: u64,
     ) -> Result<(u64, Vec<(Field, u64)>), TierError> {
-        self.load_generations_until(fields, floor, None).await
+        self.load_generations_until(fields, &[], floor, None).await
     }
 
-    /// [`Barrier::load_generations`]; a whole reload with `until` is tried
-    /// again, past the breaker, until Redis answers or that instant passes.
+    /// [`Barrier::load_generations`]; a whole reload (every field of
+    /// `scopes`' namespaces, and `all`) with `until` is tried again, past
+    /// the breaker, until Redis answers or that instant passes.
     pub(crate) async fn load_generations_until(
         &self,
         fields: Option<&[Field]>,
+        scopes: &[Scope],
         floor: u64,
         until: Option<std::time::Instant>,
     ) -> Result<(u64, Vec<(Field, u64)>), TierError> {
@@ -453,7 +462,10 @@ impl Barrier {
             Some(fields) => fields,
             None => {
                 all = std::iter::once(Field::All)
-                    .chain((0..BUCKETS).map(Field::Bucket))
+                    .chain(scopes.iter().flat_map(|&scope| {
+                        std::iter::once(Field::Own(scope))
+                            .chain((0..BUCKETS).map(move |b| Field::Bucket(scope, b)))
+                    }))
                     .collect();
                 &all
             }

@@ -136,7 +136,7 @@ mod tests {
         assert_eq!(
             parse_moved(b"b17:1732270000000001:0123456789abcdef:9"),
             Some((
-                Field::Bucket(17),
+                Field::Bucket(crate::store::generations::Scope::ROOT, 17),
                 1_732_270_000_000_001,
                 "0123456789abcdef",
                 9

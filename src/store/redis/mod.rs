@@ -15,7 +15,7 @@
 //! | `…:l` | rebuild lease: the owner's token | after the lease time, unless renewed |
 //! | `…:n` | fence hash: numbers issued and committed | with its lease (renewals included), then with the value that lease stored (then reseeded from Redis's clock) |
 //! | `{prefix}:members` | the fleet's membership: each instance with the end of its subscription lease, and `born`, when this life of the set began (its own slot; see `barrier.rs`) | two leases after the last renewal |
-//! | `{prefix}:tags` | the invalidation table: a generation for everything and one per tag bucket (its own slot; see `barrier.rs`) | never (a lost one starts again from Redis's clock) |
+//! | `{prefix}:tags` | the invalidation table: a generation above everything, and per namespace one for the namespace and one per tag bucket (its own slot; see `barrier.rs`) | never (a lost one starts again from Redis's clock) |
 //!
 //! Every call has a deadline, judged by its connection's silence, not by
 //! its own wait (a call queued behind a burst, or on a link one network hop
@@ -94,7 +94,7 @@ use redis::RedisError;
 
 use crate::key::Key;
 use crate::metrics::Labels;
-use crate::store::generations::Field;
+use crate::store::generations::{Field, Scope};
 use barrier::Barrier;
 pub(crate) use barrier::Pending;
 use config::TlsPem;
@@ -497,10 +497,11 @@ impl RedisTier {
     pub(crate) async fn load_table_joining(
         self: &Arc<Self>,
         floor: u64,
+        scopes: &[Scope],
     ) -> Result<(u64, Vec<(Field, u64)>), TierError> {
         let until = Instant::now() + self.conns.config.connect_timeout;
         self.barrier
-            .load_generations_until(None, floor, Some(until))
+            .load_generations_until(None, scopes, floor, Some(until))
             .await
     }
 
