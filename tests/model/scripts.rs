@@ -58,12 +58,12 @@ pub const MODELLED: [(&str, &str, &str); 14] = [
     ),
     (
         "bump_generation.lua",
-        "cd72be022c2ed54a17b7834a6ce185565a749c80624dac19ce3bef59153c0111",
+        "3bf36b463e66b334511220ad8f7927e9e22ad010fe4f0499bb9e0a919b2e2749",
         "tags.rs: TagRedis::bump",
     ),
     (
         "load_generations.lua",
-        "212d8932806e291e61a892fab5dab4d647fb9a8403ed27a99453d691a0be7d28",
+        "0acb611dde4b330464e171afd4e9ae752a7b0339913c8f0d7ecbd25c954c3458",
         "tags.rs: TagRedis::load",
     ),
     (

@@ -1,9 +1,11 @@
 -- Move one generation of the namespace's invalidation table (everything, or
 -- one tag bucket), and tell every instance.
 --
--- KEYS[1] table   hash {epoch, purges, all = generation,
---                 b<n> = generation of tag bucket n}
--- ARGV[1] field   `all` or `b<n>`
+-- KEYS[1] table   hash {epoch, purges, all = generation of everything,
+--                 then per service namespace its own generation and one
+--                 per tag bucket n: `n.all` and `b<n>` for no namespace,
+--                 `s<16 hex>.all` and `s<16 hex>.b<n>` for a named one}
+-- ARGV[1] field   one of those generation fields
 -- ARGV[2] channel the namespace's event channel
 -- ARGV[3] signed  `<instance>:<nonce>`, appended to the message
 -- ARGV[4] floor   the highest epoch the caller read (0 for none)

@@ -3,8 +3,9 @@
 -- the other scripts do not (an ACL user confined to the crate's commands can
 -- run it).
 --
--- KEYS[1] table   hash {epoch, purges = purge mark, all = generation,
---                 b<n> = generation of tag bucket n}
+-- KEYS[1] table   hash {epoch, purges = purge mark, all = generation of
+--                 everything, and per service namespace its own and its
+--                 tag buckets' generations (see bump_generation.lua)}
 -- ARGV[1] floor   the epoch the caller knows (0 for none)
 -- ARGV[2] seen    the epoch under which the caller saw its highest purge mark
 -- ARGV[3] mark    that mark (0 for none; see note_purge.lua)
