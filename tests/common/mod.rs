@@ -130,6 +130,7 @@ pub mod items;
 pub mod lock;
 pub mod metrics;
 pub mod monitor;
+pub mod over_cap;
 pub mod proxy;
 pub mod redis;
 pub mod scripted;
