@@ -118,6 +118,7 @@ pub async fn burst(app: &Router, n: usize, make: impl Fn() -> Request<Body>) -> 
 pub fn tally(answers: &[Answer], status: &str) -> usize {
     answers.iter().filter(|a| a.x_cache() == status).count()
 }
+pub mod backends;
 pub mod child;
 pub mod cluster;
 pub mod counting;
@@ -130,6 +131,7 @@ pub mod items;
 pub mod lock;
 pub mod metrics;
 pub mod monitor;
+pub mod over_cap;
 pub mod over_cap;
 pub mod proxy;
 pub mod redis;

@@ -17,43 +17,9 @@ use hyper_util::service::TowerToHyperService;
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::net::TcpListener;
 
+use crate::common::backends::Backends;
 use crate::common::driver::counted_app;
 use crate::common::{send, Answer, Origin};
-
-/// The backends a test runs on, each with what keeps it alive (the Redis
-/// server), and how to make another instance's backend of the same fleet.
-struct Backends {
-    #[cfg(feature = "redis")]
-    redis: crate::common::redis::RedisServer,
-}
-
-impl Backends {
-    fn start() -> Self {
-        Backends {
-            #[cfg(feature = "redis")]
-            redis: crate::common::redis::RedisServer::start(),
-        }
-    }
-
-    /// One backend of each kind, by name.
-    async fn each(&self) -> Vec<(&'static str, Backend)> {
-        vec![
-            ("embedded", Backend::local()),
-            #[cfg(feature = "redis")]
-            ("redis", self.instance().await),
-        ]
-    }
-
-    /// Another instance's backend on the same Redis.
-    #[cfg(feature = "redis")]
-    async fn instance(&self) -> Backend {
-        Backend::redis_builder(&self.redis.url())
-            .deadline(crate::common::ROOMY_DEADLINE)
-            .connect()
-            .await
-            .expect("redis backend")
-    }
-}
 
 fn request(uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
     let mut r = Request::get(uri);

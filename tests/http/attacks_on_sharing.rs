@@ -15,39 +15,10 @@ use axum::routing::any;
 use axum::Router;
 use http::request::Parts;
 use http::{Method, Request, StatusCode};
-use stampede_guard::{Backend, StampedeGuard};
+use stampede_guard::StampedeGuard;
 
+use crate::common::backends::Backends;
 use crate::common::send;
-
-/// The backends a test runs on, and what keeps them alive.
-struct Backends {
-    #[cfg(feature = "redis")]
-    redis: crate::common::redis::RedisServer,
-}
-
-impl Backends {
-    fn start() -> Self {
-        Backends {
-            #[cfg(feature = "redis")]
-            redis: crate::common::redis::RedisServer::start(),
-        }
-    }
-
-    async fn each(&self) -> Vec<(&'static str, Backend)> {
-        vec![
-            ("embedded", Backend::local()),
-            #[cfg(feature = "redis")]
-            (
-                "redis",
-                Backend::redis_builder(&self.redis.url())
-                    .deadline(crate::common::ROOMY_DEADLINE)
-                    .connect()
-                    .await
-                    .expect("redis backend"),
-            ),
-        ]
-    }
-}
 
 /// Counts the handler's calls.
 #[derive(Clone, Default)]
