@@ -98,6 +98,20 @@ pub async fn send(app: &Router, request: Request<Body>) -> Answer {
     collect(app.clone().oneshot(request).await.expect("infallible")).await
 }
 
+/// Asks `app` for `/report` every 100 ms, up to `tries` times, until it
+/// answers `want`; returns the last answer.
+pub async fn read_until(app: &Router, want: &str, tries: usize) -> Answer {
+    let mut answer = send(app, get("/report")).await;
+    for _ in 0..tries {
+        if answer.text() == want {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        answer = send(app, get("/report")).await;
+    }
+    answer
+}
+
 /// Sends `n` copies of a request at once, each from its own task.
 pub async fn burst(app: &Router, n: usize, make: impl Fn() -> Request<Body>) -> Vec<Answer> {
     let tasks: Vec<_> = (0..n)
@@ -131,7 +145,6 @@ pub mod items;
 pub mod lock;
 pub mod metrics;
 pub mod monitor;
-pub mod over_cap;
 pub mod over_cap;
 pub mod proxy;
 pub mod redis;

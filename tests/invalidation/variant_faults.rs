@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::common::driver::{versioned_app, Versioned};
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
-use crate::common::{get as get_req, send, Answer};
+use crate::common::{get as get_req, read_until, send};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -36,20 +36,6 @@ fn evict(redis: &RedisServer, pattern: &str) -> usize {
         "0",
     ]);
     reply.trim_start_matches(':').parse().expect("a count")
-}
-
-/// Asks `app` for `/report` every 100 ms, up to `tries` times, until it
-/// answers `want`; returns the last answer.
-async fn read_until(app: &Router, want: &str, tries: usize) -> Answer {
-    let mut answer = send(app, get_req("/report")).await;
-    for _ in 0..tries {
-        if answer.text() == want {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        answer = send(app, get_req("/report")).await;
-    }
-    answer
 }
 
 // ---------------------------------------------------------------------------

@@ -17,19 +17,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::lock::{backend, held_locks, over_keys};
+use crate::common::monitor::within;
 use crate::common::redis::RedisServer;
 use stampede_guard::{Backend, Lock, LockError, LockOwner};
-
-async fn eventually(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("not within {limit:?}: {what}");
-}
 
 async fn conn(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
@@ -429,10 +419,6 @@ fn stall_pipe(
     let _ = to.shutdown(std::net::Shutdown::Write);
 }
 
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    redis.command_calls().get("evalsha").copied().unwrap_or(0)
-}
-
 /// Promise 7: an acquisition whose reply never came is undone "by its token
 /// and attempt id, sent after it on the same connection". When the tier
 /// swaps in new connections (its keepalive found the old link stalled)
@@ -464,12 +450,12 @@ async fn stalled_attempt_scenario() -> Option<(String, bool)> {
     let lock = Lock::new(backend(&link.url(), Duration::from_millis(600)).await)
         .lease(Duration::from_secs(20));
     let opened = link.accepted.load(Ordering::SeqCst);
-    let before = evalsha_calls(&redis);
+    let before = redis.evalsha_calls();
 
     link.stall_open_connections();
     // The tier's idle keepalive pings the (stalled) subscriber; it will time
     // out and the tier will open new connections.
-    eventually("the keepalive ping is sent", Duration::from_secs(3), || {
+    within("the keepalive ping is sent", Duration::from_secs(3), || {
         link.held.load(Ordering::SeqCst) > 0
     })
     .await;
@@ -484,12 +470,12 @@ async fn stalled_attempt_scenario() -> Option<(String, bool)> {
     // Give the background undo its chance to run (on the new connection,
     // it is answered at once).
     for _ in 0..100 {
-        if evalsha_calls(&redis) > before {
+        if redis.evalsha_calls() > before {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let undone_early = evalsha_calls(&redis) > before;
+    let undone_early = redis.evalsha_calls() > before;
     // The stalled path delivers what it held.
     link.release();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -522,7 +508,7 @@ async fn release_while_redis_is_busy_in_a_slow_script_frees_the_lock_once_it_ans
         let mut reply = [0u8; 256];
         let _ = stream.read(&mut reply);
     });
-    eventually("Redis is busy", Duration::from_secs(2), || {
+    within("Redis is busy", Duration::from_secs(2), || {
         redis.raw(&["GET", "x"]).starts_with("-BUSY")
     })
     .await;

@@ -52,10 +52,6 @@ fn wait_promoted(setup: &SentinelSetup, sentinel: usize, limit: Duration) {
     panic!("the replica was not promoted within {limit:?}");
 }
 
-fn evalsha_calls(server: &crate::common::redis::RedisServer) -> u64 {
-    server.command_calls().get("evalsha").copied().unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_first_sentinel_does_not_hold_back_the_failover() {
     let mut setup = SentinelSetup::start_with(3, &[]);
@@ -118,7 +114,7 @@ async fn an_old_primary_resumed_after_the_failover_takes_no_writes() {
         role.contains("role:master"),
         "the old primary still says it is one: the split-brain window is open"
     );
-    let scripts_before = evalsha_calls(&setup.primary);
+    let scripts_before = setup.primary.evalsha_calls();
 
     // The instances use the lock (with one that connected after the
     // switch): they exclude each other, and every token is greater than
@@ -126,7 +122,7 @@ async fn an_old_primary_resumed_after_the_failover_takes_no_writes() {
     let c = Lock::new(connect(&setup.url()).await);
     take_turns(&[&a, &b, &c], 12, *before.iter().max().unwrap()).await;
     assert_eq!(
-        evalsha_calls(&setup.primary),
+        setup.primary.evalsha_calls(),
         scripts_before,
         "no script ran on the old primary after the switch"
     );
@@ -183,12 +179,12 @@ async fn a_switch_whose_old_primary_still_answers_moves_every_instance() {
             .contains("role:master"),
         "the old primary still says it is one: the split-brain window is open"
     );
-    let scripts_before = evalsha_calls(&setup.primary);
+    let scripts_before = setup.primary.evalsha_calls();
     // C connects after the switch, to the new primary.
     let c = Lock::new(connect(&setup.url()).await);
     take_turns(&[&a, &b, &c], 12, newest).await;
     assert_eq!(
-        evalsha_calls(&setup.primary),
+        setup.primary.evalsha_calls(),
         scripts_before,
         "no script ran on the old primary after the switch"
     );
