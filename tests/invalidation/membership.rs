@@ -10,7 +10,7 @@ use std::time::Duration;
 
 #[cfg(feature = "redis-cluster")]
 use crate::common::cluster::Cluster;
-use crate::common::fleet::{backend_at, fleet, wait_until_available, Instance};
+use crate::common::fleet::{backend_at, fleet, members, settled, wait_until_available, Instance};
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
 use crate::common::{get, send, Origin};
@@ -23,22 +23,6 @@ const HANG: Duration = Duration::from_secs(30);
 
 fn ttl(guard: StampedeGuard) -> StampedeGuard {
     guard.ttl(Duration::from_secs(60))
-}
-
-/// The fleet's members as Redis holds them (expired ones included).
-fn members(redis: &RedisServer) -> Vec<String> {
-    let reply = redis.raw(&[
-        "EVAL",
-        "return table.concat(redis.call('ZRANGE', KEYS[1], 0, -1), ' ')",
-        "1",
-        "sg:members",
-    ]);
-    // `born` marks when this life of the set began: not a member.
-    reply
-        .split_whitespace()
-        .filter(|m| *m != "born")
-        .map(str::to_owned)
-        .collect()
 }
 
 /// Adds `member` to the membership with a score `ahead_ms` past Redis's
@@ -54,18 +38,6 @@ fn forge(redis: &RedisServer, member_lua: &str, ahead_ms: i64, raw: Option<&str>
         "local t = redis.call('TIME') return redis.call('ZADD', KEYS[1], {score}, {member_lua})"
     );
     assert_eq!(redis.raw(&["EVAL", &script, "1", "sg:members"]), ":1");
-}
-
-/// What `instance` serves `uri` with once it answers from its L1.
-async fn settled(instance: &Instance, uri: &str) -> String {
-    for _ in 0..200 {
-        let answer = send(&instance.app, get(uri)).await;
-        if answer.x_cache() == "HIT" {
-            return answer.text();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the instance did not settle");
 }
 
 async fn single(redis: &RedisServer, k: usize, origin: &Origin) -> Vec<Instance> {

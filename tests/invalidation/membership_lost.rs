@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::common::fleet::{backend_at, fleet, Instance};
+use crate::common::fleet::{backend_at, fleet, settled};
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
 use crate::common::{get, send, Origin};
@@ -21,17 +21,6 @@ fn ttl(guard: StampedeGuard) -> StampedeGuard {
     guard
         .ttl(Duration::from_secs(60))
         .tags(|_req| vec!["product:42".to_owned()])
-}
-
-async fn settled(instance: &Instance, uri: &str) -> String {
-    for _ in 0..200 {
-        let answer = send(&instance.app, get(uri)).await;
-        if answer.x_cache() == "HIT" {
-            return answer.text();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the instance did not settle");
 }
 
 #[derive(Clone, Copy, Debug)]
