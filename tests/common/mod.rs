@@ -150,6 +150,7 @@ pub mod proxy;
 pub mod redis;
 pub mod scripted;
 pub mod sentinel;
+pub mod server;
 #[cfg(feature = "redis-cluster")]
 pub mod shards;
 pub mod status;

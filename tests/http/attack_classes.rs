@@ -11,14 +11,12 @@ use axum::Router;
 use http::{HeaderMap, Request};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
+use hyper_util::rt::TokioExecutor;
 use stampede_guard::{Backend, StampedeGuard};
-use tokio::net::TcpListener;
 
 use crate::common::backends::Backends;
 use crate::common::driver::counted_app;
+use crate::common::server::serve;
 use crate::common::{send, Answer, Origin};
 
 fn request(uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
@@ -489,26 +487,6 @@ async fn a_variant_keeps_its_vary_whatever_names_it() {
             assert!(origin.calls() >= 2, "{case}");
         }
     }
-}
-
-/// Serves `app` on a port of its own.
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let service = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
 }
 
 /// GETs `path` at `addr` over HTTP/1.1, with `host` as `Host` if given

@@ -71,7 +71,8 @@ fn get(uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
     request(Method::GET, uri, headers)
 }
 
-use crate::review_attacks::{raw, serve};
+use crate::common::server::serve;
+use crate::review_attacks::raw;
 
 fn query(parts: &Parts) -> &str {
     parts.uri.query().unwrap_or("")

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::common::server::serve;
 use crate::common::{get as get_req, send, Origin};
 use axum::body::Body;
 use axum::extract::Query;
@@ -16,34 +17,13 @@ use axum::Router;
 use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, HOST, LOCATION};
 use http::{HeaderMap, Request, StatusCode, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tower_http::compression::CompressionLayer;
 
 fn guard() -> StampedeGuard {
     StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let service = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
 }
 
 /// One hand-written request on its own connection: status and headers

@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::common::server::serve;
 use crate::common::{get as get_req, send, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
@@ -14,11 +15,9 @@ use axum::Router;
 use http::header::{HOST, LOCATION};
 use http::{HeaderMap, HeaderName, Request, StatusCode, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 fn guard() -> StampedeGuard {
     StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
@@ -56,26 +55,6 @@ fn redirect_app(origin: &Origin, guard: StampedeGuard) -> Router {
     Router::new()
         .route("/old", get(handler.clone()).post(handler))
         .layer(guard)
-}
-
-/// Serves `app` with hyper (HTTP/1 and HTTP/2 by prior knowledge).
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let service = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
 }
 
 /// Status, headers (lowercase names) and the rest, of one request written by

@@ -13,12 +13,9 @@ use axum::routing::get;
 use axum::Router;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
@@ -26,30 +23,12 @@ use crate::common::driver::counted_app;
 #[cfg(feature = "redis")]
 use crate::common::over_cap::big_app_on;
 use crate::common::over_cap::{big_app, expected};
+use crate::common::server::serve;
 use crate::common::{send, Origin};
 
 /// Far beyond any time these requests and bodies need (the spool's ten
 /// seconds of patience included): a bound on a wait, never a measurement.
 const GENEROUS: Duration = Duration::from_secs(60);
-
-pub(crate) async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let service = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
-}
 
 /// One hand-written request on its own connection: the status and the body
 /// (everything after the head; a `Connection: close` request gets an
