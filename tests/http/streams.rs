@@ -148,6 +148,30 @@ async fn a_body_shorter_than_its_declared_length_is_not_stored_as_complete() {
     assert_eq!(origin.calls(), 2, "nothing was stored");
 }
 
+/// Four GETs of `app` at once, on a current-thread runtime: each task gets
+/// 200 turns to join the flight before `gate` lets the origin answer.
+/// Returns what each read, as [`fetch`] reports it, within `PATIENCE`.
+async fn four_waiters(
+    app: &Router,
+    gate: &Notify,
+) -> Vec<(Option<usize>, Result<Bytes, String>, String)> {
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { fetch(&app, req("GET", &[])).await })
+        })
+        .collect();
+    for _ in 0..200 {
+        tokio::task::yield_now().await;
+    }
+    gate.notify_one();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(tokio::time::timeout(PATIENCE, t).await.unwrap().unwrap());
+    }
+    answers
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_shared_body_over_the_cap_never_ends_short_of_its_content_length() {
     // Declared 5000 (over the 1 KiB cap), the origin ends after 1500. Each
@@ -164,18 +188,7 @@ async fn a_shared_body_over_the_cap_never_ends_short_of_its_content_length() {
         parts,
         guard().max_body_bytes(1024),
     );
-    let tasks: Vec<_> = (0..4)
-        .map(|_| {
-            let app = app.clone();
-            tokio::spawn(async move { fetch(&app, req("GET", &[])).await })
-        })
-        .collect();
-    for _ in 0..200 {
-        tokio::task::yield_now().await;
-    }
-    gate.notify_one();
-    for t in tasks {
-        let (cl, body, x) = tokio::time::timeout(PATIENCE, t).await.unwrap().unwrap();
+    for (cl, body, x) in four_waiters(&app, &gate).await {
         if let (Some(cl), Ok(body)) = (cl, &body) {
             assert_eq!(cl, body.len(), "{x}: a clean end short of Content-Length");
         }
@@ -199,18 +212,7 @@ async fn a_shared_body_over_the_cap_never_runs_past_its_content_length() {
         parts,
         guard().max_body_bytes(1024),
     );
-    let tasks: Vec<_> = (0..4)
-        .map(|_| {
-            let app = app.clone();
-            tokio::spawn(async move { fetch(&app, req("GET", &[])).await })
-        })
-        .collect();
-    for _ in 0..200 {
-        tokio::task::yield_now().await;
-    }
-    gate.notify_one();
-    for t in tasks {
-        let (cl, body, x) = tokio::time::timeout(PATIENCE, t).await.unwrap().unwrap();
+    for (cl, body, x) in four_waiters(&app, &gate).await {
         if x == "COALESCED"
             && let (Some(cl), Ok(body)) = (cl, &body)
         {
