@@ -118,6 +118,43 @@ pub fn slow_app(origin: &Origin, finished: &Arc<AtomicUsize>, guard: StampedeGua
     })
 }
 
+/// `/k/{id}`: counts the call in `origin`, takes 20 ms and answers
+/// `v<id>`; while `failing` is set, the call for key `id` panics
+/// (`id % 3 == 0`), never ends (`1`) or answers 503 (`2`), that 503 marked
+/// `no-store` if `no_store`.
+pub fn churn_app(
+    origin: &Origin,
+    failing: &Arc<AtomicBool>,
+    no_store: bool,
+    guard: StampedeGuard,
+) -> Router {
+    let (origin, failing) = (origin.clone(), failing.clone());
+    Router::new().route(
+        "/k/{id}",
+        get(move |axum::extract::Path(id): axum::extract::Path<u32>| {
+            let (origin, failing) = (origin.clone(), failing.clone());
+            async move {
+                let _ = origin.enter();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if failing.load(Ordering::SeqCst) {
+                    match id % 3 {
+                        0 => panic!("on purpose"),
+                        1 => std::future::pending::<()>().await,
+                        _ => {}
+                    }
+                    if no_store {
+                        let no_store = [(http::header::CACHE_CONTROL, "no-store")];
+                        return (StatusCode::SERVICE_UNAVAILABLE, no_store, "x").into_response();
+                    }
+                    return (StatusCode::SERVICE_UNAVAILABLE, "x").into_response();
+                }
+                format!("v{id}").into_response()
+            }
+        })
+        .layer(guard),
+    )
+}
+
 /// `/report`: answers `v<call>`, or, while `failing` is set, what `fail`
 /// gives.
 pub fn flaky_app<F, Fut>(

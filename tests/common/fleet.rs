@@ -228,3 +228,27 @@ pub fn members(redis: &RedisServer) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// How many keys of one kind (`l`: leases, `v`: values, `n`: fences, the
+/// last segment of the key) Redis holds.
+pub fn keys_of_kind(redis: &RedisServer, kind: &str) -> usize {
+    let reply = redis.raw(&[
+        "EVAL",
+        &format!("return #redis.call('KEYS', '*:{kind}')"),
+        "0",
+    ]);
+    reply.trim_start_matches(':').parse().expect("a count")
+}
+
+/// Deletes every key matching `pattern`, as eviction would; how many.
+pub fn evict(redis: &RedisServer, pattern: &str) -> usize {
+    let reply = redis.raw(&[
+        "EVAL",
+        &format!(
+            "local n = 0; for _, k in ipairs(redis.call('KEYS', '{pattern}')) do \
+             n = n + redis.call('DEL', k) end; return n"
+        ),
+        "0",
+    ]);
+    reply.trim_start_matches(':').parse().expect("a count")
+}

@@ -6,7 +6,7 @@
 //! that fail here document a promise that does not hold.
 #![cfg(feature = "redis")]
 
-use crate::common::fleet::{backend_at, keys_like};
+use crate::common::fleet::{backend_at, evict, keys_like};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -24,19 +24,6 @@ use http::header::{ACCEPT_LANGUAGE, SET_COOKIE};
 use http::{HeaderMap, Request};
 use stampede_guard::StampedeGuard;
 use tokio::sync::Notify;
-
-/// Deletes every key matching `pattern`, as eviction would.
-fn evict(redis: &RedisServer, pattern: &str) -> usize {
-    let reply = redis.raw(&[
-        "EVAL",
-        &format!(
-            "local n = 0; for _, k in ipairs(redis.call('KEYS', '{pattern}')) do \
-             n = n + redis.call('DEL', k) end; return n"
-        ),
-        "0",
-    ]);
-    reply.trim_start_matches(':').parse().expect("a count")
-}
 
 // ---------------------------------------------------------------------------
 // Promise 1: an instance whose link to Redis is frozen (bytes stop both
