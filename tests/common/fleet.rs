@@ -252,3 +252,13 @@ pub fn evict(redis: &RedisServer, pattern: &str) -> usize {
     ]);
     reply.trim_start_matches(':').parse().expect("a count")
 }
+
+/// How many connections of `server` subscribe to the fleet's event channel.
+pub fn event_subscribers(server: &RedisServer) -> u64 {
+    let reply = server.raw(&[
+        "EVAL",
+        "return redis.call('PUBSUB', 'NUMSUB', 'sg:events')[2]",
+        "0",
+    ]);
+    reply.trim_start_matches(':').parse().expect("a count")
+}

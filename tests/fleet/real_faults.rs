@@ -14,7 +14,7 @@ use crate::common::driver::{
     churn_app, connect, counted_app, fleet_apps, join_all, spawn_request, versioned_app, Versioned,
     HERD,
 };
-use crate::common::fleet::{evict, keys_of_kind};
+use crate::common::fleet::{event_subscribers, evict, keys_of_kind};
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
 use crate::common::{get as get_req, send, Answer, Origin};
@@ -28,15 +28,6 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 /// Subscribers of the default namespace's event channel.
-fn subscribers(redis: &RedisServer) -> usize {
-    let reply = redis.raw(&[
-        "EVAL",
-        "return redis.call('PUBSUB', 'NUMSUB', 'sg:events')[2]",
-        "0",
-    ]);
-    reply.trim_start_matches(':').parse().expect("a count")
-}
-
 async fn backend_at(url: &str, deadline: Duration, probe: Duration) -> Backend {
     Backend::redis_builder(url)
         .deadline(deadline)
@@ -211,12 +202,12 @@ async fn an_idle_instance_whose_link_died_silently_subscribes_again() {
     assert_eq!(send(&b, get_req("/report")).await.text(), "v1");
     let cached = send(&b, get_req("/report")).await;
     assert_eq!((cached.text().as_str(), cached.x_cache()), ("v1", "HIT"));
-    assert_eq!(subscribers(&redis), 2);
+    assert_eq!(event_subscribers(&redis), 2);
 
     // B's connections die without a word while B is idle.
     proxy.drop_existing();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(subscribers(&redis), 1, "Redis forgot B's subscriber");
+    assert_eq!(event_subscribers(&redis), 1, "Redis forgot B's subscriber");
     a_guard
         .invalidate(&get_req("/report"))
         .await
@@ -227,7 +218,7 @@ async fn an_idle_instance_whose_link_died_silently_subscribes_again() {
     // silent, subscribed again, and dropped what it could not confirm.
     tokio::time::sleep(Duration::from_millis(3500)).await;
     let after = send(&b, get_req("/report")).await;
-    let subs = subscribers(&redis);
+    let subs = event_subscribers(&redis);
     assert!(
         !(after.text() == "v1" && after.x_cache() == "HIT") && subs == 2,
         "3.5 s after its link died B still answers {} ({}), Redis has {subs} subscriber(s) \

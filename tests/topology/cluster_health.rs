@@ -14,7 +14,7 @@ use crate::common::cluster::Cluster;
 use crate::common::fleet::{fleet, keys_like, Instance};
 use crate::common::monitor::holds_within;
 use crate::common::redis::RedisServer;
-use crate::common::shards::{connect, round, stats, uri_on};
+use crate::common::shards::{connect, round, stats, subscribed_primary, uri_on};
 use crate::common::{get as get_req, Origin};
 
 const DEADLINE: Duration = Duration::from_millis(500);
@@ -71,12 +71,7 @@ async fn one_bad_primary(fault: Fault) {
     // The healthy primary under test is the one the subscriptions are on
     // (losing the subscription is another fault, with tests of its own).
     let masters = cluster.masters();
-    let subscribers = |i: &usize| {
-        let numsub = "return redis.call('PUBSUB', 'NUMSUB', 'sg:events')[2]";
-        let reply = cluster.nodes[*i].raw(&["EVAL", numsub, "0"]);
-        reply.trim_start_matches(':').parse::<u64>().unwrap_or(0)
-    };
-    let healthy = *masters.iter().max_by_key(|i| subscribers(i)).unwrap();
+    let healthy = subscribed_primary(&cluster);
     let bad = *masters.iter().find(|&&i| i != healthy).unwrap();
     let good_uri = uri_on(&instances, &cluster.nodes[healthy], &[]);
     let bad_uri = uri_on(&instances, &cluster.nodes[bad], &[]);
