@@ -94,6 +94,41 @@ pub fn get(uri: &str) -> Request<Body> {
     Request::get(uri).body(Body::empty()).unwrap()
 }
 
+/// A request with `method` for `uri`, with `headers` (in order) and no body.
+pub fn request_with<M>(method: M, uri: &str, headers: &[(&str, &str)]) -> Request<Body>
+where
+    http::Method: TryFrom<M>,
+    <http::Method as TryFrom<M>>::Error: Into<http::Error>,
+{
+    let mut r = Request::builder().method(method).uri(uri);
+    for (name, value) in headers {
+        r = r.header(*name, *value);
+    }
+    r.body(Body::empty()).unwrap()
+}
+
+/// Fails if `answer` (to `what`) carries a tag header: `Surrogate-Key` or
+/// `Cache-Tag`.
+pub fn no_tags(answer: &Answer, what: &str) {
+    for name in ["surrogate-key", "cache-tag"] {
+        assert!(
+            answer.headers.get(name).is_none(),
+            "{name} leaked on {what}: {:?}",
+            answer.headers
+        );
+    }
+}
+
+/// Every `Cache-Status` line of an answer.
+pub fn cache_status(answer: &Answer) -> Vec<String> {
+    answer
+        .headers
+        .get_all("cache-status")
+        .iter()
+        .map(|v| v.to_str().expect("visible ASCII").to_owned())
+        .collect()
+}
+
 pub async fn send(app: &Router, request: Request<Body>) -> Answer {
     collect(app.clone().oneshot(request).await.expect("infallible")).await
 }

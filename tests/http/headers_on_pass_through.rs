@@ -7,39 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{get as request, send, Answer, Origin};
+use crate::common::{cache_status, get as request, no_tags, request_with, send, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
 use http::{header, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
-
-fn members(answer: &Answer) -> Vec<String> {
-    answer
-        .headers
-        .get_all("cache-status")
-        .iter()
-        .map(|v| v.to_str().expect("visible ASCII").to_owned())
-        .collect()
-}
-
-fn no_tags(answer: &Answer, what: &str) {
-    for name in ["surrogate-key", "cache-tag"] {
-        assert!(
-            answer.headers.get(name).is_none(),
-            "{name} leaked on {what}: {:?}",
-            answer.headers
-        );
-    }
-}
-
-fn with(uri: &str, headers: &[(&str, &str)], method: &str) -> Request<axum::body::Body> {
-    let mut b = Request::builder().method(method).uri(uri);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(axum::body::Body::empty()).unwrap()
-}
 
 /// `/r` answers every method with both tag headers, an upstream member.
 fn tagged_app(origin: &Origin, guard: StampedeGuard) -> Router {
@@ -79,21 +52,21 @@ async fn a_passed_through_answer_carries_no_tag_header() {
     for (what, req) in [
         (
             "credentials",
-            with("/r", &[("authorization", "Bearer x")], "GET"),
+            request_with("GET", "/r", &[("authorization", "Bearer x")]),
         ),
-        ("a cookie", with("/r", &[("cookie", "s=1")], "GET")),
+        ("a cookie", request_with("GET", "/r", &[("cookie", "s=1")])),
         (
             "request no-store",
-            with("/r", &[("cache-control", "no-store")], "GET"),
+            request_with("GET", "/r", &[("cache-control", "no-store")]),
         ),
-        ("POST", with("/r", &[], "POST")),
-        ("key_fn None", with("/r?nokey", &[], "GET")),
+        ("POST", request_with("POST", "/r", &[])),
+        ("key_fn None", request_with("GET", "/r?nokey", &[])),
         (
             "upgrade",
-            with(
+            request_with(
+                "GET",
                 "/r",
                 &[("upgrade", "websocket"), ("connection", "upgrade")],
-                "GET",
             ),
         ),
     ] {
@@ -104,7 +77,7 @@ async fn a_passed_through_answer_carries_no_tag_header() {
     // With `invalidate_on_unsafe` on (the default), too.
     let origin = Origin::default();
     let app = tagged_app(&origin, StampedeGuard::new(Backend::local()));
-    let answer = send(&app, with("/r", &[], "DELETE")).await;
+    let answer = send(&app, request_with("DELETE", "/r", &[])).await;
     no_tags(&answer, "DELETE");
 }
 
@@ -114,7 +87,11 @@ async fn an_exposing_route_keeps_them_on_a_pass_through() {
     let origin = Origin::default();
     let guard = StampedeGuard::new(Backend::local()).expose_tag_headers(true);
     let app = tagged_app(&origin, guard);
-    let answer = send(&app, with("/r", &[("authorization", "Bearer x")], "GET")).await;
+    let answer = send(
+        &app,
+        request_with("GET", "/r", &[("authorization", "Bearer x")]),
+    )
+    .await;
     assert_eq!(
         answer.headers.get("surrogate-key").unwrap(),
         "secret-tenant-7 internal"
@@ -268,11 +245,11 @@ async fn a_malformed_upstream_member_does_not_swallow_ours() {
             ("a miss", request("/r")),
             (
                 "a pass-through",
-                with("/r", &[("authorization", "x")], "GET"),
+                request_with("GET", "/r", &[("authorization", "x")]),
             ),
         ] {
             let answer = send(&app, req).await;
-            let all = members(&answer);
+            let all = cache_status(&answer);
             let field = all.join(", ");
             assert!(is_sf_list(&field), "{upstream:?} on {what}: {field:?}");
             assert!(
@@ -324,13 +301,16 @@ async fn a_renewing_304_slips_nothing_into_the_entry() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     for (what, req) in [
         ("GET", request("/p")),
-        ("HEAD", with("/p", &[], "HEAD")),
-        ("304", with("/p", &[("if-none-match", "\"e\"")], "GET")),
+        ("HEAD", request_with("HEAD", "/p", &[])),
+        (
+            "304",
+            request_with("GET", "/p", &[("if-none-match", "\"e\"")]),
+        ),
     ] {
         let hit = send(&app, req).await;
         assert_eq!(hit.x_cache(), "HIT", "{what}");
         no_tags(&hit, what);
-        let all = members(&hit);
+        let all = cache_status(&hit);
         assert_eq!(all.len(), 1, "{what}: {all:?}");
         assert!(all[0].starts_with("stampede-guard; hit; ttl="), "{all:?}");
     }
@@ -452,7 +432,7 @@ async fn a_timed_out_waiter_and_a_hit_for_miss_request_say_so_validly() {
     }
     let waiter = send(&app, request("/w")).await;
     assert_eq!(waiter.status, StatusCode::SERVICE_UNAVAILABLE);
-    let all = members(&waiter);
+    let all = cache_status(&waiter);
     assert_eq!(all.len(), 1, "{all:?}");
     assert!(is_sf_list(&all[0]), "{all:?}");
     assert!(all[0].contains("detail=wait-timeout"), "{all:?}");
@@ -464,7 +444,7 @@ async fn a_timed_out_waiter_and_a_hit_for_miss_request_say_so_validly() {
     let starter = starter.await.unwrap();
     assert_eq!(starter.text(), "mine");
     no_tags(&starter, "a private answer");
-    assert!(is_sf_list(&members(&starter).join(", ")));
+    assert!(is_sf_list(&cache_status(&starter).join(", ")));
 
     // The window: the next request runs its own rebuild, not stored.
     gate.add_permits(1);
@@ -472,7 +452,7 @@ async fn a_timed_out_waiter_and_a_hit_for_miss_request_say_so_validly() {
     assert_eq!(alone.text(), "mine");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     no_tags(&alone, "a hit-for-miss request");
-    let all = members(&alone);
+    let all = cache_status(&alone);
     assert_eq!(all.len(), 1, "{all:?}");
     assert!(is_sf_list(&all[0]), "{all:?}");
     assert!(all[0].starts_with("stampede-guard; fwd="), "{all:?}");

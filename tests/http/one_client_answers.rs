@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::driver::counted_app;
-use crate::common::{get as get_req, send, Origin};
+use crate::common::{get as get_req, request_with, send, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -18,14 +18,6 @@ use stampede_guard::{Backend, StampedeGuard};
 
 fn guard() -> StampedeGuard {
     StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
-
-fn request(m: Method, uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut r = Request::builder().method(m).uri(uri);
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    r.body(Body::empty()).unwrap()
 }
 
 /// A request with credentials, in any spelling, is neither answered from
@@ -42,7 +34,7 @@ async fn credentials_in_any_spelling_bypass() {
         let origin = Origin::default();
         let app = counted_app(&origin, guard(), |n| async move { format!("v{n}") });
         assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
-        let with = send(&app, request(Method::GET, "/report", &[(name, value)])).await;
+        let with = send(&app, request_with(Method::GET, "/report", &[(name, value)])).await;
         assert_eq!(with.x_cache(), "BYPASS", "{name}: {value}");
         assert_eq!(with.text(), "v2", "{name}: answered from the cache");
         assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
@@ -118,7 +110,7 @@ fn slow_reader(version: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
 /// A request that names its host: guards on one backend (the embedded
 /// stand-in for two instances) share its entries.
 fn lang(l: &str) -> Request<Body> {
-    request(Method::GET, "/doc", &[("host", "docs.test"), ("x-lang", l)])
+    request_with(Method::GET, "/doc", &[("host", "docs.test"), ("x-lang", l)])
 }
 
 /// `invalidate` drops every variant on every instance, and is a barrier: a

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::common::driver::{counted_app, slow_app};
-use crate::common::{burst, get as get_req, send, Answer, Origin};
+use crate::common::{burst, get as get_req, request_with, send, Answer, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -26,14 +26,6 @@ fn guard() -> StampedeGuard {
 
 fn date(t: SystemTime) -> HeaderValue {
     HeaderValue::from_str(&httpdate::fmt_http_date(t)).unwrap()
-}
-
-fn with(uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut r = Request::get(uri);
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    r.body(Body::empty()).unwrap()
 }
 
 /// `/report` answering `v<call>` with `headers` (made per call).
@@ -129,7 +121,8 @@ async fn huge_numbers_in_every_header_never_panic() {
     assert_eq!(hit.text(), "v1");
     assert_eq!(hit.x_cache(), "HIT");
     // And on the request side.
-    let odd = with(
+    let odd = request_with(
+        "GET",
         "/report",
         &[
             ("if-modified-since", "Fri, 31 Dec 9999 23:59:59 GMT"),
@@ -220,7 +213,11 @@ async fn a_request_no_store_in_any_spelling_stores_nothing() {
         let origin = Origin::default();
         let guard = guard().respect_request_cache_control(true);
         let app = app_with(&origin, guard, Vec::new);
-        let first = send(&app, with("/report", &[("cache-control", line)])).await;
+        let first = send(
+            &app,
+            request_with("GET", "/report", &[("cache-control", line)]),
+        )
+        .await;
         assert_eq!(first.x_cache(), "BYPASS", "{line}");
         assert_eq!(send(&app, get_req("/report")).await.text(), "v2", "{line}");
     }
@@ -267,7 +264,11 @@ async fn conditions_are_answered_from_the_cache_by_the_rfc() {
         "*",
         " \"q\" ,, \"a,b\" ",
     ] {
-        let a = send(&app, with("/report", &[("if-none-match", inm)])).await;
+        let a = send(
+            &app,
+            request_with("GET", "/report", &[("if-none-match", inm)]),
+        )
+        .await;
         assert_304(&a, inm);
         let head = Request::head("/report")
             .header(IF_NONE_MATCH, inm)
@@ -283,7 +284,11 @@ async fn conditions_are_answered_from_the_cache_by_the_rfc() {
         "W/\"a\", \"b\"",
         "*, \"a,b\"",
     ] {
-        let a = send(&app, with("/report", &[("if-none-match", inm)])).await;
+        let a = send(
+            &app,
+            request_with("GET", "/report", &[("if-none-match", inm)]),
+        )
+        .await;
         assert_eq!(a.status, StatusCode::OK, "{inm}");
         assert_eq!(a.text(), "v1", "{inm}");
     }
@@ -291,7 +296,8 @@ async fn conditions_are_answered_from_the_cache_by_the_rfc() {
     // list, or next to a non-matching If-None-Match, a 200.
     let a = send(
         &app,
-        with(
+        request_with(
+            "GET",
             "/report",
             &[("if-modified-since", "Sun, 01 Nov 2026 00:00:00 GMT")],
         ),
@@ -305,12 +311,13 @@ async fn conditions_are_answered_from_the_cache_by_the_rfc() {
             "Sun, 01 Nov 2026 00:00:00 GMT, Sun, 01 Nov 2026 00:00:00 GMT",
         ),
     ] {
-        let a = send(&app, with("/report", &[(k, v)])).await;
+        let a = send(&app, request_with("GET", "/report", &[(k, v)])).await;
         assert_eq!(a.status, StatusCode::OK, "{v}");
     }
     let a = send(
         &app,
-        with(
+        request_with(
+            "GET",
             "/report",
             &[
                 ("if-none-match", "\"zz\""),
@@ -323,7 +330,11 @@ async fn conditions_are_answered_from_the_cache_by_the_rfc() {
     // Another variant is not the client's: no 304 for it.
     let a = send(
         &app,
-        with("/report", &[("x-lang", "fr"), ("if-none-match", "*")]),
+        request_with(
+            "GET",
+            "/report",
+            &[("x-lang", "fr"), ("if-none-match", "*")],
+        ),
     )
     .await;
     assert_eq!(
@@ -391,7 +402,11 @@ async fn a_304_with_a_strong_validator_the_entry_lacks_renews_nothing() {
                 "the old body was renewed under the new tag"
             );
         }
-        let a = send(&app, with("/doc", &[("if-none-match", "\"v2\"")])).await;
+        let a = send(
+            &app,
+            request_with("GET", "/doc", &[("if-none-match", "\"v2\"")]),
+        )
+        .await;
         assert_ne!(
             (a.status, a.x_cache()),
             (StatusCode::NOT_MODIFIED, "HIT"),

@@ -6,22 +6,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{get as get_req, send, Origin};
-use axum::body::Body;
+use crate::common::{get as get_req, request_with, send, Origin};
 use axum::extract::OriginalUri;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use http::header::{CONTENT_LOCATION, LOCATION};
-use http::{HeaderMap, Method, Request, StatusCode};
+use http::{HeaderMap, Method, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 
 fn guard() -> StampedeGuard {
     StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
-
-fn request(m: Method, uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    method(m, uri, headers)
 }
 
 // ---------------------------------------------------------------------------
@@ -54,14 +49,6 @@ fn items_app(version: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
     Router::new().nest("/api", inner)
 }
 
-fn method(m: Method, uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut r = Request::builder().method(m).uri(uri);
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    r.body(Body::empty()).unwrap()
-}
-
 /// Behind a nested router, a relative `Location` names a URI under the
 /// prefix the client used: the entry a GET of it reads is dropped.
 #[tokio::test]
@@ -71,21 +58,21 @@ async fn a_relative_location_behind_a_nested_router_is_invalidated() {
         let app = items_app(&version, guard());
         let h = [("host", "a.example")];
         assert_eq!(
-            send(&app, method(Method::GET, "/api/items/2", &h))
+            send(&app, request_with(Method::GET, "/api/items/2", &h))
                 .await
                 .text(),
             "/api/items/2@0"
         );
         assert_eq!(
-            send(&app, method(Method::GET, "/api/items/2", &h))
+            send(&app, request_with(Method::GET, "/api/items/2", &h))
                 .await
                 .x_cache(),
             "HIT"
         );
         let uri = format!("/api/items/1?loc={loc}");
-        let w = send(&app, method(Method::POST, &uri, &h)).await;
+        let w = send(&app, request_with(Method::POST, &uri, &h)).await;
         assert_eq!(w.status, StatusCode::CREATED);
-        let after = send(&app, method(Method::GET, "/api/items/2", &h)).await;
+        let after = send(&app, request_with(Method::GET, "/api/items/2", &h)).await;
         assert_eq!(
             after.text(),
             "/api/items/2@1",
@@ -126,15 +113,15 @@ async fn an_attackers_write_never_purges_another_host() {
         let app = items_app(&version, guard());
         let victim = [("host", "a.example")];
         assert_eq!(
-            send(&app, method(Method::GET, "/api/items/2", &victim))
+            send(&app, request_with(Method::GET, "/api/items/2", &victim))
                 .await
                 .text(),
             "/api/items/2@0"
         );
         let uri = format!("/api/items/1?loc={loc}");
-        let w = send(&app, method(Method::POST, &uri, &headers)).await;
+        let w = send(&app, request_with(Method::POST, &uri, &headers)).await;
         assert_eq!(w.status, StatusCode::CREATED);
-        let after = send(&app, method(Method::GET, "/api/items/2", &victim)).await;
+        let after = send(&app, request_with(Method::GET, "/api/items/2", &victim)).await;
         assert_eq!(
             after.x_cache(),
             "HIT",
@@ -193,16 +180,18 @@ async fn references_resolve_as_rfc_3986_says() {
         let writes = Arc::new(AtomicUsize::new(0));
         let app = site(&writes, guard());
         let h = [("host", "a.example")];
-        let before = send(&app, request(Method::GET, read, &h)).await;
+        let before = send(&app, request_with(Method::GET, read, &h)).await;
         assert_eq!(before.text(), format!("{read}@0"));
         assert_eq!(
-            send(&app, request(Method::GET, read, &h)).await.x_cache(),
+            send(&app, request_with(Method::GET, read, &h))
+                .await
+                .x_cache(),
             "HIT"
         );
         let uri = format!("/items/5?{param}={reference}");
-        let w = send(&app, request(Method::POST, &uri, &h)).await;
+        let w = send(&app, request_with(Method::POST, &uri, &h)).await;
         assert_eq!(w.text(), "written");
-        let after = send(&app, request(Method::GET, read, &h)).await;
+        let after = send(&app, request_with(Method::GET, read, &h)).await;
         if after.text() != format!("{read}@1") {
             missed.push(format!("{param}: {reference} did not drop {read}"));
         }
@@ -216,10 +205,10 @@ async fn the_opt_out_and_failed_writes_drop_nothing() {
     let writes = Arc::new(AtomicUsize::new(0));
     let app = site(&writes, guard().invalidate_on_unsafe(false));
     let h = [("host", "a.example")];
-    send(&app, request(Method::GET, "/items/5", &h)).await;
-    send(&app, request(Method::POST, "/items/5", &h)).await;
+    send(&app, request_with(Method::GET, "/items/5", &h)).await;
+    send(&app, request_with(Method::POST, "/items/5", &h)).await;
     assert_eq!(
-        send(&app, request(Method::GET, "/items/5", &h))
+        send(&app, request_with(Method::GET, "/items/5", &h))
             .await
             .text(),
         "/items/5@0"
@@ -242,7 +231,7 @@ async fn the_opt_out_and_failed_writes_drop_nothing() {
         )
         .layer(guard());
     send(&app, get_req("/x")).await;
-    send(&app, request(Method::POST, "/x", &[])).await;
-    send(&app, request(Method::PUT, "/x", &[])).await;
+    send(&app, request_with(Method::POST, "/x", &[])).await;
+    send(&app, request_with(Method::PUT, "/x", &[])).await;
     assert_eq!(send(&app, get_req("/x")).await.x_cache(), "HIT");
 }
