@@ -11,11 +11,12 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::child::ChildProcess;
 use crate::common::lock::{backend, held_locks, over_keys};
 use crate::common::monitor::within;
 use crate::common::redis::RedisServer;
@@ -79,24 +80,6 @@ async fn fenced_write(
 
 // ---------------------------------------------------------------------------
 // A holder process SIGSTOPped past its lease
-
-/// Kills the child process however the test ends.
-struct ChildProcess(Child);
-
-impl Drop for ChildProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn signal(child: &ChildProcess, sig: &str) {
-    let status = Command::new("kill")
-        .args([sig, &child.0.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
-}
 
 /// Starts this test binary's `child` entry point with `env`, and returns the
 /// process and its stdout lines as they come.
@@ -172,7 +155,7 @@ async fn stalled_holder_resumes() -> Resumed {
     let (child, mut lines) = spawn_child("child_stalled_holder", &[("SG_ATTACK_URL", redis.url())]);
     let child_fence: u64 = next_line(&mut lines, "HELD ").await.parse().unwrap();
 
-    signal(&child, "-STOP");
+    child.signal("-STOP");
     let lock = Lock::new(backend(&redis.url(), Duration::from_millis(200)).await)
         .lease(Duration::from_secs(10))
         .wait_budget(Duration::from_secs(4));
@@ -187,7 +170,7 @@ async fn stalled_holder_resumes() -> Resumed {
 
     // The child tells a slow step from this stop by this mark.
     redis.raw(&["SET", "stopped", "1"]);
-    signal(&child, "-CONT");
+    child.signal("-CONT");
     let report = next_line(&mut lines, "RESUMED ").await;
     // This process held the lock all the while the child looked.
     assert!(!guard.is_lost());
