@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use stampede_guard::{Backend, Lock};
+use stampede_guard::{Backend, FencingToken, Lock};
 
 use super::redis::RedisServer;
 
@@ -69,4 +69,23 @@ pub async fn a_lock_held_on(lock: &Lock, node: &RedisServer) -> String {
         }
     }
     panic!("no lock held on the node");
+}
+
+/// Tries `try_acquire` on `name` until it gets the lock (the instance may
+/// have to follow a new primary first), `limit` at most; returns the
+/// token, the lock released again.
+pub async fn first_hold(lock: &Lock, name: &str, limit: Duration) -> FencingToken {
+    let give_up = std::time::Instant::now() + limit;
+    loop {
+        if let Ok(Some(guard)) = lock.try_acquire(name).await {
+            let token = guard.fencing_token();
+            assert!(guard.release().await.expect("released"));
+            return token;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "no lock within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
