@@ -18,6 +18,12 @@ use tower::ServiceExt;
 /// exact count allows.
 pub const ROOMY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// A guard on an embedded backend of its own, its entries fresh for 60 s.
+pub fn local_guard() -> stampede_guard::StampedeGuard {
+    stampede_guard::StampedeGuard::new(stampede_guard::Backend::local())
+        .ttl(std::time::Duration::from_secs(60))
+}
+
 /// Counts origin calls and the most that ever ran at once.
 #[derive(Clone, Default)]
 pub struct Origin {

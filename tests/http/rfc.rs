@@ -9,16 +9,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::common::driver::counted_app;
-use crate::common::{get as get_req, send, tally, Answer, Origin};
+use crate::common::{get as get_req, local_guard, send, tally, Answer, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::Router;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
 
 /// `/report` answering `v<call>` with `headers`.
 fn app_with(
@@ -73,7 +69,7 @@ async fn per_user_answers_with_loose_separators_are_never_stored() {
             let value = HeaderValue::from_bytes(line).unwrap();
             let app = app_with(
                 &origin,
-                guard()
+                local_guard()
                     .respect_cache_control(respect)
                     .hit_for_miss(Duration::ZERO),
                 vec![("cache-control", value)],
@@ -164,7 +160,11 @@ async fn without_the_directive_the_same_route_serves_stale() {
 #[tokio::test]
 async fn expires_sets_the_lifetime_and_a_past_one_is_never_stored() {
     let now = SystemTime::now();
-    let respect = || guard().ttl(Duration::ZERO).respect_cache_control(true);
+    let respect = || {
+        local_guard()
+            .ttl(Duration::ZERO)
+            .respect_cache_control(true)
+    };
     // A future Expires with the origin's Date: stored for that long.
     let origin = Origin::default();
     let app = app_with(
@@ -194,7 +194,7 @@ async fn expires_sets_the_lifetime_and_a_past_one_is_never_stored() {
         ],
     ];
     for headers in expired {
-        for guard in [respect(), guard()] {
+        for guard in [respect(), local_guard()] {
             let origin = Origin::default();
             let app = app_with(&origin, guard.hit_for_miss(Duration::ZERO), headers.clone());
             let a = send(&app, get_req("/report")).await;
@@ -228,7 +228,7 @@ async fn expires_sets_the_lifetime_and_a_past_one_is_never_stored() {
 // ---------------------------------------------------------------------------
 
 fn following() -> StampedeGuard {
-    guard().respect_request_cache_control(true)
+    local_guard().respect_request_cache_control(true)
 }
 
 #[tokio::test]
@@ -285,7 +285,7 @@ const LAST_MODIFIED: &str = "Sun, 06 Nov 1994 08:49:37 GMT";
 fn validated_app(origin: &Origin) -> Router {
     app_with(
         origin,
-        guard().vary([HeaderName::from_static("accept-language")]),
+        local_guard().vary([HeaderName::from_static("accept-language")]),
         vec![
             ("etag", HeaderValue::from_static("\"a,b\"")),
             ("last-modified", HeaderValue::from_static(LAST_MODIFIED)),
@@ -407,7 +407,7 @@ async fn an_answer_stale_on_arrival_is_shared_with_its_waiters_but_not_stored() 
     let origin = Origin::default();
     let app = counted_app(
         &origin,
-        guard().respect_cache_control(true),
+        local_guard().respect_cache_control(true),
         |n| async move {
             tokio::time::sleep(Duration::from_millis(200)).await;
             ([("cache-control", "max-age=0")], format!("v{n}"))

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::common::driver::{counted_app, slow_app};
-use crate::common::{burst, get as get_req, request_with, send, Answer, Origin};
+use crate::common::{burst, get as get_req, local_guard, request_with, send, Answer, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -19,10 +19,6 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard, WaitTimeout};
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
 
 fn date(t: SystemTime) -> HeaderValue {
     HeaderValue::from_str(&httpdate::fmt_http_date(t)).unwrap()
@@ -57,12 +53,16 @@ async fn an_age_too_large_to_parse_is_never_taken_for_zero() {
     for respect in [true, false] {
         for age in ["100", "18446744073709551616", "99999999999999999999999999"] {
             let origin = Origin::default();
-            let app = app_with(&origin, guard().respect_cache_control(respect), move || {
-                vec![
-                    ("cache-control", HeaderValue::from_static("max-age=60")),
-                    ("age", HeaderValue::from_static(age)),
-                ]
-            });
+            let app = app_with(
+                &origin,
+                local_guard().respect_cache_control(respect),
+                move || {
+                    vec![
+                        ("cache-control", HeaderValue::from_static("max-age=60")),
+                        ("age", HeaderValue::from_static(age)),
+                    ]
+                },
+            );
             send(&app, get_req("/report")).await;
             let second = send(&app, get_req("/report")).await;
             assert_eq!(
@@ -81,7 +81,7 @@ async fn an_age_too_large_to_parse_is_never_taken_for_zero() {
 #[tokio::test]
 async fn an_expires_counted_from_an_old_date_ends_when_it_says() {
     let origin = Origin::default();
-    let app = app_with(&origin, guard().respect_cache_control(true), || {
+    let app = app_with(&origin, local_guard().respect_cache_control(true), || {
         let now = SystemTime::now();
         vec![
             ("date", date(now - Duration::from_secs(3600))),
@@ -104,7 +104,7 @@ async fn an_expires_counted_from_an_old_date_ends_when_it_says() {
 #[tokio::test]
 async fn huge_numbers_in_every_header_never_panic() {
     let origin = Origin::default();
-    let app = app_with(&origin, guard().respect_cache_control(true), || {
+    let app = app_with(&origin, local_guard().respect_cache_control(true), || {
         vec![
             (
                 "cache-control",
@@ -163,7 +163,7 @@ async fn per_user_answers_in_any_spelling_are_never_stored() {
         let origin = Origin::default();
         let app = counted_app(
             &origin,
-            guard()
+            local_guard()
                 .respect_cache_control(true)
                 .hit_for_miss(Duration::ZERO),
             move |n| async move {
@@ -192,7 +192,7 @@ async fn revalidation_directives_in_any_spelling_forbid_stale() {
         let origin = Origin::default();
         let app = app_with(
             &origin,
-            guard()
+            local_guard()
                 .respect_cache_control(true)
                 .stale_while_revalidate(Duration::from_secs(60)),
             move || vec![("cache-control", HeaderValue::from_static(line))],
@@ -211,7 +211,7 @@ async fn revalidation_directives_in_any_spelling_forbid_stale() {
 async fn a_request_no_store_in_any_spelling_stores_nothing() {
     for line in ["NO-STORE", "max-age=0;no-store", "no-cache no-store"] {
         let origin = Origin::default();
-        let guard = guard().respect_request_cache_control(true);
+        let guard = local_guard().respect_request_cache_control(true);
         let app = app_with(&origin, guard, Vec::new);
         let first = send(
             &app,
@@ -242,7 +242,7 @@ async fn conditions_are_answered_from_the_cache_by_the_rfc() {
     let origin = Origin::default();
     let app = app_with(
         &origin,
-        guard().vary([http::HeaderName::from_static("x-lang")]),
+        local_guard().vary([http::HeaderName::from_static("x-lang")]),
         || {
             vec![
                 ("etag", HeaderValue::from_static("W/\"a,b\"")),
@@ -431,7 +431,7 @@ async fn waiters_whose_budget_ends_never_all_call_the_origin() {
         let app = slow_app(
             &origin,
             &finished,
-            guard()
+            local_guard()
                 .wait_budget(Duration::from_millis(100))
                 .on_wait_timeout(on_timeout),
         );
@@ -459,7 +459,7 @@ async fn an_answer_older_than_its_windows_is_never_served_stale() {
         let f = failing.clone();
         let app = counted_app(
             &origin,
-            guard()
+            local_guard()
                 .ttl(Duration::from_secs(60))
                 .respect_cache_control(respect)
                 .stale_while_revalidate(Duration::from_secs(60))

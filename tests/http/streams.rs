@@ -6,7 +6,7 @@ use crate::common::counting::live;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{send, Origin};
+use crate::common::{local_guard, send, Origin};
 use axum::body::Body;
 use axum::response::Response;
 use axum::routing::get;
@@ -14,15 +14,13 @@ use axum::Router;
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
-use stampede_guard::{Backend, StampedeGuard};
+#[cfg(feature = "redis")]
+use stampede_guard::Backend;
+use stampede_guard::StampedeGuard;
 use tokio::sync::{mpsc, Notify};
 use tower::ServiceExt;
 
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
 
 fn req(method: &str, headers: &[(&str, &str)]) -> Request<Body> {
     let mut b = Request::builder().method(method).uri("/file");
@@ -129,7 +127,7 @@ async fn a_body_shorter_than_its_declared_length_is_not_stored_as_complete() {
         None,
         Some(100),
         vec![Bytes::from(vec![b'a'; 10])],
-        guard(),
+        local_guard(),
     );
     let (_cl, first, _) = fetch(&app, req("GET", &[])).await;
     let _ = first;
@@ -186,7 +184,7 @@ async fn a_shared_body_over_the_cap_never_ends_short_of_its_content_length() {
         Some(gate.clone()),
         Some(5000),
         parts,
-        guard().max_body_bytes(1024),
+        local_guard().max_body_bytes(1024),
     );
     for (cl, body, x) in four_waiters(&app, &gate).await {
         if let (Some(cl), Ok(body)) = (cl, &body) {
@@ -210,7 +208,7 @@ async fn a_shared_body_over_the_cap_never_runs_past_its_content_length() {
         Some(gate.clone()),
         Some(10),
         parts,
-        guard().max_body_bytes(1024),
+        local_guard().max_body_bytes(1024),
     );
     for (cl, body, x) in four_waiters(&app, &gate).await {
         if x == "COALESCED"
@@ -237,7 +235,7 @@ async fn a_range_waiting_on_a_body_over_the_cap_gets_the_whole_200_framed_right(
         Some(gate.clone()),
         Some(2048),
         parts,
-        guard().max_body_bytes(1024),
+        local_guard().max_body_bytes(1024),
     );
     let plain = {
         let app = app.clone();
@@ -291,7 +289,7 @@ async fn a_body_with_trailers_keeps_them_and_is_not_stored() {
                 )))
             }
         })
-        .layer(guard()),
+        .layer(local_guard()),
     );
     let first = app.clone().oneshot(req("GET", &[])).await.unwrap();
     let collected = first.into_body().collect().await.unwrap();
@@ -336,7 +334,7 @@ async fn one_reader_of_a_huge_body_over_the_cap_does_not_hold_all_of_it() {
                 tokio_stream::wrappers::ReceiverStream::new(rx),
             ))
         })
-        .layer(guard().max_body_bytes(1024 * 1024)),
+        .layer(local_guard().max_body_bytes(1024 * 1024)),
     );
     let response = app
         .oneshot(Request::get("/big").body(Body::empty()).unwrap())
@@ -400,7 +398,13 @@ async fn head_of_a_chunked_body_over_the_cap_does_not_claim_a_zero_length() {
     // §9.3.2: HEAD's fields are the GET's; §8.6).
     let origin = Origin::default();
     let parts: Vec<Bytes> = (0..8u8).map(|i| Bytes::from(vec![b'a' + i; 256])).collect();
-    let app = lying_app(&origin, None, None, parts, guard().max_body_bytes(1024));
+    let app = lying_app(
+        &origin,
+        None,
+        None,
+        parts,
+        local_guard().max_body_bytes(1024),
+    );
     let head = send(&app, req("HEAD", &[])).await;
     assert_eq!(head.status, StatusCode::OK);
     assert!(head.body.is_empty());
@@ -429,7 +433,7 @@ async fn a_304_for_a_chunked_body_over_the_cap_does_not_claim_a_zero_length() {
                 .insert("etag", "\"v1\"".parse().unwrap());
             response
         })
-        .layer(guard().max_body_bytes(1024)),
+        .layer(local_guard().max_body_bytes(1024)),
     );
     let answer = send(&app, req("GET", &[("if-none-match", "\"v1\"")])).await;
     assert_eq!(answer.status, StatusCode::NOT_MODIFIED);
@@ -454,7 +458,7 @@ async fn waiters_over_the_cap_read_on_when_the_starter_hangs_up() {
         Some(gate.clone()),
         None,
         parts,
-        guard().max_body_bytes(1024),
+        local_guard().max_body_bytes(1024),
     );
     // The starter: takes its head and first bytes, then hangs up.
     let starter = {

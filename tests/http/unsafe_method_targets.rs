@@ -4,20 +4,15 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::common::{get as get_req, request_with, send, Origin};
+use crate::common::{get as get_req, local_guard, request_with, send, Origin};
 use axum::extract::OriginalUri;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use http::header::{CONTENT_LOCATION, LOCATION};
 use http::{HeaderMap, Method, StatusCode};
-use stampede_guard::{Backend, StampedeGuard};
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
+use stampede_guard::StampedeGuard;
 
 // ---------------------------------------------------------------------------
 // Unsafe methods.
@@ -55,7 +50,7 @@ fn items_app(version: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
 async fn a_relative_location_behind_a_nested_router_is_invalidated() {
     for loc in ["/api/items/2", "2", "./2"] {
         let version = Arc::new(AtomicUsize::new(0));
-        let app = items_app(&version, guard());
+        let app = items_app(&version, local_guard());
         let h = [("host", "a.example")];
         assert_eq!(
             send(&app, request_with(Method::GET, "/api/items/2", &h))
@@ -110,7 +105,7 @@ async fn an_attackers_write_never_purges_another_host() {
         ),
     ] {
         let version = Arc::new(AtomicUsize::new(0));
-        let app = items_app(&version, guard());
+        let app = items_app(&version, local_guard());
         let victim = [("host", "a.example")];
         assert_eq!(
             send(&app, request_with(Method::GET, "/api/items/2", &victim))
@@ -178,7 +173,7 @@ async fn references_resolve_as_rfc_3986_says() {
         ("cloc", "?v=full", "/items/5?v=full"),
     ] {
         let writes = Arc::new(AtomicUsize::new(0));
-        let app = site(&writes, guard());
+        let app = site(&writes, local_guard());
         let h = [("host", "a.example")];
         let before = send(&app, request_with(Method::GET, read, &h)).await;
         assert_eq!(before.text(), format!("{read}@0"));
@@ -203,7 +198,7 @@ async fn references_resolve_as_rfc_3986_says() {
 #[tokio::test]
 async fn the_opt_out_and_failed_writes_drop_nothing() {
     let writes = Arc::new(AtomicUsize::new(0));
-    let app = site(&writes, guard().invalidate_on_unsafe(false));
+    let app = site(&writes, local_guard().invalidate_on_unsafe(false));
     let h = [("host", "a.example")];
     send(&app, request_with(Method::GET, "/items/5", &h)).await;
     send(&app, request_with(Method::POST, "/items/5", &h)).await;
@@ -229,7 +224,7 @@ async fn the_opt_out_and_failed_writes_drop_nothing() {
             .post(|| async { StatusCode::FORBIDDEN })
             .put(|| async { StatusCode::INTERNAL_SERVER_ERROR }),
         )
-        .layer(guard());
+        .layer(local_guard());
     send(&app, get_req("/x")).await;
     send(&app, request_with(Method::POST, "/x", &[])).await;
     send(&app, request_with(Method::PUT, "/x", &[])).await;
