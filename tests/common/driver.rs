@@ -105,6 +105,24 @@ where
     })
 }
 
+/// `/report` answering `v<call>` with `headers` (appended, in order).
+pub fn headers_app(
+    origin: &Origin,
+    guard: StampedeGuard,
+    headers: Vec<(&'static str, http::HeaderValue)>,
+) -> Router {
+    counted_app(origin, guard, move |n| {
+        let headers = headers.clone();
+        async move {
+            let mut map = http::HeaderMap::new();
+            for (k, v) in headers {
+                map.append(k, v);
+            }
+            (map, format!("v{n}")).into_response()
+        }
+    })
+}
+
 /// `/report`: takes `SLOW`, answers `v<call>`, and counts finished calls.
 pub fn slow_app(origin: &Origin, finished: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
     let finished = finished.clone();

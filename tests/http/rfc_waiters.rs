@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::common::driver::counted_app;
-use crate::common::{get as get_req, local_guard, send, tally, Answer, Origin};
+use crate::common::driver::{counted_app, headers_app};
+use crate::common::{get as get_req, local_guard, request_with, send, tally, Answer, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -14,32 +14,6 @@ use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard, WaitTimeout};
 
 const TTL: Duration = Duration::from_millis(200);
-
-/// `/report` answering `v<call>` with `headers`.
-fn app_with(
-    origin: &Origin,
-    guard: StampedeGuard,
-    headers: Vec<(&'static str, HeaderValue)>,
-) -> Router {
-    counted_app(origin, guard, move |n| {
-        let headers = headers.clone();
-        async move {
-            let mut map = HeaderMap::new();
-            for (k, v) in headers {
-                map.append(k, v);
-            }
-            (map, format!("v{n}")).into_response()
-        }
-    })
-}
-
-fn report_with(headers: &[(&'static str, &'static str)]) -> Request<Body> {
-    let mut request = Request::get("/report");
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    request.body(Body::empty()).unwrap()
-}
 
 // ---------------------------------------------------------------------------
 // 6. Refusals are not handed to waiters.
@@ -71,7 +45,7 @@ fn refusing_app(origin: &Origin, guard: StampedeGuard, refusal: StatusCode) -> R
 }
 
 fn bot() -> Request<Body> {
-    report_with(&[("x-client", "bot")])
+    request_with("GET", "/report", &[("x-client", "bot")])
 }
 
 #[tokio::test]
@@ -178,7 +152,7 @@ async fn one_cookie_does_not_turn_a_hot_key_into_uncoalesced_calls() {
 #[tokio::test]
 async fn a_key_that_keeps_setting_cookies_stays_uncoalesced_and_unstored() {
     let origin = Origin::default();
-    let app = app_with(
+    let app = headers_app(
         &origin,
         local_guard(),
         vec![("set-cookie", HeaderValue::from_static("sid=x"))],
