@@ -146,14 +146,15 @@ async fn a_body_shorter_than_its_declared_length_is_not_stored_as_complete() {
     assert_eq!(origin.calls(), 2, "nothing was stored");
 }
 
-/// Four GETs of `app` at once, on a current-thread runtime: each task gets
+/// `n` GETs of `app` at once, on a current-thread runtime: each task gets
 /// 200 turns to join the flight before `gate` lets the origin answer.
 /// Returns what each read, as [`fetch`] reports it, within `PATIENCE`.
-async fn four_waiters(
+async fn waiters(
     app: &Router,
     gate: &Notify,
+    n: usize,
 ) -> Vec<(Option<usize>, Result<Bytes, String>, String)> {
-    let tasks: Vec<_> = (0..4)
+    let tasks: Vec<_> = (0..n)
         .map(|_| {
             let app = app.clone();
             tokio::spawn(async move { fetch(&app, req("GET", &[])).await })
@@ -186,7 +187,7 @@ async fn a_shared_body_over_the_cap_never_ends_short_of_its_content_length() {
         parts,
         local_guard().max_body_bytes(1024),
     );
-    for (cl, body, x) in four_waiters(&app, &gate).await {
+    for (cl, body, x) in waiters(&app, &gate, 4).await {
         if let (Some(cl), Ok(body)) = (cl, &body) {
             assert_eq!(cl, body.len(), "{x}: a clean end short of Content-Length");
         }
@@ -210,7 +211,7 @@ async fn a_shared_body_over_the_cap_never_runs_past_its_content_length() {
         parts,
         local_guard().max_body_bytes(1024),
     );
-    for (cl, body, x) in four_waiters(&app, &gate).await {
+    for (cl, body, x) in waiters(&app, &gate, 4).await {
         if x == "COALESCED"
             && let (Some(cl), Ok(body)) = (cl, &body)
         {
@@ -473,16 +474,7 @@ async fn waiters_over_the_cap_read_on_when_the_starter_hangs_up() {
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
-    let waiters: Vec<_> = (0..3)
-        .map(|_| {
-            let app = app.clone();
-            tokio::spawn(async move { fetch(&app, req("GET", &[])).await })
-        })
-        .collect();
-    for _ in 0..200 {
-        tokio::task::yield_now().await;
-    }
-    gate.notify_one();
+    let answers = waiters(&app, &gate, 3).await;
     assert!(
         tokio::time::timeout(PATIENCE, starter)
             .await
@@ -490,8 +482,7 @@ async fn waiters_over_the_cap_read_on_when_the_starter_hangs_up() {
             .unwrap()
             > 0
     );
-    for w in waiters {
-        let (_cl, body, x) = tokio::time::timeout(PATIENCE, w).await.unwrap().unwrap();
+    for (_cl, body, x) in answers {
         assert_eq!(x, "COALESCED");
         assert_eq!(body.unwrap(), Bytes::from(expected.clone()));
     }
