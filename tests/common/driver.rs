@@ -123,6 +123,36 @@ pub fn headers_app(
     })
 }
 
+/// `/report` varying on Accept-Language, answering `<lang>:<version>`;
+/// each call counts in `calls`. Entries are fresh for 60 s.
+pub fn variant_app(
+    version: &Arc<AtomicUsize>,
+    calls: &Arc<AtomicUsize>,
+    guard: StampedeGuard,
+) -> Router {
+    let (version, calls) = (version.clone(), calls.clone());
+    let handler = move |headers: http::HeaderMap| {
+        let (version, calls) = (version.clone(), calls.clone());
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let lang = headers
+                .get(http::header::ACCEPT_LANGUAGE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("none")
+                .to_owned();
+            format!("{lang}:{}", version.load(Ordering::SeqCst))
+        }
+    };
+    Router::new().route(
+        "/report",
+        get(handler).layer(
+            guard
+                .ttl(Duration::from_secs(60))
+                .vary([http::header::ACCEPT_LANGUAGE]),
+        ),
+    )
+}
+
 /// `/report`: takes `SLOW`, answers `v<call>`, and counts finished calls.
 pub fn slow_app(origin: &Origin, finished: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
     let finished = finished.clone();

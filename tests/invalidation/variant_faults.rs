@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::driver::variant_app;
 use crate::common::driver::{versioned_app, Versioned};
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
@@ -187,31 +188,6 @@ async fn a_message_lost_to_a_killed_subscriber_is_made_up_for() {
 // invalidation), and CLIENT PAUSE during the invalidation. A fresh instance
 // reads only what Redis says.
 // ---------------------------------------------------------------------------
-
-/// `/report` varying on Accept-Language, answering `<lang>:<version>`.
-fn variant_app(
-    version: &Arc<AtomicUsize>,
-    calls: &Arc<AtomicUsize>,
-    guard: StampedeGuard,
-) -> Router {
-    let (version, calls) = (version.clone(), calls.clone());
-    let handler = move |headers: HeaderMap| {
-        let (version, calls) = (version.clone(), calls.clone());
-        async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            let lang = headers
-                .get(ACCEPT_LANGUAGE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("none")
-                .to_owned();
-            format!("{lang}:{}", version.load(Ordering::SeqCst))
-        }
-    };
-    Router::new().route(
-        "/report",
-        get(handler).layer(guard.ttl(Duration::from_secs(60)).vary([ACCEPT_LANGUAGE])),
-    )
-}
 
 fn lang_req(uri: &str, lang: Option<&str>) -> Request<Body> {
     let mut b = Request::get(uri);
