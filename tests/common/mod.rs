@@ -153,6 +153,25 @@ pub async fn read_until(app: &Router, want: &str, tries: usize) -> Answer {
     answer
 }
 
+/// Reads with `read` until every text differs from its counterpart in
+/// `old` (an instance learns of another's purge by message), 50 more times
+/// at most, 20 ms apart; returns the last read.
+pub async fn until_all_differ<F, Fut>(old: &[String], read: F) -> Vec<String>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Vec<String>>,
+{
+    let mut now = read().await;
+    for _ in 0..50 {
+        if now.iter().zip(old).all(|(a, b)| a != b) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        now = read().await;
+    }
+    now
+}
+
 /// Sends `n` copies of a request at once, each from its own task.
 pub async fn burst(app: &Router, n: usize, make: impl Fn() -> Request<Body>) -> Vec<Answer> {
     let tasks: Vec<_> = (0..n)
