@@ -113,28 +113,6 @@ where
     r.body(Body::empty()).unwrap()
 }
 
-/// Fails if `answer` (to `what`) carries a tag header: `Surrogate-Key` or
-/// `Cache-Tag`.
-pub fn no_tags(answer: &Answer, what: &str) {
-    for name in ["surrogate-key", "cache-tag"] {
-        assert!(
-            answer.headers.get(name).is_none(),
-            "{name} leaked on {what}: {:?}",
-            answer.headers
-        );
-    }
-}
-
-/// Every `Cache-Status` line of an answer.
-pub fn cache_status(answer: &Answer) -> Vec<String> {
-    answer
-        .headers
-        .get_all("cache-status")
-        .iter()
-        .map(|v| v.to_str().expect("visible ASCII").to_owned())
-        .collect()
-}
-
 pub async fn send(app: &Router, request: Request<Body>) -> Answer {
     collect(app.clone().oneshot(request).await.expect("infallible")).await
 }

@@ -4,8 +4,8 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::status::split_ttl;
-use crate::common::{burst, cache_status, get as get_req, send, Answer, Origin};
+use crate::common::status::{cache_status, split_ttl};
+use crate::common::{burst, get as get_req, send, Answer, Origin};
 use axum::body::Body;
 use axum::response::AppendHeaders;
 use axum::routing::get;

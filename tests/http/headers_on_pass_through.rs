@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{cache_status, get as request, no_tags, request_with, send, Origin};
+use crate::common::status::{cache_status, no_tag_headers};
+use crate::common::{get as request, request_with, send, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
@@ -72,13 +73,13 @@ async fn a_passed_through_answer_carries_no_tag_header() {
     ] {
         let answer = send(&app, req).await;
         assert_eq!(answer.x_cache(), "BYPASS", "{what}");
-        no_tags(&answer, what);
+        no_tag_headers(&answer, what);
     }
     // With `invalidate_on_unsafe` on (the default), too.
     let origin = Origin::default();
     let app = tagged_app(&origin, StampedeGuard::new(Backend::local()));
     let answer = send(&app, request_with("DELETE", "/r", &[])).await;
-    no_tags(&answer, "DELETE");
+    no_tag_headers(&answer, "DELETE");
 }
 
 /// Exposed tag headers stay on a pass-through, as on the starter's answer.
@@ -297,7 +298,7 @@ async fn a_renewing_304_slips_nothing_into_the_entry() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let renewed = send(&app, request("/p")).await;
     assert_eq!(renewed.text(), "v1");
-    no_tags(&renewed, "the renewing request");
+    no_tag_headers(&renewed, "the renewing request");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     for (what, req) in [
         ("GET", request("/p")),
@@ -309,7 +310,7 @@ async fn a_renewing_304_slips_nothing_into_the_entry() {
     ] {
         let hit = send(&app, req).await;
         assert_eq!(hit.x_cache(), "HIT", "{what}");
-        no_tags(&hit, what);
+        no_tag_headers(&hit, what);
         let all = cache_status(&hit);
         assert_eq!(all.len(), 1, "{what}: {all:?}");
         assert!(all[0].starts_with("stampede-guard; hit; ttl="), "{all:?}");
@@ -387,7 +388,7 @@ async fn a_non_ascii_tag_does_not_hide_the_others_of_its_line() {
             .layer(guard.clone()),
         );
         let first = send(&app, request("/t")).await;
-        no_tags(&first, "the starter");
+        no_tag_headers(&first, "the starter");
         assert_eq!(send(&app, request("/t")).await.x_cache(), "HIT");
         guard.invalidate_tag(purged).await.unwrap();
         let after = send(&app, request("/t")).await;
@@ -438,12 +439,12 @@ async fn a_timed_out_waiter_and_a_hit_for_miss_request_say_so_validly() {
     assert!(all[0].contains("detail=wait-timeout"), "{all:?}");
     assert!(!all[0].contains("; hit"), "{all:?} {}", waiter.x_cache());
     assert_ne!(waiter.x_cache(), "HIT");
-    no_tags(&waiter, "a timed-out waiter");
+    no_tag_headers(&waiter, "a timed-out waiter");
 
     gate.add_permits(1);
     let starter = starter.await.unwrap();
     assert_eq!(starter.text(), "mine");
-    no_tags(&starter, "a private answer");
+    no_tag_headers(&starter, "a private answer");
     assert!(is_sf_list(&cache_status(&starter).join(", ")));
 
     // The window: the next request runs its own rebuild, not stored.
@@ -451,7 +452,7 @@ async fn a_timed_out_waiter_and_a_hit_for_miss_request_say_so_validly() {
     let alone = send(&app, request("/w")).await;
     assert_eq!(alone.text(), "mine");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
-    no_tags(&alone, "a hit-for-miss request");
+    no_tag_headers(&alone, "a hit-for-miss request");
     let all = cache_status(&alone);
     assert_eq!(all.len(), 1, "{all:?}");
     assert!(is_sf_list(&all[0]), "{all:?}");

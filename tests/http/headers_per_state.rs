@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{cache_status, get as request, no_tags, request_with, send, Answer, Origin};
+use crate::common::status::{cache_status, no_tag_headers};
+use crate::common::{get as request, request_with, send, Answer, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
@@ -104,7 +105,7 @@ async fn every_state_has_one_valid_member_and_no_tag_header() {
 
     // Starters of every shape: HEAD, Range, conditional.
     let head = send(&app, request_with("HEAD", "/r", &[])).await;
-    no_tags(&head, "a HEAD miss");
+    no_tag_headers(&head, "a HEAD miss");
     assert!(
         ours(&head).starts_with("stampede-guard; fwd=uri-miss"),
         "{head:?}"
@@ -113,7 +114,7 @@ async fn every_state_has_one_valid_member_and_no_tag_header() {
     guard.invalidate_all().await.unwrap();
     let range = send(&app, request_with("GET", "/r", &[("range", "bytes=0-0")])).await;
     assert_eq!(range.status, StatusCode::PARTIAL_CONTENT);
-    no_tags(&range, "a Range miss");
+    no_tag_headers(&range, "a Range miss");
     ours(&range);
     guard.invalidate_all().await.unwrap();
     let cond = send(
@@ -122,13 +123,13 @@ async fn every_state_has_one_valid_member_and_no_tag_header() {
     )
     .await;
     assert_eq!(cond.status, StatusCode::NOT_MODIFIED);
-    no_tags(&cond, "a conditional miss");
+    no_tag_headers(&cond, "a conditional miss");
     ours(&cond);
     guard.invalidate_all().await.unwrap();
     // A plain starter streams the origin's answer: the upstream members
     // stay before ours, and the tags are gone.
     let plain = send(&app, request("/r")).await;
-    no_tags(&plain, "a plain miss");
+    no_tag_headers(&plain, "a plain miss");
     let all = cache_status(&plain);
     assert_eq!(all.len(), 3, "{all:?}");
     assert!(is_sf_member(&all[2]), "{all:?}");
@@ -149,7 +150,7 @@ async fn every_state_has_one_valid_member_and_no_tag_header() {
         ),
     ] {
         let hit = send(&app, req).await;
-        no_tags(&hit, what);
+        no_tag_headers(&hit, what);
         let m = ours(&hit);
         assert!(m.starts_with("stampede-guard; hit; ttl="), "{what}: {m}");
         assert_eq!(hit.x_cache(), "HIT", "{what}");
@@ -342,7 +343,7 @@ async fn across_a_fleet_a_quiet_instance_adds_no_status_header() {
     assert_eq!(origin.calls(), 1);
     assert!(hit.headers.get("x-cache").is_none(), "{:?}", hit.headers);
     assert!(cache_status(&hit).is_empty(), "{:?}", hit.headers);
-    no_tags(&hit, "a hit from Redis");
+    no_tag_headers(&hit, "a hit from Redis");
 }
 
 /// What the crate writes it reads back: a config serialised from any value

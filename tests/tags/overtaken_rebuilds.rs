@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{cache_status, get as request, no_tags, request_with, send, Origin};
+use crate::common::status::{cache_status, no_tag_headers};
+use crate::common::{get as request, request_with, send, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
@@ -55,7 +56,7 @@ async fn a_rebuild_overtaken_otherwise_does_not_say_stored() {
         }
         gate.add_permits(2);
         let first = first.await.unwrap();
-        no_tags(&first, "an overtaken starter");
+        no_tag_headers(&first, "an overtaken starter");
         let all = cache_status(&first);
         assert_eq!(all.len(), 1, "{overtaker}/{method}: {all:?}");
         assert!(
@@ -107,7 +108,7 @@ async fn a_hit_never_carries_the_serving_routes_tag_headers() {
     ] {
         let hit = send(&default, req).await;
         assert_eq!(hit.x_cache(), "HIT", "{what}");
-        no_tags(&hit, what);
+        no_tag_headers(&hit, what);
     }
     assert_eq!(origin.calls(), 1);
 }
