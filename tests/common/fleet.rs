@@ -135,6 +135,26 @@ pub async fn backend_with_grace(url: &str, deadline: Duration, grace: Duration) 
         .expect("redis backend")
 }
 
+/// `k` instances on `redis`, each as [`backend_at`] with a 500 ms deadline,
+/// their `/report` answered at once.
+pub async fn fleet_on(
+    redis: &RedisServer,
+    k: usize,
+    origin: &Origin,
+    configure: impl Fn(StampedeGuard) -> StampedeGuard + Copy,
+) -> Vec<Instance> {
+    let url = redis.url();
+    let connect = || backend_at(&url, Duration::from_millis(500));
+    fleet(k, origin, Duration::ZERO, connect, configure).await
+}
+
+/// A 60 s ttl, every entry tagged `product:42`.
+pub fn tagged_product(guard: StampedeGuard) -> StampedeGuard {
+    guard
+        .ttl(Duration::from_secs(60))
+        .tags(|_req| vec!["product:42".to_owned()])
+}
+
 /// An instance (as [`instance`]) on a backend at `url` with a 500 ms call
 /// deadline, probing a broken link every 100 ms, that keeps serving its
 /// in-process tier for `grace` once it can no longer hear the fleet.
