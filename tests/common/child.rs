@@ -3,7 +3,7 @@
 //! modules, so the name a child is started with is the test's full path
 //! inside the binary, taken from `module_path!()`.
 
-use std::process::Command;
+use std::process::{Child, Command};
 
 /// The environment variable set in a process started by [`run_alone`].
 const ALONE: &str = "SG_TEST_ALONE";
@@ -41,4 +41,25 @@ pub fn run_alone(module_path: &str, test: &str) {
         "{name}, alone in its process:\n{stdout}\n{stderr}"
     );
     print!("{stdout}");
+}
+
+/// A child process, killed and reaped however the test ends.
+pub struct ChildProcess(pub Child);
+
+impl ChildProcess {
+    /// Sends `sig` (`-STOP`, `-CONT`, …) to the process.
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([sig, &self.0.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success());
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -105,6 +105,54 @@ where
     })
 }
 
+/// `/report` answering `v<call>` with `headers` (appended, in order).
+pub fn headers_app(
+    origin: &Origin,
+    guard: StampedeGuard,
+    headers: Vec<(&'static str, http::HeaderValue)>,
+) -> Router {
+    counted_app(origin, guard, move |n| {
+        let headers = headers.clone();
+        async move {
+            let mut map = http::HeaderMap::new();
+            for (k, v) in headers {
+                map.append(k, v);
+            }
+            (map, format!("v{n}")).into_response()
+        }
+    })
+}
+
+/// `/report` varying on Accept-Language, answering `<lang>:<version>`;
+/// each call counts in `calls`. Entries are fresh for 60 s.
+pub fn variant_app(
+    version: &Arc<AtomicUsize>,
+    calls: &Arc<AtomicUsize>,
+    guard: StampedeGuard,
+) -> Router {
+    let (version, calls) = (version.clone(), calls.clone());
+    let handler = move |headers: http::HeaderMap| {
+        let (version, calls) = (version.clone(), calls.clone());
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let lang = headers
+                .get(http::header::ACCEPT_LANGUAGE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("none")
+                .to_owned();
+            format!("{lang}:{}", version.load(Ordering::SeqCst))
+        }
+    };
+    Router::new().route(
+        "/report",
+        get(handler).layer(
+            guard
+                .ttl(Duration::from_secs(60))
+                .vary([http::header::ACCEPT_LANGUAGE]),
+        ),
+    )
+}
+
 /// `/report`: takes `SLOW`, answers `v<call>`, and counts finished calls.
 pub fn slow_app(origin: &Origin, finished: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
     let finished = finished.clone();
@@ -116,6 +164,43 @@ pub fn slow_app(origin: &Origin, finished: &Arc<AtomicUsize>, guard: StampedeGua
             format!("v{n}")
         }
     })
+}
+
+/// `/k/{id}`: counts the call in `origin`, takes 20 ms and answers
+/// `v<id>`; while `failing` is set, the call for key `id` panics
+/// (`id % 3 == 0`), never ends (`1`) or answers 503 (`2`), that 503 marked
+/// `no-store` if `no_store`.
+pub fn churn_app(
+    origin: &Origin,
+    failing: &Arc<AtomicBool>,
+    no_store: bool,
+    guard: StampedeGuard,
+) -> Router {
+    let (origin, failing) = (origin.clone(), failing.clone());
+    Router::new().route(
+        "/k/{id}",
+        get(move |axum::extract::Path(id): axum::extract::Path<u32>| {
+            let (origin, failing) = (origin.clone(), failing.clone());
+            async move {
+                let _ = origin.enter();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                if failing.load(Ordering::SeqCst) {
+                    match id % 3 {
+                        0 => panic!("on purpose"),
+                        1 => std::future::pending::<()>().await,
+                        _ => {}
+                    }
+                    if no_store {
+                        let no_store = [(http::header::CACHE_CONTROL, "no-store")];
+                        return (StatusCode::SERVICE_UNAVAILABLE, no_store, "x").into_response();
+                    }
+                    return (StatusCode::SERVICE_UNAVAILABLE, "x").into_response();
+                }
+                format!("v{id}").into_response()
+            }
+        })
+        .layer(guard),
+    )
 }
 
 /// `/report`: answers `v<call>`, or, while `failing` is set, what `fail`

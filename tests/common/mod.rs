@@ -18,6 +18,12 @@ use tower::ServiceExt;
 /// exact count allows.
 pub const ROOMY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// A guard on an embedded backend of its own, its entries fresh for 60 s.
+pub fn local_guard() -> stampede_guard::StampedeGuard {
+    stampede_guard::StampedeGuard::new(stampede_guard::Backend::local())
+        .ttl(std::time::Duration::from_secs(60))
+}
+
 /// Counts origin calls and the most that ever ran at once.
 #[derive(Clone, Default)]
 pub struct Origin {
@@ -94,8 +100,54 @@ pub fn get(uri: &str) -> Request<Body> {
     Request::get(uri).body(Body::empty()).unwrap()
 }
 
+/// A request with `method` for `uri`, with `headers` (in order) and no body.
+pub fn request_with<M>(method: M, uri: &str, headers: &[(&str, &str)]) -> Request<Body>
+where
+    http::Method: TryFrom<M>,
+    <http::Method as TryFrom<M>>::Error: Into<http::Error>,
+{
+    let mut r = Request::builder().method(method).uri(uri);
+    for (name, value) in headers {
+        r = r.header(*name, *value);
+    }
+    r.body(Body::empty()).unwrap()
+}
+
 pub async fn send(app: &Router, request: Request<Body>) -> Answer {
     collect(app.clone().oneshot(request).await.expect("infallible")).await
+}
+
+/// Asks `app` for `/report` every 100 ms, up to `tries` times, until it
+/// answers `want`; returns the last answer.
+pub async fn read_until(app: &Router, want: &str, tries: usize) -> Answer {
+    let mut answer = send(app, get("/report")).await;
+    for _ in 0..tries {
+        if answer.text() == want {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        answer = send(app, get("/report")).await;
+    }
+    answer
+}
+
+/// Reads with `read` until every text differs from its counterpart in
+/// `old` (an instance learns of another's purge by message), 50 more times
+/// at most, 20 ms apart; returns the last read.
+pub async fn until_all_differ<F, Fut>(old: &[String], read: F) -> Vec<String>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Vec<String>>,
+{
+    let mut now = read().await;
+    for _ in 0..50 {
+        if now.iter().zip(old).all(|(a, b)| a != b) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        now = read().await;
+    }
+    now
 }
 
 /// Sends `n` copies of a request at once, each from its own task.
@@ -118,6 +170,7 @@ pub async fn burst(app: &Router, n: usize, make: impl Fn() -> Request<Body>) -> 
 pub fn tally(answers: &[Answer], status: &str) -> usize {
     answers.iter().filter(|a| a.x_cache() == status).count()
 }
+pub mod backends;
 pub mod child;
 pub mod cluster;
 pub mod counting;
@@ -130,10 +183,12 @@ pub mod items;
 pub mod lock;
 pub mod metrics;
 pub mod monitor;
+pub mod over_cap;
 pub mod proxy;
 pub mod redis;
 pub mod scripted;
 pub mod sentinel;
+pub mod server;
 #[cfg(feature = "redis-cluster")]
 pub mod shards;
 pub mod status;

@@ -99,10 +99,26 @@ impl Drop for Monitor {
 }
 
 /// Polls `done` every 10 ms, giving up after 20 s.
-pub async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !done() {
-        assert!(Instant::now() < deadline, "never: {what}");
+pub async fn until(what: &str, done: impl FnMut() -> bool) {
+    within(what, Duration::from_secs(20), done).await;
+}
+
+/// Polls `done` every 10 ms; fails unless it holds within `limit`.
+pub async fn within(what: &str, limit: Duration, done: impl FnMut() -> bool) {
+    assert!(
+        holds_within(limit, done).await,
+        "not within {limit:?}: {what}"
+    );
+}
+
+/// Polls `check` every 10 ms for `limit` at most; whether it held.
+pub async fn holds_within(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let give_up = Instant::now() + limit;
+    while Instant::now() < give_up {
+        if check() {
+            return true;
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    check()
 }

@@ -1,7 +1,7 @@
 //! A real `redis-server` per test: started on a free loopback port, stopped
 //! (killed) when dropped. Fault tests kill, freeze and restart it for real.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
@@ -202,6 +202,21 @@ impl RedisServer {
                 Some((name.to_string(), calls.parse().ok()?))
             })
             .collect()
+    }
+
+    /// The ids of the server's clients (`CLIENT LIST`), but the one asking.
+    pub fn client_ids(&self) -> HashSet<String> {
+        self.raw(&["CLIENT", "LIST"])
+            .lines()
+            .filter(|l| !l.contains("cmd=client|list"))
+            .filter_map(|l| l.split_whitespace().next()?.strip_prefix("id="))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// How many scripts ran by their hash (`EVALSHA`) on the server.
+    pub fn evalsha_calls(&self) -> u64 {
+        self.command_calls().get("evalsha").copied().unwrap_or(0)
     }
 
     pub fn reset_stats(&self) {

@@ -262,6 +262,16 @@ impl SentinelSetup {
         self.url_as("")
     }
 
+    /// A backend through the sentinels, probing a lost link every 100 ms.
+    #[cfg(feature = "redis")]
+    pub async fn probing_backend(&self) -> stampede_guard::Backend {
+        stampede_guard::Backend::redis_builder(&self.url())
+            .probe_interval(Duration::from_millis(100))
+            .connect()
+            .await
+            .expect("backend through the sentinels")
+    }
+
     /// The URL with credentials for the data nodes (`user:password@`).
     pub fn url_as(&self, userinfo: &str) -> String {
         let hosts: Vec<String> = self

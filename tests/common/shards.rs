@@ -7,7 +7,7 @@ use std::time::Duration;
 use stampede_guard::{Backend, RedisStats};
 
 use super::cluster::Cluster;
-use super::fleet::{fleet_burst, Instance};
+use super::fleet::{event_subscribers, fleet_burst, Instance};
 use super::redis::RedisServer;
 use super::{get, Origin};
 
@@ -88,4 +88,14 @@ pub async fn round(
         assert_eq!(a.status, 200, "{uri}: {a:?}");
     }
     origin.calls() - before
+}
+
+/// The primary (its index in `cluster.nodes`) the instances' event
+/// subscriptions are on: the one with the most subscribers.
+pub fn subscribed_primary(cluster: &Cluster) -> usize {
+    cluster
+        .masters()
+        .into_iter()
+        .max_by_key(|&i| event_subscribers(&cluster.nodes[i]))
+        .expect("a primary")
 }

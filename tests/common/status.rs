@@ -6,6 +6,16 @@ use http::{HeaderValue, Request};
 
 use super::Answer;
 
+/// Every `Cache-Status` line of an answer.
+pub fn cache_status(answer: &Answer) -> Vec<String> {
+    answer
+        .headers
+        .get_all("cache-status")
+        .iter()
+        .map(|v| v.to_str().expect("visible ASCII").to_owned())
+        .collect()
+}
+
 /// This layer's `Cache-Status` member (the last one), with its `ttl`
 /// taken out and returned apart.
 pub fn ours(answer: &Answer) -> (String, Option<i64>) {

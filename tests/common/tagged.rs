@@ -50,6 +50,24 @@ pub async fn text(node: &Node, uri: &str) -> String {
     send(&node.app, request(uri)).await.text()
 }
 
+/// What `node` serves `/products/1` with once it answers it from its L1
+/// twice in a row, 100 ms apart (10 s at most).
+pub async fn settled(node: &Node) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let first = send(&node.app, request("/products/1")).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let second = send(&node.app, request("/products/1")).await;
+        if second.x_cache() == "HIT" && first.text() == second.text() {
+            return second.text();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the instance did not settle"
+        );
+    }
+}
+
 /// The generation-table field of `tag`'s bucket.
 pub fn bucket_field(tag: &str) -> String {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;

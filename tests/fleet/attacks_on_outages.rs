@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::fleet::{instance, Instance};
+use crate::common::fleet::{
+    backend_with_grace, graced_instance, instance, settled, wait_for_status, Instance,
+};
 use crate::common::redis::RedisServer;
 use crate::common::{get, send, Origin};
 use stampede_guard::{Backend, StampedeGuard, Status};
@@ -23,15 +25,8 @@ const LIMIT: Duration = Duration::from_secs(30);
 /// A grace far longer than the tests run.
 const LONG_GRACE: Duration = Duration::from_secs(600);
 
-async fn backend(url: &str, grace: Duration) -> Backend {
-    Backend::redis_builder(url)
-        .deadline(Duration::from_millis(500))
-        .probe_interval(Duration::from_millis(100))
-        .outage_grace(grace)
-        .connect()
-        .await
-        .expect("redis backend")
-}
+/// The backends' call deadline.
+const DEADLINE: Duration = Duration::from_millis(500);
 
 fn tagged(guard: StampedeGuard) -> StampedeGuard {
     guard
@@ -59,45 +54,34 @@ async fn wait_live(instances: &[&Instance]) {
     panic!("the instances did not rejoin within {LIMIT:?}");
 }
 
-async fn wait_degraded(instances: &[&Instance]) {
-    let until = std::time::Instant::now() + LIMIT;
-    while std::time::Instant::now() < until {
-        if instances
-            .iter()
-            .all(|i| i.backend.health().status == Status::Degraded)
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the outage was not noticed within {LIMIT:?}");
-}
-
-async fn settled(instance: &Instance, uri: &str) -> String {
-    for _ in 0..300 {
-        let answer = send(&instance.app, get(uri)).await;
-        if answer.status == 200 && answer.x_cache() == "HIT" {
-            return answer.text();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the instance did not settle on {uri}");
-}
-
-/// The ids of the server's clients, but the one asking.
-fn client_ids(redis: &RedisServer) -> HashSet<String> {
-    redis
-        .raw(&["CLIENT", "LIST"])
-        .lines()
-        .filter(|l| !l.contains("cmd=client|list"))
-        .filter_map(|l| l.split_whitespace().next()?.strip_prefix("id="))
-        .map(str::to_owned)
-        .collect()
-}
-
 enum Purge {
     Key,
     Tag,
+}
+
+impl Purge {
+    /// Purges `/report` through `instance`: its key, or its tag `t`.
+    async fn through(&self, instance: &Instance) -> Result<(), stampede_guard::Error> {
+        match self {
+            Purge::Key => instance.guard.invalidate(&get("/report")).await,
+            Purge::Tag => instance.guard.invalidate_tag("t").await,
+        }
+    }
+}
+
+/// Asks `instance` for `/report` `asks` times, 10 ms apart, and counts the
+/// answers that carry `held`; every answer must be a 200.
+async fn answers_with(instance: &Instance, held: &str, asks: usize) -> usize {
+    let mut count = 0;
+    for _ in 0..asks {
+        let answer = send(&instance.app, get("/report")).await;
+        assert_eq!(answer.status, 200);
+        if answer.text() == held {
+            count += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    count
 }
 
 /// `b` connects first, then `a`: every client that is not one of `a`'s is
@@ -108,19 +92,9 @@ enum Purge {
 async fn one_instance_killed_during_a_purge(purge: Purge, asks: usize) -> (String, usize) {
     let redis = Arc::new(RedisServer::start());
     let origin = Origin::default();
-    let b = instance(
-        backend(&redis.url(), LONG_GRACE).await,
-        &origin,
-        Duration::ZERO,
-        tagged,
-    );
-    let before_a = client_ids(&redis);
-    let a = instance(
-        backend(&redis.url(), LONG_GRACE).await,
-        &origin,
-        Duration::ZERO,
-        tagged,
-    );
+    let b = graced_instance(&redis.url(), LONG_GRACE, &origin, Duration::ZERO, tagged).await;
+    let before_a = redis.client_ids();
+    let a = graced_instance(&redis.url(), LONG_GRACE, &origin, Duration::ZERO, tagged).await;
     wait_live(&[&a, &b]).await;
     let held = settled(&b, "/report").await;
     assert_eq!(
@@ -128,7 +102,7 @@ async fn one_instance_killed_during_a_purge(purge: Purge, asks: usize) -> (Strin
         settled(&a, "/report").await,
         "one value for the fleet"
     );
-    let a_ids: HashSet<String> = client_ids(&redis).difference(&before_a).cloned().collect();
+    let a_ids: HashSet<String> = redis.client_ids().difference(&before_a).cloned().collect();
     assert!(!a_ids.is_empty(), "a's connections seen");
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -138,7 +112,7 @@ async fn one_instance_killed_during_a_purge(purge: Purge, asks: usize) -> (Strin
         std::thread::spawn(move || {
             let mut kills = 0usize;
             while !stop.load(Ordering::SeqCst) {
-                for id in client_ids(&redis).difference(&a_ids) {
+                for id in redis.client_ids().difference(&a_ids) {
                     if redis.raw(&["CLIENT", "KILL", "ID", id]) == ":1" {
                         kills += 1;
                     }
@@ -150,14 +124,9 @@ async fn one_instance_killed_during_a_purge(purge: Purge, asks: usize) -> (Strin
     };
     // Let the first kills land before the purge.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let result = tokio::time::timeout(LIMIT, async {
-        match purge {
-            Purge::Key => a.guard.invalidate(&get("/report")).await,
-            Purge::Tag => a.guard.invalidate_tag("t").await,
-        }
-    })
-    .await
-    .expect("no hang");
+    let result = tokio::time::timeout(LIMIT, purge.through(&a))
+        .await
+        .expect("no hang");
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, Ordering::SeqCst);
     let kills = killer.join().expect("killer");
@@ -170,15 +139,7 @@ async fn one_instance_killed_during_a_purge(purge: Purge, asks: usize) -> (Strin
     );
 
     wait_live(&[&b]).await;
-    let mut stale = 0;
-    for _ in 0..asks {
-        let answer = send(&b.app, get("/report")).await;
-        assert_eq!(answer.status, 200);
-        if answer.text() == held {
-            stale += 1;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let stale = answers_with(&b, &held, asks).await;
     (held, stale)
 }
 
@@ -231,18 +192,22 @@ async fn a_flapping_redis_fails_no_request_and_warm_keys_stay_within_one_call_pe
     const FLAPS: u64 = 8;
     let mut redis = RedisServer::start();
     let origin = Origin::default();
-    let a = instance(
-        backend(&redis.url(), LONG_GRACE).await,
+    let a = graced_instance(
+        &redis.url(),
+        LONG_GRACE,
         &origin,
         Duration::from_millis(5),
         ttl,
-    );
-    let b = instance(
-        backend(&redis.url(), LONG_GRACE).await,
+    )
+    .await;
+    let b = graced_instance(
+        &redis.url(),
+        LONG_GRACE,
         &origin,
         Duration::from_millis(5),
         ttl,
-    );
+    )
+    .await;
     let both = [&a, &b];
     wait_live(&both).await;
     for _ in 0..3 {
@@ -308,31 +273,16 @@ async fn a_flapping_redis_fails_no_request_and_warm_keys_stay_within_one_call_pe
 async fn snapshot_older_than_a_purge(grace: Duration, purge: Purge) -> (String, usize) {
     let mut redis = RedisServer::start();
     let origin = Origin::default();
-    let a = instance(
-        backend(&redis.url(), grace).await,
-        &origin,
-        Duration::ZERO,
-        tagged,
-    );
-    let b = instance(
-        backend(&redis.url(), grace).await,
-        &origin,
-        Duration::ZERO,
-        tagged,
-    );
+    let a = graced_instance(&redis.url(), grace, &origin, Duration::ZERO, tagged).await;
+    let b = graced_instance(&redis.url(), grace, &origin, Duration::ZERO, tagged).await;
     wait_live(&[&a, &b]).await;
     let old = settled(&a, "/report").await;
     assert_eq!(settled(&b, "/report").await, old);
     assert_eq!(redis.raw(&["SAVE"]), "+OK");
-    tokio::time::timeout(LIMIT, async {
-        match purge {
-            Purge::Key => a.guard.invalidate(&get("/report")).await,
-            Purge::Tag => a.guard.invalidate_tag("t").await,
-        }
-    })
-    .await
-    .expect("no hang")
-    .expect("purge");
+    tokio::time::timeout(LIMIT, purge.through(&a))
+        .await
+        .expect("no hang")
+        .expect("purge");
     let new = settled(&a, "/report").await;
     assert_ne!(new, old);
     assert_eq!(settled(&b, "/report").await, new);
@@ -394,31 +344,18 @@ async fn a_snapshot_older_than_a_tag_purge_brings_nothing_purged_back_under_a_gr
 async fn purge_in_the_rejoin_window(purge: Purge, asks: usize) -> (String, usize) {
     let mut redis = RedisServer::start();
     let origin = Origin::default();
-    let a = instance(
-        backend(&redis.url(), LONG_GRACE).await,
-        &origin,
-        Duration::ZERO,
-        tagged,
-    );
-    let b = instance(
-        backend(&redis.url(), LONG_GRACE).await,
-        &origin,
-        Duration::ZERO,
-        tagged,
-    );
+    let a = graced_instance(&redis.url(), LONG_GRACE, &origin, Duration::ZERO, tagged).await;
+    let b = graced_instance(&redis.url(), LONG_GRACE, &origin, Duration::ZERO, tagged).await;
     wait_live(&[&a, &b]).await;
     let held = settled(&b, "/report").await;
     assert_eq!(settled(&a, "/report").await, held);
     redis.kill();
     let both = [&a, &b];
-    wait_degraded(&both).await;
+    wait_for_status(&both, Status::Degraded).await;
     redis.restart();
     let until = std::time::Instant::now() + LIMIT;
     loop {
-        let result = match purge {
-            Purge::Key => a.guard.invalidate(&get("/report")).await,
-            Purge::Tag => a.guard.invalidate_tag("t").await,
-        };
+        let result = purge.through(&a).await;
         if result.is_ok() {
             break;
         }
@@ -426,15 +363,7 @@ async fn purge_in_the_rejoin_window(purge: Purge, asks: usize) -> (String, usize
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     wait_live(&[&b]).await;
-    let mut stale = 0;
-    for _ in 0..asks {
-        let answer = send(&b.app, get("/report")).await;
-        assert_eq!(answer.status, 200);
-        if answer.text() == held {
-            stale += 1;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let stale = answers_with(&b, &held, asks).await;
     (held, stale)
 }
 
@@ -461,29 +390,19 @@ async fn a_tag_purge_that_is_the_first_write_to_a_lost_table_outlives_the_next_r
     let redis = RedisServer::start();
     let origin = Origin::default();
     let proxy = Proxy::start(redis.port()).await;
-    let b = instance(
-        backend(&proxy.url(), LONG_GRACE).await,
-        &origin,
-        Duration::ZERO,
-        tagged,
-    );
+    let b = graced_instance(&proxy.url(), LONG_GRACE, &origin, Duration::ZERO, tagged).await;
     wait_live(&[&b]).await;
-    let before_a = client_ids(&redis);
-    let a = instance(
-        backend(&redis.url(), LONG_GRACE).await,
-        &origin,
-        Duration::ZERO,
-        tagged,
-    );
+    let before_a = redis.client_ids();
+    let a = graced_instance(&redis.url(), LONG_GRACE, &origin, Duration::ZERO, tagged).await;
     wait_live(&[&a, &b]).await;
     let held = settled(&b, "/report").await;
     assert_eq!(settled(&a, "/report").await, held);
-    let a_ids: HashSet<String> = client_ids(&redis).difference(&before_a).cloned().collect();
+    let a_ids: HashSet<String> = redis.client_ids().difference(&before_a).cloned().collect();
     proxy.freeze();
-    for id in client_ids(&redis).difference(&a_ids) {
+    for id in redis.client_ids().difference(&a_ids) {
         redis.raw(&["CLIENT", "KILL", "ID", id]);
     }
-    wait_degraded(&[&b]).await;
+    wait_for_status(&[&b], Status::Degraded).await;
     assert_eq!(redis.raw(&["DEL", "sg:tags"]), ":1");
     tokio::time::timeout(LIMIT, a.guard.invalidate_tag("t"))
         .await
@@ -515,18 +434,22 @@ async fn thousands_of_cold_keys_during_an_outage_cost_one_call_per_key_per_insta
     const COLD: usize = 2_000;
     let mut redis = RedisServer::start();
     let origin = Origin::default();
-    let a = instance(
-        backend(&redis.url(), LONG_GRACE).await,
+    let a = graced_instance(
+        &redis.url(),
+        LONG_GRACE,
         &origin,
         Duration::from_millis(2),
         ttl,
-    );
-    let b = instance(
-        backend(&redis.url(), LONG_GRACE).await,
+    )
+    .await;
+    let b = graced_instance(
+        &redis.url(),
+        LONG_GRACE,
         &origin,
         Duration::from_millis(2),
         ttl,
-    );
+    )
+    .await;
     wait_live(&[&a, &b]).await;
     redis.kill();
     // Noticed under load, as in production.
@@ -539,7 +462,7 @@ async fn thousands_of_cold_keys_during_an_outage_cost_one_call_per_key_per_insta
     };
     let both = [&a, &b];
     tokio::select! {
-        _ = wait_degraded(&both) => {}
+        _ = wait_for_status(&both, Status::Degraded) => {}
         _ = probe => {}
     }
     // A probe's rebuild cut off by the select runs on: it is over once the
@@ -592,18 +515,8 @@ async fn a_shutdown_during_a_flap_returns_and_fails_no_request() {
     let redis = Arc::new(std::sync::Mutex::new(RedisServer::start()));
     let url = redis.lock().unwrap().url();
     let origin = Origin::default();
-    let a = instance(
-        backend(&url, LONG_GRACE).await,
-        &origin,
-        Duration::from_millis(800),
-        ttl,
-    );
-    let b = instance(
-        backend(&url, LONG_GRACE).await,
-        &origin,
-        Duration::from_millis(800),
-        ttl,
-    );
+    let a = graced_instance(&url, LONG_GRACE, &origin, Duration::from_millis(800), ttl).await;
+    let b = graced_instance(&url, LONG_GRACE, &origin, Duration::from_millis(800), ttl).await;
     wait_live(&[&a, &b]).await;
     let in_flight = {
         let app = a.app.clone();
@@ -670,18 +583,22 @@ enum Stall {
 async fn a_stall(stall: Stall) {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let a = instance(
-        backend(&redis.url(), LONG_GRACE).await,
+    let a = graced_instance(
+        &redis.url(),
+        LONG_GRACE,
         &origin,
         Duration::from_millis(5),
         ttl,
-    );
-    let b = instance(
-        backend(&redis.url(), LONG_GRACE).await,
+    )
+    .await;
+    let b = graced_instance(
+        &redis.url(),
+        LONG_GRACE,
         &origin,
         Duration::from_millis(5),
         ttl,
-    );
+    )
+    .await;
     let both = [&a, &b];
     wait_live(&both).await;
     for _ in 0..2 {
@@ -700,7 +617,7 @@ async fn a_stall(stall: Stall) {
         }
     };
     tokio::select! {
-        _ = wait_degraded(&both) => {}
+        _ = wait_for_status(&both, Status::Degraded) => {}
         _ = load => {}
     }
     for _ in 0..5 {
@@ -807,7 +724,7 @@ async fn over_cap_bodies_and_no_store_requests_during_an_outage() {
     let mut apps = Vec::new();
     let mut backends = Vec::new();
     for _ in 0..2 {
-        let backend = backend(&redis.url(), LONG_GRACE).await;
+        let backend = backend_with_grace(&redis.url(), DEADLINE, LONG_GRACE).await;
         let app = outage_app(&origin, backend.clone());
         let big = outage_app(&big_origin, backend.clone());
         apps.push((app, big));
@@ -891,18 +808,8 @@ async fn a_shutdown_cutting_a_rebuild_short_during_a_flap_accounts_for_its_lease
     let redis = Arc::new(std::sync::Mutex::new(RedisServer::start()));
     let url = redis.lock().unwrap().url();
     let origin = Origin::default();
-    let a = instance(
-        backend(&url, LONG_GRACE).await,
-        &origin,
-        Duration::from_secs(3),
-        ttl,
-    );
-    let b = instance(
-        backend(&url, LONG_GRACE).await,
-        &origin,
-        Duration::from_secs(3),
-        ttl,
-    );
+    let a = graced_instance(&url, LONG_GRACE, &origin, Duration::from_secs(3), ttl).await;
+    let b = graced_instance(&url, LONG_GRACE, &origin, Duration::from_secs(3), ttl).await;
     wait_live(&[&a, &b]).await;
     let in_flight = {
         let app = a.app.clone();
@@ -972,32 +879,17 @@ async fn a_kept_purge_retried_on_an_empty_redis(purge: Purge) -> (usize, usize, 
     use crate::common::proxy::Proxy;
     let mut redis = RedisServer::start();
     let origin = Origin::default();
-    let a = instance(
-        backend(&redis.url(), LONG_GRACE).await,
-        &origin,
-        Duration::ZERO,
-        tagged,
-    );
+    let a = graced_instance(&redis.url(), LONG_GRACE, &origin, Duration::ZERO, tagged).await;
     let proxy = Proxy::start(redis.port()).await;
-    let b = instance(
-        backend(&proxy.url(), LONG_GRACE).await,
-        &origin,
-        Duration::ZERO,
-        tagged,
-    );
+    let b = graced_instance(&proxy.url(), LONG_GRACE, &origin, Duration::ZERO, tagged).await;
     wait_live(&[&a, &b]).await;
     let held = settled(&b, "/report").await;
     assert_eq!(settled(&a, "/report").await, held);
     redis.kill();
-    wait_degraded(&[&a, &b]).await;
-    let failed = tokio::time::timeout(LIMIT, async {
-        match purge {
-            Purge::Key => a.guard.invalidate(&get("/report")).await,
-            Purge::Tag => a.guard.invalidate_tag("t").await,
-        }
-    })
-    .await
-    .expect("no hang");
+    wait_for_status(&[&a, &b], Status::Degraded).await;
+    let failed = tokio::time::timeout(LIMIT, purge.through(&a))
+        .await
+        .expect("no hang");
     assert!(failed.is_err(), "a purge during the outage fails");
     let mut a_during = 0;
     for _ in 0..50 {
@@ -1028,15 +920,7 @@ async fn a_kept_purge_retried_on_an_empty_redis(purge: Purge) -> (usize, usize, 
     }
     proxy.thaw();
     wait_live(&[&b]).await;
-    let mut stale = 0;
-    for _ in 0..50 {
-        let answer = send(&b.app, get("/report")).await;
-        assert_eq!(answer.status, 200);
-        if answer.text() == held {
-            stale += 1;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let stale = answers_with(&b, &held, 50).await;
     eprintln!(
         "kept purge: purger stale {a_during}/50 during the outage, {a_stale}/50 after its \
          rejoin; table fields {fields}; late instance stale {stale}/50"
@@ -1070,17 +954,22 @@ async fn a_key_purge_that_fails_during_an_outage_drops_the_local_copy() {
 async fn an_instance_started_on_a_stopped_redis_serves_joins_and_hears_purges() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let a = instance(
-        backend(&redis.url(), LONG_GRACE).await,
+    let a = graced_instance(
+        &redis.url(),
+        LONG_GRACE,
         &origin,
         Duration::from_millis(20),
         ttl,
-    );
+    )
+    .await;
     wait_live(&[&a]).await;
     redis.freeze();
-    let late = tokio::time::timeout(LIMIT, backend(&redis.url(), LONG_GRACE))
-        .await
-        .expect("connect returns while Redis answers nothing");
+    let late = tokio::time::timeout(
+        LIMIT,
+        backend_with_grace(&redis.url(), DEADLINE, LONG_GRACE),
+    )
+    .await
+    .expect("connect returns while Redis answers nothing");
     let b = instance(late, &origin, Duration::from_millis(20), ttl);
     let mut tasks = Vec::new();
     for _ in 0..100 {

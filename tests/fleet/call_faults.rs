@@ -15,6 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::common::fleet::{instance, Instance};
+use crate::common::monitor::holds_within;
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
 use crate::common::{get, send, Origin};
@@ -169,18 +170,6 @@ async fn join_steady(tasks: Vec<tokio::task::JoinHandle<Vec<Answered>>>) -> Vec<
     out
 }
 
-/// Waits (bounded, polling) until `cond` holds; whether it did.
-async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    cond()
-}
-
 /// SIGSTOP of the one redis-server while 1,800 requests for 600 cold keys
 /// are in flight on 3 instances: every request is answered (none hangs),
 /// and the circuit opens.
@@ -191,7 +180,7 @@ async fn a_redis_stopped_mid_burst_opens_the_circuit_and_every_request_is_answer
     let instances = fleet(&[redis.url()], &origin, Duration::from_secs(60)).await;
     let tasks = spawn_flood(&instances, 600, "stop");
     // Mid-burst: the first origin calls have begun.
-    assert!(eventually(HUNG, || origin.calls() >= 50).await);
+    assert!(holds_within(HUNG, || origin.calls() >= 50).await);
     redis.freeze();
     let latencies = join(tasks).await;
     let seen = tally(&instances, origin.calls(), &latencies);
@@ -218,7 +207,7 @@ async fn a_link_frozen_mid_avalanche_opens_the_circuit_and_every_request_is_answ
     let origin = Origin::default();
     let instances = fleet(&urls, &origin, Duration::from_secs(60)).await;
     let tasks = spawn_flood(&instances, 600, "frozen");
-    assert!(eventually(HUNG, || origin.calls() >= 50).await);
+    assert!(holds_within(HUNG, || origin.calls() >= 50).await);
     for p in &proxies {
         p.freeze();
     }
@@ -1207,7 +1196,7 @@ async fn a_freeze_after_a_slow_spell_still_opens_the_circuit() {
         tokio::time::sleep(Duration::from_millis(300)).await;
         proxy.freeze();
         let frozen = Instant::now();
-        let opened = eventually(HUNG, || {
+        let opened = holds_within(HUNG, || {
             one[0]
                 .backend
                 .stats()

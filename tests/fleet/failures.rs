@@ -9,26 +9,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::driver::{
-    connect, counted_app, fleet_apps, join_all, spawn_request, versioned_app, Versioned, HERD,
+    churn_app, connect, counted_app, fleet_apps, join_all, spawn_request, versioned_app, Versioned,
+    HERD,
 };
+use crate::common::fleet::keys_of_kind;
 use crate::common::redis::RedisServer;
 use crate::common::{get as get_req, send, Answer, Origin};
-use axum::response::IntoResponse;
-use axum::routing::get;
 use axum::Router;
 use http::header::CACHE_CONTROL;
 use http::StatusCode;
 use stampede_guard::StampedeGuard;
-
-/// Keys of one kind (`l`: leases, `v`: values) in Redis.
-fn keys(redis: &RedisServer, kind: &str) -> usize {
-    let reply = redis.raw(&[
-        "EVAL",
-        &format!("return #redis.call('KEYS', '*:{kind}')"),
-        "0",
-    ]);
-    reply.trim_start_matches(':').parse().expect("a count")
-}
 
 fn value_of(redis: &RedisServer) -> String {
     redis.raw(&[
@@ -68,10 +58,10 @@ async fn a_lease_taken_after_its_callers_deadline_is_not_left_held() {
     // slower), and given up long before the lease's own 5 s would free it.
     assert_eq!(redis.raw(&["SET", "after-the-pause", "1"]), "+OK");
     let give_up = std::time::Instant::now() + Duration::from_secs(3);
-    while keys(&redis, "l") > 0 && std::time::Instant::now() < give_up {
+    while keys_of_kind(&redis, "l") > 0 && std::time::Instant::now() < give_up {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let leases = keys(&redis, "l");
+    let leases = keys_of_kind(&redis, "l");
     assert_eq!(
         leases, 0,
         "after the flight ended: {leases} lease(s) still held in Redis by a token nobody holds"
@@ -86,7 +76,7 @@ async fn a_lease_taken_after_its_callers_deadline_is_not_left_held() {
     );
     let second = send(&b, get_req("/report")).await;
     assert_eq!((second.text().as_str(), second.x_cache()), ("v2", "MISS"));
-    assert_eq!(keys(&redis, "v"), 1, "its rebuild reached Redis");
+    assert_eq!(keys_of_kind(&redis, "v"), 1, "its rebuild reached Redis");
 }
 
 // ---------------------------------------------------------------------------
@@ -107,7 +97,7 @@ async fn restart_under_a_running_rebuild(invalidate: bool) {
     let b = versioned_app(&v, gb.clone());
     let starter = spawn_request(&a);
     v.entered.notified().await;
-    assert_eq!(keys(&redis, "l"), 1, "a holds the lease");
+    assert_eq!(keys_of_kind(&redis, "l"), 1, "a holds the lease");
 
     redis.restart();
     // Both instances see Redis again (b's first call may find the old
@@ -144,7 +134,7 @@ async fn restart_under_a_running_rebuild(invalidate: bool) {
         for _ in 0..100 {
             let answer = send(&b, get_req("/report")).await;
             assert_eq!(answer.text(), "new");
-            if keys(&redis, "v") == 1 {
+            if keys_of_kind(&redis, "v") == 1 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -153,7 +143,7 @@ async fn restart_under_a_running_rebuild(invalidate: bool) {
         assert!(
             stored.contains("new"),
             "b stored the new value: {} value keys, {stored:?}, x-cache {}",
-            keys(&redis, "v"),
+            keys_of_kind(&redis, "v"),
             send(&b, get_req("/report")).await.x_cache()
         );
     }
@@ -266,7 +256,7 @@ async fn a_panic_under_a_long_lease_is_shared_by_the_fleet_and_the_lease_release
     for a in answers.iter().flatten() {
         assert_eq!(a.status, StatusCode::INTERNAL_SERVER_ERROR);
     }
-    assert_eq!(keys(&redis, "l"), 0, "the lease was released");
+    assert_eq!(keys_of_kind(&redis, "l"), 0, "the lease was released");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,7 +282,7 @@ async fn a_rebuild_timeout_under_a_lease_is_shared_by_the_fleet() {
     for a in answers {
         assert_eq!(a.expect("answered").status, StatusCode::GATEWAY_TIMEOUT);
     }
-    assert_eq!(keys(&redis, "l"), 0, "the lease was released");
+    assert_eq!(keys_of_kind(&redis, "l"), 0, "the lease was released");
 }
 
 // ---------------------------------------------------------------------------
@@ -306,39 +296,10 @@ async fn many_keys_through_a_fleet_leave_no_task_or_lease_behind() {
     let mut apps = Vec::new();
     let failing = Arc::new(AtomicBool::new(false));
     for _ in 0..2 {
-        let o = origin.clone();
-        let failing = failing.clone();
         let guard = StampedeGuard::new(connect(&redis).await)
             .ttl(Duration::from_secs(60))
             .rebuild_timeout(Duration::from_millis(200));
-        apps.push(
-            Router::new().route(
-                "/k/{id}",
-                get(move |axum::extract::Path(id): axum::extract::Path<u32>| {
-                    let o = o.clone();
-                    let failing = failing.clone();
-                    async move {
-                        let _ = o.enter();
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        if failing.load(Ordering::SeqCst) {
-                            match id % 3 {
-                                0 => panic!("on purpose"),
-                                1 => std::future::pending::<()>().await,
-                                _ => {}
-                            }
-                            return (
-                                StatusCode::SERVICE_UNAVAILABLE,
-                                [(CACHE_CONTROL, "no-store")],
-                                "x",
-                            )
-                                .into_response();
-                        }
-                        format!("v{id}").into_response()
-                    }
-                })
-                .layer(guard),
-            ),
-        );
+        apps.push(churn_app(&origin, &failing, true, guard));
     }
     let metrics = tokio::runtime::Handle::current().metrics();
     let base = metrics.num_alive_tasks();
@@ -361,7 +322,7 @@ async fn many_keys_through_a_fleet_leave_no_task_or_lease_behind() {
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let alive = metrics.num_alive_tasks();
-    assert_eq!(keys(&redis, "l"), 0, "no lease is left held");
+    assert_eq!(keys_of_kind(&redis, "l"), 0, "no lease is left held");
     assert!(
         alive <= base,
         "{alive} tasks alive after the requests ended (before: {base})"

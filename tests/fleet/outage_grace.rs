@@ -7,11 +7,13 @@
 
 use std::time::Duration;
 
-use crate::common::fleet::{fleet, fleet_burst, instance, Instance};
+use crate::common::fleet::{
+    backend_with_grace, fleet, fleet_burst, graced_instance, settled, wait_for_status, Instance,
+};
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
 use crate::common::{get, send, Origin};
-use stampede_guard::{Backend, StampedeGuard, Status};
+use stampede_guard::{StampedeGuard, Status};
 
 /// Far more than any wait below needs: only a hang reaches it.
 const LIMIT: Duration = Duration::from_secs(30);
@@ -23,32 +25,11 @@ const LONG_GRACE: Duration = Duration::from_secs(600);
 /// Keys warm before the outage.
 const KEYS: usize = 20;
 
-async fn backend(url: &str, grace: Duration) -> Backend {
-    Backend::redis_builder(url)
-        .deadline(Duration::from_millis(500))
-        .probe_interval(Duration::from_millis(100))
-        .outage_grace(grace)
-        .connect()
-        .await
-        .expect("redis backend")
-}
+/// The backends' call deadline.
+const DEADLINE: Duration = Duration::from_millis(500);
 
 fn ttl(guard: StampedeGuard) -> StampedeGuard {
     guard.ttl(Duration::from_secs(60))
-}
-
-async fn wait_for(instances: &[&Instance], status: Status) {
-    let until = std::time::Instant::now() + LIMIT;
-    while std::time::Instant::now() < until {
-        if instances
-            .iter()
-            .all(|i| i.backend.health().status == status)
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the instances did not reach {status:?} within {LIMIT:?}");
 }
 
 /// Every warm key, requested `per_key` times over the fleet at once.
@@ -72,11 +53,11 @@ async fn a_killed_redis_costs_no_origin_call_for_warm_keys_within_the_grace() {
         2,
         &origin,
         Duration::from_millis(20),
-        || backend(&url, LONG_GRACE),
+        || backend_with_grace(&url, DEADLINE, LONG_GRACE),
         ttl,
     )
     .await;
-    wait_for(&instances.iter().collect::<Vec<_>>(), Status::Fleet).await;
+    wait_for_status(&instances.iter().collect::<Vec<_>>(), Status::Fleet).await;
     all_keys(&instances, 4).await;
     assert_eq!(origin.calls(), KEYS, "one rebuild per key for the fleet");
 
@@ -125,7 +106,7 @@ async fn a_killed_redis_costs_no_origin_call_for_warm_keys_within_the_grace() {
     assert!(purge.is_err(), "an invalidation during the outage fails");
 
     redis.restart();
-    wait_for(&refs, Status::Fleet).await;
+    wait_for_status(&refs, Status::Fleet).await;
     // Rejoined: the in-process tier was dropped once (what was missed is
     // not served past the rejoin), and the fleet shares its rebuilds again.
     let before = origin.calls();
@@ -141,17 +122,6 @@ async fn a_killed_redis_costs_no_origin_call_for_warm_keys_within_the_grace() {
     assert_eq!(origin.calls() - before, 1, "one rebuild for the fleet");
 }
 
-async fn settled(instance: &Instance, uri: &str) -> String {
-    for _ in 0..200 {
-        let answer = send(&instance.app, get(uri)).await;
-        if answer.x_cache() == "HIT" {
-            return answer.text();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the instance did not settle");
-}
-
 /// `b` reaches Redis through a link that freezes; `a` invalidates while
 /// it is frozen. The invalidation returns `Ok` once `b`'s membership has
 /// lapsed; with a grace, `b` still serves what it held (for at most the
@@ -159,20 +129,10 @@ async fn settled(instance: &Instance, uri: &str) -> String {
 async fn partitioned(grace: Duration) -> (String, String, String) {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let a = instance(
-        backend(&redis.url(), grace).await,
-        &origin,
-        Duration::ZERO,
-        ttl,
-    );
+    let a = graced_instance(&redis.url(), grace, &origin, Duration::ZERO, ttl).await;
     let proxy = Proxy::start(redis.port()).await;
-    let b = instance(
-        backend(&proxy.url(), grace).await,
-        &origin,
-        Duration::ZERO,
-        ttl,
-    );
-    wait_for(&[&a, &b], Status::Fleet).await;
+    let b = graced_instance(&proxy.url(), grace, &origin, Duration::ZERO, ttl).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
     let held = settled(&b, "/report").await;
     assert_eq!(
         held,
@@ -189,7 +149,7 @@ async fn partitioned(grace: Duration) -> (String, String, String) {
     assert_eq!(after_purge.status, 200);
 
     proxy.thaw();
-    wait_for(&[&b], Status::Fleet).await;
+    wait_for_status(&[&b], Status::Fleet).await;
     let rejoined = send(&b.app, get("/report")).await;
     (held, after_purge.text(), rejoined.text())
 }

@@ -11,12 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::driver::{
-    connect, counted_app, join_all, spawn_request, versioned_app, Versioned, HERD,
+    churn_app, connect, counted_app, fleet_apps, join_all, spawn_request, versioned_app, Versioned,
+    HERD,
 };
+use crate::common::fleet::{event_subscribers, evict, keys_of_kind};
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
 use crate::common::{get as get_req, send, Answer, Origin};
-use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use http::header::{CACHE_CONTROL, SET_COOKIE};
@@ -26,40 +27,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// The number of keys of one kind (`l`: leases, `v`: values, `n`: fence
-/// hashes) in Redis.
-fn keys(redis: &RedisServer, kind: &str) -> usize {
-    let reply = redis.raw(&[
-        "EVAL",
-        &format!("return #redis.call('KEYS', '*:{kind}')"),
-        "0",
-    ]);
-    reply.trim_start_matches(':').parse().expect("a count")
-}
-
-/// Deletes every key of one kind, as eviction would.
-fn evict(redis: &RedisServer, kind: &str) -> usize {
-    let reply = redis.raw(&[
-        "EVAL",
-        &format!(
-            "local n = 0; for _, k in ipairs(redis.call('KEYS', '*:{kind}')) do \
-             n = n + redis.call('DEL', k) end; return n"
-        ),
-        "0",
-    ]);
-    reply.trim_start_matches(':').parse().expect("a count")
-}
-
 /// Subscribers of the default namespace's event channel.
-fn subscribers(redis: &RedisServer) -> usize {
-    let reply = redis.raw(&[
-        "EVAL",
-        "return redis.call('PUBSUB', 'NUMSUB', 'sg:events')[2]",
-        "0",
-    ]);
-    reply.trim_start_matches(':').parse().expect("a count")
-}
-
 async fn backend_at(url: &str, deadline: Duration, probe: Duration) -> Backend {
     Backend::redis_builder(url)
         .deadline(deadline)
@@ -234,12 +202,12 @@ async fn an_idle_instance_whose_link_died_silently_subscribes_again() {
     assert_eq!(send(&b, get_req("/report")).await.text(), "v1");
     let cached = send(&b, get_req("/report")).await;
     assert_eq!((cached.text().as_str(), cached.x_cache()), ("v1", "HIT"));
-    assert_eq!(subscribers(&redis), 2);
+    assert_eq!(event_subscribers(&redis), 2);
 
     // B's connections die without a word while B is idle.
     proxy.drop_existing();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(subscribers(&redis), 1, "Redis forgot B's subscriber");
+    assert_eq!(event_subscribers(&redis), 1, "Redis forgot B's subscriber");
     a_guard
         .invalidate(&get_req("/report"))
         .await
@@ -250,7 +218,7 @@ async fn an_idle_instance_whose_link_died_silently_subscribes_again() {
     // silent, subscribed again, and dropped what it could not confirm.
     tokio::time::sleep(Duration::from_millis(3500)).await;
     let after = send(&b, get_req("/report")).await;
-    let subs = subscribers(&redis);
+    let subs = event_subscribers(&redis);
     assert!(
         !(after.text() == "v1" && after.x_cache() == "HIT") && subs == 2,
         "3.5 s after its link died B still answers {} ({}), Redis has {subs} subscriber(s) \
@@ -415,19 +383,19 @@ async fn older_rebuild_after_eviction(evict_fence: bool) {
     let starter = spawn_request(&a);
     v.entered.notified().await;
     assert_eq!(
-        keys(&redis, "l"),
+        keys_of_kind(&redis, "l"),
         1,
         "A holds the lease, rebuilding from old data"
     );
 
     // Memory pressure evicts A's lease; the data changes; B rebuilds.
-    assert_eq!(evict(&redis, "l"), 1);
+    assert_eq!(evict(&redis, "*:l"), 1);
     v.switch();
     let newer = send(&b, get_req("/report")).await;
     assert_eq!((newer.text().as_str(), newer.x_cache()), ("new", "MISS"));
-    assert_eq!(keys(&redis, "v"), 1, "B committed the newer value");
+    assert_eq!(keys_of_kind(&redis, "v"), 1, "B committed the newer value");
     if evict_fence {
-        assert_eq!(evict(&redis, "n"), 1, "the fence hash is evicted");
+        assert_eq!(evict(&redis, "*:n"), 1, "the fence hash is evicted");
     }
 
     // A's rebuild, which began before B's, lands.
@@ -490,7 +458,7 @@ async fn a_commit_past_its_deadline_leaves_no_lease_and_holds_no_waiter_back() {
         .unwrap();
     assert_eq!(answered.text(), "old");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(keys(&redis, "l"), 0, "no lease is left held");
+    assert_eq!(keys_of_kind(&redis, "l"), 0, "no lease is left held");
 }
 
 // ---------------------------------------------------------------------------
@@ -524,7 +492,7 @@ async fn a_lease_taken_through_a_frozen_link_is_freed_when_it_thaws() {
     proxy.thaw();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        keys(&redis, "l"),
+        keys_of_kind(&redis, "l"),
         0,
         "no lease held by a token nobody knows"
     );
@@ -545,18 +513,6 @@ async fn a_lease_taken_through_a_frozen_link_is_freed_when_it_thaws() {
 // Promise 5: failing origins across a fleet of three.
 // ---------------------------------------------------------------------------
 
-async fn fleet(
-    redis: &RedisServer,
-    k: usize,
-    app: impl Fn(StampedeGuard) -> Router,
-) -> Vec<Router> {
-    let mut apps = Vec::new();
-    for _ in 0..k {
-        apps.push(app(StampedeGuard::new(connect(redis).await)));
-    }
-    apps
-}
-
 async fn fleet_herd(apps: &[Router]) -> Vec<Answer> {
     join_all(
         (0..HERD)
@@ -573,7 +529,7 @@ async fn fleet_herd(apps: &[Router]) -> Vec<Answer> {
 async fn a_500_with_a_cookie_costs_a_fleet_of_three_at_most_two_origin_calls() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let apps = fleet(&redis, 3, |guard| {
+    let apps = fleet_apps(&redis, 3, |guard| {
         counted_app(
             &origin,
             guard.ttl(Duration::from_secs(60)),
@@ -601,7 +557,7 @@ async fn a_500_with_a_cookie_costs_a_fleet_of_three_at_most_two_origin_calls() {
 async fn a_502_marked_private_costs_a_fleet_of_three_at_most_two_origin_calls() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let apps = fleet(&redis, 3, |guard| {
+    let apps = fleet_apps(&redis, 3, |guard| {
         counted_app(&origin, guard.ttl(Duration::from_secs(60)), |_| async {
             tokio::time::sleep(Duration::from_millis(150)).await;
             (
@@ -627,7 +583,7 @@ async fn a_502_marked_private_costs_a_fleet_of_three_at_most_two_origin_calls() 
 async fn a_hanging_origin_past_the_wait_budget_costs_a_fleet_of_three_at_most_two_calls() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let apps = fleet(&redis, 3, |guard| {
+    let apps = fleet_apps(&redis, 3, |guard| {
         counted_app(
             &origin,
             guard
@@ -663,35 +619,11 @@ async fn churn_under_paused_writes_and_killed_subscribers_leaves_nothing_behind(
     let failing = Arc::new(AtomicBool::new(false));
     let mut apps = Vec::new();
     for _ in 0..2 {
-        let o = origin.clone();
-        let failing = failing.clone();
         let guard = StampedeGuard::new(connect(&redis).await)
             .ttl(Duration::from_secs(60))
             .lease(Duration::from_secs(2))
             .rebuild_timeout(Duration::from_millis(200));
-        apps.push(
-            Router::new().route(
-                "/k/{id}",
-                get(move |axum::extract::Path(id): axum::extract::Path<u32>| {
-                    let o = o.clone();
-                    let failing = failing.clone();
-                    async move {
-                        let _ = o.enter();
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        if failing.load(Ordering::SeqCst) {
-                            match id % 3 {
-                                0 => panic!("on purpose"),
-                                1 => std::future::pending::<()>().await,
-                                _ => {}
-                            }
-                            return (StatusCode::SERVICE_UNAVAILABLE, "x").into_response();
-                        }
-                        format!("v{id}").into_response()
-                    }
-                })
-                .layer(guard),
-            ),
-        );
+        apps.push(churn_app(&origin, &failing, false, guard));
     }
     let metrics = tokio::runtime::Handle::current().metrics();
     // Warm the runtime's own tasks (connections are up).
@@ -729,7 +661,7 @@ async fn churn_under_paused_writes_and_killed_subscribers_leaves_nothing_behind(
     }
     // Every lease is 2 s: give the background releases that long at most.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let leases = keys(&redis, "l");
+    let leases = keys_of_kind(&redis, "l");
     let alive = metrics.num_alive_tasks();
     assert_eq!(leases, 0, "{leases} lease(s) left held after the churn");
     assert!(

@@ -5,10 +5,12 @@
 //! origin calls, leases and locks left held, members left behind).
 #![cfg(feature = "redis")]
 
-use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::common::fleet::{backend_at, instance, keys_like, Instance};
+use crate::common::fleet::{
+    answers_carrying, backend_at, backend_with_grace, instance, keys_like, members, purged,
+    settled, wait_for_status, Instance,
+};
 use crate::common::monitor::until;
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
@@ -22,66 +24,23 @@ fn ttl(guard: StampedeGuard) -> StampedeGuard {
     guard.ttl(Duration::from_secs(60))
 }
 
-/// A backend under the strict barrier (no outage grace) that starts even
-/// when its Redis does not answer, and tries again every 100 ms.
-async fn strict(url: &str) -> Backend {
+/// A backend that starts even when its Redis does not answer (a 500 ms
+/// connect timeout), tries again every 100 ms, and keeps serving its
+/// in-process tier for `grace` once it cannot hear the fleet.
+async fn starting(url: &str, grace: Duration) -> Backend {
     Backend::redis_builder(url)
         .deadline(ROOMY_DEADLINE)
         .connect_timeout(Duration::from_millis(500))
         .probe_interval(Duration::from_millis(100))
-        .outage_grace(Duration::ZERO)
+        .outage_grace(grace)
         .connect()
         .await
         .expect("starts with or without redis")
 }
 
-async fn wait_for(instances: &[&Instance], status: Status) {
-    let until = std::time::Instant::now() + LIMIT;
-    while std::time::Instant::now() < until {
-        if instances
-            .iter()
-            .all(|i| i.backend.health().status == status)
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the instances did not reach {status:?} within {LIMIT:?}");
-}
-
-/// Requests `uri` until the instance answers it from its in-process tier.
-async fn settled(instance: &Instance, uri: &str) -> String {
-    for _ in 0..200 {
-        let answer = send(&instance.app, get(uri)).await;
-        if answer.x_cache() == "HIT" {
-            return answer.text();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the instance did not settle");
-}
-
-/// The instances in the fleet's membership (the set also holds `born`).
-fn members(redis: &RedisServer) -> usize {
-    let reply = redis.raw(&[
-        "EVAL",
-        "local n = redis.call('ZCARD', KEYS[1]) \
-         if redis.call('ZSCORE', KEYS[1], 'born') then n = n - 1 end return n",
-        "1",
-        "sg:members",
-    ]);
-    reply.trim_start_matches(':').parse().expect("a count")
-}
-
-/// The ids of the server's clients, but the one asking.
-fn client_ids(redis: &RedisServer) -> HashSet<String> {
-    redis
-        .raw(&["CLIENT", "LIST"])
-        .lines()
-        .filter(|l| !l.contains("cmd=client|list"))
-        .filter_map(|l| l.split_whitespace().next()?.strip_prefix("id="))
-        .map(str::to_owned)
-        .collect()
+/// [`starting`] under the strict barrier (no outage grace).
+async fn strict(url: &str) -> Backend {
+    starting(url, Duration::ZERO).await
 }
 
 /// B cannot reach Redis when it starts (its link frozen) while A can. B
@@ -100,7 +59,7 @@ async fn an_instance_still_local_does_not_serve_an_entry_purged_elsewhere() {
     proxy.freeze();
     let b = instance(strict(&proxy.url()).await, &origin, Duration::ZERO, ttl);
     assert_eq!(b.backend.health().status, Status::Degraded, "B is local");
-    wait_for(&[&a], Status::Fleet).await;
+    wait_for_status(&[&a], Status::Fleet).await;
 
     let held = send(&b.app, get("/report")).await.text();
     for _ in 0..5 {
@@ -111,16 +70,8 @@ async fn an_instance_still_local_does_not_serve_an_entry_purged_elsewhere() {
             "no answer from the in-process tier"
         );
     }
-    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
-        .await
-        .expect("no hang")
-        .expect("the purge returned Ok");
-    let mut stale = 0;
-    for _ in 0..10 {
-        if send(&b.app, get("/report")).await.text() == held {
-            stale += 1;
-        }
-    }
+    purged(&a, "/report").await;
+    let stale = answers_carrying(&b, "/report", &held, 10).await;
     assert_eq!(
         stale, 0,
         "answers of an entry built before a purge that returned Ok"
@@ -139,22 +90,12 @@ async fn an_instance_still_local_serves_what_it_built_for_the_grace_at_most() {
     let a = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
     let proxy = Proxy::start(redis.port()).await;
     proxy.freeze();
-    let b = Backend::redis_builder(&proxy.url())
-        .deadline(ROOMY_DEADLINE)
-        .connect_timeout(Duration::from_millis(500))
-        .probe_interval(Duration::from_millis(100))
-        .outage_grace(Duration::from_secs(1))
-        .connect()
-        .await
-        .expect("starts without redis");
+    let b = starting(&proxy.url(), Duration::from_secs(1)).await;
     let b = instance(b, &origin, Duration::ZERO, ttl);
     assert_eq!(b.backend.health().status, Status::Degraded, "B is local");
-    wait_for(&[&a], Status::Fleet).await;
+    wait_for_status(&[&a], Status::Fleet).await;
     let held = settled(&b, "/report").await;
-    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
-        .await
-        .expect("no hang")
-        .expect("the purge returned Ok");
+    purged(&a, "/report").await;
     let until_limit = std::time::Instant::now() + LIMIT;
     while send(&b.app, get("/report")).await.text() == held {
         assert!(
@@ -180,18 +121,10 @@ async fn an_instance_that_joins_late_does_not_serve_what_it_built_before_a_purge
     let b = instance(graced(&proxy.url()).await, &origin, Duration::ZERO, ttl);
     assert_eq!(b.backend.health().status, Status::Degraded, "B is local");
     let held = settled(&b, "/report").await;
-    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
-        .await
-        .expect("no hang")
-        .expect("the purge returned Ok");
+    purged(&a, "/report").await;
     proxy.thaw();
-    wait_for(&[&a, &b], Status::Fleet).await;
-    let mut stale = 0;
-    for _ in 0..10 {
-        if send(&b.app, get("/report")).await.text() == held {
-            stale += 1;
-        }
-    }
+    wait_for_status(&[&a, &b], Status::Fleet).await;
+    let stale = answers_carrying(&b, "/report", &held, 10).await;
     assert_eq!(stale, 0, "nothing built before the purge after the join");
 }
 
@@ -205,8 +138,8 @@ async fn a_shut_down_backend_does_not_serve_an_entry_purged_after_it_left() {
     let origin = Origin::default();
     let a = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
     let b = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
-    wait_for(&[&a, &b], Status::Fleet).await;
-    until("both are members", || members(&redis) == 2).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
+    until("both are members", || members(&redis).len() == 2).await;
     let held = settled(&a, "/report").await;
     assert_eq!(
         held,
@@ -215,17 +148,9 @@ async fn a_shut_down_backend_does_not_serve_an_entry_purged_after_it_left() {
     );
 
     a.backend.shutdown(Duration::from_millis(100)).await;
-    until("A left", || members(&redis) == 1).await;
-    tokio::time::timeout(LIMIT, b.guard.invalidate(&get("/report")))
-        .await
-        .expect("no hang")
-        .expect("the purge returned Ok");
-    let mut stale = 0;
-    for _ in 0..10 {
-        if send(&a.app, get("/report")).await.text() == held {
-            stale += 1;
-        }
-    }
+    until("A left", || members(&redis).len() == 1).await;
+    purged(&b, "/report").await;
+    let stale = answers_carrying(&a, "/report", &held, 10).await;
     assert_eq!(
         stale, 0,
         "answers of an entry built before a purge that returned Ok"
@@ -239,25 +164,16 @@ async fn a_shut_down_backend_does_not_serve_an_entry_purged_after_it_left() {
 async fn a_shut_down_backend_serves_what_it_held_for_the_grace_at_most() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let graced = Backend::redis_builder(&redis.url())
-        .deadline(ROOMY_DEADLINE)
-        .probe_interval(Duration::from_millis(100))
-        .outage_grace(Duration::from_secs(1))
-        .connect()
-        .await
-        .expect("redis backend");
+    let graced = backend_with_grace(&redis.url(), ROOMY_DEADLINE, Duration::from_secs(1)).await;
     let a = instance(graced, &origin, Duration::ZERO, ttl);
     let b = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
-    wait_for(&[&a, &b], Status::Fleet).await;
-    until("both are members", || members(&redis) == 2).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
+    until("both are members", || members(&redis).len() == 2).await;
     let held = settled(&a, "/report").await;
 
     a.backend.shutdown(Duration::from_millis(100)).await;
-    until("A left", || members(&redis) == 1).await;
-    tokio::time::timeout(LIMIT, b.guard.invalidate(&get("/report")))
-        .await
-        .expect("no hang")
-        .expect("the purge returned Ok");
+    until("A left", || members(&redis).len() == 1).await;
+    purged(&b, "/report").await;
     let until_limit = std::time::Instant::now() + LIMIT;
     while send(&a.app, get("/report")).await.text() == held {
         assert!(
@@ -349,7 +265,7 @@ async fn a_shutdown_racing_the_join_leaves_no_member_and_no_connection() {
         // Longer than the join's pause and a keepalive: a leaked tier would
         // have connected and registered by then.
         tokio::time::sleep(Duration::from_millis(1_500)).await;
-        let (m, c) = (members(&redis), client_ids(&redis).len());
+        let (m, c) = (members(&redis).len(), redis.client_ids().len());
         if m != 0 || c != 0 || backend.health().status != Status::Local {
             leaked.push((round, joined_before, m, c, backend.health().status));
         }
@@ -362,13 +278,7 @@ async fn a_shutdown_racing_the_join_leaves_no_member_and_no_connection() {
 
 /// A backend with an outage grace far longer than the test.
 async fn graced(url: &str) -> Backend {
-    Backend::redis_builder(url)
-        .deadline(Duration::from_millis(500))
-        .probe_interval(Duration::from_millis(100))
-        .outage_grace(Duration::from_secs(600))
-        .connect()
-        .await
-        .expect("redis backend")
+    backend_with_grace(url, Duration::from_millis(500), Duration::from_secs(600)).await
 }
 
 /// Redis flaps: killed and restarted empty, again and again, under load,
@@ -385,7 +295,7 @@ async fn a_flapping_redis_costs_at_most_one_call_per_key_per_instance_per_ttl() 
     let a = instance(graced(&redis.url()).await, &origin, Duration::ZERO, ttl);
     let b = instance(graced(&redis.url()).await, &origin, Duration::ZERO, ttl);
     let both = [&a, &b];
-    wait_for(&both, Status::Fleet).await;
+    wait_for_status(&both, Status::Fleet).await;
     let load = || async {
         for k in 0..KEYS {
             for i in &both {
@@ -444,7 +354,7 @@ async fn after_an_empty_restart_held_entries_are_kept_and_a_later_purge_reaches_
     };
     let a = instance(graced(&redis.url()).await, &origin, Duration::ZERO, tagged);
     let b = instance(graced(&redis.url()).await, &origin, Duration::ZERO, tagged);
-    wait_for(&[&a, &b], Status::Fleet).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
     let by_key = settled(&b, "/report/1").await;
     let by_tag = settled(&b, "/report/2").await;
     assert_eq!(
@@ -456,9 +366,9 @@ async fn after_an_empty_restart_held_entries_are_kept_and_a_later_purge_reaches_
     let warm = origin.calls();
 
     redis.kill();
-    wait_for(&[&a, &b], Status::Degraded).await;
+    wait_for_status(&[&a, &b], Status::Degraded).await;
     redis.restart();
-    wait_for(&[&a, &b], Status::Fleet).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
     for (uri, held) in [("/report/1", &by_key), ("/report/2", &by_tag)] {
         let answer = send(&b.app, get(uri)).await;
         assert_eq!(
@@ -469,10 +379,7 @@ async fn after_an_empty_restart_held_entries_are_kept_and_a_later_purge_reaches_
     }
     assert_eq!(origin.calls(), warm, "no origin call for what was held");
 
-    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report/1")))
-        .await
-        .expect("no hang")
-        .expect("the purge returned Ok");
+    purged(&a, "/report/1").await;
     assert_ne!(
         send(&b.app, get("/report/1")).await.text(),
         by_key,
@@ -500,26 +407,17 @@ async fn a_purge_lost_with_redis_s_data_is_not_served_past_the_grace() {
     let origin = Origin::default();
     let proxy = Proxy::start(redis.port()).await;
     let short = |url: String| async move {
-        Backend::redis_builder(&url)
-            .deadline(Duration::from_millis(200))
-            .probe_interval(Duration::from_millis(100))
-            .outage_grace(Duration::from_secs(1))
-            .connect()
-            .await
-            .expect("redis backend")
+        backend_with_grace(&url, Duration::from_millis(200), Duration::from_secs(1)).await
     };
     let a = instance(short(redis.url()).await, &origin, Duration::ZERO, ttl);
     let b = instance(short(proxy.url()).await, &origin, Duration::ZERO, ttl);
-    wait_for(&[&a, &b], Status::Fleet).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
     let held = settled(&b, "/report").await;
     proxy.freeze();
-    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
-        .await
-        .expect("no hang")
-        .expect("the purge returned Ok");
+    purged(&a, "/report").await;
     redis.kill();
     redis.restart();
-    wait_for(&[&a], Status::Fleet).await;
+    wait_for_status(&[&a], Status::Fleet).await;
     proxy.thaw();
     let until_limit = std::time::Instant::now() + LIMIT;
     while send(&b.app, get("/report")).await.text() == held {
@@ -529,7 +427,7 @@ async fn a_purge_lost_with_redis_s_data_is_not_served_past_the_grace() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    wait_for(&[&b], Status::Fleet).await;
+    wait_for_status(&[&b], Status::Fleet).await;
     for _ in 0..20 {
         assert_ne!(
             send(&b.app, get("/report")).await.text(),
@@ -564,7 +462,7 @@ async fn two_instances_shutting_down_mid_rebuild_leave_the_third_one_rebuild() {
     let a = instance(connect().await, &oa, Duration::from_secs(600), configure);
     let b = instance(connect().await, &ob, Duration::from_millis(200), configure);
     let c = instance(connect().await, &oc, Duration::from_millis(200), configure);
-    until("three members", || members(&redis) == 3).await;
+    until("three members", || members(&redis).len() == 3).await;
     let app = a.app.clone();
     let a_request = tokio::spawn(async move { send(&app, get("/report/hot")).await });
     until("A's handler runs", || oa.calls() == 1).await;
@@ -632,8 +530,8 @@ async fn a_purge_does_not_wait_for_a_member_that_left_while_it_waited() {
     let proxy = Proxy::start(redis.port()).await;
     let a = instance(strict(&proxy.url()).await, &origin, Duration::ZERO, ttl);
     let c = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
-    wait_for(&[&a, &c], Status::Fleet).await;
-    until("both are members", || members(&redis) == 2).await;
+    wait_for_status(&[&a, &c], Status::Fleet).await;
+    until("both are members", || members(&redis).len() == 2).await;
     settled(&c, "/report").await;
 
     monitor.settle(&redis).await;
@@ -662,7 +560,7 @@ async fn a_purge_does_not_wait_for_a_member_that_left_while_it_waited() {
     tokio::time::timeout(LIMIT, a.backend.shutdown(Duration::from_millis(100)))
         .await
         .expect("A's shutdown returned");
-    until("A left", || members(&redis) == 1).await;
+    until("A left", || members(&redis).len() == 1).await;
     tokio::time::timeout(LIMIT, purger)
         .await
         .expect("no hang")
@@ -793,18 +691,18 @@ async fn a_backend_shut_down_during_an_outage_does_not_rejoin() {
     let mut redis = RedisServer::start();
     let origin = Origin::default();
     let a = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
-    wait_for(&[&a], Status::Fleet).await;
+    wait_for_status(&[&a], Status::Fleet).await;
     settled(&a, "/report").await;
     redis.kill();
-    wait_for(&[&a], Status::Degraded).await;
+    wait_for_status(&[&a], Status::Degraded).await;
     tokio::time::timeout(LIMIT, a.backend.shutdown(Duration::from_millis(100)))
         .await
         .expect("the shutdown returned");
     redis.restart();
     // Longer than a probe interval and a keepalive: a reconnect would show.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    assert_eq!(members(&redis), 0);
-    assert!(client_ids(&redis).is_empty(), "no connection from A");
+    assert_eq!(members(&redis).len(), 0);
+    assert!(redis.client_ids().is_empty(), "no connection from A");
     assert_eq!(a.backend.health().status, Status::Local);
 }
 
@@ -824,14 +722,11 @@ async fn a_redis_that_dies_while_the_backend_joins_is_joined_once_it_stays_up() 
         redis.kill();
     }
     redis.restart();
-    wait_for(&[&b], Status::Fleet).await;
+    wait_for_status(&[&b], Status::Fleet).await;
     let a = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
-    wait_for(&[&a, &b], Status::Fleet).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
     let held = settled(&b, "/report").await;
-    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
-        .await
-        .expect("no hang")
-        .expect("the purge returned Ok");
+    purged(&a, "/report").await;
     let answer = send(&b.app, get("/report")).await;
     assert_ne!(answer.text(), held, "the purge was heard");
 }
@@ -847,7 +742,7 @@ async fn a_purge_pending_through_a_frozen_redis_is_honoured_after_the_thaw() {
     let origin = Origin::default();
     let a = instance(graced(&redis.url()).await, &origin, Duration::ZERO, ttl);
     let b = instance(graced(&redis.url()).await, &origin, Duration::ZERO, ttl);
-    wait_for(&[&a, &b], Status::Fleet).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
     let held = settled(&b, "/report").await;
     assert_eq!(held, settled(&a, "/report").await);
     let generations = keys_like(&redis, "sg:*:g");
@@ -856,7 +751,7 @@ async fn a_purge_pending_through_a_frozen_redis_is_honoured_after_the_thaw() {
     monitor.settle(&redis).await;
 
     redis.freeze();
-    wait_for(&[&a, &b], Status::Degraded).await;
+    wait_for_status(&[&a, &b], Status::Degraded).await;
     let mark = monitor.len();
     let purge = tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
         .await
@@ -872,7 +767,7 @@ async fn a_purge_pending_through_a_frozen_redis_is_honoured_after_the_thaw() {
             .any(|c| c.iter().any(|a| *a == generations[0]))
     })
     .await;
-    wait_for(&[&a, &b], Status::Fleet).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
     let mut stale = Vec::new();
     for _ in 0..10 {
         for (name, i) in [("a", &a), ("b", &b)] {
@@ -896,34 +791,20 @@ async fn with_no_grace_a_cut_off_instance_does_not_serve_what_it_rebuilt_before_
     let origin = Origin::default();
     let proxy = Proxy::start(redis.port()).await;
     let fast = |url: String| async move {
-        Backend::redis_builder(&url)
-            .deadline(Duration::from_millis(200))
-            .probe_interval(Duration::from_millis(100))
-            .outage_grace(Duration::ZERO)
-            .connect()
-            .await
-            .expect("redis backend")
+        backend_with_grace(&url, Duration::from_millis(200), Duration::ZERO).await
     };
     let a = instance(fast(redis.url()).await, &origin, Duration::ZERO, ttl);
     let b = instance(fast(proxy.url()).await, &origin, Duration::ZERO, ttl);
-    wait_for(&[&a, &b], Status::Fleet).await;
-    until("both are members", || members(&redis) == 2).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
+    until("both are members", || members(&redis).len() == 2).await;
     settled(&b, "/report").await;
 
     proxy.freeze();
-    wait_for(&[&b], Status::Degraded).await;
+    wait_for_status(&[&b], Status::Degraded).await;
     // B, cut off past its lease, drops what it held and rebuilds alone.
     let rebuilt = settled(&b, "/report").await;
-    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
-        .await
-        .expect("no hang")
-        .expect("the purge returned Ok");
-    let mut stale = 0;
-    for _ in 0..10 {
-        if send(&b.app, get("/report")).await.text() == rebuilt {
-            stale += 1;
-        }
-    }
+    purged(&a, "/report").await;
+    let stale = answers_carrying(&b, "/report", &rebuilt, 10).await;
     assert_eq!(
         stale, 0,
         "answers of an entry B read before a purge that returned Ok"
@@ -988,37 +869,19 @@ impl tracing::Subscriber for Logs {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
-/// Set in the process [`with_logs`] starts: the test it names runs there.
-const LOGGED_TEST: &str = "STAMPEDE_GUARD_LOGGED_TEST";
-
 /// Runs `body` with every event of the process captured, in a process of
 /// its own: this test binary, started again on the test `name` alone. A
 /// process-wide subscriber sees every thread's events, and no other test
 /// logs there, so the counts are exact whichever runner runs the suite
 /// and however many tests run beside it.
 fn with_logs(name: &str, body: impl FnOnce(&Logs)) {
-    if std::env::var(LOGGED_TEST).as_deref() == Ok(name) {
-        let logs = Logs::default();
-        tracing::subscriber::set_global_default(logs.clone())
-            .expect("the only subscriber of the process");
-        body(&logs);
-        return;
+    if !crate::common::child::alone() {
+        return crate::common::child::run_alone(module_path!(), name);
     }
-    let module = module_path!().split_once("::").map_or("", |(_, m)| m);
-    let test = format!("{module}::{name}");
-    let out = std::process::Command::new(std::env::current_exe().expect("this binary"))
-        .args([test.as_str(), "--exact", "--include-ignored", "--nocapture"])
-        .args(["--test-threads", "1"])
-        .env(LOGGED_TEST, name)
-        .output()
-        .expect("the test runs in a process of its own");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("1 passed"),
-        "{test} in its own process: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let logs = Logs::default();
+    tracing::subscriber::set_global_default(logs.clone())
+        .expect("the only subscriber of the process");
+    body(&logs);
 }
 
 /// Redis flaps three times: killed until the backend's health says
@@ -1039,7 +902,7 @@ async fn outage_lines(logs: &Logs, down_long: bool) -> Vec<(usize, usize, usize)
     let mut redis = RedisServer::start();
     let origin = Origin::default();
     let a = instance(graced(&redis.url()).await, &origin, Duration::ZERO, ttl);
-    wait_for(&[&a], Status::Fleet).await;
+    wait_for_status(&[&a], Status::Fleet).await;
     // Counted from the moment the health first says `Fleet`: an episode
     // the health reported while the instance joined is not one of these.
     let (w0, i0) = (
@@ -1069,7 +932,7 @@ async fn outage_lines(logs: &Logs, down_long: bool) -> Vec<(usize, usize, usize)
             }
         }
         redis.restart();
-        wait_for(&[&a], Status::Fleet).await;
+        wait_for_status(&[&a], Status::Fleet).await;
         // Up for longer than two keepalives: a late line would be counted.
         tokio::time::sleep(Duration::from_millis(2_500)).await;
         let until = std::time::Instant::now() + LIMIT;
@@ -1144,20 +1007,15 @@ async fn a_purge_on_an_instance_still_local_reaches_the_fleet_or_fails() {
     proxy.freeze();
     let b = instance(strict(&proxy.url()).await, &origin, Duration::ZERO, ttl);
     assert_eq!(b.backend.health().status, Status::Degraded, "B is local");
-    wait_for(&[&a], Status::Fleet).await;
+    wait_for_status(&[&a], Status::Fleet).await;
     let held = settled(&a, "/report").await;
 
     let purge = tokio::time::timeout(LIMIT, b.guard.invalidate(&get("/report")))
         .await
         .expect("no hang");
     proxy.thaw();
-    wait_for(&[&a, &b], Status::Fleet).await;
-    let mut stale = 0;
-    for _ in 0..10 {
-        if send(&a.app, get("/report")).await.text() == held {
-            stale += 1;
-        }
-    }
+    wait_for_status(&[&a, &b], Status::Fleet).await;
+    let stale = answers_carrying(&a, "/report", &held, 10).await;
     assert!(
         purge.is_err() || stale == 0,
         "the purge returned Ok and A answered the purged entry {stale} times of 10"
@@ -1186,7 +1044,7 @@ async fn a_purge_of_everything_on_an_instance_still_local_is_made_once_it_joins(
     proxy.freeze();
     let b = instance(strict(&proxy.url()).await, &origin, Duration::ZERO, ttl);
     assert_eq!(b.backend.health().status, Status::Degraded, "B is local");
-    wait_for(&[&a], Status::Fleet).await;
+    wait_for_status(&[&a], Status::Fleet).await;
     let held = settled(&a, "/report").await;
 
     let purge = tokio::time::timeout(LIMIT, b.guard.invalidate_all())
@@ -1199,7 +1057,7 @@ async fn a_purge_of_everything_on_an_instance_still_local_is_made_once_it_joins(
         "not made yet"
     );
     proxy.thaw();
-    wait_for(&[&a, &b], Status::Fleet).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
     let until_limit = std::time::Instant::now() + LIMIT;
     while send(&a.app, get("/report")).await.text() == held {
         assert!(
@@ -1219,18 +1077,13 @@ async fn a_purge_on_a_shut_down_backend_reaches_the_fleet_or_fails() {
     let origin = Origin::default();
     let a = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
     let b = instance(strict(&redis.url()).await, &origin, Duration::ZERO, ttl);
-    wait_for(&[&a, &b], Status::Fleet).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
     let held = settled(&b, "/report").await;
     a.backend.shutdown(Duration::from_millis(100)).await;
     let purge = tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
         .await
         .expect("no hang");
-    let mut stale = 0;
-    for _ in 0..10 {
-        if send(&b.app, get("/report")).await.text() == held {
-            stale += 1;
-        }
-    }
+    let stale = answers_carrying(&b, "/report", &held, 10).await;
     assert!(
         purge.is_err() || stale == 0,
         "the purge returned Ok and B answered the purged entry {stale} times of 10"
@@ -1249,14 +1102,7 @@ async fn a_shutdown_inside_a_slow_join_leaves_no_member_and_no_connection() {
         let mut redis = RedisServer::start();
         redis.kill();
         let proxy = Proxy::delayed(redis.port(), 40..=40).await;
-        let backend = Backend::redis_builder(&proxy.url())
-            .deadline(ROOMY_DEADLINE)
-            .connect_timeout(Duration::from_millis(500))
-            .probe_interval(Duration::from_millis(100))
-            .outage_grace(Duration::ZERO)
-            .connect()
-            .await
-            .expect("starts without redis");
+        let backend = strict(&proxy.url()).await;
         redis.restart();
         tokio::time::sleep(Duration::from_millis(100 + 120 * round)).await;
         let joined_before = backend.health().status == Status::Fleet;
@@ -1264,13 +1110,13 @@ async fn a_shutdown_inside_a_slow_join_leaves_no_member_and_no_connection() {
             .await
             .expect("the shutdown returned");
         until("no member and no connection", || {
-            members(&redis) == 0 && client_ids(&redis).is_empty()
+            members(&redis).is_empty() && redis.client_ids().is_empty()
         })
         .await;
         // Longer than the join's pause and a keepalive: a leaked tier would
         // have connected or registered again by then.
         tokio::time::sleep(Duration::from_millis(1_500)).await;
-        let (m, c) = (members(&redis), client_ids(&redis).len());
+        let (m, c) = (members(&redis).len(), redis.client_ids().len());
         if m != 0 || c != 0 || backend.health().status != Status::Local {
             leaked.push((round, joined_before, m, c, backend.health().status));
         }
@@ -1291,23 +1137,14 @@ async fn a_cut_off_instance_stops_serving_a_purged_entry_once_the_grace_ran_out(
     let origin = Origin::default();
     let proxy = Proxy::start(redis.port()).await;
     let short = |url: String| async move {
-        Backend::redis_builder(&url)
-            .deadline(Duration::from_millis(200))
-            .probe_interval(Duration::from_millis(100))
-            .outage_grace(Duration::from_secs(1))
-            .connect()
-            .await
-            .expect("redis backend")
+        backend_with_grace(&url, Duration::from_millis(200), Duration::from_secs(1)).await
     };
     let a = instance(short(redis.url()).await, &origin, Duration::ZERO, ttl);
     let b = instance(short(proxy.url()).await, &origin, Duration::ZERO, ttl);
-    wait_for(&[&a, &b], Status::Fleet).await;
+    wait_for_status(&[&a, &b], Status::Fleet).await;
     let held = settled(&b, "/report").await;
     proxy.freeze();
-    tokio::time::timeout(LIMIT, a.guard.invalidate(&get("/report")))
-        .await
-        .expect("no hang")
-        .expect("the purge returned Ok");
+    purged(&a, "/report").await;
     let until_limit = std::time::Instant::now() + LIMIT;
     loop {
         let answer = send(&b.app, get("/report")).await;

@@ -8,10 +8,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::common::fleet::{instance, keys_like, Instance};
+use crate::common::backends::redis_backend;
+use crate::common::fleet::{instance, keys_like, members, Instance};
 use crate::common::monitor::{until, Monitor};
 use crate::common::redis::RedisServer;
-use crate::common::{get, send, Origin, ROOMY_DEADLINE};
+use crate::common::{get, send, Origin};
 use stampede_guard::{Backend, StampedeGuard, Status};
 
 /// A lease far longer than the wait budget: a waiter released by the
@@ -25,37 +26,6 @@ fn configure(guard: StampedeGuard) -> StampedeGuard {
         .ttl(Duration::from_secs(60))
         .lease(LEASE)
         .wait_budget(WAIT_BUDGET)
-}
-
-async fn connect(redis: &RedisServer) -> Backend {
-    Backend::redis_builder(&redis.url())
-        .deadline(ROOMY_DEADLINE)
-        .connect()
-        .await
-        .expect("redis backend")
-}
-
-/// The ids of the server's clients, but the one asking.
-fn client_ids(redis: &RedisServer) -> HashSet<String> {
-    redis
-        .raw(&["CLIENT", "LIST"])
-        .lines()
-        .filter(|l| !l.contains("cmd=client|list"))
-        .filter_map(|l| l.split_whitespace().next()?.strip_prefix("id="))
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The instances in the fleet's membership (the set also holds `born`).
-fn members(redis: &RedisServer) -> usize {
-    let reply = redis.raw(&[
-        "EVAL",
-        "local n = redis.call('ZCARD', KEYS[1]) \
-         if redis.call('ZSCORE', KEYS[1], 'born') then n = n - 1 end return n",
-        "1",
-        "sg:members",
-    ]);
-    reply.trim_start_matches(':').parse().expect("a count")
 }
 
 /// B is connected; A connects, and its connections are told apart.
@@ -72,19 +42,19 @@ async fn pair(
     origin_b: &Origin,
 ) -> Pair {
     let b = instance(
-        connect(redis).await,
+        redis_backend(redis).await,
         origin_b,
         Duration::from_millis(200),
         configure,
     );
-    let before = client_ids(redis);
-    let a = instance(connect(redis).await, origin_a, a_takes, configure);
-    let a_clients: HashSet<String> = client_ids(redis).difference(&before).cloned().collect();
+    let before = redis.client_ids();
+    let a = instance(redis_backend(redis).await, origin_a, a_takes, configure);
+    let a_clients: HashSet<String> = redis.client_ids().difference(&before).cloned().collect();
     assert!(
         a_clients.len() >= 2,
         "A has a command and a subscriber connection: {a_clients:?}"
     );
-    until("both instances are members", || members(redis) == 2).await;
+    until("both instances are members", || members(redis).len() == 2).await;
     Pair { a, b, a_clients }
 }
 
@@ -139,9 +109,13 @@ async fn answers(
 
 /// What a shut-down instance leaves behind: no membership, no connection.
 async fn a_is_gone(redis: &RedisServer, pair: &Pair) {
-    assert_eq!(members(redis), 1, "A left the membership; B is still in");
+    assert_eq!(
+        members(redis).len(),
+        1,
+        "A left the membership; B is still in"
+    );
     until("A's connections are closed", || {
-        client_ids(redis).is_disjoint(&pair.a_clients)
+        redis.client_ids().is_disjoint(&pair.a_clients)
     })
     .await;
     let health = pair.a.backend.health();
@@ -231,7 +205,7 @@ async fn dropping_the_last_handle_leaves_the_membership_while_a_rebuild_runs() {
     // The request gives up; the rebuild, on its own task, runs on.
     a_request.abort();
     drop(a);
-    until("A left the membership", || members(&redis) == 1).await;
+    until("A left the membership", || members(&redis).len() == 1).await;
     assert_eq!(
         keys_like(&redis, "sg:*:l").len(),
         1,
@@ -244,7 +218,7 @@ async fn dropping_the_last_handle_leaves_the_membership_while_a_rebuild_runs() {
 async fn a_lock_held_at_shutdown_is_handed_back_and_reported_lost() {
     use stampede_guard::{Lock, LockError};
     let redis = RedisServer::start();
-    let (a, b) = (connect(&redis).await, connect(&redis).await);
+    let (a, b) = (redis_backend(&redis).await, redis_backend(&redis).await);
     let lock = |backend: &Backend| Lock::new(backend.clone()).lease(LEASE);
     let held = lock(&a).acquire("job").await.expect("A takes the lock");
     assert!(lock(&b).try_acquire("job").await.expect("B asks").is_none());
@@ -279,11 +253,11 @@ async fn a_shutdown_given_up_half_way_still_leaves_the_fleet() {
         .await
         .is_err());
     assert_eq!(pair.a.backend.health().status, Status::Local);
-    until("A left the membership", || members(&redis) == 1).await;
+    until("A left the membership", || members(&redis).len() == 1).await;
     // Left, not lapsed: its own ZREM (nothing else here issues one).
     assert!(redis.command_calls().get("zrem").is_some_and(|&n| n >= 1));
     until("A's connections are closed", || {
-        client_ids(&redis).is_disjoint(&pair.a_clients)
+        redis.client_ids().is_disjoint(&pair.a_clients)
     })
     .await;
     a_request.abort();

@@ -11,57 +11,13 @@ use axum::Router;
 use http::{HeaderMap, Request};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
+use hyper_util::rt::TokioExecutor;
 use stampede_guard::{Backend, StampedeGuard};
-use tokio::net::TcpListener;
 
+use crate::common::backends::Backends;
 use crate::common::driver::counted_app;
-use crate::common::{send, Answer, Origin};
-
-/// The backends a test runs on, each with what keeps it alive (the Redis
-/// server), and how to make another instance's backend of the same fleet.
-struct Backends {
-    #[cfg(feature = "redis")]
-    redis: crate::common::redis::RedisServer,
-}
-
-impl Backends {
-    fn start() -> Self {
-        Backends {
-            #[cfg(feature = "redis")]
-            redis: crate::common::redis::RedisServer::start(),
-        }
-    }
-
-    /// One backend of each kind, by name.
-    async fn each(&self) -> Vec<(&'static str, Backend)> {
-        vec![
-            ("embedded", Backend::local()),
-            #[cfg(feature = "redis")]
-            ("redis", self.instance().await),
-        ]
-    }
-
-    /// Another instance's backend on the same Redis.
-    #[cfg(feature = "redis")]
-    async fn instance(&self) -> Backend {
-        Backend::redis_builder(&self.redis.url())
-            .deadline(crate::common::ROOMY_DEADLINE)
-            .connect()
-            .await
-            .expect("redis backend")
-    }
-}
-
-fn request(uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut r = Request::get(uri);
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    r.body(Body::empty()).unwrap()
-}
+use crate::common::server::serve;
+use crate::common::{request_with, send, Answer, Origin};
 
 /// Headers of the target-rewrite class, most of them in no list the crate
 /// keeps: each is keyed, so an answer built with it is never served for a
@@ -96,24 +52,24 @@ async fn target_rewrites_never_share_an_answer_with_other_requests() {
             let case = format!("{kind}: {name}");
 
             // Plain first: the header's request is not answered from it.
-            let plain = send(&app, request(&at("p"), &[])).await;
+            let plain = send(&app, request_with("GET", &at("p"), &[])).await;
             assert_eq!(plain.text(), "v1", "{case}");
-            let with = send(&app, request(&at("p"), &[(name, value)])).await;
+            let with = send(&app, request_with("GET", &at("p"), &[(name, value)])).await;
             assert_eq!(with.text(), "v2", "{case}: served the plain entry");
-            let other = send(&app, request(&at("p"), &[(name, "/other")])).await;
+            let other = send(&app, request_with("GET", &at("p"), &[(name, "/other")])).await;
             assert_eq!(other.text(), "v3", "{case}: served another value's");
             assert_eq!(
-                send(&app, request(&at("p"), &[])).await.text(),
+                send(&app, request_with("GET", &at("p"), &[])).await.text(),
                 "v1",
                 "{case}"
             );
-            let again = send(&app, request(&at("p"), &[(name, value)])).await;
+            let again = send(&app, request_with("GET", &at("p"), &[(name, value)])).await;
             assert_eq!(again.text(), "v2", "{case}: its own entry");
 
             // The header's request first: a plain one is not answered from it.
-            let with = send(&app, request(&at("w"), &[(name, value)])).await;
+            let with = send(&app, request_with("GET", &at("w"), &[(name, value)])).await;
             assert_eq!(with.text(), "v4", "{case}");
-            let plain = send(&app, request(&at("w"), &[])).await;
+            let plain = send(&app, request_with("GET", &at("w"), &[])).await;
             assert_eq!(plain.text(), "v5", "{case}: plain served the header's");
             assert_eq!(origin.calls(), 5, "{case}");
         }
@@ -144,22 +100,25 @@ async fn method_overrides_pass_the_cache() {
             let uri = format!("/report?m={i}");
             let case = format!("{kind}: {name}");
 
-            let first = send(&app, request(&uri, &[(name, "DELETE")])).await;
+            let first = send(&app, request_with("GET", &uri, &[(name, "DELETE")])).await;
             assert_eq!(first.text(), "v1", "{case}");
             assert_eq!(first.x_cache(), "BYPASS", "{case}");
-            let plain = send(&app, request(&uri, &[])).await;
+            let plain = send(&app, request_with("GET", &uri, &[])).await;
             assert_eq!(
                 plain.text(),
                 "v2",
                 "{case}: the override's answer was stored"
             );
-            let again = send(&app, request(&uri, &[(name, "DELETE")])).await;
+            let again = send(&app, request_with("GET", &uri, &[(name, "DELETE")])).await;
             assert_eq!(again.text(), "v3", "{case}: answered from the cache");
             // The origin ran a DELETE: the plain entry is gone, as after a
             // real one.
-            let after = send(&app, request(&uri, &[])).await;
+            let after = send(&app, request_with("GET", &uri, &[])).await;
             assert_eq!(after.text(), "v4", "{case}: the entry outlived the DELETE");
-            assert_eq!(send(&app, request(&uri, &[])).await.text(), "v4");
+            assert_eq!(
+                send(&app, request_with("GET", &uri, &[])).await.text(),
+                "v4"
+            );
             assert_eq!(origin.calls(), 4, "{case}");
         }
     }
@@ -182,8 +141,8 @@ async fn two_clients(
         }
         (headers, format!("v{n}")).into_response()
     });
-    let a = send(&app, request(uri, &[("x-client", "a")])).await;
-    let b = send(&app, request(uri, &[("x-client", "b")])).await;
+    let a = send(&app, request_with("GET", uri, &[("x-client", "a")])).await;
+    let b = send(&app, request_with("GET", uri, &[("x-client", "b")])).await;
     (a, b, origin.calls())
 }
 
@@ -452,19 +411,19 @@ async fn a_304_does_not_bring_a_named_field_back() {
                     .respect_cache_control(true),
             ),
         );
-        let first = send(&app, request("/renewed", &[])).await;
+        let first = send(&app, request_with("GET", "/renewed", &[])).await;
         assert_eq!(first.headers["x-user"], "user-1", "{kind}");
         // Asks until the entry, stale after a second, has been renewed.
         for _ in 0..500 {
             if renewals.load(Ordering::SeqCst) > 0 {
                 break;
             }
-            let answer = send(&app, request("/renewed", &[])).await;
+            let answer = send(&app, request_with("GET", "/renewed", &[])).await;
             assert_eq!(answer.text(), "the body", "{kind}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(renewals.load(Ordering::SeqCst), 1, "{kind}");
-        let after = send(&app, request("/renewed", &[])).await;
+        let after = send(&app, request_with("GET", "/renewed", &[])).await;
         assert_eq!(after.text(), "the body", "{kind}");
         assert_eq!(after.x_cache(), "HIT", "{kind}");
         assert!(
@@ -514,35 +473,15 @@ async fn a_variant_keeps_its_vary_whatever_names_it() {
             );
             let uri = format!("/report?v={i}");
             let case = format!("{kind}: {name}: {value}");
-            let a = send(&app, request(&uri, &[("x-user", "a")])).await;
+            let a = send(&app, request_with("GET", &uri, &[("x-user", "a")])).await;
             assert_eq!(a.text(), "for a", "{case}");
-            let b = send(&app, request(&uri, &[("x-user", "b")])).await;
+            let b = send(&app, request_with("GET", &uri, &[("x-user", "b")])).await;
             assert_eq!(b.text(), "for b", "{case}: served a's variant");
-            let again = send(&app, request(&uri, &[("x-user", "a")])).await;
+            let again = send(&app, request_with("GET", &uri, &[("x-user", "a")])).await;
             assert_eq!(again.text(), "for a", "{case}");
             assert!(origin.calls() >= 2, "{case}");
         }
     }
-}
-
-/// Serves `app` on a port of its own.
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let service = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
 }
 
 /// GETs `path` at `addr` over HTTP/1.1, with `host` as `Host` if given

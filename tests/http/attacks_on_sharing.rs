@@ -15,39 +15,10 @@ use axum::routing::any;
 use axum::Router;
 use http::request::Parts;
 use http::{Method, Request, StatusCode};
-use stampede_guard::{Backend, StampedeGuard};
+use stampede_guard::StampedeGuard;
 
-use crate::common::send;
-
-/// The backends a test runs on, and what keeps them alive.
-struct Backends {
-    #[cfg(feature = "redis")]
-    redis: crate::common::redis::RedisServer,
-}
-
-impl Backends {
-    fn start() -> Self {
-        Backends {
-            #[cfg(feature = "redis")]
-            redis: crate::common::redis::RedisServer::start(),
-        }
-    }
-
-    async fn each(&self) -> Vec<(&'static str, Backend)> {
-        vec![
-            ("embedded", Backend::local()),
-            #[cfg(feature = "redis")]
-            (
-                "redis",
-                Backend::redis_builder(&self.redis.url())
-                    .deadline(crate::common::ROOMY_DEADLINE)
-                    .connect()
-                    .await
-                    .expect("redis backend"),
-            ),
-        ]
-    }
-}
+use crate::common::backends::Backends;
+use crate::common::{request_with, send};
 
 /// Counts the handler's calls.
 #[derive(Clone, Default)]
@@ -88,19 +59,12 @@ fn respond(body: String, headers: &[(&str, &str)]) -> Response {
     r.body(Body::from(body)).unwrap()
 }
 
-fn request(method: Method, uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut r = Request::builder().method(method).uri(uri);
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    r.body(Body::empty()).unwrap()
-}
-
 fn get(uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    request(Method::GET, uri, headers)
+    request_with(Method::GET, uri, headers)
 }
 
-use crate::review_attacks::{raw, serve};
+use crate::common::server::serve;
+use crate::review_attacks::raw;
 
 fn query(parts: &Parts) -> &str {
     parts.uri.query().unwrap_or("")
@@ -451,7 +415,7 @@ async fn a_post_overridden_to_get_is_never_stored_as_the_get() {
         });
         let post = send(
             &app,
-            request(
+            request_with(
                 Method::POST,
                 "/report?pg",
                 &[("x-http-method-override", "GET")],
@@ -670,14 +634,14 @@ async fn if_none_match_takes_precedence_over_if_modified_since() {
         assert_eq!(cold.status, StatusCode::OK, "{kind}: cold");
         let hit = send(&app, get("/report?inm", &conds)).await;
         assert_eq!(hit.status, StatusCode::OK, "{kind}: hit");
-        let head = send(&app, request(Method::HEAD, "/report?inm", &conds)).await;
+        let head = send(&app, request_with(Method::HEAD, "/report?inm", &conds)).await;
         assert_eq!(head.status, StatusCode::OK, "{kind}: head");
         // Weak comparison for If-None-Match: W/"a" matches "a".
         let weak = send(&app, get("/report?inm", &[("if-none-match", "W/\"a\"")])).await;
         assert_eq!(weak.status, StatusCode::NOT_MODIFIED, "{kind}: weak");
         let head = send(
             &app,
-            request(
+            request_with(
                 Method::HEAD,
                 "/report?inm",
                 &[("if-none-match", "\"x\", \"a\"")],
@@ -766,7 +730,7 @@ async fn head_before_get_never_stores_an_empty_body() {
         let calls = Calls::default();
         let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
         let app = app(&calls, guard, |n, _| respond(format!("payload-{n}"), &[]));
-        let head = send(&app, request(Method::HEAD, "/report?hg", &[])).await;
+        let head = send(&app, request_with(Method::HEAD, "/report?hg", &[])).await;
         assert_eq!(head.status, StatusCode::OK, "{kind}");
         assert!(head.body.is_empty(), "{kind}: HEAD got a body");
         let get = send(&app, get("/report?hg", &[])).await;
@@ -1237,7 +1201,9 @@ async fn requests_joining_one_miss_get_their_own_preconditions() {
         let app = Router::new().route("/report", any(slow).layer(guard));
         let spawn = |method: Method, headers: &'static [(&'static str, &'static str)]| {
             let app = app.clone();
-            tokio::spawn(async move { send(&app, request(method, "/report?join", headers)).await })
+            tokio::spawn(
+                async move { send(&app, request_with(method, "/report?join", headers)).await },
+            )
         };
         let head = spawn(Method::HEAD, &[]);
         tokio::time::sleep(Duration::from_millis(50)).await;

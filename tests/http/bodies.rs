@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{get as get_req, send, tally, Origin};
+use crate::common::{get as get_req, local_guard, send, tally, Origin};
 use axum::body::Body;
 use axum::response::Response;
 use axum::routing::get;
@@ -13,17 +13,13 @@ use axum::Router;
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::BodyExt;
-use stampede_guard::{Backend, SharedBodyError, StampedeGuard};
+use stampede_guard::{SharedBodyError, StampedeGuard};
 use tokio::sync::{mpsc, Notify};
 use tower::ServiceExt;
 
 /// Generous bound so that a broken build fails instead of hanging; never a
 /// measure of speed.
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
 
 /// Body parts a handler sends, in order; `None` waits for the gate.
 type Script = Vec<Option<Result<Bytes, std::io::Error>>>;
@@ -84,7 +80,7 @@ async fn the_starter_gets_the_first_chunk_while_the_origin_still_sends() {
 
     let origin = Origin::default();
     let gate = Arc::new(Notify::new());
-    let app = scripted_app(&origin, &gate, guard(), || {
+    let app = scripted_app(&origin, &gate, local_guard(), || {
         vec![chunk(b'a', 100), None, chunk(b'b', 100), chunk(b'c', 100)]
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -129,7 +125,7 @@ async fn the_starter_gets_the_first_chunk_while_the_origin_still_sends() {
 async fn the_fill_goes_on_when_the_starters_client_goes_away() {
     let origin = Origin::default();
     let gate = Arc::new(Notify::new());
-    let app = scripted_app(&origin, &gate, guard(), || {
+    let app = scripted_app(&origin, &gate, local_guard(), || {
         vec![chunk(b'a', 10), None, chunk(b'b', 10)]
     });
     let response = app.clone().oneshot(get_req("/r")).await.unwrap();
@@ -164,7 +160,7 @@ async fn twenty_waiters_share_one_fetch_of_a_body_over_the_cap() {
         parts.extend((0..8u8).map(|i| chunk(b'a' + i, 256)));
         parts
     };
-    let app = scripted_app(&origin, &gate, guard().max_body_bytes(1024), script);
+    let app = scripted_app(&origin, &gate, local_guard().max_body_bytes(1024), script);
     let tasks: Vec<_> = (0..20)
         .map(|_| {
             let app = app.clone();
@@ -211,7 +207,7 @@ async fn a_shared_body_that_fails_part_way_fails_for_every_reader() {
             Some(Err(std::io::Error::other("origin broke"))),
         ]
     };
-    let app = scripted_app(&origin, &gate, guard().max_body_bytes(1024), script);
+    let app = scripted_app(&origin, &gate, local_guard().max_body_bytes(1024), script);
     let tasks: Vec<_> = (0..5)
         .map(|_| {
             let app = app.clone();
@@ -261,7 +257,7 @@ async fn a_body_error_midway_reaches_the_starter_and_nothing_is_stored() {
             vec![chunk(b'a', 10), chunk(b'b', 10)]
         }
     };
-    let app = scripted_app(&origin, &gate, guard(), script);
+    let app = scripted_app(&origin, &gate, local_guard(), script);
     let response = app.clone().oneshot(get_req("/r")).await.unwrap();
     let mut body = response.into_body();
     let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
@@ -303,7 +299,7 @@ async fn a_server_error_over_the_cap_is_not_shared() {
                 (StatusCode::INTERNAL_SERVER_ERROR, vec![b'e'; 4096])
             }
         })
-        .layer(guard().max_body_bytes(1024)),
+        .layer(local_guard().max_body_bytes(1024)),
     );
     let tasks: Vec<_> = (0..5)
         .map(|_| {
@@ -349,7 +345,7 @@ async fn an_endless_body_over_the_cap_stops_being_read_when_its_readers_leave() 
                 ))
             }
         })
-        .layer(guard().max_body_bytes(4096)),
+        .layer(local_guard().max_body_bytes(4096)),
     );
     let response = app.oneshot(get_req("/endless")).await.unwrap();
     let mut body = response.into_body();
@@ -380,7 +376,7 @@ async fn a_stream_cut_by_the_rebuild_timeout_ends_with_an_error_not_a_hang() {
     let app = scripted_app(
         &origin,
         &gate,
-        guard().rebuild_timeout(Duration::from_millis(200)),
+        local_guard().rebuild_timeout(Duration::from_millis(200)),
         || vec![chunk(b'a', 10), None, chunk(b'b', 10)],
     );
     let response = app.clone().oneshot(get_req("/r")).await.unwrap();

@@ -8,62 +8,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
-use axum::routing::get;
 use axum::Router;
-use bytes::Bytes;
 use http::StatusCode;
-use stampede_guard::{Backend, StampedeGuard};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
+use crate::common::over_cap::{big_app, expected};
 use crate::common::{get as get_req, send, Answer, Origin};
-
-const CAP: usize = 1024;
-
-/// `/big`: an answer of `chunks` chunks of `chunk` bytes each (byte `i` of
-/// the body is `i % 251`), with its `Content-Length`. Each call waits for a
-/// permit from `gate` before it answers.
-fn big_app(origin: &Origin, gate: &Arc<Semaphore>, chunk: usize, chunks: usize) -> Router {
-    let (origin, gate) = (origin.clone(), gate.clone());
-    let guard = StampedeGuard::new(Backend::local())
-        .ttl(Duration::from_secs(600))
-        .max_body_bytes(CAP);
-    Router::new().route(
-        "/big",
-        get(move || {
-            let (origin, gate) = (origin.clone(), gate.clone());
-            async move {
-                let (_n, running) = origin.enter();
-                gate.acquire().await.expect("gate").forget();
-                let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
-                tokio::spawn(async move {
-                    let _running = running;
-                    for c in 0..chunks {
-                        let part: Vec<u8> = (c * chunk..(c + 1) * chunk)
-                            .map(|i| (i % 251) as u8)
-                            .collect();
-                        if tx.send(Ok(Bytes::from(part))).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-                let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
-                http::Response::builder()
-                    .header("content-length", chunk * chunks)
-                    .body(Body::from_stream(stream))
-                    .unwrap()
-            }
-        })
-        .layer(guard),
-    )
-}
-
-fn expected(len: usize) -> Bytes {
-    (0..len)
-        .map(|i| (i % 251) as u8)
-        .collect::<Vec<u8>>()
-        .into()
-}
 
 /// `n` requests at once, each from its own task, answered once `gate`
 /// opens: it opens when the origin has had its first call and every

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::status::split_ttl;
+use crate::common::status::{cache_status, split_ttl};
 use crate::common::{burst, get as get_req, send, Answer, Origin};
 use axum::body::Body;
 use axum::response::AppendHeaders;
@@ -13,15 +13,6 @@ use axum::Router;
 use http::{header, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Semaphore;
-
-fn cache_status(answer: &Answer) -> Vec<String> {
-    answer
-        .headers
-        .get_all("cache-status")
-        .iter()
-        .map(|v| v.to_str().expect("visible ASCII").to_owned())
-        .collect()
-}
 
 /// The one member of this layer, with its `ttl` parameter taken out and
 /// returned apart (it depends on the clock).

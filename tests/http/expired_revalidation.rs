@@ -293,8 +293,8 @@ async fn stale_if_error_on_a_failing_origin_embedded() {
 #[cfg(feature = "redis")]
 mod with_redis {
     use super::*;
+    use crate::common::backends::redis_backend;
     use crate::common::redis::RedisServer;
-    use crate::common::ROOMY_DEADLINE;
 
     /// Two instances on one Redis. A roomy deadline: these count origin
     /// calls, and a Redis call past a tight deadline on a loaded machine
@@ -302,12 +302,7 @@ mod with_redis {
     async fn two(redis: &RedisServer) -> Vec<Backend> {
         let mut backends = Vec::new();
         for _ in 0..2 {
-            let backend = Backend::redis_builder(&redis.url())
-                .deadline(ROOMY_DEADLINE)
-                .connect()
-                .await
-                .expect("redis backend");
-            backends.push(backend);
+            backends.push(redis_backend(redis).await);
         }
         backends
     }

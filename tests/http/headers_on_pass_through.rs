@@ -7,39 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{get as request, send, Answer, Origin};
+use crate::common::status::{cache_status, no_tag_headers};
+use crate::common::{get as request, request_with, send, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
 use http::{header, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
-
-fn members(answer: &Answer) -> Vec<String> {
-    answer
-        .headers
-        .get_all("cache-status")
-        .iter()
-        .map(|v| v.to_str().expect("visible ASCII").to_owned())
-        .collect()
-}
-
-fn no_tags(answer: &Answer, what: &str) {
-    for name in ["surrogate-key", "cache-tag"] {
-        assert!(
-            answer.headers.get(name).is_none(),
-            "{name} leaked on {what}: {:?}",
-            answer.headers
-        );
-    }
-}
-
-fn with(uri: &str, headers: &[(&str, &str)], method: &str) -> Request<axum::body::Body> {
-    let mut b = Request::builder().method(method).uri(uri);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(axum::body::Body::empty()).unwrap()
-}
 
 /// `/r` answers every method with both tag headers, an upstream member.
 fn tagged_app(origin: &Origin, guard: StampedeGuard) -> Router {
@@ -79,33 +53,33 @@ async fn a_passed_through_answer_carries_no_tag_header() {
     for (what, req) in [
         (
             "credentials",
-            with("/r", &[("authorization", "Bearer x")], "GET"),
+            request_with("GET", "/r", &[("authorization", "Bearer x")]),
         ),
-        ("a cookie", with("/r", &[("cookie", "s=1")], "GET")),
+        ("a cookie", request_with("GET", "/r", &[("cookie", "s=1")])),
         (
             "request no-store",
-            with("/r", &[("cache-control", "no-store")], "GET"),
+            request_with("GET", "/r", &[("cache-control", "no-store")]),
         ),
-        ("POST", with("/r", &[], "POST")),
-        ("key_fn None", with("/r?nokey", &[], "GET")),
+        ("POST", request_with("POST", "/r", &[])),
+        ("key_fn None", request_with("GET", "/r?nokey", &[])),
         (
             "upgrade",
-            with(
+            request_with(
+                "GET",
                 "/r",
                 &[("upgrade", "websocket"), ("connection", "upgrade")],
-                "GET",
             ),
         ),
     ] {
         let answer = send(&app, req).await;
         assert_eq!(answer.x_cache(), "BYPASS", "{what}");
-        no_tags(&answer, what);
+        no_tag_headers(&answer, what);
     }
     // With `invalidate_on_unsafe` on (the default), too.
     let origin = Origin::default();
     let app = tagged_app(&origin, StampedeGuard::new(Backend::local()));
-    let answer = send(&app, with("/r", &[], "DELETE")).await;
-    no_tags(&answer, "DELETE");
+    let answer = send(&app, request_with("DELETE", "/r", &[])).await;
+    no_tag_headers(&answer, "DELETE");
 }
 
 /// Exposed tag headers stay on a pass-through, as on the starter's answer.
@@ -114,7 +88,11 @@ async fn an_exposing_route_keeps_them_on_a_pass_through() {
     let origin = Origin::default();
     let guard = StampedeGuard::new(Backend::local()).expose_tag_headers(true);
     let app = tagged_app(&origin, guard);
-    let answer = send(&app, with("/r", &[("authorization", "Bearer x")], "GET")).await;
+    let answer = send(
+        &app,
+        request_with("GET", "/r", &[("authorization", "Bearer x")]),
+    )
+    .await;
     assert_eq!(
         answer.headers.get("surrogate-key").unwrap(),
         "secret-tenant-7 internal"
@@ -268,11 +246,11 @@ async fn a_malformed_upstream_member_does_not_swallow_ours() {
             ("a miss", request("/r")),
             (
                 "a pass-through",
-                with("/r", &[("authorization", "x")], "GET"),
+                request_with("GET", "/r", &[("authorization", "x")]),
             ),
         ] {
             let answer = send(&app, req).await;
-            let all = members(&answer);
+            let all = cache_status(&answer);
             let field = all.join(", ");
             assert!(is_sf_list(&field), "{upstream:?} on {what}: {field:?}");
             assert!(
@@ -320,17 +298,20 @@ async fn a_renewing_304_slips_nothing_into_the_entry() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let renewed = send(&app, request("/p")).await;
     assert_eq!(renewed.text(), "v1");
-    no_tags(&renewed, "the renewing request");
+    no_tag_headers(&renewed, "the renewing request");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     for (what, req) in [
         ("GET", request("/p")),
-        ("HEAD", with("/p", &[], "HEAD")),
-        ("304", with("/p", &[("if-none-match", "\"e\"")], "GET")),
+        ("HEAD", request_with("HEAD", "/p", &[])),
+        (
+            "304",
+            request_with("GET", "/p", &[("if-none-match", "\"e\"")]),
+        ),
     ] {
         let hit = send(&app, req).await;
         assert_eq!(hit.x_cache(), "HIT", "{what}");
-        no_tags(&hit, what);
-        let all = members(&hit);
+        no_tag_headers(&hit, what);
+        let all = cache_status(&hit);
         assert_eq!(all.len(), 1, "{what}: {all:?}");
         assert!(all[0].starts_with("stampede-guard; hit; ttl="), "{all:?}");
     }
@@ -407,7 +388,7 @@ async fn a_non_ascii_tag_does_not_hide_the_others_of_its_line() {
             .layer(guard.clone()),
         );
         let first = send(&app, request("/t")).await;
-        no_tags(&first, "the starter");
+        no_tag_headers(&first, "the starter");
         assert_eq!(send(&app, request("/t")).await.x_cache(), "HIT");
         guard.invalidate_tag(purged).await.unwrap();
         let after = send(&app, request("/t")).await;
@@ -452,27 +433,27 @@ async fn a_timed_out_waiter_and_a_hit_for_miss_request_say_so_validly() {
     }
     let waiter = send(&app, request("/w")).await;
     assert_eq!(waiter.status, StatusCode::SERVICE_UNAVAILABLE);
-    let all = members(&waiter);
+    let all = cache_status(&waiter);
     assert_eq!(all.len(), 1, "{all:?}");
     assert!(is_sf_list(&all[0]), "{all:?}");
     assert!(all[0].contains("detail=wait-timeout"), "{all:?}");
     assert!(!all[0].contains("; hit"), "{all:?} {}", waiter.x_cache());
     assert_ne!(waiter.x_cache(), "HIT");
-    no_tags(&waiter, "a timed-out waiter");
+    no_tag_headers(&waiter, "a timed-out waiter");
 
     gate.add_permits(1);
     let starter = starter.await.unwrap();
     assert_eq!(starter.text(), "mine");
-    no_tags(&starter, "a private answer");
-    assert!(is_sf_list(&members(&starter).join(", ")));
+    no_tag_headers(&starter, "a private answer");
+    assert!(is_sf_list(&cache_status(&starter).join(", ")));
 
     // The window: the next request runs its own rebuild, not stored.
     gate.add_permits(1);
     let alone = send(&app, request("/w")).await;
     assert_eq!(alone.text(), "mine");
     assert_eq!(calls.load(Ordering::SeqCst), 2);
-    no_tags(&alone, "a hit-for-miss request");
-    let all = members(&alone);
+    no_tag_headers(&alone, "a hit-for-miss request");
+    let all = cache_status(&alone);
     assert_eq!(all.len(), 1, "{all:?}");
     assert!(is_sf_list(&all[0]), "{all:?}");
     assert!(all[0].starts_with("stampede-guard; fwd="), "{all:?}");

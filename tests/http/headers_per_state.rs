@@ -8,22 +8,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{get as request, send, Answer, Origin};
+use crate::common::status::{cache_status, no_tag_headers};
+use crate::common::{get as request, request_with, send, Answer, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
-use http::{header, HeaderName, Request, StatusCode};
+use http::{header, HeaderName, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
-
-/// Every `Cache-Status` line of an answer.
-fn members(answer: &Answer) -> Vec<String> {
-    answer
-        .headers
-        .get_all("cache-status")
-        .iter()
-        .map(|v| v.to_str().expect("visible ASCII").to_owned())
-        .collect()
-}
 
 /// Whether `line` is one RFC 8941 list member of the shape this layer
 /// writes: a token or string name, then `; key[=value]` parameters whose
@@ -72,7 +63,7 @@ fn is_sf_member(line: &str) -> bool {
 
 /// Our one member, checked for syntax.
 fn ours(answer: &Answer) -> String {
-    let all = members(answer);
+    let all = cache_status(answer);
     assert_eq!(all.len(), 1, "exactly one member: {all:?}");
     assert!(
         is_sf_member(&all[0]),
@@ -106,23 +97,6 @@ fn app(origin: &Origin, guard: StampedeGuard) -> Router {
     )
 }
 
-fn with(uri: &str, headers: &[(&str, &str)], method: &str) -> Request<axum::body::Body> {
-    let mut b = Request::builder().method(method).uri(uri);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(axum::body::Body::empty()).unwrap()
-}
-
-fn no_tags(answer: &Answer, what: &str) {
-    for name in ["surrogate-key", "cache-tag"] {
-        assert!(
-            answer.headers.get(name).is_none(),
-            "{name} leaked on {what}"
-        );
-    }
-}
-
 #[tokio::test]
 async fn every_state_has_one_valid_member_and_no_tag_header() {
     let origin = Origin::default();
@@ -130,29 +104,33 @@ async fn every_state_has_one_valid_member_and_no_tag_header() {
     let app = app(&origin, guard.clone());
 
     // Starters of every shape: HEAD, Range, conditional.
-    let head = send(&app, with("/r", &[], "HEAD")).await;
-    no_tags(&head, "a HEAD miss");
+    let head = send(&app, request_with("HEAD", "/r", &[])).await;
+    no_tag_headers(&head, "a HEAD miss");
     assert!(
         ours(&head).starts_with("stampede-guard; fwd=uri-miss"),
         "{head:?}"
     );
     assert_eq!(origin.calls(), 1);
     guard.invalidate_all().await.unwrap();
-    let range = send(&app, with("/r", &[("range", "bytes=0-0")], "GET")).await;
+    let range = send(&app, request_with("GET", "/r", &[("range", "bytes=0-0")])).await;
     assert_eq!(range.status, StatusCode::PARTIAL_CONTENT);
-    no_tags(&range, "a Range miss");
+    no_tag_headers(&range, "a Range miss");
     ours(&range);
     guard.invalidate_all().await.unwrap();
-    let cond = send(&app, with("/r", &[("if-none-match", "\"e\"")], "GET")).await;
+    let cond = send(
+        &app,
+        request_with("GET", "/r", &[("if-none-match", "\"e\"")]),
+    )
+    .await;
     assert_eq!(cond.status, StatusCode::NOT_MODIFIED);
-    no_tags(&cond, "a conditional miss");
+    no_tag_headers(&cond, "a conditional miss");
     ours(&cond);
     guard.invalidate_all().await.unwrap();
     // A plain starter streams the origin's answer: the upstream members
     // stay before ours, and the tags are gone.
     let plain = send(&app, request("/r")).await;
-    no_tags(&plain, "a plain miss");
-    let all = members(&plain);
+    no_tag_headers(&plain, "a plain miss");
+    let all = cache_status(&plain);
     assert_eq!(all.len(), 3, "{all:?}");
     assert!(is_sf_member(&all[2]), "{all:?}");
     assert_eq!(origin.calls(), 4);
@@ -160,13 +138,19 @@ async fn every_state_has_one_valid_member_and_no_tag_header() {
     // Hits of every shape: one member of ours, nothing replayed.
     for (what, req) in [
         ("GET", request("/r")),
-        ("HEAD", with("/r", &[], "HEAD")),
-        ("Range", with("/r", &[("range", "bytes=0-0")], "GET")),
-        ("416", with("/r", &[("range", "bytes=99-")], "GET")),
-        ("304", with("/r", &[("if-none-match", "W/\"e\"")], "GET")),
+        ("HEAD", request_with("HEAD", "/r", &[])),
+        (
+            "Range",
+            request_with("GET", "/r", &[("range", "bytes=0-0")]),
+        ),
+        ("416", request_with("GET", "/r", &[("range", "bytes=99-")])),
+        (
+            "304",
+            request_with("GET", "/r", &[("if-none-match", "W/\"e\"")]),
+        ),
     ] {
         let hit = send(&app, req).await;
-        no_tags(&hit, what);
+        no_tag_headers(&hit, what);
         let m = ours(&hit);
         assert!(m.starts_with("stampede-guard; hit; ttl="), "{what}: {m}");
         assert_eq!(hit.x_cache(), "HIT", "{what}");
@@ -215,7 +199,7 @@ async fn a_guard_without_the_headers_emits_none_on_anothers_entries() {
     let hit = send(&quiet, request("/r")).await;
     assert_eq!(hit.text(), "v1", "the shared entry");
     assert!(hit.headers.get("x-cache").is_none(), "{:?}", hit.headers);
-    assert!(members(&hit).is_empty(), "{:?}", hit.headers);
+    assert!(cache_status(&hit).is_empty(), "{:?}", hit.headers);
 
     let other = send(&renamed, request("/r")).await;
     assert_eq!(other.text(), "v1");
@@ -231,8 +215,8 @@ async fn a_guard_without_the_headers_emits_none_on_anothers_entries() {
     let built = send(&quiet, request("/r?q")).await;
     assert!(built.headers.get("x-cache").is_none());
     // Only the origin's upstream members, passed on: none of ours.
-    assert_eq!(members(&built).len(), 2, "{:?}", built.headers);
-    assert!(!members(&built)
+    assert_eq!(cache_status(&built).len(), 2, "{:?}", built.headers);
+    assert!(!cache_status(&built)
         .iter()
         .any(|m| m.starts_with("stampede-guard")));
     let hit = send(&loud, request("/r?q")).await;
@@ -305,7 +289,11 @@ async fn a_configured_guard_answers_as_the_built_one() {
         let app = app(&origin, guard);
         let mut trace = Vec::new();
         for lang in ["en", "fr", "en", "EN"] {
-            let a = send(&app, with("/r", &[("accept-language", lang)], "GET")).await;
+            let a = send(
+                &app,
+                request_with("GET", "/r", &[("accept-language", lang)]),
+            )
+            .await;
             trace.push(format!("{} {} {}", a.status, a.x_cache(), a.text()));
         }
         trace.push(origin.calls().to_string());
@@ -354,8 +342,8 @@ async fn across_a_fleet_a_quiet_instance_adds_no_status_header() {
     assert_eq!(hit.text(), "v1", "taken from Redis");
     assert_eq!(origin.calls(), 1);
     assert!(hit.headers.get("x-cache").is_none(), "{:?}", hit.headers);
-    assert!(members(&hit).is_empty(), "{:?}", hit.headers);
-    no_tags(&hit, "a hit from Redis");
+    assert!(cache_status(&hit).is_empty(), "{:?}", hit.headers);
+    no_tag_headers(&hit, "a hit from Redis");
 }
 
 /// What the crate writes it reads back: a config serialised from any value

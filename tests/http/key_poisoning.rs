@@ -5,9 +5,9 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use crate::common::{get as get_req, send, Origin};
+use crate::common::server::serve;
+use crate::common::{get as get_req, local_guard, send, Origin};
 use axum::body::Body;
 use axum::extract::Query;
 use axum::response::IntoResponse;
@@ -16,35 +16,10 @@ use axum::Router;
 use http::header::{ACCEPT_ENCODING, CONTENT_ENCODING, HOST, LOCATION};
 use http::{HeaderMap, Request, StatusCode, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
-use stampede_guard::{Backend, StampedeGuard};
+use stampede_guard::StampedeGuard;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tower_http::compression::CompressionLayer;
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
-
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let service = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
-}
 
 /// One hand-written request on its own connection: status and headers
 /// (lowercase names).
@@ -101,7 +76,7 @@ fn self_redirect_app(origin: &Origin, guard: StampedeGuard) -> Router {
 #[tokio::test]
 async fn the_scheme_of_an_absolute_form_target_is_part_of_the_key() {
     let origin = Origin::default();
-    let addr = serve(self_redirect_app(&origin, guard())).await;
+    let addr = serve(self_redirect_app(&origin, local_guard())).await;
     let (status, h) = get_raw(addr, "http://victim.test/old", "victim.test").await;
     assert_eq!(status, 301);
     assert_eq!(h["location"], "http://victim.test/new");
@@ -120,7 +95,7 @@ async fn the_scheme_of_an_absolute_form_target_is_part_of_the_key() {
 #[tokio::test]
 async fn an_absolute_form_http_target_never_answers_an_origin_form_request() {
     let origin = Origin::default();
-    let addr = serve(self_redirect_app(&origin, guard())).await;
+    let addr = serve(self_redirect_app(&origin, local_guard())).await;
     let (_, h) = get_raw(addr, "http://victim.test/old", "victim.test").await;
     assert_eq!(h["location"], "http://victim.test/new");
     let (_, h) = get_raw(addr, "/old", "victim.test").await;
@@ -146,7 +121,7 @@ async fn names_a_parser_decodes_alike_keep_their_order() {
             q.get("\u{FFFD}").cloned().unwrap_or_default()
         }
     };
-    let app = Router::new().route("/q", get(handler).layer(guard()));
+    let app = Router::new().route("/q", get(handler).layer(local_guard()));
     let first = send(&app, get_req("/q?%FF=evil&%FE=good")).await;
     assert_eq!(first.text(), "good");
     let second = send(&app, get_req("/q?%FE=good&%FF=evil")).await;
@@ -182,7 +157,7 @@ fn pairs_app(origin: &Origin, guard: Option<StampedeGuard>) -> Router {
 #[tokio::test]
 async fn query_normalisation_never_merges_what_the_handler_reads_apart() {
     let origin = Origin::default();
-    let app = pairs_app(&origin, Some(guard()));
+    let app = pairs_app(&origin, Some(local_guard()));
     let plain = pairs_app(&origin, None);
     let urls = [
         "/q?a=1&A=2",
@@ -215,7 +190,7 @@ async fn query_normalisation_never_merges_what_the_handler_reads_apart() {
 #[tokio::test]
 async fn authorities_and_host_headers_never_cross() {
     let origin = Origin::default();
-    let addr = serve(self_redirect_app(&origin, guard())).await;
+    let addr = serve(self_redirect_app(&origin, local_guard())).await;
     // The attacker's Host is ignored for an absolute-form target.
     let (_, h) = raw(
         addr,
@@ -273,7 +248,7 @@ async fn forged_forwarding_headers_never_reach_another_client() {
             seen.join("|")
         }
     };
-    let app = Router::new().route("/f", get(handler).layer(guard()));
+    let app = Router::new().route("/f", get(handler).layer(local_guard()));
     let forged: [&[(&str, &str)]; 10] = [
         &[("x-forwarded-host", "evil.test")],
         &[
@@ -388,11 +363,11 @@ async fn a_coding_never_reaches_a_client_that_did_not_accept_it() {
                     Router::new()
                         .route("/c", route)
                         .layer(CompressionLayer::new())
-                        .layer(guard())
+                        .layer(local_guard())
                 } else {
                     Router::new()
                         .route("/c", route)
-                        .layer(guard())
+                        .layer(local_guard())
                         .layer(CompressionLayer::new())
                 };
                 let request = |ae: Option<&str>| {

@@ -4,9 +4,9 @@
 //! headers, GET bodies), against real axum apps served by hyper.
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use crate::common::{get as get_req, send, Origin};
+use crate::common::server::serve;
+use crate::common::{get as get_req, local_guard, send, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -14,15 +14,9 @@ use axum::Router;
 use http::header::{HOST, LOCATION};
 use http::{HeaderMap, HeaderName, Request, StatusCode, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
-use stampede_guard::{Backend, StampedeGuard};
+use stampede_guard::StampedeGuard;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
+use tokio::net::TcpStream;
 
 /// The host a framework would build links from: `X-Forwarded-Host`, then
 /// `Host`, then the URI's authority (what axum-extra's `Host` does).
@@ -56,26 +50,6 @@ fn redirect_app(origin: &Origin, guard: StampedeGuard) -> Router {
     Router::new()
         .route("/old", get(handler.clone()).post(handler))
         .layer(guard)
-}
-
-/// Serves `app` with hyper (HTTP/1 and HTTP/2 by prior knowledge).
-async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let service = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
 }
 
 /// Status, headers (lowercase names) and the rest, of one request written by
@@ -115,7 +89,7 @@ async fn get_raw(addr: SocketAddr, target: &str, host: &str) -> (u16, Vec<(Strin
 #[tokio::test]
 async fn absolute_form_target_overrides_host_for_key_and_handler() {
     let origin = Origin::default();
-    let addr = serve(redirect_app(&origin, guard())).await;
+    let addr = serve(redirect_app(&origin, local_guard())).await;
 
     // The attacker names the victim in the target and itself in Host.
     let (status, h) = get_raw(addr, "http://victim.test/old", "evil.test").await;
@@ -151,7 +125,7 @@ async fn absolute_form_target_overrides_host_for_key_and_handler() {
 #[tokio::test]
 async fn absolute_form_target_with_userinfo_and_case_keys_on_the_host() {
     let origin = Origin::default();
-    let addr = serve(redirect_app(&origin, guard())).await;
+    let addr = serve(redirect_app(&origin, local_guard())).await;
     let (_, h) = get_raw(addr, "http://evil@Victim.test:8080/old", "evil.test").await;
     assert_eq!(header(&h, "location"), "https://Victim.test:8080/new");
     // Same scheme and host, without userinfo, in another case: one entry.
@@ -165,7 +139,7 @@ async fn absolute_form_target_with_userinfo_and_case_keys_on_the_host() {
 #[tokio::test]
 async fn two_host_lines_are_refused() {
     let origin = Origin::default();
-    let app = redirect_app(&origin, guard());
+    let app = redirect_app(&origin, local_guard());
     for hosts in [["victim.test", "evil.test"], ["victim.test", "victim.test"]] {
         let request = Request::get("/old")
             .header(HOST, hosts[0])
@@ -193,7 +167,7 @@ async fn two_host_lines_are_refused() {
 #[tokio::test]
 async fn http2_authority_overrides_host_for_key_and_handler() {
     let origin = Origin::default();
-    let addr = serve(redirect_app(&origin, guard())).await;
+    let addr = serve(redirect_app(&origin, local_guard())).await;
     let stream = TcpStream::connect(addr).await.expect("connect");
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
@@ -244,7 +218,7 @@ mod nested {
     async fn nested_prefixes_have_their_own_entries_and_invalidate_by_full_url() {
         for guard_on_router in [false, true] {
             let origin = Origin::default();
-            let guard = guard();
+            let guard = local_guard();
             let app = versioned(&origin, guard.clone(), guard_on_router);
             let v1 = send(&app, get_req("/v1/items")).await;
             let v2 = send(&app, get_req("/v2/items")).await;
@@ -289,7 +263,7 @@ fn query_app(origin: &Origin, guard: StampedeGuard) -> Router {
 #[tokio::test]
 async fn repeated_query_names_in_another_order_are_another_url() {
     let origin = Origin::default();
-    let app = query_app(&origin, guard());
+    let app = query_app(&origin, local_guard());
     let a = send(&app, get_req("/r?sort=price&sort=name")).await;
     let b = send(&app, get_req("/r?sort=name&sort=price")).await;
     assert_eq!(a.text(), "sort=price&sort=name #1");
@@ -326,7 +300,7 @@ fn with_headers(uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
 #[tokio::test]
 async fn forwarding_headers_from_a_client_never_reach_another_client() {
     let origin = Origin::default();
-    let app = redirect_app(&origin, guard());
+    let app = redirect_app(&origin, local_guard());
     let forged = send(
         &app,
         with_headers("/old", &[("x-forwarded-host", "evil.test")]),
@@ -370,7 +344,7 @@ async fn forwarding_headers_from_a_client_never_reach_another_client() {
 async fn a_deployment_that_strips_forwarding_headers_can_say_so() {
     let origin = Origin::default();
     let proto = HeaderName::from_static("x-forwarded-proto");
-    let app = redirect_app(&origin, guard().forwarded_headers([proto]));
+    let app = redirect_app(&origin, local_guard().forwarded_headers([proto]));
     let a = send(&app, with_headers("/old", &[("x-forwarded-prefix", "/a")])).await;
     let b = send(&app, with_headers("/old", &[("x-forwarded-prefix", "/b")])).await;
     assert_eq!((a.x_cache(), b.x_cache()), ("MISS", "HIT"));
@@ -402,7 +376,7 @@ fn body_app(origin: &Origin, guard: StampedeGuard) -> Router {
 #[tokio::test]
 async fn get_with_a_body_never_reaches_the_handler_and_costs_a_plain_get() {
     let origin = Origin::default();
-    let app = body_app(&origin, guard());
+    let app = body_app(&origin, local_guard());
     let with_body = || {
         Request::get("/r")
             .header("content-length", "4")
@@ -444,7 +418,7 @@ async fn http2_get_with_data_frames_and_no_length_never_reaches_the_handler() {
     use hyper::body::Frame;
 
     let origin = Origin::default();
-    let addr = serve(body_app(&origin, guard())).await;
+    let addr = serve(body_app(&origin, local_guard())).await;
     let stream = TcpStream::connect(addr).await.expect("connect");
     let (mut sender, conn) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
@@ -469,7 +443,7 @@ async fn http2_get_with_data_frames_and_no_length_never_reaches_the_handler() {
     }
     assert_eq!(origin.calls(), 1);
     // A body without any length header, handed over in process, too.
-    let app = body_app(&origin, guard());
+    let app = body_app(&origin, local_guard());
     let unannounced = Request::get("/r").body(Body::from("evil")).unwrap();
     let a = send(&app, unannounced).await;
     assert_eq!((a.text(), a.x_cache()), ("body= #2".to_owned(), "MISS"));
@@ -478,7 +452,7 @@ async fn http2_get_with_data_frames_and_no_length_never_reaches_the_handler() {
 #[tokio::test]
 async fn chunked_get_over_the_wire_is_taken_as_a_plain_get() {
     let origin = Origin::default();
-    let addr = serve(body_app(&origin, guard())).await;
+    let addr = serve(body_app(&origin, local_guard())).await;
     let request = "GET /r HTTP/1.1\r\nHost: a.test\r\nTransfer-Encoding: chunked\r\n\
                    Connection: close\r\n\r\n4\r\nevil\r\n0\r\n\r\n";
     let (status, h) = raw(addr, request).await;
@@ -491,7 +465,7 @@ async fn chunked_get_over_the_wire_is_taken_as_a_plain_get() {
 #[tokio::test]
 async fn invalid_requests_from_the_network_never_panic() {
     let origin = Origin::default();
-    let addr = serve(redirect_app(&origin, guard())).await;
+    let addr = serve(redirect_app(&origin, local_guard())).await;
     for request in [
         "GET http://[::1/old HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
         "GET /old HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\nConnection: close\r\n\r\n",

@@ -12,6 +12,8 @@ use axum::Router;
 use http::{HeaderMap, Request};
 use stampede_guard::{Backend, StampedeGuard};
 
+#[cfg(feature = "redis")]
+use crate::common::backends::redis_backend;
 use crate::common::{send, Answer, Origin};
 
 /// `/v`: answers `<foo> #<call>`, `Vary: Foo`, after `delay` (for herds).
@@ -67,15 +69,6 @@ fn assert_never_presents_the_digest(answer: &Answer) {
         "the variant digest was presented: {:?}",
         answer.headers
     );
-}
-
-#[cfg(feature = "redis")]
-async fn redis_backend(redis: &crate::common::redis::RedisServer) -> Backend {
-    Backend::redis_builder(&redis.url())
-        .deadline(crate::common::ROOMY_DEADLINE)
-        .connect()
-        .await
-        .expect("redis backend")
 }
 
 async fn variants_are_selected_by_their_values(backend: Backend) {

@@ -12,16 +12,9 @@ use axum::Router;
 use http::{HeaderMap, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
 
-use crate::common::{burst, send, Answer, Origin};
-
 #[cfg(feature = "redis")]
-async fn redis_backend(redis: &crate::common::redis::RedisServer) -> Backend {
-    Backend::redis_builder(&redis.url())
-        .deadline(crate::common::ROOMY_DEADLINE)
-        .connect()
-        .await
-        .expect("redis backend")
-}
+use crate::common::backends::redis_backend;
+use crate::common::{burst, send, Answer, Origin};
 
 /// `/z`: a body coded `gzip` (`gz#<call>`) for a request whose
 /// `Accept-Encoding` lists gzip with a weight above zero (or `always`),

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::driver::counted_app;
-use crate::common::{get as get_req, send, Origin};
+use crate::common::{get as get_req, local_guard, request_with, send, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -15,18 +15,6 @@ use axum::Router;
 use http::header::SET_COOKIE;
 use http::{HeaderMap, HeaderName, Method, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
-
-fn request(m: Method, uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut r = Request::builder().method(m).uri(uri);
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    r.body(Body::empty()).unwrap()
-}
 
 /// A request with credentials, in any spelling, is neither answered from
 /// the cache nor stored.
@@ -40,9 +28,9 @@ async fn credentials_in_any_spelling_bypass() {
         ("proxy-authorization", "Basic eA=="),
     ] {
         let origin = Origin::default();
-        let app = counted_app(&origin, guard(), |n| async move { format!("v{n}") });
+        let app = counted_app(&origin, local_guard(), |n| async move { format!("v{n}") });
         assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
-        let with = send(&app, request(Method::GET, "/report", &[(name, value)])).await;
+        let with = send(&app, request_with(Method::GET, "/report", &[(name, value)])).await;
         assert_eq!(with.x_cache(), "BYPASS", "{name}: {value}");
         assert_eq!(with.text(), "v2", "{name}: answered from the cache");
         assert_eq!(send(&app, get_req("/report")).await.text(), "v1");
@@ -54,7 +42,7 @@ async fn credentials_in_any_spelling_bypass() {
 #[tokio::test]
 async fn hit_for_miss_never_blocks_the_next_cacheable_answer() {
     let origin = Origin::default();
-    let app = counted_app(&origin, guard(), |n| async move {
+    let app = counted_app(&origin, local_guard(), |n| async move {
         if n <= 2 {
             ([(SET_COOKIE, format!("s={n}"))], format!("v{n}")).into_response()
         } else {
@@ -78,7 +66,7 @@ async fn hit_for_miss_never_blocks_the_next_cacheable_answer() {
 async fn one_clients_refusal_never_reaches_another() {
     for status in [401u16, 403, 407, 429, 302, 206, 201] {
         let origin = Origin::default();
-        let app = counted_app(&origin, guard(), move |n| async move {
+        let app = counted_app(&origin, local_guard(), move |n| async move {
             tokio::time::sleep(Duration::from_millis(100)).await;
             if n == 1 {
                 (StatusCode::from_u16(status).unwrap(), "refused").into_response()
@@ -118,7 +106,7 @@ fn slow_reader(version: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
 /// A request that names its host: guards on one backend (the embedded
 /// stand-in for two instances) share its entries.
 fn lang(l: &str) -> Request<Body> {
-    request(Method::GET, "/doc", &[("host", "docs.test"), ("x-lang", l)])
+    request_with(Method::GET, "/doc", &[("host", "docs.test"), ("x-lang", l)])
 }
 
 /// `invalidate` drops every variant on every instance, and is a barrier: a
@@ -250,7 +238,7 @@ async fn an_http2_get_body_never_reaches_a_handler_behind_a_guard_around_the_rou
             }
         }),
     );
-    let service = guard().layer(router);
+    let service = local_guard().layer(router);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {

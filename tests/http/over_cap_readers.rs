@@ -9,78 +9,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use stampede_guard::{Backend, StampedeGuard};
-use tokio::sync::{mpsc, Semaphore};
+use stampede_guard::Backend;
+use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
+use crate::common::over_cap::{big_app, big_app_on, expected, CAP};
 use crate::common::{send, Answer, Origin};
 
-const CAP: usize = 1024;
 /// Far beyond any time these bodies need, the spool's ten seconds of
 /// patience with a reader that holds the others back included: a count, not
 /// a timing.
 const GENEROUS: Duration = Duration::from_secs(60);
-
-/// `/big`: `chunks` chunks of `chunk` bytes (byte `i` is `i % 251`), with
-/// its `Content-Length`; fails after `fail_at` chunks if given. Each call
-/// waits for a permit from `gate`.
-fn app(
-    origin: &Origin,
-    gate: &Arc<Semaphore>,
-    chunk: usize,
-    chunks: usize,
-    fail_at: Option<usize>,
-) -> Router {
-    let (origin, gate) = (origin.clone(), gate.clone());
-    let guard = StampedeGuard::new(Backend::local())
-        .ttl(Duration::from_secs(600))
-        .max_body_bytes(CAP);
-    Router::new().route(
-        "/big",
-        get(move || {
-            let (origin, gate) = (origin.clone(), gate.clone());
-            async move {
-                let (_n, running) = origin.enter();
-                gate.acquire().await.expect("gate").forget();
-                let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
-                tokio::spawn(async move {
-                    let _running = running;
-                    for c in 0..chunks {
-                        if fail_at == Some(c) {
-                            let _ = tx.send(Err(std::io::Error::other("origin broke"))).await;
-                            return;
-                        }
-                        let part: Vec<u8> = (c * chunk..(c + 1) * chunk)
-                            .map(|i| (i % 251) as u8)
-                            .collect();
-                        if tx.send(Ok(Bytes::from(part))).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-                http::Response::builder()
-                    .header("content-length", chunk * chunks)
-                    .body(Body::from_stream(
-                        tokio_stream::wrappers::ReceiverStream::new(rx),
-                    ))
-                    .unwrap()
-            }
-        })
-        .layer(guard),
-    )
-}
-
-fn expected(len: usize) -> Bytes {
-    (0..len)
-        .map(|i| (i % 251) as u8)
-        .collect::<Vec<u8>>()
-        .into()
-}
 
 fn req(method: &str, range: Option<&str>) -> Request<Body> {
     let mut r = Request::builder().method(method).uri("/big");
@@ -181,7 +124,7 @@ async fn a_waiter_that_never_reads_does_not_stall_the_others() {
     let (chunk, chunks) = (4 * 1024, 64);
     let origin = Origin::default();
     let gate = Arc::new(Semaphore::new(0));
-    let app = app(&origin, &gate, chunk, chunks, None);
+    let app = big_app(&origin, &gate, chunk, chunks);
     let mut responses = heads(&app, &origin, &gate, 20, || req("GET", None)).await;
     let stalled = responses.pop().unwrap();
     let done = whole_within(responses, chunk * chunks).await;
@@ -217,7 +160,7 @@ async fn several_readers_that_never_read_starter_included_do_not_stall_the_other
     let (chunk, chunks) = (4 * 1024, 64);
     let origin = Origin::default();
     let gate = Arc::new(Semaphore::new(0));
-    let app = app(&origin, &gate, chunk, chunks, None);
+    let app = big_app(&origin, &gate, chunk, chunks);
     let mut responses = heads(&app, &origin, &gate, 20, || req("GET", None)).await;
     let first = responses.remove(0);
     let last = responses.pop().unwrap();
@@ -246,7 +189,7 @@ async fn a_slow_reader_that_keeps_reading_is_never_cut_off() {
     let (chunk, chunks) = (4 * 1024, 16);
     let origin = Origin::default();
     let gate = Arc::new(Semaphore::new(0));
-    let app = app(&origin, &gate, chunk, chunks, None);
+    let app = big_app(&origin, &gate, chunk, chunks);
     let mut responses = heads(&app, &origin, &gate, 10, || req("GET", None)).await;
     let slow = responses.pop().unwrap();
     let slow = tokio::spawn(async move {
@@ -324,7 +267,7 @@ async fn a_reader_behind_the_window_ends_whole_and_the_others_do_not_wait_for_it
     let (chunk, chunks) = (1024, DISK_CAP / 1024);
     let origin = Origin::default();
     let gate = Arc::new(Semaphore::new(0));
-    let app = app(&origin, &gate, chunk, chunks, None);
+    let app = big_app(&origin, &gate, chunk, chunks);
     let mut responses = heads(&app, &origin, &gate, 10, || req("GET", None)).await;
     let go = Arc::new(Semaphore::new(0));
     let slow = read_one_then_wait(responses.pop().unwrap(), go.clone());
@@ -352,7 +295,7 @@ async fn a_reader_further_behind_than_the_disk_cap_is_cut_off() {
     let (chunk, chunks) = (1024, 2 * DISK_CAP / 1024);
     let origin = Origin::default();
     let gate = Arc::new(Semaphore::new(0));
-    let app = app(&origin, &gate, chunk, chunks, None);
+    let app = big_app(&origin, &gate, chunk, chunks);
     let mut responses = heads(&app, &origin, &gate, 10, || req("GET", None)).await;
     let go = Arc::new(Semaphore::new(0));
     let slow = read_one_then_wait(responses.pop().unwrap(), go.clone());
@@ -377,7 +320,7 @@ async fn a_reader_that_reads_nothing_for_ten_seconds_is_cut_off() {
     let (chunk, chunks) = (1024, DISK_CAP / 1024);
     let origin = Origin::default();
     let gate = Arc::new(Semaphore::new(0));
-    let app = app(&origin, &gate, chunk, chunks, None);
+    let app = big_app(&origin, &gate, chunk, chunks);
     let mut responses = heads(&app, &origin, &gate, 10, || req("GET", None)).await;
     let stalled = responses.pop().unwrap();
     let done = whole_within(responses, chunk * chunks).await;
@@ -401,7 +344,7 @@ async fn a_waiter_that_leaves_mid_body_does_not_break_the_others() {
     let (chunk, chunks) = (4 * 1024, 64);
     let origin = Origin::default();
     let gate = Arc::new(Semaphore::new(0));
-    let app = app(&origin, &gate, chunk, chunks, None);
+    let app = big_app(&origin, &gate, chunk, chunks);
     let mut responses = heads(&app, &origin, &gate, 20, || req("GET", None)).await;
     let mut leaver = responses.pop().unwrap().into_body();
     let _ = leaver.frame().await;
@@ -421,7 +364,7 @@ async fn an_origin_body_failing_half_way_ends_every_waiter() {
     let (chunk, chunks) = (4 * 1024, 16);
     let origin = Origin::default();
     let gate = Arc::new(Semaphore::new(0));
-    let app = app(&origin, &gate, chunk, chunks, Some(8));
+    let app = big_app_on(Backend::local(), &origin, &gate, chunk, chunks, Some(8));
     let responses = heads(&app, &origin, &gate, 20, || req("GET", None)).await;
     let statuses: Vec<_> = responses.iter().map(|r| r.status()).collect();
     let tasks: Vec<_> = responses
@@ -465,7 +408,7 @@ async fn head_and_range_requests_on_a_body_over_the_cap() {
     ] {
         let origin = Origin::default();
         let gate = Arc::new(Semaphore::new(0));
-        let app = app(&origin, &gate, chunk, chunks, None);
+        let app = big_app(&origin, &gate, chunk, chunks);
         let responses = heads(&app, &origin, &gate, 20, || req(method, range)).await;
         let tasks: Vec<_> = responses
             .into_iter()
@@ -549,7 +492,7 @@ async fn a_body_exactly_at_the_cap_is_stored_one_byte_over_is_not() {
     for (len, stored) in [(CAP, true), (CAP + 1, false)] {
         let origin = Origin::default();
         let gate = Arc::new(Semaphore::new(10_000));
-        let app = app(&origin, &gate, len, 1, None);
+        let app = big_app(&origin, &gate, len, 1);
         for _ in 0..5 {
             let a = send(&app, req("GET", None)).await;
             assert!(a.body == expected(len));

@@ -5,23 +5,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{send, Origin};
+use crate::common::{local_guard, send, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
-use stampede_guard::{Backend, StampedeGuard};
+use stampede_guard::StampedeGuard;
 use tokio::sync::Notify;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 const BODY: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
 const LM: &str = "Sun, 06 Nov 1994 08:49:37 GMT";
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
 
 /// A route answering `body` with a strong ETag and a Last-Modified; counts
 /// calls and calls that carried Range/If-Range.
@@ -89,7 +85,7 @@ async fn warm(app: &Router) {
 
 #[tokio::test(flavor = "current_thread")]
 async fn range_edge_values_are_answered_per_rfc_9110() {
-    let (app, origin, ranged) = file_app(BODY, guard());
+    let (app, origin, ranged) = file_app(BODY, local_guard());
     warm(&app).await;
     let len = BODY.len();
     // (Range, status, body, Content-Range)
@@ -176,7 +172,7 @@ async fn two_range_lines_are_several_ranges_not_the_first_one() {
     // two ranges, which the promise answers with the whole 200. Answering
     // the first line alone hands the client a part it did not ask for (and
     // a cache in front that combines the lines disagrees with this one).
-    let (app, _origin, _) = file_app(BODY, guard());
+    let (app, _origin, _) = file_app(BODY, local_guard());
     warm(&app).await;
     let a = send(
         &app,
@@ -192,7 +188,7 @@ async fn two_range_lines_are_several_ranges_not_the_first_one() {
 async fn two_if_range_lines_never_let_a_range_through() {
     // If-Range is a single value; two lines is invalid, and the safe answer
     // is the whole 200, never a part chosen by the first line.
-    let (app, _origin, _) = file_app(BODY, guard());
+    let (app, _origin, _) = file_app(BODY, local_guard());
     warm(&app).await;
     let a = send(
         &app,
@@ -213,7 +209,7 @@ async fn two_if_range_lines_never_let_a_range_through() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn if_range_weak_or_wrong_validators_get_the_whole_200() {
-    let (app, origin, ranged) = file_app(BODY, guard());
+    let (app, origin, ranged) = file_app(BODY, local_guard());
     warm(&app).await;
     for (validator, partial) in [
         ("\"v1\"", true),
@@ -257,7 +253,7 @@ async fn if_range_with_a_weak_stored_etag_never_matches() {
                 ([("etag", "W/\"v1\"")], BODY).into_response()
             }
         })
-        .layer(guard()),
+        .layer(local_guard()),
     );
     warm(&app).await;
     for validator in ["W/\"v1\"", "\"v1\""] {
@@ -276,7 +272,7 @@ async fn if_range_with_a_weak_stored_etag_never_matches() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn range_with_a_matching_if_none_match_is_a_304_and_head_ignores_range() {
-    let (app, _origin, _) = file_app(BODY, guard());
+    let (app, _origin, _) = file_app(BODY, local_guard());
     warm(&app).await;
     let a = send(
         &app,
@@ -311,7 +307,7 @@ async fn range_with_a_matching_if_none_match_is_a_304_and_head_ignores_range() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_range_on_an_empty_body_is_416_with_star_slash_zero() {
-    let (app, origin, _) = file_app(b"", guard());
+    let (app, origin, _) = file_app(b"", local_guard());
     let first = send(&app, req("GET", &[])).await;
     assert_eq!(first.status, StatusCode::OK);
     for range in ["bytes=0-0", "bytes=0-", "bytes=-1", "bytes=-0"] {
@@ -326,7 +322,7 @@ async fn a_range_on_an_empty_body_is_416_with_star_slash_zero() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_cold_range_request_gets_its_part_and_the_origin_sees_no_range() {
-    let (app, origin, ranged) = file_app(BODY, guard());
+    let (app, origin, ranged) = file_app(BODY, local_guard());
     let a = send(
         &app,
         req("GET", &[("range", "bytes=-3"), ("if-range", "\"v1\"")]),
@@ -367,7 +363,7 @@ async fn an_origin_206_is_neither_shared_nor_stored() {
                     .into_response()
             }
         })
-        .layer(guard()),
+        .layer(local_guard()),
     );
     let tasks: Vec<_> = (0..4)
         .map(|_| {

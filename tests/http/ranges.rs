@@ -5,20 +5,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{send, tally, Origin};
+use crate::common::{local_guard, send, tally, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use http::{HeaderMap, Request, StatusCode};
-use stampede_guard::{Backend, StampedeGuard};
 use tokio::sync::Notify;
 
 const BODY: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
 
 /// A route answering `BODY` with an ETag and a Last-Modified, after `gate`
 /// if one is given; it counts the requests that reached it with a `Range`.
@@ -59,7 +54,7 @@ fn app(gate: Option<Arc<Notify>>) -> App {
                     .into_response()
             }
         })
-        .layer(guard()),
+        .layer(local_guard()),
     );
     App {
         router,
@@ -232,7 +227,7 @@ async fn a_partial_answer_from_the_origin_is_never_the_entry() {
                     .into_response()
             }
         })
-        .layer(guard()),
+        .layer(local_guard()),
     );
     let first = send(&router, crate::common::get("/file")).await;
     assert_eq!(first.status, StatusCode::PARTIAL_CONTENT);
@@ -254,7 +249,7 @@ async fn ranges_are_not_cut_from_error_entries() {
                 (StatusCode::NOT_FOUND, "no such thing").into_response()
             }
         })
-        .layer(guard().cacheable_statuses([StatusCode::OK, StatusCode::NOT_FOUND])),
+        .layer(local_guard().cacheable_statuses([StatusCode::OK, StatusCode::NOT_FOUND])),
     );
     let request = || {
         Request::get("/gone")

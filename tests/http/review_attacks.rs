@@ -11,43 +11,24 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
-use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
 use stampede_guard::{Backend, StampedeGuard};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 use tower::ServiceExt;
 
 use crate::common::driver::counted_app;
+#[cfg(feature = "redis")]
+use crate::common::over_cap::big_app_on;
+use crate::common::over_cap::{big_app, expected};
+use crate::common::server::serve;
 use crate::common::{send, Origin};
 
 /// Far beyond any time these requests and bodies need (the spool's ten
 /// seconds of patience included): a bound on a wait, never a measurement.
 const GENEROUS: Duration = Duration::from_secs(60);
-
-pub(crate) async fn serve(app: Router) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                return;
-            };
-            let service = TowerToHyperService::new(app.clone());
-            tokio::spawn(async move {
-                let _ = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
-    addr
-}
 
 /// One hand-written request on its own connection: the status and the body
 /// (everything after the head; a `Connection: close` request gets an
@@ -286,52 +267,6 @@ async fn a_failure_the_starters_own_header_caused_never_reaches_the_waiters() {
     );
 }
 
-/// `/big`: `chunks` chunks of `chunk` bytes each over a 1 KiB cap (byte
-/// `i` is `i % 251`), with its `Content-Length`; each call waits for a
-/// permit from `gate`.
-fn big_app(origin: &Origin, gate: &Arc<Semaphore>, chunk: usize, chunks: usize) -> Router {
-    let (origin, gate) = (origin.clone(), gate.clone());
-    let guard = StampedeGuard::new(Backend::local())
-        .ttl(Duration::from_secs(600))
-        .max_body_bytes(1024);
-    Router::new().route(
-        "/big",
-        get(move || {
-            let (origin, gate) = (origin.clone(), gate.clone());
-            async move {
-                let (_n, running) = origin.enter();
-                gate.acquire().await.expect("gate").forget();
-                let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
-                tokio::spawn(async move {
-                    let _running = running;
-                    for c in 0..chunks {
-                        let part: Vec<u8> = (c * chunk..(c + 1) * chunk)
-                            .map(|i| (i % 251) as u8)
-                            .collect();
-                        if tx.send(Ok(Bytes::from(part))).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-                http::Response::builder()
-                    .header("content-length", chunk * chunks)
-                    .body(Body::from_stream(
-                        tokio_stream::wrappers::ReceiverStream::new(rx),
-                    ))
-                    .unwrap()
-            }
-        })
-        .layer(guard),
-    )
-}
-
-fn expected(len: usize) -> Bytes {
-    (0..len)
-        .map(|i| (i % 251) as u8)
-        .collect::<Vec<u8>>()
-        .into()
-}
-
 /// A waiter on a body over the cap that reads a chunk every half second,
 /// never pausing anywhere near ten seconds, while the others read as fast
 /// as they can. The README promises an error only to a client that reads
@@ -488,50 +423,6 @@ async fn wire_shapes_any_client_can_send_cost_at_most_one_miss_on_a_warm_key() {
     assert!(costly.is_empty(), "{costly:#?}");
 }
 
-/// `/big` over the cap on a backend of its own.
-#[cfg(feature = "redis")]
-fn big_app_on(
-    backend: Backend,
-    origin: &Origin,
-    gate: &Arc<Semaphore>,
-    chunk: usize,
-    chunks: usize,
-) -> Router {
-    let (origin, gate) = (origin.clone(), gate.clone());
-    let guard = StampedeGuard::new(backend)
-        .ttl(Duration::from_secs(600))
-        .max_body_bytes(1024);
-    Router::new().route(
-        "/big",
-        get(move || {
-            let (origin, gate) = (origin.clone(), gate.clone());
-            async move {
-                let (_n, running) = origin.enter();
-                gate.acquire().await.expect("gate").forget();
-                let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(1);
-                tokio::spawn(async move {
-                    let _running = running;
-                    for c in 0..chunks {
-                        let part: Vec<u8> = (c * chunk..(c + 1) * chunk)
-                            .map(|i| (i % 251) as u8)
-                            .collect();
-                        if tx.send(Ok(Bytes::from(part))).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-                http::Response::builder()
-                    .header("content-length", chunk * chunks)
-                    .body(Body::from_stream(
-                        tokio_stream::wrappers::ReceiverStream::new(rx),
-                    ))
-                    .unwrap()
-            }
-        })
-        .layer(guard),
-    )
-}
-
 /// Two instances on one real redis-server, ten requests at once on each for
 /// a body over the cap: every request gets it whole; the origin calls the
 /// fleet makes.
@@ -546,7 +437,7 @@ async fn a_body_over_the_cap_requested_on_two_instances_at_once() {
     let mut apps = Vec::new();
     for _ in 0..2 {
         let backend = backend_at(&redis.url(), crate::common::ROOMY_DEADLINE).await;
-        apps.push(big_app_on(backend, &origin, &gate, 4096, 16));
+        apps.push(big_app_on(backend, &origin, &gate, 4096, 16, None));
     }
     let tasks: Vec<_> = (0..20)
         .map(|i| {

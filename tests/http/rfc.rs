@@ -8,43 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::common::driver::counted_app;
-use crate::common::{get as get_req, send, tally, Answer, Origin};
+use crate::common::driver::{counted_app, headers_app};
+use crate::common::{get as get_req, local_guard, request_with, send, tally, Answer, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::Router;
-use http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
+use http::{HeaderName, HeaderValue, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
-
-/// `/report` answering `v<call>` with `headers`.
-fn app_with(
-    origin: &Origin,
-    guard: StampedeGuard,
-    headers: Vec<(&'static str, HeaderValue)>,
-) -> Router {
-    counted_app(origin, guard, move |n| {
-        let headers = headers.clone();
-        async move {
-            let mut map = HeaderMap::new();
-            for (k, v) in headers {
-                map.append(k, v);
-            }
-            (map, format!("v{n}")).into_response()
-        }
-    })
-}
-
-fn report_with(headers: &[(&'static str, &'static str)]) -> Request<Body> {
-    let mut request = Request::get("/report");
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    request.body(Body::empty()).unwrap()
-}
 
 fn http_date(t: SystemTime) -> HeaderValue {
     HeaderValue::from_str(&httpdate::fmt_http_date(t)).unwrap()
@@ -71,9 +41,9 @@ async fn per_user_answers_with_loose_separators_are_never_stored() {
         for respect in [false, true] {
             let origin = Origin::default();
             let value = HeaderValue::from_bytes(line).unwrap();
-            let app = app_with(
+            let app = headers_app(
                 &origin,
-                guard()
+                local_guard()
                     .respect_cache_control(respect)
                     .hit_for_miss(Duration::ZERO),
                 vec![("cache-control", value)],
@@ -164,10 +134,14 @@ async fn without_the_directive_the_same_route_serves_stale() {
 #[tokio::test]
 async fn expires_sets_the_lifetime_and_a_past_one_is_never_stored() {
     let now = SystemTime::now();
-    let respect = || guard().ttl(Duration::ZERO).respect_cache_control(true);
+    let respect = || {
+        local_guard()
+            .ttl(Duration::ZERO)
+            .respect_cache_control(true)
+    };
     // A future Expires with the origin's Date: stored for that long.
     let origin = Origin::default();
-    let app = app_with(
+    let app = headers_app(
         &origin,
         respect(),
         vec![
@@ -194,9 +168,9 @@ async fn expires_sets_the_lifetime_and_a_past_one_is_never_stored() {
         ],
     ];
     for headers in expired {
-        for guard in [respect(), guard()] {
+        for guard in [respect(), local_guard()] {
             let origin = Origin::default();
-            let app = app_with(&origin, guard.hit_for_miss(Duration::ZERO), headers.clone());
+            let app = headers_app(&origin, guard.hit_for_miss(Duration::ZERO), headers.clone());
             let a = send(&app, get_req("/report")).await;
             let b = send(&app, get_req("/report")).await;
             assert_eq!(a.status, StatusCode::OK);
@@ -210,7 +184,7 @@ async fn expires_sets_the_lifetime_and_a_past_one_is_never_stored() {
 
     // max-age wins over Expires.
     let origin = Origin::default();
-    let app = app_with(
+    let app = headers_app(
         &origin,
         respect(),
         vec![
@@ -228,14 +202,18 @@ async fn expires_sets_the_lifetime_and_a_past_one_is_never_stored() {
 // ---------------------------------------------------------------------------
 
 fn following() -> StampedeGuard {
-    guard().respect_request_cache_control(true)
+    local_guard().respect_request_cache_control(true)
 }
 
 #[tokio::test]
 async fn a_request_with_no_store_is_answered_but_never_stored() {
     let origin = Origin::default();
-    let app = app_with(&origin, following(), vec![]);
-    let a = send(&app, report_with(&[("cache-control", "no-store")])).await;
+    let app = headers_app(&origin, following(), vec![]);
+    let a = send(
+        &app,
+        request_with("GET", "/report", &[("cache-control", "no-store")]),
+    )
+    .await;
     assert_eq!((a.x_cache(), a.text().as_str()), ("BYPASS", "v1"));
     let b = send(&app, get_req("/report")).await;
     assert_eq!((b.x_cache(), b.text().as_str()), ("MISS", "v2"));
@@ -249,7 +227,7 @@ async fn a_request_with_no_store_is_answered_but_never_stored() {
     .into_iter()
     .enumerate()
     {
-        let c = send(&app, report_with(&[(name, value)])).await;
+        let c = send(&app, request_with("GET", "/report", &[(name, value)])).await;
         let expected = format!("v{}", n + 3);
         assert_eq!((c.x_cache(), c.text()), ("BYPASS", expected), "{value}");
     }
@@ -267,7 +245,11 @@ async fn a_no_store_request_neither_starves_nor_replaces_a_flight() {
     });
     let waiters = crate::common::driver::spawn_requests(&app, 10);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let lone = send(&app, report_with(&[("cache-control", "no-store")])).await;
+    let lone = send(
+        &app,
+        request_with("GET", "/report", &[("cache-control", "no-store")]),
+    )
+    .await;
     assert_eq!((lone.x_cache(), lone.text().as_str()), ("BYPASS", "v2"));
     let texts = crate::common::driver::texts(waiters).await;
     assert!(texts.iter().all(|t| t == "v1"), "{texts:?}");
@@ -283,9 +265,9 @@ async fn a_no_store_request_neither_starves_nor_replaces_a_flight() {
 const LAST_MODIFIED: &str = "Sun, 06 Nov 1994 08:49:37 GMT";
 
 fn validated_app(origin: &Origin) -> Router {
-    app_with(
+    headers_app(
         origin,
-        guard().vary([HeaderName::from_static("accept-language")]),
+        local_guard().vary([HeaderName::from_static("accept-language")]),
         vec![
             ("etag", HeaderValue::from_static("\"a,b\"")),
             ("last-modified", HeaderValue::from_static(LAST_MODIFIED)),
@@ -334,11 +316,19 @@ fn assert_not_modified(a: &Answer, what: &str) {
 async fn if_modified_since_is_answered_from_the_cache() {
     let origin = Origin::default();
     let app = validated_app(&origin);
-    let first = send(&app, report_with(&[("if-modified-since", LAST_MODIFIED)])).await;
+    let first = send(
+        &app,
+        request_with("GET", "/report", &[("if-modified-since", LAST_MODIFIED)]),
+    )
+    .await;
     assert_not_modified(&first, "the request that filled the entry");
     let later = send(
         &app,
-        report_with(&[("if-modified-since", "Mon, 07 Nov 1994 00:00:00 GMT")]),
+        request_with(
+            "GET",
+            "/report",
+            &[("if-modified-since", "Mon, 07 Nov 1994 00:00:00 GMT")],
+        ),
     )
     .await;
     assert_not_modified(&later, "a later date");
@@ -369,7 +359,7 @@ async fn if_modified_since_is_answered_from_the_cache() {
             ],
         ),
     ] {
-        let a = send(&app, report_with(&headers)).await;
+        let a = send(&app, request_with("GET", "/report", &headers)).await;
         assert_eq!(
             (a.status, a.text().as_str()),
             (StatusCode::OK, "v1"),
@@ -386,13 +376,21 @@ async fn if_none_match_copes_with_commas_in_tags_stars_and_weak_tags() {
     let app = validated_app(&origin);
     send(&app, get_req("/report")).await;
     for inm in ["\"a,b\"", "W/\"a,b\"", "\"x\", \"a,b\"", "*"] {
-        let a = send(&app, report_with(&[("if-none-match", inm)])).await;
+        let a = send(
+            &app,
+            request_with("GET", "/report", &[("if-none-match", inm)]),
+        )
+        .await;
         assert_not_modified(&a, inm);
     }
     // A naive split at commas would find `"a` or `b"`; a malformed list
     // never matches.
     for inm in ["\"a", "b\"", "\"a,b", "a,b", "\"a,b\" \"c\"", "*, \"a,b\""] {
-        let a = send(&app, report_with(&[("if-none-match", inm)])).await;
+        let a = send(
+            &app,
+            request_with("GET", "/report", &[("if-none-match", inm)]),
+        )
+        .await;
         assert_eq!(
             (a.status, a.text().as_str()),
             (StatusCode::OK, "v1"),
@@ -407,7 +405,7 @@ async fn an_answer_stale_on_arrival_is_shared_with_its_waiters_but_not_stored() 
     let origin = Origin::default();
     let app = counted_app(
         &origin,
-        guard().respect_cache_control(true),
+        local_guard().respect_cache_control(true),
         |n| async move {
             tokio::time::sleep(Duration::from_millis(200)).await;
             ([("cache-control", "max-age=0")], format!("v{n}"))

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use crate::common::driver::{counted_app, slow_app};
-use crate::common::{burst, get as get_req, send, Answer, Origin};
+use crate::common::{burst, get as get_req, local_guard, request_with, send, Answer, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -20,20 +20,8 @@ use http::header::{
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard, WaitTimeout};
 
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
-
 fn date(t: SystemTime) -> HeaderValue {
     HeaderValue::from_str(&httpdate::fmt_http_date(t)).unwrap()
-}
-
-fn with(uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut r = Request::get(uri);
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    r.body(Body::empty()).unwrap()
 }
 
 /// `/report` answering `v<call>` with `headers` (made per call).
@@ -65,12 +53,16 @@ async fn an_age_too_large_to_parse_is_never_taken_for_zero() {
     for respect in [true, false] {
         for age in ["100", "18446744073709551616", "99999999999999999999999999"] {
             let origin = Origin::default();
-            let app = app_with(&origin, guard().respect_cache_control(respect), move || {
-                vec![
-                    ("cache-control", HeaderValue::from_static("max-age=60")),
-                    ("age", HeaderValue::from_static(age)),
-                ]
-            });
+            let app = app_with(
+                &origin,
+                local_guard().respect_cache_control(respect),
+                move || {
+                    vec![
+                        ("cache-control", HeaderValue::from_static("max-age=60")),
+                        ("age", HeaderValue::from_static(age)),
+                    ]
+                },
+            );
             send(&app, get_req("/report")).await;
             let second = send(&app, get_req("/report")).await;
             assert_eq!(
@@ -89,7 +81,7 @@ async fn an_age_too_large_to_parse_is_never_taken_for_zero() {
 #[tokio::test]
 async fn an_expires_counted_from_an_old_date_ends_when_it_says() {
     let origin = Origin::default();
-    let app = app_with(&origin, guard().respect_cache_control(true), || {
+    let app = app_with(&origin, local_guard().respect_cache_control(true), || {
         let now = SystemTime::now();
         vec![
             ("date", date(now - Duration::from_secs(3600))),
@@ -116,7 +108,7 @@ async fn an_age_counts_from_when_the_request_was_sent() {
     let origin = Origin::default();
     let app = counted_app(
         &origin,
-        guard().respect_cache_control(true),
+        local_guard().respect_cache_control(true),
         |n| async move {
             tokio::time::sleep(Duration::from_millis(2100)).await;
             let mut map = HeaderMap::new();
@@ -145,7 +137,7 @@ async fn max_age_and_s_maxage_silence_expires() {
         for cc in ["max-age=60", "s-maxage=60", "max-age=0, s-maxage=60"] {
             for expires in ["0", "Thu, 01 Jan 1970 00:00:00 GMT"] {
                 let origin = Origin::default();
-                let app = app_with(&origin, guard().respect_cache_control(respect), move || {
+                let app = app_with(&origin, local_guard().respect_cache_control(respect), move || {
                     vec![
                         ("cache-control", HeaderValue::from_static(cc)),
                         ("expires", HeaderValue::from_static(expires)),
@@ -167,7 +159,7 @@ async fn max_age_and_s_maxage_silence_expires() {
 #[tokio::test]
 async fn huge_numbers_in_every_header_never_panic() {
     let origin = Origin::default();
-    let app = app_with(&origin, guard().respect_cache_control(true), || {
+    let app = app_with(&origin, local_guard().respect_cache_control(true), || {
         vec![
             (
                 "cache-control",
@@ -184,7 +176,8 @@ async fn huge_numbers_in_every_header_never_panic() {
     assert_eq!(hit.text(), "v1");
     assert_eq!(hit.x_cache(), "HIT");
     // And on the request side.
-    let odd = with(
+    let odd = request_with(
+        "GET",
         "/report",
         &[
             ("if-modified-since", "Fri, 31 Dec 9999 23:59:59 GMT"),
@@ -225,7 +218,7 @@ async fn per_user_answers_in_any_spelling_are_never_stored() {
         let origin = Origin::default();
         let app = counted_app(
             &origin,
-            guard()
+            local_guard()
                 .respect_cache_control(true)
                 .hit_for_miss(Duration::ZERO),
             move |n| async move {
@@ -254,7 +247,7 @@ async fn revalidation_directives_in_any_spelling_forbid_stale() {
         let origin = Origin::default();
         let app = app_with(
             &origin,
-            guard()
+            local_guard()
                 .respect_cache_control(true)
                 .stale_while_revalidate(Duration::from_secs(60)),
             move || vec![("cache-control", HeaderValue::from_static(line))],
@@ -273,9 +266,13 @@ async fn revalidation_directives_in_any_spelling_forbid_stale() {
 async fn a_request_no_store_in_any_spelling_stores_nothing() {
     for line in ["NO-STORE", "max-age=0;no-store", "no-cache no-store"] {
         let origin = Origin::default();
-        let guard = guard().respect_request_cache_control(true);
+        let guard = local_guard().respect_request_cache_control(true);
         let app = app_with(&origin, guard, Vec::new);
-        let first = send(&app, with("/report", &[("cache-control", line)])).await;
+        let first = send(
+            &app,
+            request_with("GET", "/report", &[("cache-control", line)]),
+        )
+        .await;
         assert_eq!(first.x_cache(), "BYPASS", "{line}");
         assert_eq!(send(&app, get_req("/report")).await.text(), "v2", "{line}");
     }
@@ -300,7 +297,7 @@ async fn conditions_are_answered_from_the_cache_by_the_rfc() {
     let origin = Origin::default();
     let app = app_with(
         &origin,
-        guard().vary([http::HeaderName::from_static("x-lang")]),
+        local_guard().vary([http::HeaderName::from_static("x-lang")]),
         || {
             vec![
                 ("etag", HeaderValue::from_static("W/\"a,b\"")),
@@ -322,7 +319,11 @@ async fn conditions_are_answered_from_the_cache_by_the_rfc() {
         "*",
         " \"q\" ,, \"a,b\" ",
     ] {
-        let a = send(&app, with("/report", &[("if-none-match", inm)])).await;
+        let a = send(
+            &app,
+            request_with("GET", "/report", &[("if-none-match", inm)]),
+        )
+        .await;
         assert_304(&a, inm);
         let head = Request::head("/report")
             .header(IF_NONE_MATCH, inm)
@@ -338,7 +339,11 @@ async fn conditions_are_answered_from_the_cache_by_the_rfc() {
         "W/\"a\", \"b\"",
         "*, \"a,b\"",
     ] {
-        let a = send(&app, with("/report", &[("if-none-match", inm)])).await;
+        let a = send(
+            &app,
+            request_with("GET", "/report", &[("if-none-match", inm)]),
+        )
+        .await;
         assert_eq!(a.status, StatusCode::OK, "{inm}");
         assert_eq!(a.text(), "v1", "{inm}");
     }
@@ -346,7 +351,8 @@ async fn conditions_are_answered_from_the_cache_by_the_rfc() {
     // list, or next to a non-matching If-None-Match, a 200.
     let a = send(
         &app,
-        with(
+        request_with(
+            "GET",
             "/report",
             &[("if-modified-since", "Sun, 01 Nov 2026 00:00:00 GMT")],
         ),
@@ -360,12 +366,13 @@ async fn conditions_are_answered_from_the_cache_by_the_rfc() {
             "Sun, 01 Nov 2026 00:00:00 GMT, Sun, 01 Nov 2026 00:00:00 GMT",
         ),
     ] {
-        let a = send(&app, with("/report", &[(k, v)])).await;
+        let a = send(&app, request_with("GET", "/report", &[(k, v)])).await;
         assert_eq!(a.status, StatusCode::OK, "{v}");
     }
     let a = send(
         &app,
-        with(
+        request_with(
+            "GET",
             "/report",
             &[
                 ("if-none-match", "\"zz\""),
@@ -378,7 +385,11 @@ async fn conditions_are_answered_from_the_cache_by_the_rfc() {
     // Another variant is not the client's: no 304 for it.
     let a = send(
         &app,
-        with("/report", &[("x-lang", "fr"), ("if-none-match", "*")]),
+        request_with(
+            "GET",
+            "/report",
+            &[("x-lang", "fr"), ("if-none-match", "*")],
+        ),
     )
     .await;
     assert_eq!(
@@ -446,7 +457,11 @@ async fn a_304_with_a_strong_validator_the_entry_lacks_renews_nothing() {
                 "the old body was renewed under the new tag"
             );
         }
-        let a = send(&app, with("/doc", &[("if-none-match", "\"v2\"")])).await;
+        let a = send(
+            &app,
+            request_with("GET", "/doc", &[("if-none-match", "\"v2\"")]),
+        )
+        .await;
         assert_ne!(
             (a.status, a.x_cache()),
             (StatusCode::NOT_MODIFIED, "HIT"),
@@ -471,7 +486,7 @@ async fn waiters_whose_budget_ends_never_all_call_the_origin() {
         let app = slow_app(
             &origin,
             &finished,
-            guard()
+            local_guard()
                 .wait_budget(Duration::from_millis(100))
                 .on_wait_timeout(on_timeout),
         );
@@ -499,7 +514,7 @@ async fn an_answer_older_than_its_windows_is_never_served_stale() {
         let f = failing.clone();
         let app = counted_app(
             &origin,
-            guard()
+            local_guard()
                 .ttl(Duration::from_secs(60))
                 .respect_cache_control(respect)
                 .stale_while_revalidate(Duration::from_secs(60))

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::common::driver::counted_app;
-use crate::common::{get as get_req, send, tally, Answer, Origin};
+use crate::common::driver::{counted_app, headers_app};
+use crate::common::{get as get_req, local_guard, request_with, send, tally, Answer, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -13,37 +13,7 @@ use axum::Router;
 use http::{HeaderMap, HeaderValue, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard, WaitTimeout};
 
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
-
 const TTL: Duration = Duration::from_millis(200);
-
-/// `/report` answering `v<call>` with `headers`.
-fn app_with(
-    origin: &Origin,
-    guard: StampedeGuard,
-    headers: Vec<(&'static str, HeaderValue)>,
-) -> Router {
-    counted_app(origin, guard, move |n| {
-        let headers = headers.clone();
-        async move {
-            let mut map = HeaderMap::new();
-            for (k, v) in headers {
-                map.append(k, v);
-            }
-            (map, format!("v{n}")).into_response()
-        }
-    })
-}
-
-fn report_with(headers: &[(&'static str, &'static str)]) -> Request<Body> {
-    let mut request = Request::get("/report");
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    request.body(Body::empty()).unwrap()
-}
 
 // ---------------------------------------------------------------------------
 // 6. Refusals are not handed to waiters.
@@ -75,7 +45,7 @@ fn refusing_app(origin: &Origin, guard: StampedeGuard, refusal: StatusCode) -> R
 }
 
 fn bot() -> Request<Body> {
-    report_with(&[("x-client", "bot")])
+    request_with("GET", "/report", &[("x-client", "bot")])
 }
 
 #[tokio::test]
@@ -89,7 +59,7 @@ async fn a_refusal_timed_at_expiry_is_not_handed_to_the_waiters() {
         StatusCode::BAD_REQUEST,
     ] {
         let origin = Origin::default();
-        let app = refusing_app(&origin, guard(), refusal);
+        let app = refusing_app(&origin, local_guard(), refusal);
         let attacker = {
             let app = app.clone();
             tokio::spawn(async move { send(&app, bot()).await })
@@ -117,7 +87,7 @@ async fn a_refusal_timed_at_expiry_is_not_handed_to_the_waiters() {
 #[tokio::test]
 async fn a_refusal_does_not_open_a_hit_for_miss_window() {
     let origin = Origin::default();
-    let app = refusing_app(&origin, guard(), StatusCode::FORBIDDEN);
+    let app = refusing_app(&origin, local_guard(), StatusCode::FORBIDDEN);
     assert_eq!(send(&app, bot()).await.status, StatusCode::FORBIDDEN);
     // The next requests coalesce on one rebuild, as if nothing happened.
     let answers = crate::common::burst(&app, 10, || get_req("/report")).await;
@@ -150,7 +120,7 @@ async fn a_refusal_leaves_the_stale_if_error_copy_in_place() {
 #[tokio::test]
 async fn one_cookie_does_not_turn_a_hot_key_into_uncoalesced_calls() {
     let origin = Origin::default();
-    let app = counted_app(&origin, guard(), |n| async move {
+    let app = counted_app(&origin, local_guard(), |n| async move {
         if n == 1 {
             return ([("set-cookie", "sid=secret")], "personal").into_response();
         }
@@ -182,9 +152,9 @@ async fn one_cookie_does_not_turn_a_hot_key_into_uncoalesced_calls() {
 #[tokio::test]
 async fn a_key_that_keeps_setting_cookies_stays_uncoalesced_and_unstored() {
     let origin = Origin::default();
-    let app = app_with(
+    let app = headers_app(
         &origin,
-        guard(),
+        local_guard(),
         vec![("set-cookie", HeaderValue::from_static("sid=x"))],
     );
     for n in 1..=5 {
@@ -217,7 +187,7 @@ async fn herd_after_budget(guard: StampedeGuard) -> (Origin, Vec<Answer>) {
 async fn waiters_out_of_budget_never_call_the_origin_together() {
     // Failing closed: the waiters get the route's status, one call runs.
     let (origin, answers) = herd_after_budget(
-        guard().on_wait_timeout(WaitTimeout::Respond(StatusCode::SERVICE_UNAVAILABLE)),
+        local_guard().on_wait_timeout(WaitTimeout::Respond(StatusCode::SERVICE_UNAVAILABLE)),
     )
     .await;
     assert_eq!((origin.calls(), origin.peak()), (1, 1));
@@ -232,7 +202,7 @@ async fn waiters_out_of_budget_never_call_the_origin_together() {
     assert_eq!((ok, refused), (1, 29));
 
     // Failing open: they keep waiting on the one flight.
-    let (origin, answers) = herd_after_budget(guard()).await;
+    let (origin, answers) = herd_after_budget(local_guard()).await;
     assert_eq!((origin.calls(), origin.peak()), (1, 1));
     assert!(answers
         .iter()
@@ -303,7 +273,7 @@ async fn a_key_whose_status_is_never_stored_does_not_queue_its_requests() {
     // a row the key is hit-for-miss, and its requests run side by side
     // rather than each waiting for all the ones before it.
     let origin = Origin::default();
-    let app = counted_app(&origin, guard(), |n| async move {
+    let app = counted_app(&origin, local_guard(), |n| async move {
         tokio::time::sleep(Duration::from_millis(100)).await;
         (
             StatusCode::FOUND,

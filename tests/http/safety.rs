@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{get as get_req, send, Origin};
+use crate::common::{get as get_req, local_guard, send, Origin};
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -11,12 +11,8 @@ use axum::Router;
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
-use stampede_guard::{Backend, StampedeGuard};
+use stampede_guard::StampedeGuard;
 use tower::ServiceExt;
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
 
 /// A route answering with `headers` and a body naming the call.
 fn app_with(
@@ -59,7 +55,7 @@ async fn requests_with_credentials_pass_through() {
         ("proxy-authorization", "Basic x"),
     ] {
         let origin = Origin::default();
-        let app = app_with(&origin, &[], guard());
+        let app = app_with(&origin, &[], local_guard());
         let make = || {
             Request::get("/r")
                 .header(name, value)
@@ -78,7 +74,7 @@ async fn requests_with_credentials_pass_through() {
 #[tokio::test]
 async fn credentials_are_cached_when_the_route_opts_in() {
     let origin = Origin::default();
-    let app = app_with(&origin, &[], guard().allow_credentials(true));
+    let app = app_with(&origin, &[], local_guard().allow_credentials(true));
     let make = || {
         Request::get("/r")
             .header("authorization", "Bearer t")
@@ -106,7 +102,7 @@ async fn unshareable_responses_are_never_stored() {
     ];
     for headers in cases {
         let origin = Origin::default();
-        let app = app_with(&origin, headers, guard().hit_for_miss(Duration::ZERO));
+        let app = app_with(&origin, headers, local_guard().hit_for_miss(Duration::ZERO));
         let (a, b) = twice(&app, || get_req("/r")).await;
         assert_eq!(origin.calls(), 2, "{headers:?} must not be stored");
         assert_eq!(
@@ -127,7 +123,7 @@ async fn set_cookie_can_be_stripped_from_the_stored_copy() {
             ("set-cookie", "b=2"),
             ("content-type", "text/plain"),
         ],
-        guard().strip_set_cookie(true),
+        local_guard().strip_set_cookie(true),
     );
     let (leader, hit) = twice(&app, || get_req("/r")).await;
     assert_eq!(origin.calls(), 1);
@@ -151,7 +147,7 @@ async fn private_responses_are_cached_when_the_route_opts_in() {
     let app = app_with(
         &origin,
         &[("cache-control", "private")],
-        guard().cache_private(true),
+        local_guard().cache_private(true),
     );
     twice(&app, || get_req("/r")).await;
     assert_eq!(origin.calls(), 1);
@@ -168,7 +164,10 @@ async fn other_methods_pass_through_and_ranges_are_cut_from_one_fetch() {
             format!("call {n}")
         }
     };
-    let app = Router::new().route("/r", get(handler.clone()).post(handler).layer(guard()));
+    let app = Router::new().route(
+        "/r",
+        get(handler.clone()).post(handler).layer(local_guard()),
+    );
     let post = || Request::post("/r").body(Body::empty()).unwrap();
     twice(&app, post).await;
     assert_eq!(origin.calls(), 2);
@@ -205,7 +204,7 @@ async fn conditional_headers_do_not_reach_the_origin_of_a_shared_rebuild() {
                 ([("etag", "\"v1\"")], "whole").into_response()
             }
         })
-        .layer(guard()),
+        .layer(local_guard()),
     );
     let conditional = Request::get("/r")
         .header("if-none-match", "\"v1\"")
@@ -234,7 +233,7 @@ async fn bodies_over_the_cap_are_delivered_whole_and_not_stored() {
                 body
             }
         })
-        .layer(guard().max_body_bytes(16 * 1024)),
+        .layer(local_guard().max_body_bytes(16 * 1024)),
     );
     let (a, b) = twice(&app, || get_req("/big")).await;
     assert_eq!(origin.calls(), 2);
@@ -258,7 +257,7 @@ async fn streaming_bodies_over_the_cap_are_streamed_not_buffered() {
                 Response::new(Body::from_stream(stream))
             }
         })
-        .layer(guard().max_body_bytes(1024)),
+        .layer(local_guard().max_body_bytes(1024)),
     );
     let response = tokio::time::timeout(
         Duration::from_secs(10),

@@ -3,17 +3,13 @@
 
 use std::time::Duration;
 
-use crate::common::{get as get_req, send, Origin};
+use crate::common::{get as get_req, local_guard, send, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use http::{HeaderMap, HeaderName, Request, StatusCode};
 use stampede_guard::{Backend, StampedeGuard};
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
 
 /// A route that echoes the call number and the request's accept-language.
 fn echo_app(origin: &Origin, guard: StampedeGuard) -> Router {
@@ -43,7 +39,7 @@ fn head(uri: &str) -> Request<Body> {
 #[tokio::test]
 async fn head_on_a_cold_key_fills_the_get_entry() {
     let origin = Origin::default();
-    let app = echo_app(&origin, guard());
+    let app = echo_app(&origin, local_guard());
     let h = send(&app, head("/r")).await;
     assert_eq!(h.status, StatusCode::OK);
     assert!(h.body.is_empty(), "HEAD has no body");
@@ -61,7 +57,7 @@ async fn vary_headers_keep_separate_entries() {
     let origin = Origin::default();
     let app = echo_app(
         &origin,
-        guard().vary([HeaderName::from_static("accept-language")]),
+        local_guard().vary([HeaderName::from_static("accept-language")]),
     );
     let lang = |l: &str| {
         Request::get("/r")
@@ -80,7 +76,7 @@ async fn vary_headers_keep_separate_entries() {
 #[tokio::test]
 async fn without_vary_the_header_does_not_split_entries() {
     let origin = Origin::default();
-    let app = echo_app(&origin, guard());
+    let app = echo_app(&origin, local_guard());
     let lang = |l: &str| {
         Request::get("/r")
             .header("accept-language", l)
@@ -100,8 +96,8 @@ async fn query_order_host_and_path_select_entries() {
         async move { format!("call {}", origin.enter().0) }
     };
     let app = Router::new()
-        .route("/r", get(handler.clone()).layer(guard()))
-        .route("/s", get(handler).layer(guard()));
+        .route("/r", get(handler.clone()).layer(local_guard()))
+        .route("/s", get(handler).layer(local_guard()));
     assert_eq!(send(&app, get_req("/r?a=1&b=2")).await.text(), "call 1");
     assert_eq!(send(&app, get_req("/r?b=2&a=1")).await.text(), "call 1");
     assert_eq!(send(&app, get_req("/s?a=1&b=2")).await.text(), "call 2");
@@ -118,7 +114,7 @@ async fn query_order_host_and_path_select_entries() {
 #[tokio::test]
 async fn key_function_and_invalidation() {
     let origin = Origin::default();
-    let guard = guard().key_fn(|req| {
+    let guard = local_guard().key_fn(|req| {
         let tenant = req.headers.get("x-tenant")?.to_str().ok()?;
         Some(format!("tenant:{tenant}"))
     });
@@ -147,7 +143,7 @@ async fn key_function_and_invalidation() {
 #[tokio::test]
 async fn responses_carry_cache_status_and_age() {
     let origin = Origin::default();
-    let app = echo_app(&origin, guard());
+    let app = echo_app(&origin, local_guard());
     let miss = send(&app, get_req("/r")).await;
     assert_eq!(miss.x_cache(), "MISS");
     assert_eq!(miss.headers["age"], "0");
@@ -155,12 +151,12 @@ async fn responses_carry_cache_status_and_age() {
     assert_eq!(hit.x_cache(), "HIT");
     assert!(hit.headers["age"].to_str().unwrap().parse::<u64>().is_ok());
 
-    let quiet = echo_app(&Origin::default(), guard().x_cache_header(None));
+    let quiet = echo_app(&Origin::default(), local_guard().x_cache_header(None));
     let answer = send(&quiet, get_req("/r")).await;
     assert!(answer.headers.get("x-cache").is_none());
     let custom = echo_app(
         &Origin::default(),
-        guard().x_cache_header(Some(HeaderName::from_static("x-stampede"))),
+        local_guard().x_cache_header(Some(HeaderName::from_static("x-stampede"))),
     );
     assert_eq!(
         send(&custom, get_req("/r")).await.headers["x-stampede"],
@@ -181,7 +177,7 @@ async fn origin_age_counts_toward_freshness_and_the_age_header() {
                 ([("cache-control", "max-age=100"), ("age", "40")], "aged")
             }
         })
-        .layer(guard().respect_cache_control(true)),
+        .layer(local_guard().respect_cache_control(true)),
     );
     let a = send(&app, get_req("/r")).await;
     let age: u64 = a.headers["age"].to_str().unwrap().parse().unwrap();
@@ -205,7 +201,7 @@ async fn origin_cache_control_sets_freshness_when_respected() {
         })
         // The route says an hour; the origin's word wins.
         .layer(
-            guard()
+            local_guard()
                 .ttl(Duration::from_secs(3600))
                 .respect_cache_control(true),
         ),
@@ -245,7 +241,7 @@ async fn origin_cache_control_sets_freshness_when_respected() {
             }
         })
         .layer(
-            guard()
+            local_guard()
                 .respect_cache_control(true)
                 .stale_while_revalidate(Duration::from_secs(60)),
         ),
@@ -315,7 +311,7 @@ async fn routes_sharing_a_backend_keep_their_own_policies() {
         let origin = o.clone();
         async move { format!("call {}", origin.enter().0) }
     };
-    let shared = guard();
+    let shared = local_guard();
     let app = Router::new()
         .route("/slow", get(handler.clone()).layer(shared.clone()))
         .route(
@@ -346,7 +342,7 @@ async fn a_client_that_has_the_entry_gets_304_from_the_cache() {
                 )
             }
         })
-        .layer(guard()),
+        .layer(local_guard()),
     );
     let with = |tags: &str| {
         Request::get("/r")

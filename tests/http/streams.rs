@@ -6,7 +6,7 @@ use crate::common::counting::live;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{send, Origin};
+use crate::common::{local_guard, send, Origin};
 use axum::body::Body;
 use axum::response::Response;
 use axum::routing::get;
@@ -14,15 +14,13 @@ use axum::Router;
 use bytes::Bytes;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
-use stampede_guard::{Backend, StampedeGuard};
+#[cfg(feature = "redis")]
+use stampede_guard::Backend;
+use stampede_guard::StampedeGuard;
 use tokio::sync::{mpsc, Notify};
 use tower::ServiceExt;
 
 const PATIENCE: Duration = Duration::from_secs(30);
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
 
 fn req(method: &str, headers: &[(&str, &str)]) -> Request<Body> {
     let mut b = Request::builder().method(method).uri("/file");
@@ -129,7 +127,7 @@ async fn a_body_shorter_than_its_declared_length_is_not_stored_as_complete() {
         None,
         Some(100),
         vec![Bytes::from(vec![b'a'; 10])],
-        guard(),
+        local_guard(),
     );
     let (_cl, first, _) = fetch(&app, req("GET", &[])).await;
     let _ = first;
@@ -148,6 +146,31 @@ async fn a_body_shorter_than_its_declared_length_is_not_stored_as_complete() {
     assert_eq!(origin.calls(), 2, "nothing was stored");
 }
 
+/// `n` GETs of `app` at once, on a current-thread runtime: each task gets
+/// 200 turns to join the flight before `gate` lets the origin answer.
+/// Returns what each read, as [`fetch`] reports it, within `PATIENCE`.
+async fn waiters(
+    app: &Router,
+    gate: &Notify,
+    n: usize,
+) -> Vec<(Option<usize>, Result<Bytes, String>, String)> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { fetch(&app, req("GET", &[])).await })
+        })
+        .collect();
+    for _ in 0..200 {
+        tokio::task::yield_now().await;
+    }
+    gate.notify_one();
+    let mut answers = Vec::new();
+    for t in tasks {
+        answers.push(tokio::time::timeout(PATIENCE, t).await.unwrap().unwrap());
+    }
+    answers
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn a_shared_body_over_the_cap_never_ends_short_of_its_content_length() {
     // Declared 5000 (over the 1 KiB cap), the origin ends after 1500. Each
@@ -162,20 +185,9 @@ async fn a_shared_body_over_the_cap_never_ends_short_of_its_content_length() {
         Some(gate.clone()),
         Some(5000),
         parts,
-        guard().max_body_bytes(1024),
+        local_guard().max_body_bytes(1024),
     );
-    let tasks: Vec<_> = (0..4)
-        .map(|_| {
-            let app = app.clone();
-            tokio::spawn(async move { fetch(&app, req("GET", &[])).await })
-        })
-        .collect();
-    for _ in 0..200 {
-        tokio::task::yield_now().await;
-    }
-    gate.notify_one();
-    for t in tasks {
-        let (cl, body, x) = tokio::time::timeout(PATIENCE, t).await.unwrap().unwrap();
+    for (cl, body, x) in waiters(&app, &gate, 4).await {
         if let (Some(cl), Ok(body)) = (cl, &body) {
             assert_eq!(cl, body.len(), "{x}: a clean end short of Content-Length");
         }
@@ -197,20 +209,9 @@ async fn a_shared_body_over_the_cap_never_runs_past_its_content_length() {
         Some(gate.clone()),
         Some(10),
         parts,
-        guard().max_body_bytes(1024),
+        local_guard().max_body_bytes(1024),
     );
-    let tasks: Vec<_> = (0..4)
-        .map(|_| {
-            let app = app.clone();
-            tokio::spawn(async move { fetch(&app, req("GET", &[])).await })
-        })
-        .collect();
-    for _ in 0..200 {
-        tokio::task::yield_now().await;
-    }
-    gate.notify_one();
-    for t in tasks {
-        let (cl, body, x) = tokio::time::timeout(PATIENCE, t).await.unwrap().unwrap();
+    for (cl, body, x) in waiters(&app, &gate, 4).await {
         if x == "COALESCED"
             && let (Some(cl), Ok(body)) = (cl, &body)
         {
@@ -235,7 +236,7 @@ async fn a_range_waiting_on_a_body_over_the_cap_gets_the_whole_200_framed_right(
         Some(gate.clone()),
         Some(2048),
         parts,
-        guard().max_body_bytes(1024),
+        local_guard().max_body_bytes(1024),
     );
     let plain = {
         let app = app.clone();
@@ -289,7 +290,7 @@ async fn a_body_with_trailers_keeps_them_and_is_not_stored() {
                 )))
             }
         })
-        .layer(guard()),
+        .layer(local_guard()),
     );
     let first = app.clone().oneshot(req("GET", &[])).await.unwrap();
     let collected = first.into_body().collect().await.unwrap();
@@ -334,7 +335,7 @@ async fn one_reader_of_a_huge_body_over_the_cap_does_not_hold_all_of_it() {
                 tokio_stream::wrappers::ReceiverStream::new(rx),
             ))
         })
-        .layer(guard().max_body_bytes(1024 * 1024)),
+        .layer(local_guard().max_body_bytes(1024 * 1024)),
     );
     let response = app
         .oneshot(Request::get("/big").body(Body::empty()).unwrap())
@@ -398,7 +399,13 @@ async fn head_of_a_chunked_body_over_the_cap_does_not_claim_a_zero_length() {
     // §9.3.2: HEAD's fields are the GET's; §8.6).
     let origin = Origin::default();
     let parts: Vec<Bytes> = (0..8u8).map(|i| Bytes::from(vec![b'a' + i; 256])).collect();
-    let app = lying_app(&origin, None, None, parts, guard().max_body_bytes(1024));
+    let app = lying_app(
+        &origin,
+        None,
+        None,
+        parts,
+        local_guard().max_body_bytes(1024),
+    );
     let head = send(&app, req("HEAD", &[])).await;
     assert_eq!(head.status, StatusCode::OK);
     assert!(head.body.is_empty());
@@ -427,7 +434,7 @@ async fn a_304_for_a_chunked_body_over_the_cap_does_not_claim_a_zero_length() {
                 .insert("etag", "\"v1\"".parse().unwrap());
             response
         })
-        .layer(guard().max_body_bytes(1024)),
+        .layer(local_guard().max_body_bytes(1024)),
     );
     let answer = send(&app, req("GET", &[("if-none-match", "\"v1\"")])).await;
     assert_eq!(answer.status, StatusCode::NOT_MODIFIED);
@@ -452,7 +459,7 @@ async fn waiters_over_the_cap_read_on_when_the_starter_hangs_up() {
         Some(gate.clone()),
         None,
         parts,
-        guard().max_body_bytes(1024),
+        local_guard().max_body_bytes(1024),
     );
     // The starter: takes its head and first bytes, then hangs up.
     let starter = {
@@ -467,16 +474,7 @@ async fn waiters_over_the_cap_read_on_when_the_starter_hangs_up() {
     for _ in 0..100 {
         tokio::task::yield_now().await;
     }
-    let waiters: Vec<_> = (0..3)
-        .map(|_| {
-            let app = app.clone();
-            tokio::spawn(async move { fetch(&app, req("GET", &[])).await })
-        })
-        .collect();
-    for _ in 0..200 {
-        tokio::task::yield_now().await;
-    }
-    gate.notify_one();
+    let answers = waiters(&app, &gate, 3).await;
     assert!(
         tokio::time::timeout(PATIENCE, starter)
             .await
@@ -484,8 +482,7 @@ async fn waiters_over_the_cap_read_on_when_the_starter_hangs_up() {
             .unwrap()
             > 0
     );
-    for w in waiters {
-        let (_cl, body, x) = tokio::time::timeout(PATIENCE, w).await.unwrap().unwrap();
+    for (_cl, body, x) in answers {
         assert_eq!(x, "COALESCED");
         assert_eq!(body.unwrap(), Bytes::from(expected.clone()));
     }

@@ -5,15 +5,16 @@
 //! told as a miss, `collapsed` and `hit` across instances on Redis). The
 //! `stored` claim: `stored_status.rs`.
 
+#[cfg(feature = "redis")]
 use std::time::Duration;
 
 use crate::common::status::{no_tag_headers, ours, with};
-use crate::common::{send, Origin};
+use crate::common::{local_guard, send, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
 use http::{header, HeaderValue, StatusCode};
-use stampede_guard::{Backend, StampedeGuard};
+use stampede_guard::StampedeGuard;
 
 /// `/p` answers `v<call>` with the response headers `headers` gives.
 fn app(origin: &Origin, guard: StampedeGuard, headers: fn(&HeaderMap) -> HeaderMap) -> Router {
@@ -34,17 +35,13 @@ fn product_tag(_: &HeaderMap) -> HeaderMap {
     headers
 }
 
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
-
 /// A client sends the tag headers itself, in any spelling and as many
 /// lines: they tag nothing (a purge of their tags leaves the entry), they
 /// never come back, and the origin's own tag still purges it.
 #[tokio::test]
 async fn tag_headers_a_client_sends_tag_nothing() {
     let origin = Origin::default();
-    let guard = guard();
+    let guard = local_guard();
     let app = app(&origin, guard.clone(), product_tag);
     let forged: &[(&str, &[u8])] = &[
         ("Surrogate-Key", b"evil"),
@@ -97,7 +94,7 @@ fn odd_lists(_: &HeaderMap) -> HeaderMap {
 async fn odd_tag_lists_tag_exactly_their_tags() {
     for tag in ["a", "b", "c", "d", "e", " e "] {
         let origin = Origin::default();
-        let guard = guard();
+        let guard = local_guard();
         let app = app(&origin, guard.clone(), odd_lists);
         assert_eq!(send(&app, with("/p", &[])).await.text(), "v1");
         for not_a_tag in ["", " ", ",", "a b", "c,d", "A", "ab"] {
@@ -137,7 +134,7 @@ fn by_language(request: &HeaderMap) -> HeaderMap {
 #[tokio::test]
 async fn variants_keep_their_own_tags_and_status() {
     let origin = Origin::default();
-    let guard = guard().vary([header::ACCEPT_LANGUAGE]);
+    let guard = local_guard().vary([header::ACCEPT_LANGUAGE]);
     let app = app(&origin, guard.clone(), by_language);
     let en: &[(&str, &[u8])] = &[("accept-language", b"en")];
     let fr: &[(&str, &[u8])] = &[("accept-language", b"fr")];
@@ -172,7 +169,7 @@ fn aged(_: &HeaderMap) -> HeaderMap {
 #[tokio::test]
 async fn a_hit_ttl_counts_the_age_the_answer_arrived_with() {
     let origin = Origin::default();
-    let guard = guard().respect_cache_control(true);
+    let guard = local_guard().respect_cache_control(true);
     let app = app(&origin, guard, aged);
     let miss = send(&app, with("/p", &[])).await;
     assert_eq!(ours(&miss).0, "stampede-guard; fwd=uri-miss; stored");
@@ -193,7 +190,7 @@ async fn a_hit_ttl_counts_the_age_the_answer_arrived_with() {
 #[tokio::test]
 async fn a_conditional_request_that_missed_is_told_as_a_miss() {
     let origin = Origin::default();
-    let app = app(&origin, guard().respect_cache_control(true), aged);
+    let app = app(&origin, local_guard().respect_cache_control(true), aged);
     let conditional: &[(&str, &[u8])] = &[("if-none-match", b"\"e\"")];
     let first = send(&app, with("/p", conditional)).await;
     assert_eq!(first.status, StatusCode::NOT_MODIFIED);
@@ -218,7 +215,7 @@ fn learns_encoding(_: &HeaderMap) -> HeaderMap {
 #[tokio::test]
 async fn the_answer_that_teaches_vary_tells_the_truth_about_storing() {
     let origin = Origin::default();
-    let app = app(&origin, guard(), learns_encoding);
+    let app = app(&origin, local_guard(), learns_encoding);
     let gzip: &[(&str, &[u8])] = &[("accept-encoding", b"gzip")];
     let first = send(&app, with("/p", gzip)).await;
     no_tag_headers(&first, "the teaching answer");
@@ -344,8 +341,8 @@ async fn tag_trailers_reach_no_client() {
         }
     };
     let app = Router::new()
-        .route("/t", get(handler.clone()).layer(guard()))
-        .route("/big", get(handler).layer(guard().max_body_bytes(1)));
+        .route("/t", get(handler.clone()).layer(local_guard()))
+        .route("/big", get(handler).layer(local_guard().max_body_bytes(1)));
     type Headers<'a> = &'a [(&'a str, &'a [u8])];
     let cases: &[(&str, Headers)] = &[
         ("/t", &[]),

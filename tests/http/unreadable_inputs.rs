@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 #[cfg(feature = "redis")]
 use std::sync::Arc;
+#[cfg(feature = "redis")]
 use std::time::Duration;
 
 use crate::common::driver::counted_app;
@@ -13,7 +14,7 @@ use crate::common::driver::counted_app;
 use crate::common::proxy::Proxy;
 #[cfg(feature = "redis")]
 use crate::common::redis::RedisServer;
-use crate::common::{get as get_req, send, Origin};
+use crate::common::{get as get_req, local_guard, send, Origin};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -21,11 +22,9 @@ use axum::Router;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Request};
 use http_body_util::{BodyExt, Full};
-use stampede_guard::{Backend, StampedeGuard};
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
+#[cfg(feature = "redis")]
+use stampede_guard::Backend;
+use stampede_guard::StampedeGuard;
 
 /// Under the strict invalidation barrier (no outage grace): the tests on
 /// it check that a frozen instance serves nothing from before a purge.
@@ -63,7 +62,7 @@ async fn an_age_that_is_not_delta_seconds_is_ignored() {
             let origin = Origin::default();
             let app = counted_app(
                 &origin,
-                guard().respect_cache_control(respect),
+                local_guard().respect_cache_control(respect),
                 move |n| async move {
                     (
                         [("cache-control", "max-age=3600"), ("age", age)],
@@ -134,7 +133,7 @@ fn with_trailer(user: &'static str) -> Request<Body> {
 #[tokio::test]
 async fn a_body_of_trailers_only_is_discarded_like_any_content() {
     let origin = Origin::default();
-    let app = trailer_app(&origin, guard());
+    let app = trailer_app(&origin, local_guard());
     let alice = send(&app, with_trailer("alice")).await;
     assert_eq!(alice.text(), "nobody#1", "the handler saw the trailers");
     let bob = send(&app, with_trailer("bob")).await;
@@ -237,7 +236,7 @@ fn folded_names_app(origin: &Origin, guard: StampedeGuard) -> Router {
 #[tokio::test]
 async fn names_equal_under_unicode_case_folding_keep_their_order() {
     let origin = Origin::default();
-    let app = folded_names_app(&origin, guard());
+    let app = folded_names_app(&origin, local_guard());
     for uri in ["/report?%C3%A4=1&%C3%84=2", "/report?%C3%A4=1&%C3%84=2"] {
         assert_eq!(send(&app, get_req(uri)).await.text(), "1,2#1");
     }
@@ -268,7 +267,7 @@ async fn names_equal_under_ascii_case_folding_keep_their_order() {
                 format!("{}#{n}", values.join(","))
             }
         };
-    let app = Router::new().route("/report", get(handler).layer(guard()));
+    let app = Router::new().route("/report", get(handler).layer(local_guard()));
     assert_eq!(send(&app, get_req("/report?b=1&B=2")).await.text(), "1,2#1");
     assert_eq!(send(&app, get_req("/report?B=2&b=1")).await.text(), "2,1#2");
 }

@@ -4,25 +4,15 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
-use crate::common::{get as get_req, send, Origin};
-use axum::body::Body;
+use crate::common::{get as get_req, local_guard, request_with, send, Origin};
 use axum::extract::OriginalUri;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use http::header::{CONTENT_LOCATION, LOCATION};
-use http::{HeaderMap, Method, Request, StatusCode};
-use stampede_guard::{Backend, StampedeGuard};
-
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
-
-fn request(m: Method, uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    method(m, uri, headers)
-}
+use http::{HeaderMap, Method, StatusCode};
+use stampede_guard::StampedeGuard;
 
 // ---------------------------------------------------------------------------
 // Unsafe methods.
@@ -54,38 +44,30 @@ fn items_app(version: &Arc<AtomicUsize>, guard: StampedeGuard) -> Router {
     Router::new().nest("/api", inner)
 }
 
-fn method(m: Method, uri: &str, headers: &[(&str, &str)]) -> Request<Body> {
-    let mut r = Request::builder().method(m).uri(uri);
-    for (k, v) in headers {
-        r = r.header(*k, *v);
-    }
-    r.body(Body::empty()).unwrap()
-}
-
 /// Behind a nested router, a relative `Location` names a URI under the
 /// prefix the client used: the entry a GET of it reads is dropped.
 #[tokio::test]
 async fn a_relative_location_behind_a_nested_router_is_invalidated() {
     for loc in ["/api/items/2", "2", "./2"] {
         let version = Arc::new(AtomicUsize::new(0));
-        let app = items_app(&version, guard());
+        let app = items_app(&version, local_guard());
         let h = [("host", "a.example")];
         assert_eq!(
-            send(&app, method(Method::GET, "/api/items/2", &h))
+            send(&app, request_with(Method::GET, "/api/items/2", &h))
                 .await
                 .text(),
             "/api/items/2@0"
         );
         assert_eq!(
-            send(&app, method(Method::GET, "/api/items/2", &h))
+            send(&app, request_with(Method::GET, "/api/items/2", &h))
                 .await
                 .x_cache(),
             "HIT"
         );
         let uri = format!("/api/items/1?loc={loc}");
-        let w = send(&app, method(Method::POST, &uri, &h)).await;
+        let w = send(&app, request_with(Method::POST, &uri, &h)).await;
         assert_eq!(w.status, StatusCode::CREATED);
-        let after = send(&app, method(Method::GET, "/api/items/2", &h)).await;
+        let after = send(&app, request_with(Method::GET, "/api/items/2", &h)).await;
         assert_eq!(
             after.text(),
             "/api/items/2@1",
@@ -123,18 +105,18 @@ async fn an_attackers_write_never_purges_another_host() {
         ),
     ] {
         let version = Arc::new(AtomicUsize::new(0));
-        let app = items_app(&version, guard());
+        let app = items_app(&version, local_guard());
         let victim = [("host", "a.example")];
         assert_eq!(
-            send(&app, method(Method::GET, "/api/items/2", &victim))
+            send(&app, request_with(Method::GET, "/api/items/2", &victim))
                 .await
                 .text(),
             "/api/items/2@0"
         );
         let uri = format!("/api/items/1?loc={loc}");
-        let w = send(&app, method(Method::POST, &uri, &headers)).await;
+        let w = send(&app, request_with(Method::POST, &uri, &headers)).await;
         assert_eq!(w.status, StatusCode::CREATED);
-        let after = send(&app, method(Method::GET, "/api/items/2", &victim)).await;
+        let after = send(&app, request_with(Method::GET, "/api/items/2", &victim)).await;
         assert_eq!(
             after.x_cache(),
             "HIT",
@@ -191,18 +173,20 @@ async fn references_resolve_as_rfc_3986_says() {
         ("cloc", "?v=full", "/items/5?v=full"),
     ] {
         let writes = Arc::new(AtomicUsize::new(0));
-        let app = site(&writes, guard());
+        let app = site(&writes, local_guard());
         let h = [("host", "a.example")];
-        let before = send(&app, request(Method::GET, read, &h)).await;
+        let before = send(&app, request_with(Method::GET, read, &h)).await;
         assert_eq!(before.text(), format!("{read}@0"));
         assert_eq!(
-            send(&app, request(Method::GET, read, &h)).await.x_cache(),
+            send(&app, request_with(Method::GET, read, &h))
+                .await
+                .x_cache(),
             "HIT"
         );
         let uri = format!("/items/5?{param}={reference}");
-        let w = send(&app, request(Method::POST, &uri, &h)).await;
+        let w = send(&app, request_with(Method::POST, &uri, &h)).await;
         assert_eq!(w.text(), "written");
-        let after = send(&app, request(Method::GET, read, &h)).await;
+        let after = send(&app, request_with(Method::GET, read, &h)).await;
         if after.text() != format!("{read}@1") {
             missed.push(format!("{param}: {reference} did not drop {read}"));
         }
@@ -214,12 +198,12 @@ async fn references_resolve_as_rfc_3986_says() {
 #[tokio::test]
 async fn the_opt_out_and_failed_writes_drop_nothing() {
     let writes = Arc::new(AtomicUsize::new(0));
-    let app = site(&writes, guard().invalidate_on_unsafe(false));
+    let app = site(&writes, local_guard().invalidate_on_unsafe(false));
     let h = [("host", "a.example")];
-    send(&app, request(Method::GET, "/items/5", &h)).await;
-    send(&app, request(Method::POST, "/items/5", &h)).await;
+    send(&app, request_with(Method::GET, "/items/5", &h)).await;
+    send(&app, request_with(Method::POST, "/items/5", &h)).await;
     assert_eq!(
-        send(&app, request(Method::GET, "/items/5", &h))
+        send(&app, request_with(Method::GET, "/items/5", &h))
             .await
             .text(),
         "/items/5@0"
@@ -240,9 +224,9 @@ async fn the_opt_out_and_failed_writes_drop_nothing() {
             .post(|| async { StatusCode::FORBIDDEN })
             .put(|| async { StatusCode::INTERNAL_SERVER_ERROR }),
         )
-        .layer(guard());
+        .layer(local_guard());
     send(&app, get_req("/x")).await;
-    send(&app, request(Method::POST, "/x", &[])).await;
-    send(&app, request(Method::PUT, "/x", &[])).await;
+    send(&app, request_with(Method::POST, "/x", &[])).await;
+    send(&app, request_with(Method::PUT, "/x", &[])).await;
     assert_eq!(send(&app, get_req("/x")).await.x_cache(), "HIT");
 }

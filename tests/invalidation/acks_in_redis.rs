@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::common::fleet::backend_at;
+use crate::common::fleet::{backend_at, event_subscribers};
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
 use crate::common::tagged::versioned as app;
@@ -95,17 +95,6 @@ async fn until(what: &str, check: impl Fn() -> bool) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("never: {what}");
-}
-
-/// How many clients are subscribed to `channel`.
-fn subscribers(redis: &RedisServer, channel: &str) -> u64 {
-    let reply = redis.raw(&[
-        "EVAL",
-        "return redis.call('PUBSUB', 'NUMSUB', ARGV[1])[2]",
-        "0",
-        channel,
-    ]);
-    reply.trim_start_matches(':').trim().parse().unwrap_or(0)
 }
 
 /// How many connections `user` has open.
@@ -368,15 +357,12 @@ async fn a_subscriber_back_without_the_event_channel_keeps_no_lease() {
     purge(&a.guard, "warm-up").await;
     assert_eq!(held(&b.app).await, "p1-d0");
     until("both instances subscribed", || {
-        subscribers(&redis, "sg:events") == 2
+        event_subscribers(&redis) == 2
     })
     .await;
     let revoke = ["ACL", "SETUSER", "app", "resetchannels", "&sg:events:ack:*"];
     assert_eq!(redis.raw(&revoke), "+OK");
-    until("B's subscriber dropped", || {
-        subscribers(&redis, "sg:events") == 1
-    })
-    .await;
+    until("B's subscriber dropped", || event_subscribers(&redis) == 1).await;
     // B's client reconnected its subscriber (which it does on hearing the
     // disconnection, so B has dropped its L1 by now); B holds the entry
     // again, read from Redis.
@@ -394,7 +380,7 @@ async fn a_subscriber_back_without_the_event_channel_keeps_no_lease() {
         "B, deaf to the event channel, served what it held before the purge ({})",
         answer.x_cache()
     );
-    assert_eq!(subscribers(&redis, "sg:events"), 1, "B never heard it");
+    assert_eq!(event_subscribers(&redis), 1, "B never heard it");
 }
 
 /// Whether Redis's ACL log holds a refusal whose description contains
@@ -428,15 +414,12 @@ async fn a_link_that_fails_after_subscribing_does_not_end_the_gap() {
     purge(&a.guard, "warm-up").await;
     assert_eq!(held(&b.app).await, "p1-d0");
     until("both instances subscribed", || {
-        subscribers(&redis, "sg:events") == 2
+        event_subscribers(&redis) == 2
     })
     .await;
     let revoke = ["ACL", "SETUSER", "app", "resetchannels", "&sg:events:ack:*"];
     assert_eq!(redis.raw(&revoke), "+OK");
-    until("B's subscriber dropped", || {
-        subscribers(&redis, "sg:events") == 1
-    })
-    .await;
+    until("B's subscriber dropped", || event_subscribers(&redis) == 1).await;
     until("B's subscriber reconnected", || {
         clients_of(&redis, "app") == 2
     })

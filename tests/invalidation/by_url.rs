@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::common::{send, Origin};
+use crate::common::{send, until_all_differ, Origin};
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
@@ -65,20 +65,6 @@ async fn texts(app: &Router) -> Vec<String> {
     out
 }
 
-/// Asks `app` until every variant differs from `old` (an instance learns of
-/// another's purge by message), at most 50 times.
-async fn texts_after(app: &Router, old: &[String]) -> Vec<String> {
-    let mut now = texts(app).await;
-    for _ in 0..50 {
-        if now.iter().zip(old).all(|(a, b)| a != b) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        now = texts(app).await;
-    }
-    now
-}
-
 /// A purge of the typed URL (host in another case, query in another
 /// order) on one instance drops every variant here and on the other one,
 /// and nothing of another URL.
@@ -105,7 +91,7 @@ async fn purge_by_url(a: Backend, b: Backend) {
     for (new, old) in new_a.iter().zip(&old) {
         assert_ne!(new, old, "every variant of the URL was dropped here");
     }
-    let new_b = texts_after(&app_b, &old_b).await;
+    let new_b = until_all_differ(&old_b, || texts(&app_b)).await;
     for (new, old) in new_b.iter().zip(&old_b) {
         assert_ne!(new, old, "every variant was dropped on the other instance");
     }

@@ -5,6 +5,7 @@
 //! document a promise that does not hold.
 #![cfg(feature = "redis")]
 
+use crate::common::driver::variant_app;
 use crate::common::fleet::{backend_at, keys_like};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,7 +18,7 @@ use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
 use http::header::ACCEPT_LANGUAGE;
-use http::{HeaderMap, Request};
+use http::Request;
 use stampede_guard::StampedeGuard;
 
 // ---------------------------------------------------------------------------
@@ -123,31 +124,6 @@ async fn a_corrupt_generation_does_not_disable_invalidation() {
 // versions wrote; "entries written by earlier versions are rebuilt once")
 // must not outlive an invalidation of its URL through another variant.
 // ---------------------------------------------------------------------------
-
-/// `/report` varying on Accept-Language, answering `<lang>:<version>`.
-fn variant_app(
-    version: &Arc<AtomicUsize>,
-    calls: &Arc<AtomicUsize>,
-    guard: StampedeGuard,
-) -> Router {
-    let (version, calls) = (version.clone(), calls.clone());
-    let handler = move |headers: HeaderMap| {
-        let (version, calls) = (version.clone(), calls.clone());
-        async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            let lang = headers
-                .get(ACCEPT_LANGUAGE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("none")
-                .to_owned();
-            format!("{lang}:{}", version.load(Ordering::SeqCst))
-        }
-    };
-    Router::new().route(
-        "/report",
-        get(handler).layer(guard.ttl(Duration::from_secs(60)).vary([ACCEPT_LANGUAGE])),
-    )
-}
 
 fn lang_req(lang: Option<&str>) -> Request<Body> {
     let mut b = Request::get("/report");

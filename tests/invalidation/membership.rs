@@ -10,7 +10,7 @@ use std::time::Duration;
 
 #[cfg(feature = "redis-cluster")]
 use crate::common::cluster::Cluster;
-use crate::common::fleet::{backend_at, fleet, wait_until_available, Instance};
+use crate::common::fleet::{backend_at, fleet, fleet_on, members, settled, wait_until_available};
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
 use crate::common::{get, send, Origin};
@@ -23,22 +23,6 @@ const HANG: Duration = Duration::from_secs(30);
 
 fn ttl(guard: StampedeGuard) -> StampedeGuard {
     guard.ttl(Duration::from_secs(60))
-}
-
-/// The fleet's members as Redis holds them (expired ones included).
-fn members(redis: &RedisServer) -> Vec<String> {
-    let reply = redis.raw(&[
-        "EVAL",
-        "return table.concat(redis.call('ZRANGE', KEYS[1], 0, -1), ' ')",
-        "1",
-        "sg:members",
-    ]);
-    // `born` marks when this life of the set began: not a member.
-    reply
-        .split_whitespace()
-        .filter(|m| *m != "born")
-        .map(str::to_owned)
-        .collect()
 }
 
 /// Adds `member` to the membership with a score `ahead_ms` past Redis's
@@ -54,24 +38,6 @@ fn forge(redis: &RedisServer, member_lua: &str, ahead_ms: i64, raw: Option<&str>
         "local t = redis.call('TIME') return redis.call('ZADD', KEYS[1], {score}, {member_lua})"
     );
     assert_eq!(redis.raw(&["EVAL", &script, "1", "sg:members"]), ":1");
-}
-
-/// What `instance` serves `uri` with once it answers from its L1.
-async fn settled(instance: &Instance, uri: &str) -> String {
-    for _ in 0..200 {
-        let answer = send(&instance.app, get(uri)).await;
-        if answer.x_cache() == "HIT" {
-            return answer.text();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the instance did not settle");
-}
-
-async fn single(redis: &RedisServer, k: usize, origin: &Origin) -> Vec<Instance> {
-    let url = redis.url();
-    let connect = || backend_at(&url, Duration::from_millis(500));
-    fleet(k, origin, Duration::ZERO, connect, ttl).await
 }
 
 /// Waits (bounded) until the membership has `n` members.
@@ -90,7 +56,7 @@ async fn members_become(redis: &RedisServer, n: usize) -> Vec<String> {
 async fn every_instance_is_a_member_from_the_start() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let instances = single(&redis, 3, &origin).await;
+    let instances = fleet_on(&redis, 3, &origin, ttl).await;
     let names = members(&redis);
     assert_eq!(names.len(), 3, "{names:?}");
     assert!(names
@@ -105,7 +71,7 @@ async fn every_instance_is_a_member_from_the_start() {
 async fn invalidate_waits_for_an_instance_whose_subscriber_was_killed() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let instances = single(&redis, 2, &origin).await;
+    let instances = fleet_on(&redis, 2, &origin, ttl).await;
     for round in 0..3 {
         let held = settled(&instances[1], "/report").await;
         assert!(redis
@@ -129,7 +95,7 @@ async fn invalidate_waits_for_an_instance_whose_subscriber_was_killed() {
 async fn invalidate_all_waits_for_an_instance_whose_link_is_frozen() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let a = single(&redis, 1, &origin).await.remove(0);
+    let a = fleet_on(&redis, 1, &origin, ttl).await.remove(0);
     let proxy = Proxy::start(redis.port()).await;
     let b = crate::common::fleet::instance(
         backend_at(&proxy.url(), Duration::from_millis(500)).await,
@@ -173,7 +139,7 @@ async fn purge(guard: &StampedeGuard, how: Purge) -> Result<(), stampede_guard::
 async fn waits_for_an_instance_that_does_not_know_redis_dropped_it(how: Purge) {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let a = single(&redis, 1, &origin).await.remove(0);
+    let a = fleet_on(&redis, 1, &origin, ttl).await.remove(0);
     let proxy = Proxy::start(redis.port()).await;
     let b = crate::common::fleet::instance(
         backend_at(&proxy.url(), Duration::from_millis(500)).await,
@@ -225,7 +191,7 @@ async fn invalidate_all_waits_for_an_instance_redis_dropped_unbeknown_to_it() {
 async fn a_member_that_died_holds_an_invalidation_at_most_one_lease() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let instances = single(&redis, 2, &origin).await;
+    let instances = fleet_on(&redis, 2, &origin, ttl).await;
     let held = settled(&instances[1], "/report").await;
     forge(&redis, "'00000000deadbeef'", 3_000, None);
     assert_eq!(members(&redis).len(), 3);
@@ -245,7 +211,7 @@ async fn a_member_that_died_holds_an_invalidation_at_most_one_lease() {
 async fn a_clean_shutdown_leaves_the_membership() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let mut instances = single(&redis, 3, &origin).await;
+    let mut instances = fleet_on(&redis, 3, &origin, ttl).await;
     let before = members_become(&redis, 3).await;
     let gone = instances.pop().unwrap();
     drop(gone);
@@ -271,7 +237,7 @@ async fn a_clean_shutdown_leaves_the_membership() {
 async fn forged_members_neither_hang_nor_crash_an_invalidation() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let instances = single(&redis, 2, &origin).await;
+    let instances = fleet_on(&redis, 2, &origin, ttl).await;
     let held = settled(&instances[1], "/report").await;
     forge(
         &redis,
@@ -304,7 +270,7 @@ async fn forged_members_neither_hang_nor_crash_an_invalidation() {
 async fn a_flood_of_members_costs_one_lease_not_the_barrier() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let instances = single(&redis, 2, &origin).await;
+    let instances = fleet_on(&redis, 2, &origin, ttl).await;
     let held = settled(&instances[1], "/report").await;
     let flood = "local t = redis.call('TIME') \
         local s = tonumber(t[1]) * 1000 + 2000 \

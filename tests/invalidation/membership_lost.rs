@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::common::fleet::{backend_at, fleet, Instance};
+use crate::common::fleet::{backend_at, fleet_on, settled, tagged_product};
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
 use crate::common::{get, send, Origin};
@@ -16,23 +16,6 @@ use stampede_guard::StampedeGuard;
 
 /// Far more than one subscription lease: only a hang reaches it.
 const HANG: Duration = Duration::from_secs(30);
-
-fn ttl(guard: StampedeGuard) -> StampedeGuard {
-    guard
-        .ttl(Duration::from_secs(60))
-        .tags(|_req| vec!["product:42".to_owned()])
-}
-
-async fn settled(instance: &Instance, uri: &str) -> String {
-    for _ in 0..200 {
-        let answer = send(&instance.app, get(uri)).await;
-        if answer.x_cache() == "HIT" {
-            return answer.text();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the instance did not settle");
-}
 
 #[derive(Clone, Copy, Debug)]
 enum Purge {
@@ -67,22 +50,13 @@ enum Loss {
 async fn a_lost_membership_does_not_shorten_the_barrier(how: Purge, loss: Loss) {
     let mut redis = RedisServer::start();
     let origin = Origin::default();
-    let url = redis.url();
-    let a = fleet(
-        1,
-        &origin,
-        Duration::ZERO,
-        || backend_at(&url, Duration::from_millis(500)),
-        ttl,
-    )
-    .await
-    .remove(0);
+    let a = fleet_on(&redis, 1, &origin, tagged_product).await.remove(0);
     let proxy = Proxy::start(redis.port()).await;
     let b = crate::common::fleet::instance(
         backend_at(&proxy.url(), Duration::from_millis(500)).await,
         &origin,
         Duration::ZERO,
-        ttl,
+        tagged_product,
     );
     let held = settled(&b, "/report").await;
     proxy.freeze_closes_too();

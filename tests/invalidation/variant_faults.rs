@@ -6,16 +6,17 @@
 //! that fail here document a promise that does not hold.
 #![cfg(feature = "redis")]
 
-use crate::common::fleet::{backend_at, keys_like};
+use crate::common::fleet::{backend_at, evict, keys_like};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::common::driver::variant_app;
 use crate::common::driver::{versioned_app, Versioned};
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
-use crate::common::{get as get_req, send, Answer};
+use crate::common::{get as get_req, read_until, send};
 use axum::body::Body;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -24,33 +25,6 @@ use http::header::{ACCEPT_LANGUAGE, SET_COOKIE};
 use http::{HeaderMap, Request};
 use stampede_guard::StampedeGuard;
 use tokio::sync::Notify;
-
-/// Deletes every key matching `pattern`, as eviction would.
-fn evict(redis: &RedisServer, pattern: &str) -> usize {
-    let reply = redis.raw(&[
-        "EVAL",
-        &format!(
-            "local n = 0; for _, k in ipairs(redis.call('KEYS', '{pattern}')) do \
-             n = n + redis.call('DEL', k) end; return n"
-        ),
-        "0",
-    ]);
-    reply.trim_start_matches(':').parse().expect("a count")
-}
-
-/// Asks `app` for `/report` every 100 ms, up to `tries` times, until it
-/// answers `want`; returns the last answer.
-async fn read_until(app: &Router, want: &str, tries: usize) -> Answer {
-    let mut answer = send(app, get_req("/report")).await;
-    for _ in 0..tries {
-        if answer.text() == want {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        answer = send(app, get_req("/report")).await;
-    }
-    answer
-}
 
 // ---------------------------------------------------------------------------
 // Promise 1: an instance whose link to Redis is frozen (bytes stop both
@@ -214,31 +188,6 @@ async fn a_message_lost_to_a_killed_subscriber_is_made_up_for() {
 // invalidation), and CLIENT PAUSE during the invalidation. A fresh instance
 // reads only what Redis says.
 // ---------------------------------------------------------------------------
-
-/// `/report` varying on Accept-Language, answering `<lang>:<version>`.
-fn variant_app(
-    version: &Arc<AtomicUsize>,
-    calls: &Arc<AtomicUsize>,
-    guard: StampedeGuard,
-) -> Router {
-    let (version, calls) = (version.clone(), calls.clone());
-    let handler = move |headers: HeaderMap| {
-        let (version, calls) = (version.clone(), calls.clone());
-        async move {
-            calls.fetch_add(1, Ordering::SeqCst);
-            let lang = headers
-                .get(ACCEPT_LANGUAGE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("none")
-                .to_owned();
-            format!("{lang}:{}", version.load(Ordering::SeqCst))
-        }
-    };
-    Router::new().route(
-        "/report",
-        get(handler).layer(guard.ttl(Duration::from_secs(60)).vary([ACCEPT_LANGUAGE])),
-    )
-}
 
 fn lang_req(uri: &str, lang: Option<&str>) -> Request<Body> {
     let mut b = Request::get(uri);

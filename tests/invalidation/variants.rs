@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{send, Origin};
+use crate::common::{send, until_all_differ, Origin};
 use axum::body::Body;
 use axum::routing::get;
 use axum::Router;
@@ -69,20 +69,6 @@ async fn texts(app: &Router) -> Vec<String> {
     out
 }
 
-/// Asks `app` until every variant differs from `old` (an instance learns of
-/// another's invalidation by message), at most 50 times.
-async fn texts_after(app: &Router, old: &[String]) -> Vec<String> {
-    let mut now = texts(app).await;
-    for _ in 0..50 {
-        if now.iter().zip(old).all(|(a, b)| a != b) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        now = texts(app).await;
-    }
-    now
-}
-
 /// Every variant rebuilds after one invalidation, on both instances, and
 /// the second instance then shares the first's new entries.
 async fn all_variants_rebuild(a: Backend, b: Backend) {
@@ -106,7 +92,7 @@ async fn all_variants_rebuild(a: Backend, b: Backend) {
         assert_ne!(new, old, "every variant of the URL was dropped here");
     }
     let calls = origin.calls();
-    let new_b = texts_after(&app_b, &old_b).await;
+    let new_b = until_all_differ(&old_b, || texts(&app_b)).await;
     for (new, old) in new_b.iter().zip(&old_b) {
         assert_ne!(new, old, "every variant was dropped on the other instance");
     }

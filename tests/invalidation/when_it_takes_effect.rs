@@ -14,7 +14,7 @@ use std::time::Duration;
 use crate::common::driver::{versioned_app, Versioned};
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
-use crate::common::{get as get_req, send, Answer};
+use crate::common::{get as get_req, read_until, send, Answer};
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
@@ -24,18 +24,6 @@ use http::header::{ETAG, IF_NONE_MATCH};
 use http::{Method, Request};
 use stampede_guard::StampedeGuard;
 use tokio::sync::Notify;
-
-async fn read_until(app: &Router, want: &str, tries: usize) -> Answer {
-    let mut answer = send(app, get_req("/report")).await;
-    for _ in 0..tries {
-        if answer.text() == want {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        answer = send(app, get_req("/report")).await;
-    }
-    answer
-}
 
 // ---------------------------------------------------------------------------
 // Promise 1: "after invalidate returns (Ok), no instance ever answers a value
@@ -442,32 +430,18 @@ async fn an_invalidation_right_after_an_empty_restart_reaches_every_instance() {
 // once Redis is reachable again.
 // ---------------------------------------------------------------------------
 
-/// Ids of the clients connected to `redis`, but for the asking one.
-fn client_ids(redis: &RedisServer) -> Vec<String> {
-    redis
-        .raw(&["CLIENT", "LIST"])
-        .lines()
-        .filter(|l| !l.contains("cmd=client|list"))
-        .filter_map(|l| {
-            l.split_whitespace()
-                .next()?
-                .strip_prefix("id=")
-                .map(str::to_owned)
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_whose_invalidation_was_lost_is_still_read_back() {
     let redis = RedisServer::start();
     let version = Arc::new(AtomicUsize::new(1));
-    let before = client_ids(&redis);
+    let before = redis.client_ids();
     let proxy = Proxy::start(redis.port()).await;
     let a = version_app(
         &version,
         StampedeGuard::new(backend_at(&proxy.url(), Duration::from_millis(100)).await),
     );
-    let a_clients: Vec<String> = client_ids(&redis)
+    let a_clients: Vec<String> = redis
+        .client_ids()
         .into_iter()
         .filter(|id| !before.contains(id))
         .collect();

@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use crate::common::lock::{backend, held_locks};
+use crate::common::lock::{
+    a_lock_held_on, backend, held_locks, lock_on_a_server_turned_evicting, turn_evicting,
+};
 use crate::common::redis::RedisServer;
 use crate::common::ROOMY_DEADLINE;
 use stampede_guard::{Lock, LockError};
@@ -32,19 +34,21 @@ async fn granted_before_refusal(lock: &Lock, name: &str, tries: usize) -> (usize
     (granted, false)
 }
 
+/// A backend through the setup's Sentinel, probing a lost link every 100 ms.
+async fn sentinel_backend(
+    setup: &crate::common::sentinel::SentinelSetup,
+) -> stampede_guard::Backend {
+    stampede_guard::Backend::redis_builder(&setup.url())
+        .deadline(ROOMY_DEADLINE)
+        .probe_interval(Duration::from_millis(100))
+        .connect()
+        .await
+        .expect("sentinel backend")
+}
+
 #[tokio::test]
 async fn a_policy_set_at_runtime_refuses_the_next_locks() {
-    let redis = RedisServer::start();
-    let backend = backend(&redis.url(), ROOMY_DEADLINE).await;
-    let lock = Lock::new(backend.clone());
-    let guard = lock.acquire("stock").await.expect("noeviction");
-    assert!(guard.release().await.expect("released"));
-
-    assert_eq!(redis.raw(&["CONFIG", "SET", "maxmemory", "64mb"]), "+OK");
-    assert_eq!(
-        redis.raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
-        "+OK"
-    );
+    let (_redis, _backend, lock) = lock_on_a_server_turned_evicting().await;
     // No reconnect: 50 acquisitions over a second, the server now evicting.
     let (granted, refused) = granted_before_refusal(&lock, "stock", 50).await;
     assert!(
@@ -134,22 +138,8 @@ async fn a_failover_to_an_evicting_replica_refuses_locks() {
     use crate::common::sentinel::{SentinelSetup, SERVICE};
 
     let setup = SentinelSetup::start();
-    assert_eq!(
-        setup.replica.raw(&["CONFIG", "SET", "maxmemory", "64mb"]),
-        "+OK"
-    );
-    assert_eq!(
-        setup
-            .replica
-            .raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
-        "+OK"
-    );
-    let backend = stampede_guard::Backend::redis_builder(&setup.url())
-        .deadline(ROOMY_DEADLINE)
-        .probe_interval(Duration::from_millis(100))
-        .connect()
-        .await
-        .expect("sentinel backend");
+    turn_evicting(&setup.replica, "64mb", "allkeys-lru");
+    let backend = sentinel_backend(&setup).await;
     let lock = Lock::new(backend.clone());
     let guard = lock.acquire("stock").await.expect("the primary keeps keys");
     assert!(guard.release().await.expect("released"));
@@ -197,27 +187,11 @@ async fn a_slot_moved_to_an_evicting_primary_refuses_the_next_lock() {
 
     let cluster = Cluster::start(3, 0);
     let (keeper, evicting) = (&cluster.nodes[0], &cluster.nodes[2]);
-    assert_eq!(evicting.raw(&["CONFIG", "SET", "maxmemory", "64mb"]), "+OK");
-    assert_eq!(
-        evicting.raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
-        "+OK"
-    );
+    turn_evicting(evicting, "64mb", "allkeys-lru");
     let backend = crate::common::shards::connect(&cluster, ROOMY_DEADLINE).await;
     let lock = Lock::new(backend.clone());
     // A lock served by the keeper.
-    let mut name = None;
-    for n in 0..200 {
-        let candidate = format!("job-{n}");
-        if let Ok(Some(guard)) = lock.try_acquire(&candidate).await {
-            let here = held_locks(keeper) == ":1";
-            assert!(guard.release().await.expect("released"));
-            if here {
-                name = Some(candidate);
-                break;
-            }
-        }
-    }
-    let name = name.expect("a lock on the keeper");
+    let name = a_lock_held_on(&lock, keeper).await;
     // Its slot, from its fence counter (which outlives the hold).
     let counter = keeper.raw(&[
         "EVAL",
@@ -290,26 +264,10 @@ async fn a_cluster_failover_to_an_evicting_replica_refuses_its_locks() {
         })
         .expect("the victim's replica");
     let evicting = &cluster.nodes[replica];
-    assert_eq!(evicting.raw(&["CONFIG", "SET", "maxmemory", "64mb"]), "+OK");
-    assert_eq!(
-        evicting.raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
-        "+OK"
-    );
+    turn_evicting(evicting, "64mb", "allkeys-lru");
     let backend = crate::common::shards::connect(&cluster, ROOMY_DEADLINE).await;
     let lock = Lock::new(backend.clone());
-    let mut name = None;
-    for n in 0..200 {
-        let candidate = format!("job-{n}");
-        if let Ok(Some(guard)) = lock.try_acquire(&candidate).await {
-            let here = held_locks(&cluster.nodes[victim]) == ":1";
-            assert!(guard.release().await.expect("released"));
-            if here {
-                name = Some(candidate);
-                break;
-            }
-        }
-    }
-    let name = name.expect("a lock on the victim");
+    let name = a_lock_held_on(&lock, &cluster.nodes[victim]).await;
     wait_replicated(&cluster.nodes[victim], Duration::from_secs(10));
     cluster.nodes[victim].kill();
     let give_up = std::time::Instant::now() + Duration::from_secs(30);
@@ -364,24 +322,8 @@ async fn a_cluster_primary_that_dropped_its_links_is_read_again() {
     };
     let target = (0..3).find(|&i| !subscribed(i)).expect("a node without it");
     let node = &cluster.nodes[target];
-    let mut name = None;
-    for n in 0..200 {
-        let candidate = format!("job-{n}");
-        if let Ok(Some(guard)) = lock.try_acquire(&candidate).await {
-            let here = held_locks(node) == ":1";
-            assert!(guard.release().await.expect("released"));
-            if here {
-                name = Some(candidate);
-                break;
-            }
-        }
-    }
-    let name = name.expect("a lock on the target");
-    assert_eq!(node.raw(&["CONFIG", "SET", "maxmemory", "64mb"]), "+OK");
-    assert_eq!(
-        node.raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
-        "+OK"
-    );
+    let name = a_lock_held_on(&lock, node).await;
+    turn_evicting(node, "64mb", "allkeys-lru");
     let killed = node.raw(&["CLIENT", "KILL", "TYPE", "normal"]);
     assert!(killed.starts_with(':'), "{killed}");
     let (granted, refused) = granted_before_refusal(&lock, &name, 100).await;
@@ -400,11 +342,7 @@ async fn a_runtime_policy_switch_and_an_eviction_do_not_give_the_lock_twice() {
     let backend = backend(&redis.url(), ROOMY_DEADLINE).await;
     let lock = Lock::new(backend.clone()).lease(Duration::from_secs(6));
     let first = lock.acquire("stock").await.expect("noeviction");
-    assert_eq!(redis.raw(&["CONFIG", "SET", "maxmemory", "4mb"]), "+OK");
-    assert_eq!(
-        redis.raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
-        "+OK"
-    );
+    turn_evicting(&redis, "4mb", "allkeys-lru");
     let fill = "for i = 1, 100 do \
                 redis.call('SET', 'filler:' .. ARGV[1] .. ':' .. i, string.rep('x', 1024)) \
                 end return 1";
@@ -434,25 +372,11 @@ async fn a_waiter_across_a_failover_to_an_evicting_replica_is_refused() {
     use crate::common::sentinel::{SentinelSetup, SERVICE};
 
     let setup = SentinelSetup::start();
-    assert_eq!(
-        setup.replica.raw(&["CONFIG", "SET", "maxmemory", "64mb"]),
-        "+OK"
+    turn_evicting(&setup.replica, "64mb", "allkeys-lru");
+    let (a, b) = (
+        sentinel_backend(&setup).await,
+        sentinel_backend(&setup).await,
     );
-    assert_eq!(
-        setup
-            .replica
-            .raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
-        "+OK"
-    );
-    let connect = || async {
-        stampede_guard::Backend::redis_builder(&setup.url())
-            .deadline(ROOMY_DEADLINE)
-            .probe_interval(Duration::from_millis(100))
-            .connect()
-            .await
-            .expect("sentinel backend")
-    };
-    let (a, b) = (connect().await, connect().await);
     let holder = Lock::new(a)
         .lease(Duration::from_secs(2))
         .acquire("stock")

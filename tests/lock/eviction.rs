@@ -17,7 +17,9 @@ use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;
 use tracing::{Event, Level, Metadata, Subscriber};
 
-use crate::common::lock::{backend, held_locks, over_keys};
+use crate::common::lock::{
+    backend, held_locks, lock_on_a_server_turned_evicting, over_keys, turn_evicting,
+};
 use crate::common::redis::RedisServer;
 use crate::common::ROOMY_DEADLINE;
 use stampede_guard::{Backend, Cache, FencingToken, Lock, LockError};
@@ -197,17 +199,7 @@ async fn opted_in_an_evicted_hold_is_lost_and_tokens_keep_rising() {
 
 #[tokio::test]
 async fn a_policy_changed_at_runtime_is_judged_by_the_next_acquisition() {
-    let redis = RedisServer::start();
-    let backend = backend(&redis.url(), ROOMY_DEADLINE).await;
-    let lock = Lock::new(backend.clone());
-    let guard = lock.acquire("stock").await.expect("noeviction");
-    assert!(guard.release().await.expect("released"));
-
-    assert_eq!(redis.raw(&["CONFIG", "SET", "maxmemory", "64mb"]), "+OK");
-    assert_eq!(
-        redis.raw(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
-        "+OK"
-    );
+    let (redis, backend, lock) = lock_on_a_server_turned_evicting().await;
     // The link stays up: the server judges each acquisition itself.
     let refused = lock.try_acquire("stock").await;
     assert!(
@@ -378,11 +370,7 @@ async fn on_a_cluster_a_lock_is_judged_by_its_own_primary() {
     let cluster = Cluster::start(3, 0);
     // The last primary, not the seed the client asks first, may evict.
     let evicting = &cluster.nodes[2];
-    assert_eq!(evicting.raw(&["CONFIG", "SET", "maxmemory", "64mb"]), "+OK");
-    assert_eq!(
-        evicting.raw(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]),
-        "+OK"
-    );
+    turn_evicting(evicting, "64mb", "volatile-lru");
     let backend = crate::common::shards::connect(&cluster, ROOMY_DEADLINE).await;
     let stats = backend.stats().redis.expect("a redis backend");
     assert_eq!(stats.eviction_policy.as_deref(), Some("volatile-lru"));

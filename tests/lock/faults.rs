@@ -8,11 +8,12 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::child::ChildProcess;
 use crate::common::lock::{backend, held_locks, over_keys};
 use crate::common::redis::RedisServer;
 use stampede_guard::{Backend, Lock, LockError, LockOwner};
@@ -125,24 +126,6 @@ async fn release_reports_failure_only_when_redis_stayed_silent_for_the_whole_lea
 // ---------------------------------------------------------------------------
 // A queue that never stalls on a free lock
 
-/// Kills the child process however the test ends.
-struct ChildProcess(Child);
-
-impl Drop for ChildProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn signal(child: &ChildProcess, sig: &str) {
-    let status = Command::new("kill")
-        .args([sig, &child.0.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_head_waiter_holds_back_a_free_lock_for_one_heartbeat_only() {
     let redis = RedisServer::start();
@@ -174,7 +157,7 @@ async fn a_paused_head_waiter_holds_back_a_free_lock_for_one_heartbeat_only() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(queued(&redis), ":1", "the child waits at the head");
-    signal(&child, "-STOP");
+    child.signal("-STOP");
 
     let waiter = {
         let lock = lock.clone();

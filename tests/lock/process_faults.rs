@@ -11,25 +11,16 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::child::ChildProcess;
 use crate::common::lock::{backend, held_locks, over_keys};
+use crate::common::monitor::within;
 use crate::common::redis::RedisServer;
 use stampede_guard::{Backend, Lock, LockError, LockOwner};
-
-async fn eventually(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let until = Instant::now() + limit;
-    while Instant::now() < until {
-        if done() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("not within {limit:?}: {what}");
-}
 
 async fn conn(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
@@ -89,24 +80,6 @@ async fn fenced_write(
 
 // ---------------------------------------------------------------------------
 // A holder process SIGSTOPped past its lease
-
-/// Kills the child process however the test ends.
-struct ChildProcess(Child);
-
-impl Drop for ChildProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn signal(child: &ChildProcess, sig: &str) {
-    let status = Command::new("kill")
-        .args([sig, &child.0.id().to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success());
-}
 
 /// Starts this test binary's `child` entry point with `env`, and returns the
 /// process and its stdout lines as they come.
@@ -182,7 +155,7 @@ async fn stalled_holder_resumes() -> Resumed {
     let (child, mut lines) = spawn_child("child_stalled_holder", &[("SG_ATTACK_URL", redis.url())]);
     let child_fence: u64 = next_line(&mut lines, "HELD ").await.parse().unwrap();
 
-    signal(&child, "-STOP");
+    child.signal("-STOP");
     let lock = Lock::new(backend(&redis.url(), Duration::from_millis(200)).await)
         .lease(Duration::from_secs(10))
         .wait_budget(Duration::from_secs(4));
@@ -197,7 +170,7 @@ async fn stalled_holder_resumes() -> Resumed {
 
     // The child tells a slow step from this stop by this mark.
     redis.raw(&["SET", "stopped", "1"]);
-    signal(&child, "-CONT");
+    child.signal("-CONT");
     let report = next_line(&mut lines, "RESUMED ").await;
     // This process held the lock all the while the child looked.
     assert!(!guard.is_lost());
@@ -429,10 +402,6 @@ fn stall_pipe(
     let _ = to.shutdown(std::net::Shutdown::Write);
 }
 
-fn evalsha_calls(redis: &RedisServer) -> u64 {
-    redis.command_calls().get("evalsha").copied().unwrap_or(0)
-}
-
 /// Promise 7: an acquisition whose reply never came is undone "by its token
 /// and attempt id, sent after it on the same connection". When the tier
 /// swaps in new connections (its keepalive found the old link stalled)
@@ -464,12 +433,12 @@ async fn stalled_attempt_scenario() -> Option<(String, bool)> {
     let lock = Lock::new(backend(&link.url(), Duration::from_millis(600)).await)
         .lease(Duration::from_secs(20));
     let opened = link.accepted.load(Ordering::SeqCst);
-    let before = evalsha_calls(&redis);
+    let before = redis.evalsha_calls();
 
     link.stall_open_connections();
     // The tier's idle keepalive pings the (stalled) subscriber; it will time
     // out and the tier will open new connections.
-    eventually("the keepalive ping is sent", Duration::from_secs(3), || {
+    within("the keepalive ping is sent", Duration::from_secs(3), || {
         link.held.load(Ordering::SeqCst) > 0
     })
     .await;
@@ -484,12 +453,12 @@ async fn stalled_attempt_scenario() -> Option<(String, bool)> {
     // Give the background undo its chance to run (on the new connection,
     // it is answered at once).
     for _ in 0..100 {
-        if evalsha_calls(&redis) > before {
+        if redis.evalsha_calls() > before {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let undone_early = evalsha_calls(&redis) > before;
+    let undone_early = redis.evalsha_calls() > before;
     // The stalled path delivers what it held.
     link.release();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -522,7 +491,7 @@ async fn release_while_redis_is_busy_in_a_slow_script_frees_the_lock_once_it_ans
         let mut reply = [0u8; 256];
         let _ = stream.read(&mut reply);
     });
-    eventually("Redis is busy", Duration::from_secs(2), || {
+    within("Redis is busy", Duration::from_secs(2), || {
         redis.raw(&["GET", "x"]).starts_with("-BUSY")
     })
     .await;

@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{get as request, send, Origin};
+use crate::common::{get as request, local_guard, send, Origin};
 use axum::extract::Path;
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
-use stampede_guard::{Backend, Cache, StampedeGuard};
+use stampede_guard::{Cache, StampedeGuard};
 use tokio::sync::Notify;
 
 /// `/products/{id}` answers `p<id>-v<call>`, tagged `product:<id>` and
@@ -66,14 +66,10 @@ fn app(origin: &Origin, guard: &StampedeGuard) -> Router {
         .route("/many", get(many).layer(guard.clone()))
 }
 
-fn guard() -> StampedeGuard {
-    StampedeGuard::new(Backend::local()).ttl(Duration::from_secs(60))
-}
-
 #[tokio::test]
 async fn header_tags_are_removed_and_invalidate_only_their_entries() {
     let origin = Origin::default();
-    let guard = guard();
+    let guard = local_guard();
     let app = app(&origin, &guard);
     let first = send(&app, request("/products/1")).await;
     assert_eq!(first.text(), "p1-v1");
@@ -107,7 +103,7 @@ async fn header_tags_are_removed_and_invalidate_only_their_entries() {
 #[tokio::test]
 async fn request_tags_come_from_the_route_function() {
     let origin = Origin::default();
-    let guard = guard().tags(|parts| {
+    let guard = local_guard().tags(|parts| {
         let tenant = parts.headers.get("x-tenant").and_then(|v| v.to_str().ok());
         vec![format!("tenant:{}", tenant.unwrap_or("none"))]
     });
@@ -131,7 +127,7 @@ async fn request_tags_come_from_the_route_function() {
 #[tokio::test]
 async fn invalidate_all_drops_every_route_and_every_cache_of_the_backend() {
     let origin = Origin::default();
-    let guard = guard();
+    let guard = local_guard();
     let app = app(&origin, &guard);
     let cache: Cache<String> = Cache::new(guard.backend().clone()).ttl(Duration::from_secs(60));
     let built = Arc::new(AtomicUsize::new(0));
@@ -163,7 +159,7 @@ async fn invalidate_all_drops_every_route_and_every_cache_of_the_backend() {
 #[tokio::test]
 async fn a_response_cannot_invalidate_or_poison_another_entry() {
     let origin = Origin::default();
-    let guard = guard();
+    let guard = local_guard();
     let app = app(&origin, &guard);
     assert_eq!(send(&app, request("/products/1")).await.text(), "p1-v1");
     // Another route's answer names product:1's tags, "all", and garbage:
@@ -189,7 +185,7 @@ async fn a_response_cannot_invalidate_or_poison_another_entry() {
 #[tokio::test]
 async fn exposed_tag_headers_reach_the_rebuilding_request_only() {
     let origin = Origin::default();
-    let guard = guard().expose_tag_headers(true);
+    let guard = local_guard().expose_tag_headers(true);
     let app = app(&origin, &guard);
     let miss = send(&app, request("/products/1")).await;
     assert_eq!(miss.headers["surrogate-key"], "product:1 products");
@@ -202,7 +198,7 @@ async fn exposed_tag_headers_reach_the_rebuilding_request_only() {
 #[tokio::test]
 async fn the_tag_headers_are_configurable() {
     let origin = Origin::default();
-    let guard = guard().tag_headers([http::HeaderName::from_static("cache-tag")]);
+    let guard = local_guard().tag_headers([http::HeaderName::from_static("cache-tag")]);
     let app = app(&origin, &guard);
     let miss = send(&app, request("/products/1")).await;
     // Not a tag header any more: passed on (and stored) as any header.
@@ -240,7 +236,7 @@ fn slow_app(
 #[tokio::test]
 async fn a_rebuild_racing_invalidate_tag_stores_nothing_and_gets_no_new_waiters() {
     let origin = Origin::default();
-    let guard = guard();
+    let guard = local_guard();
     let (entered, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
     let app = slow_app(&origin, &guard, &entered, &release);
     let before = tokio::spawn({
@@ -263,7 +259,7 @@ async fn a_rebuild_racing_invalidate_tag_stores_nothing_and_gets_no_new_waiters(
 
 #[tokio::test]
 async fn tag_headers_are_removed_from_answers_that_are_not_stored() {
-    let guard = guard();
+    let guard = local_guard();
     let tagged = || async {
         (
             [("surrogate-key", "secret:internal"), ("set-cookie", "s=1")],

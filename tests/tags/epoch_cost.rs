@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::common::fleet::{backend_at, fleet};
+use crate::common::fleet::fleet_on;
 use crate::common::redis::RedisServer;
 use crate::common::{get, send, Origin};
 use stampede_guard::StampedeGuard;
@@ -20,15 +20,7 @@ fn tagged(guard: StampedeGuard) -> StampedeGuard {
 async fn a_lost_table_costs_one_origin_call_per_key(purge_after: bool) {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let url = redis.url();
-    let instances = fleet(
-        2,
-        &origin,
-        Duration::ZERO,
-        || backend_at(&url, Duration::from_millis(500)),
-        tagged,
-    )
-    .await;
+    let instances = fleet_on(&redis, 2, &origin, tagged).await;
     // Both instances have read the table and hold an epoch.
     for instance in &instances {
         send(&instance.app, get("/report/warm")).await;

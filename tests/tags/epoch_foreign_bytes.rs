@@ -6,29 +6,9 @@
 //! key for the fleet once settled).
 #![cfg(feature = "redis")]
 
-use std::time::Duration;
-
-use crate::common::fleet::{backend_at, fleet, Instance};
+use crate::common::fleet::{fleet_on, settled, tagged_product};
 use crate::common::redis::RedisServer;
 use crate::common::{get, send, Origin};
-use stampede_guard::StampedeGuard;
-
-fn tagged(guard: StampedeGuard) -> StampedeGuard {
-    guard
-        .ttl(Duration::from_secs(60))
-        .tags(|_req| vec!["product:42".to_owned()])
-}
-
-async fn settled(instance: &Instance) -> String {
-    for _ in 0..200 {
-        let answer = send(&instance.app, get("/report")).await;
-        if answer.x_cache() == "HIT" {
-            return answer.text();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("the instance never settled back to hits");
-}
 
 fn epoch(redis: &RedisServer) -> String {
     redis.raw(&["HGET", "sg:tags", "epoch"])
@@ -54,17 +34,13 @@ const FOREIGN: &[(&str, &str)] = &[
 async fn one(what: &str, value: &str) {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let url = redis.url();
-    let instances = fleet(
-        2,
-        &origin,
-        Duration::ZERO,
-        || backend_at(&url, Duration::from_millis(500)),
-        tagged,
-    )
-    .await;
-    let first = settled(&instances[0]).await;
-    assert_eq!(settled(&instances[1]).await, first, "{what}: one value");
+    let instances = fleet_on(&redis, 2, &origin, tagged_product).await;
+    let first = settled(&instances[0], "/report").await;
+    assert_eq!(
+        settled(&instances[1], "/report").await,
+        first,
+        "{what}: one value"
+    );
     let script = format!(
         "local t = redis.call('TIME') local c = tonumber(t[1] .. string.format('%06d', tonumber(t[2]))) \
          redis.call('HSET', KEYS[1], 'epoch', {value}) return 1"
@@ -83,7 +59,7 @@ async fn one(what: &str, value: &str) {
     let calls = origin.calls();
     let mut seen = Vec::new();
     for instance in &instances {
-        let now = settled(instance).await;
+        let now = settled(instance, "/report").await;
         assert_ne!(
             now,
             first,
@@ -113,7 +89,7 @@ async fn one(what: &str, value: &str) {
     // And the next purge still works.
     instances[1].guard.invalidate_all().await.unwrap();
     for instance in &instances {
-        let after = settled(instance).await;
+        let after = settled(instance, "/report").await;
         assert!(
             !seen.contains(&after),
             "{what}: a value from before the second purge"

@@ -6,16 +6,9 @@
 
 use std::time::Duration;
 
-use crate::common::fleet::{backend_at, fleet, instance, Instance};
+use crate::common::fleet::{backend_at, fleet_on, instance, tagged_product, Instance};
 use crate::common::redis::RedisServer;
 use crate::common::{get, send, Origin};
-use stampede_guard::StampedeGuard;
-
-fn tagged(guard: StampedeGuard) -> StampedeGuard {
-    guard
-        .ttl(Duration::from_secs(60))
-        .tags(|_req| vec!["product:42".to_owned()])
-}
 
 async fn answer(instance: &Instance) -> String {
     for _ in 0..200 {
@@ -32,14 +25,7 @@ async fn from_a_snapshot(late_first: bool) {
     let mut redis = RedisServer::start();
     let origin = Origin::default();
     let url = redis.url();
-    let instances = fleet(
-        2,
-        &origin,
-        Duration::ZERO,
-        || backend_at(&url, Duration::from_millis(500)),
-        tagged,
-    )
-    .await;
+    let instances = fleet_on(&redis, 2, &origin, tagged_product).await;
     let old = answer(&instances[0]).await;
     assert_eq!(answer(&instances[1]).await, old);
     assert_eq!(redis.raw(&["SAVE"]), "+OK");
@@ -60,7 +46,7 @@ async fn from_a_snapshot(late_first: bool) {
         backend_at(&url, Duration::from_millis(500)).await,
         &origin,
         Duration::ZERO,
-        tagged,
+        tagged_product,
     );
     if late_first {
         assert_ne!(answer(&late).await, old, "a new instance, asked first");

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::fleet::backend_at;
 use crate::common::redis::RedisServer;
+use crate::common::tagged::{bucket_field, settled, text, Node};
 use crate::common::{get as request, send, Origin};
 use axum::extract::Path;
 use axum::routing::get;
@@ -43,11 +44,6 @@ fn app(origin: &Origin, gate: &Gate, guard: &StampedeGuard) -> Router {
     Router::new().route("/products/{id}", get(handler).layer(guard.clone()))
 }
 
-struct Node {
-    guard: StampedeGuard,
-    app: Router,
-}
-
 async fn node(backend: Backend, origin: &Origin, gate: &Gate) -> Node {
     let guard = StampedeGuard::new(backend).ttl(Duration::from_secs(60));
     let app = app(origin, gate, &guard);
@@ -61,10 +57,6 @@ async fn fleet(redis: &RedisServer, k: usize, origin: &Origin, gate: &Gate) -> V
         nodes.push(node(backend, origin, gate).await);
     }
     nodes
-}
-
-async fn text(node: &Node, uri: &str) -> String {
-    send(&node.app, request(uri)).await.text()
 }
 
 /// Sends until the answer is not `old`, at most `limit`; returns it. For
@@ -91,16 +83,6 @@ async fn wait_until_available(nodes: &[Node]) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("the circuit did not close");
-}
-
-/// The bucket field of a tag in the table (FNV-1a, 4096 buckets).
-fn bucket_field(tag: &str) -> String {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in tag.bytes() {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("b{}", hash % 4096)
 }
 
 /// Every node answers `/products/1` with `want`.
@@ -213,21 +195,6 @@ async fn after_redis_restarts_empty_generations_do_not_go_back() {
     assert!(after > before, "{after} > {before}");
     for (node, old) in nodes.iter().zip(&held) {
         assert_ne!(&text(node, "/products/1").await, old);
-    }
-}
-
-/// What `node` serves `/products/1` with once it answers it from its L1
-/// twice in a row.
-async fn settled(node: &Node) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let first = send(&node.app, request("/products/1")).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let second = send(&node.app, request("/products/1")).await;
-        if second.x_cache() == "HIT" && first.text() == second.text() {
-            return second.text();
-        }
-        assert!(Instant::now() < deadline, "the instance did not settle");
     }
 }
 

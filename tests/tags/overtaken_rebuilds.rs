@@ -5,39 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::common::{get as request, send, Answer, Origin};
+use crate::common::status::{cache_status, no_tag_headers};
+use crate::common::{get as request, request_with, send, Origin};
 use axum::http::HeaderMap;
 use axum::routing::get;
 use axum::Router;
-use http::Request;
 use stampede_guard::{Backend, StampedeGuard};
-
-fn members(answer: &Answer) -> Vec<String> {
-    answer
-        .headers
-        .get_all("cache-status")
-        .iter()
-        .map(|v| v.to_str().expect("visible ASCII").to_owned())
-        .collect()
-}
-
-fn no_tags(answer: &Answer, what: &str) {
-    for name in ["surrogate-key", "cache-tag"] {
-        assert!(
-            answer.headers.get(name).is_none(),
-            "{name} leaked on {what}: {:?}",
-            answer.headers
-        );
-    }
-}
-
-fn with(uri: &str, headers: &[(&str, &str)], method: &str) -> Request<axum::body::Body> {
-    let mut b = Request::builder().method(method).uri(uri);
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    b.body(axum::body::Body::empty()).unwrap()
-}
 
 /// A rebuild overtaken by other invalidations than those tried so far: an
 /// unsafe method on the same URL, a purge of a tag the entry will not
@@ -72,19 +45,19 @@ async fn a_rebuild_overtaken_otherwise_does_not_say_stored() {
             .layer(guard.clone()),
         );
         let a = app.clone();
-        let first = tokio::spawn(async move { send(&a, with("/slow", &[], method)).await });
+        let first = tokio::spawn(async move { send(&a, request_with(method, "/slow", &[])).await });
         entered.notified().await;
         match overtaker {
             "post" => {
-                let posted = send(&app, with("/slow", &[], "POST")).await;
+                let posted = send(&app, request_with("POST", "/slow", &[])).await;
                 assert_eq!(posted.text(), "posted");
             }
             _ => guard.invalidate_tag("unrelated").await.unwrap(),
         }
         gate.add_permits(2);
         let first = first.await.unwrap();
-        no_tags(&first, "an overtaken starter");
-        let all = members(&first);
+        no_tag_headers(&first, "an overtaken starter");
+        let all = cache_status(&first);
         assert_eq!(all.len(), 1, "{overtaker}/{method}: {all:?}");
         assert!(
             !all[0].contains("stored"),
@@ -123,16 +96,19 @@ async fn a_hit_never_carries_the_serving_routes_tag_headers() {
     // Guards on one backend share the entries of requests that name a host
     // (a host-less request is keyed under the guard that got it).
     const HOST: (&str, &str) = ("host", "shop.test");
-    let built = send(&custom, with("/r", &[HOST], "GET")).await;
+    let built = send(&custom, request_with("GET", "/r", &[HOST])).await;
     assert!(built.headers.get("x-tags").is_none());
     for (what, req) in [
-        ("GET", with("/r", &[HOST], "GET")),
-        ("HEAD", with("/r", &[HOST], "HEAD")),
-        ("Range", with("/r", &[HOST, ("range", "bytes=0-0")], "GET")),
+        ("GET", request_with("GET", "/r", &[HOST])),
+        ("HEAD", request_with("HEAD", "/r", &[HOST])),
+        (
+            "Range",
+            request_with("GET", "/r", &[HOST, ("range", "bytes=0-0")]),
+        ),
     ] {
         let hit = send(&default, req).await;
         assert_eq!(hit.x_cache(), "HIT", "{what}");
-        no_tags(&hit, what);
+        no_tag_headers(&hit, what);
     }
     assert_eq!(origin.calls(), 1);
 }

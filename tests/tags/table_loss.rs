@@ -4,27 +4,9 @@
 //! lived through the loss and one started after it.
 #![cfg(feature = "redis")]
 
-use std::time::{Duration, Instant};
-
 use crate::common::redis::RedisServer;
-use crate::common::{get as request, send, Origin};
-
-use crate::common::tagged::{bucket_field, fleet, text, Node};
-
-/// What `node` serves `/products/1` with once it answers it from its L1
-/// twice in a row.
-async fn settled(node: &Node) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let first = send(&node.app, request("/products/1")).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let second = send(&node.app, request("/products/1")).await;
-        if second.x_cache() == "HIT" && first.text() == second.text() {
-            return second.text();
-        }
-        assert!(Instant::now() < deadline, "the instance did not settle");
-    }
-}
+use crate::common::tagged::{bucket_field, fleet, settled, text};
+use crate::common::Origin;
 
 /// Keys in Redis.
 fn dbsize(redis: &RedisServer) -> u64 {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::cluster::{wait_replicated, Cluster};
 use crate::common::fleet::fleet;
-use crate::common::shards::{connect, round, stats, uri_on};
+use crate::common::shards::{connect, round, stats, subscribed_primary, uri_on};
 use crate::common::Origin;
 
 const DEADLINE: Duration = Duration::from_millis(500);
@@ -33,12 +33,7 @@ async fn a_promoted_replica_takes_the_slots_and_the_fleet_protection_back() {
     )
     .await;
     let masters = cluster.masters();
-    let subscribers = |i: &usize| {
-        let numsub = "return redis.call('PUBSUB', 'NUMSUB', 'sg:events')[2]";
-        let reply = cluster.nodes[*i].raw(&["EVAL", numsub, "0"]);
-        reply.trim_start_matches(':').parse::<u64>().unwrap_or(0)
-    };
-    let sub = *masters.iter().max_by_key(|i| subscribers(i)).unwrap();
+    let sub = subscribed_primary(&cluster);
     let victim = *masters.iter().find(|&&i| i != sub).unwrap();
     let good_uri = uri_on(&instances, &cluster.nodes[sub], &[]);
     let moved_uri = uri_on(&instances, &cluster.nodes[victim], &[]);

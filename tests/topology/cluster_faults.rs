@@ -6,8 +6,9 @@
 use std::time::Duration;
 
 use crate::common::cluster::{wait_replicated, Cluster};
-use crate::common::fleet::{fleet, keys_like, wait_until_available};
+use crate::common::fleet::{event_subscribers, fleet, keys_like, wait_until_available};
 use crate::common::redis::RedisServer;
+use crate::common::shards::subscribed_primary;
 use crate::common::{get as get_req, send, Origin, ROOMY_DEADLINE};
 use stampede_guard::{Backend, Lock};
 
@@ -139,17 +140,9 @@ async fn an_invalidation_missed_while_the_subscribers_node_is_down_is_not_served
     .await;
     // The node that holds the instances' subscriptions to the channel.
     let masters = cluster.masters();
-    let subscribers = |i: &usize| {
-        let numsub = "return redis.call('PUBSUB', 'NUMSUB', 'sg:events')[2]";
-        let reply = cluster.nodes[*i].raw(&["EVAL", numsub, "0"]);
-        reply.trim_start_matches(':').parse::<u64>().unwrap_or(0)
-    };
-    let victim = *masters
-        .iter()
-        .max_by_key(|i| subscribers(i))
-        .expect("a primary");
+    let victim = subscribed_primary(&cluster);
     assert!(
-        subscribers(&victim) > 0,
+        event_subscribers(&cluster.nodes[victim]) > 0,
         "the subscriptions are on a primary"
     );
     // A URL whose entry lives on another node, read into both L1s.

@@ -8,12 +8,13 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::cluster::Cluster;
 use crate::common::fleet::{fleet, keys_like, Instance};
+use crate::common::monitor::holds_within;
 use crate::common::redis::RedisServer;
-use crate::common::shards::{connect, round, stats, uri_on};
+use crate::common::shards::{connect, round, stats, subscribed_primary, uri_on};
 use crate::common::{get as get_req, Origin};
 
 const DEADLINE: Duration = Duration::from_millis(500);
@@ -27,17 +28,6 @@ async fn each(instances: &[Instance], uri: &str, n: usize) {
             assert_eq!(answer.status, 200, "{uri}: {answer:?}");
         }
     }
-}
-
-async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let give_up = Instant::now() + limit;
-    while Instant::now() < give_up {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    check()
 }
 
 #[derive(PartialEq)]
@@ -81,12 +71,7 @@ async fn one_bad_primary(fault: Fault) {
     // The healthy primary under test is the one the subscriptions are on
     // (losing the subscription is another fault, with tests of its own).
     let masters = cluster.masters();
-    let subscribers = |i: &usize| {
-        let numsub = "return redis.call('PUBSUB', 'NUMSUB', 'sg:events')[2]";
-        let reply = cluster.nodes[*i].raw(&["EVAL", numsub, "0"]);
-        reply.trim_start_matches(':').parse::<u64>().unwrap_or(0)
-    };
-    let healthy = *masters.iter().max_by_key(|i| subscribers(i)).unwrap();
+    let healthy = subscribed_primary(&cluster);
     let bad = *masters.iter().find(|&&i| i != healthy).unwrap();
     let good_uri = uri_on(&instances, &cluster.nodes[healthy], &[]);
     let bad_uri = uri_on(&instances, &cluster.nodes[bad], &[]);
@@ -146,7 +131,7 @@ async fn one_bad_primary(fault: Fault) {
     // The frozen node resumes: its own probe closes its circuit, and its
     // keys are protected fleet-wide again.
     cluster.nodes[bad].thaw();
-    let closed = eventually(Duration::from_secs(20), || {
+    let closed = holds_within(Duration::from_secs(20), || {
         instances.iter().all(|i| stats(i).available)
     })
     .await;

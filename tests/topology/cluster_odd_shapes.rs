@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::cluster::Cluster;
 use crate::common::fleet::fleet;
-use crate::common::shards::{round, stats, uri_on};
+use crate::common::shards::{round, stats, subscribed_primary, uri_on};
 use crate::common::{get as get_req, send, Origin};
 use stampede_guard::Backend;
 
@@ -47,12 +47,7 @@ async fn a_slot_map_without_hosts_still_has_a_circuit_per_primary() {
     })
     .await;
     let masters = cluster.masters();
-    let subscribers = |i: &usize| {
-        let numsub = "return redis.call('PUBSUB', 'NUMSUB', 'sg:events')[2]";
-        let reply = cluster.nodes[*i].raw(&["EVAL", numsub, "0"]);
-        reply.trim_start_matches(':').parse::<u64>().unwrap_or(0)
-    };
-    let healthy = *masters.iter().max_by_key(|i| subscribers(i)).unwrap();
+    let healthy = subscribed_primary(&cluster);
     let bad = *masters.iter().find(|&&i| i != healthy).unwrap();
     let good_uri = uri_on(&instances, &cluster.nodes[healthy], &[]);
     let bad_uri = uri_on(&instances, &cluster.nodes[bad], &[]);

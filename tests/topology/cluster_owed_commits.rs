@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::cluster::Cluster;
-use crate::common::fleet::{instance, keys_like, Instance};
+use crate::common::fleet::{event_subscribers, instance, keys_like, Instance};
 use crate::common::redis::RedisServer;
 use crate::common::shards::stats;
 use crate::common::{get as get_req, send, Origin};
@@ -65,13 +65,11 @@ async fn a_rebuild_keeps_renews_and_commits_its_lease_past_an_open_circuit() {
         instance(b, &origin, delay, configure),
     ];
     let masters = cluster.masters();
-    let subscribers = |i: &usize| {
-        let numsub = "return redis.call('PUBSUB', 'NUMSUB', 'sg:events')[2]";
-        let reply = cluster.nodes[*i].raw(&["EVAL", numsub, "0"]);
-        reply.trim_start_matches(':').parse::<u64>().unwrap_or(0)
-    };
     // Not the subscription's node: pausing it is no lost subscription.
-    let node = *masters.iter().min_by_key(|i| subscribers(i)).unwrap();
+    let node = *masters
+        .iter()
+        .min_by_key(|&&i| event_subscribers(&cluster.nodes[i]))
+        .unwrap();
     let uris = uris_on(&instances, &cluster.nodes[node], 4);
     let (key_uri, others) = (uris[0].clone(), uris[1..].to_vec());
 

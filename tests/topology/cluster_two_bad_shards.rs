@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use crate::common::cluster::Cluster;
-use crate::common::shards::{connect, round, stats, uri_on};
+use crate::common::shards::{connect, round, stats, subscribed_primary, uri_on};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -75,13 +75,8 @@ async fn a_frozen_and_a_dead_primary_cost_only_their_own_keys() {
         instances.push(instance(&cluster, &origin, &calls).await);
     }
     let masters = cluster.masters();
-    let subscribers = |i: &usize| {
-        let numsub = "return redis.call('PUBSUB', 'NUMSUB', 'sg:events')[2]";
-        let reply = cluster.nodes[*i].raw(&["EVAL", numsub, "0"]);
-        reply.trim_start_matches(':').parse::<u64>().unwrap_or(0)
-    };
     // The subscription's node stays healthy (losing it is another fault).
-    let sub = *masters.iter().max_by_key(|i| subscribers(i)).unwrap();
+    let sub = subscribed_primary(&cluster);
     let others: Vec<usize> = masters.iter().copied().filter(|&i| i != sub).collect();
     let (frozen, dead, healthy) = (others[0], others[1], others[2]);
     let good = [

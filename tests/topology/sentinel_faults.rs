@@ -7,32 +7,9 @@
 use std::time::{Duration, Instant};
 
 use crate::common::cluster::wait_replicated;
-use crate::common::lock::held_locks;
+use crate::common::lock::{first_hold, held_locks};
 use crate::common::sentinel::SentinelSetup;
 use stampede_guard::{Backend, ErrorKind, FencingToken, Lock, LockError};
-
-async fn connect(url: &str) -> Backend {
-    Backend::redis_builder(url)
-        .probe_interval(Duration::from_millis(100))
-        .connect()
-        .await
-        .expect("backend through the sentinels")
-}
-
-/// Tries `try_acquire` until it gets the lock (the instance follows the
-/// new primary); returns the token, the lock released again.
-async fn first_hold(lock: &Lock, name: &str, limit: Duration) -> FencingToken {
-    let give_up = Instant::now() + limit;
-    loop {
-        if let Ok(Some(guard)) = lock.try_acquire(name).await {
-            let token = guard.fencing_token();
-            assert!(guard.release().await.expect("released"));
-            return token;
-        }
-        assert!(Instant::now() < give_up, "no lock within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// Waits until a live sentinel names the replica and the replica says it is
 /// the primary (sentinels that do not answer are skipped).
@@ -52,14 +29,10 @@ fn wait_promoted(setup: &SentinelSetup, sentinel: usize, limit: Duration) {
     panic!("the replica was not promoted within {limit:?}");
 }
 
-fn evalsha_calls(server: &crate::common::redis::RedisServer) -> u64 {
-    server.command_calls().get("evalsha").copied().unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_first_sentinel_does_not_hold_back_the_failover() {
     let mut setup = SentinelSetup::start_with(3, &[]);
-    let backend = connect(&setup.url()).await;
+    let backend = setup.probing_backend().await;
     let lock = Lock::new(backend.clone());
     let before = first_hold(&lock, "job", Duration::from_secs(5)).await;
     wait_replicated(&setup.primary, Duration::from_secs(10));
@@ -96,8 +69,8 @@ async fn a_hung_first_sentinel_does_not_hold_back_the_failover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_primary_resumed_after_the_failover_takes_no_writes() {
     let setup = SentinelSetup::start();
-    let a = Lock::new(connect(&setup.url()).await);
-    let b = Lock::new(connect(&setup.url()).await);
+    let a = Lock::new(setup.probing_backend().await);
+    let b = Lock::new(setup.probing_backend().await);
     let mut before = Vec::new();
     for _ in 0..3 {
         before.push(first_hold(&a, "stock", Duration::from_secs(5)).await);
@@ -118,15 +91,15 @@ async fn an_old_primary_resumed_after_the_failover_takes_no_writes() {
         role.contains("role:master"),
         "the old primary still says it is one: the split-brain window is open"
     );
-    let scripts_before = evalsha_calls(&setup.primary);
+    let scripts_before = setup.primary.evalsha_calls();
 
     // The instances use the lock (with one that connected after the
     // switch): they exclude each other, and every token is greater than
     // all those handed out before the failover.
-    let c = Lock::new(connect(&setup.url()).await);
+    let c = Lock::new(setup.probing_backend().await);
     take_turns(&[&a, &b, &c], 12, *before.iter().max().unwrap()).await;
     assert_eq!(
-        evalsha_calls(&setup.primary),
+        setup.primary.evalsha_calls(),
         scripts_before,
         "no script ran on the old primary after the switch"
     );
@@ -161,8 +134,8 @@ async fn a_switch_whose_old_primary_still_answers_moves_every_instance() {
     // the old one keeps answering, and keeps saying it is a primary for
     // seconds (until the sentinel converts it).
     let setup = SentinelSetup::start();
-    let a = Lock::new(connect(&setup.url()).await);
-    let b = Lock::new(connect(&setup.url()).await);
+    let a = Lock::new(setup.probing_backend().await);
+    let b = Lock::new(setup.probing_backend().await);
     let newest = first_hold(&a, "stock", Duration::from_secs(5))
         .await
         .max(first_hold(&b, "stock", Duration::from_secs(5)).await);
@@ -183,12 +156,12 @@ async fn a_switch_whose_old_primary_still_answers_moves_every_instance() {
             .contains("role:master"),
         "the old primary still says it is one: the split-brain window is open"
     );
-    let scripts_before = evalsha_calls(&setup.primary);
+    let scripts_before = setup.primary.evalsha_calls();
     // C connects after the switch, to the new primary.
-    let c = Lock::new(connect(&setup.url()).await);
+    let c = Lock::new(setup.probing_backend().await);
     take_turns(&[&a, &b, &c], 12, newest).await;
     assert_eq!(
-        evalsha_calls(&setup.primary),
+        setup.primary.evalsha_calls(),
         scripts_before,
         "no script ran on the old primary after the switch"
     );
@@ -197,7 +170,7 @@ async fn a_switch_whose_old_primary_still_answers_moves_every_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn synced_acquisition_keeps_fencing_tokens_rising_across_a_failover() {
     let mut setup = SentinelSetup::start();
-    let backend = connect(&setup.url()).await;
+    let backend = setup.probing_backend().await;
     let synced = Lock::new(backend.clone())
         .lease(Duration::from_secs(30))
         .synced(1, Duration::from_millis(300));

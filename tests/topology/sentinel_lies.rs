@@ -155,10 +155,6 @@ async fn garbage_from_sentinels_is_an_error_never_a_panic() {
     holds_on_primary(&setup, backend).await;
 }
 
-fn evalsha_calls(server: &crate::common::redis::RedisServer) -> u64 {
-    server.command_calls().get("evalsha").copied().unwrap_or(0)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_stale_sentinel_does_not_keep_instances_on_the_old_primary() {
     // Three honest sentinels and, listed first, one whose view never moves
@@ -192,7 +188,7 @@ async fn one_stale_sentinel_does_not_keep_instances_on_the_old_primary() {
             .contains("role:master"),
         "the old primary still says it is one"
     );
-    let before = evalsha_calls(&setup.primary);
+    let before = setup.primary.evalsha_calls();
     for round in 0..6 {
         let (mine, other) = if round % 2 == 0 { (&a, &b) } else { (&b, &a) };
         let guard = mine.acquire("stock").await.expect("lock after the switch");
@@ -205,7 +201,7 @@ async fn one_stale_sentinel_does_not_keep_instances_on_the_old_primary() {
         assert!(guard.release().await.unwrap());
     }
     assert_eq!(
-        evalsha_calls(&setup.primary) - before,
+        setup.primary.evalsha_calls() - before,
         0,
         "scripts ran on the old primary after the switch"
     );

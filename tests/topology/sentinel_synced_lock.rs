@@ -8,31 +8,9 @@
 use std::time::{Duration, Instant};
 
 use crate::common::cluster::wait_replicated;
-use crate::common::lock::held_locks;
+use crate::common::lock::{first_hold, held_locks};
 use crate::common::sentinel::SentinelSetup;
-use stampede_guard::{Backend, FencingToken, Lock, LockError};
-
-async fn connect(url: &str) -> Backend {
-    Backend::redis_builder(url)
-        .probe_interval(Duration::from_millis(100))
-        .connect()
-        .await
-        .expect("backend through the sentinels")
-}
-
-/// Tries `try_acquire` until it gets the lock; returns the token, released.
-async fn first_hold(lock: &Lock, name: &str, limit: Duration) -> FencingToken {
-    let give_up = Instant::now() + limit;
-    loop {
-        if let Ok(Some(guard)) = lock.try_acquire(name).await {
-            let token = guard.fencing_token();
-            assert!(guard.release().await.expect("released"));
-            return token;
-        }
-        assert!(Instant::now() < give_up, "no lock within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use stampede_guard::{FencingToken, Lock, LockError};
 
 /// Runs `rounds` synced acquisitions that cannot be acknowledged; right
 /// after each fails, another instance tries the lock. Returns how often it
@@ -59,8 +37,8 @@ async fn failed_acquisitions_leave_holds(synced: &Lock, other: &Lock, rounds: us
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_synced_acquisition_leaves_the_lock_free_at_once() {
     let setup = SentinelSetup::start();
-    let mine = connect(&setup.url()).await;
-    let theirs = connect(&setup.url()).await;
+    let mine = setup.probing_backend().await;
+    let theirs = setup.probing_backend().await;
     let other = Lock::new(theirs);
 
     // WAIT answers fewer replicas than asked for: there is only one.
@@ -94,7 +72,7 @@ async fn a_failed_synced_acquisition_leaves_the_lock_free_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn synced_tokens_keep_rising_across_two_failovers() {
     let mut setup = SentinelSetup::start();
-    let backend = connect(&setup.url()).await;
+    let backend = setup.probing_backend().await;
     let synced = Lock::new(backend.clone())
         .lease(Duration::from_secs(30))
         .synced(1, Duration::from_millis(500));
