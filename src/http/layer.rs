@@ -831,7 +831,7 @@ impl StampedeGuard {
     pub async fn invalidate_tag(&self, tag: &str) -> Result<(), crate::Error> {
         self.backend
             .engine
-            .invalidate_field(Field::of_tag(tag.trim()))
+            .invalidate_field(Field::of_tag(tag.trim()), &format!("tag {}", tag.trim()))
             .await
     }
 
@@ -847,7 +847,10 @@ impl StampedeGuard {
     /// # }
     /// ```
     pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
-        self.backend.engine.invalidate_field(Field::All).await
+        self.backend
+            .engine
+            .invalidate_field(Field::All, "everything")
+            .await
     }
 
     /// This guard with every field `config` sets applied, through the method
@@ -1028,7 +1031,10 @@ impl StampedeGuard {
     /// ```
     pub async fn invalidate<B>(&self, request: &Request<B>) -> Result<(), crate::Error> {
         match self.key_for(request) {
-            Some(key) => self.backend.engine.invalidate(&key).await,
+            Some(key) => {
+                let what = format!("url {}", request.uri());
+                self.backend.engine.invalidate(&key, &what).await
+            }
             None => Ok(()),
         }
     }
