@@ -197,7 +197,7 @@ async fn keepalive(shared: &Connections, barrier: &Barrier) {
             shared.sign(Sign::SubscriberSilent);
             shared.notifier.disconnected.notify_one();
             // A failure, not a silence: the connection dropped.
-            if matches!(answer, Some(Err(_))) {
+            if matches!(&answer, Some(Err(e)) if refused(e)) {
                 link_dropped(shared).await;
             }
         }
@@ -336,26 +336,42 @@ async fn ping_subscriber_answer(shared: &Connections) -> Option<Result<(), redis
     answer
 }
 
-/// The subscriber's connection failed (it did not merely go silent): if
-/// the command connection fails too, at once, Redis is gone (killed,
-/// restarting, its host refusing), and the circuit opens now rather than
+/// The subscriber's connection failed (it did not merely go silent): if a
+/// new connection to the server is refused too, Redis is gone (killed,
+/// restarting, its port closed), and the circuit opens now rather than
 /// once requests find it so (see [`Connections::link_refused`]). An idle
-/// instance tells the outage within a keepalive. A connection that only
-/// stays silent is left to the calls' deadlines and the breaker: a stall
-/// is no refusal, and one slow answer must not cost the fleet's
-/// protection.
+/// instance tells the outage within a keepalive. Nothing else opens it
+/// here: a silence (a timeout, the client's own response timeout
+/// included) or a connection merely reset is left to the calls' deadlines
+/// and the breaker, since a busy or slow link shows those too, and one
+/// slow answer must not cost the fleet's protection.
 async fn link_dropped(shared: &Connections) {
     if shared.health.is_cluster() || !shared.health.whole().is_closed() {
         return;
     }
-    let mut conn = shared.conn();
     let limit = shared.patience(shared.config.deadline);
-    let cmd = redis::cmd("PING");
-    let ping = cmd.query_async::<()>(&mut conn);
-    match tokio::time::timeout(limit, ping).await {
-        Ok(Err(error)) if !error.is_server_reply() => shared.link_refused(&error),
-        _ => {}
+    // A connection that died answers its next call with the drop, and the
+    // client reconnects on the one after: two pings, to reach the refusal.
+    for _ in 0..2 {
+        let mut conn = shared.conn();
+        let cmd = redis::cmd("PING");
+        let ping = cmd.query_async::<()>(&mut conn);
+        match tokio::time::timeout(limit, ping).await {
+            Ok(Err(error)) if error.is_connection_refusal() => {
+                shared.link_refused(&error);
+                return;
+            }
+            Ok(Err(error)) if refused(&error) => continue,
+            _ => return,
+        }
     }
+}
+
+/// Whether a connection failed rather than went silent or answered an
+/// error: refused, reset, closed. A timeout (the client's own response
+/// timeout included) is a silence, which a busy link shows too.
+fn refused(error: &redis::RedisError) -> bool {
+    !error.is_server_reply() && !error.is_timeout()
 }
 
 /// One probe: true once Redis answered and the circuit is closed.
@@ -421,7 +437,7 @@ async fn resubscribe_once(shared: &Connections) -> bool {
         }
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "cannot re-subscribe yet");
-            if !e.is_server_reply() {
+            if refused(&e) {
                 link_dropped(shared).await;
             }
             false
