@@ -8,7 +8,10 @@ use std::fmt;
 /// Why a backend could not be set up, or the Redis tier could not answer.
 ///
 /// Match on [`kind`](Error::kind); the cause, when there is one, is the
-/// [`source`](std::error::Error::source).
+/// [`source`](std::error::Error::source). The message says this crate's
+/// part only (what failed, and what to check), never the cause's text
+/// again: a report that prints the chain (`anyhow`'s `{:#}`, `eyre`) shows
+/// each part once.
 ///
 /// ```no_run
 /// use stampede_guard::{Backend, ErrorKind};
