@@ -235,13 +235,17 @@ fn sentinel_query(query: &str) -> Result<SentinelAuth, String> {
     Ok(auth)
 }
 
-/// Why these settings cannot work in this build: a feature they need is
-/// not compiled in. Told at once, by the builder, in words that name the
-/// feature.
+/// Why these settings cannot work in this build or process: a feature
+/// they need is not compiled in, or TLS has no crypto provider to run on.
+/// Told at once, by the builder, in words that say what to do.
 pub(crate) fn missing_feature(topology: &Topology, certificates: bool) -> Option<&'static str> {
+    let secure = |url: &str| {
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
+    };
     let tls = match topology {
-        Topology::Single(url) => url.starts_with("rediss://") || url.starts_with("valkeys://"),
-        Topology::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss://")),
+        Topology::Single(url) => secure(url),
+        Topology::Cluster(nodes) => nodes.iter().any(|n| secure(n)),
         Topology::Sentinel { master, .. } => master.scheme == "rediss",
     };
     if !cfg!(feature = "redis-tls") && tls {
@@ -252,6 +256,14 @@ pub(crate) fn missing_feature(topology: &Topology, certificates: bool) -> Option
     }
     if !cfg!(feature = "redis-cluster") && matches!(topology, Topology::Cluster(_)) {
         return Some("a redis-cluster:// URL needs stampede-guard's `redis-cluster` feature");
+    }
+    #[cfg(feature = "redis-tls")]
+    if tls && rustls::crypto::CryptoProvider::get_default().is_none() {
+        return Some(
+            "a rediss:// URL needs a rustls crypto provider, and none is installed: call \
+             rustls::crypto::ring::default_provider().install_default() (or aws_lc_rs's) \
+             once at start-up, before the backend connects",
+        );
     }
     None
 }
