@@ -617,7 +617,17 @@ pub struct BackendStats {
     pub redis: Option<RedisStats>,
 }
 
-/// Counters of the Redis tier, in [`BackendStats`].
+/// Counters of the Redis tier, in [`BackendStats`]: there for a Redis
+/// backend from its construction, connected or not (`None` only for the
+/// embedded backend, and after a shutdown).
+///
+/// On a bad day: `available` false and `open_circuits` above 0 while Redis
+/// fails (from construction until the first connection, for a backend
+/// that started without it); `errors`, `circuit_openings` and `outages`
+/// count each failure, opening and degraded episode. Before the first
+/// connection the counters of calls (wake-ups, fenced writes, corrupt
+/// entries, unconfirmed invalidations) are 0, `eviction_policy` is `None`
+/// and `nodes` is empty: nothing was asked yet.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), stampede_guard::Error> {
@@ -664,7 +674,9 @@ pub struct RedisStats {
     pub outages: u64,
     /// Waits for another instance's rebuild ended by its publish.
     pub wakeups_by_message: u64,
-    /// Waits ended by the lease or the wait budget running out.
+    /// Waits ended by the lease or the wait budget running out: it rises
+    /// when publishes are lost (Redis or the subscription failing) or the
+    /// rebuilding instance died.
     pub wakeups_by_timeout: u64,
     /// Waits answered by the entry the commit's wake-up carried (entries
     /// of at most 16 KiB encoded), without reading Redis again.
