@@ -437,33 +437,60 @@ impl Backend {
         BackendStats {
             l1_bytes: self.l1_weighted_size(),
             #[cfg(feature = "redis")]
-            redis: self.engine.fleet.tier().map(|l2| {
-                let counters = l2.counters();
-                RedisStats {
-                    available: l2.is_available(),
-                    open_circuits: l2.open_circuits(),
-                    circuit_openings: l2.circuit_openings(),
-                    outages: l2.outages(),
-                    wakeups_by_message: counters.wakeups_by_message,
-                    wakeups_by_timeout: counters.wakeups_by_timeout,
-                    wakeups_with_entry: counters.wakeups_with_entry,
-                    fenced_writes: counters.fenced_writes,
-                    corrupt_entries: counters.corrupt_entries,
-                    errors: counters.errors,
-                    unconfirmed_invalidations: counters.unconfirmed_invalidations,
-                    eviction_policy: l2.eviction(),
-                    nodes: l2
-                        .node_circuits()
-                        .into_iter()
-                        .map(|c| NodeStats {
-                            address: format!("{}:{}", c.address.0, c.address.1),
-                            open: c.open,
-                            circuit_openings: c.openings,
-                        })
-                        .collect(),
-                }
-            }),
+            redis: self.redis_stats(),
         }
+    }
+
+    /// The Redis tier's counters: from construction on for a Redis backend
+    /// (what the start counted, before and after the first connection),
+    /// `None` for the embedded one and after a shutdown.
+    #[cfg(feature = "redis")]
+    fn redis_stats(&self) -> Option<RedisStats> {
+        let fleet = &self.engine.fleet;
+        let start = fleet.start()?;
+        let (errors, began_down) = (start.errors(), start.began_down());
+        let Some(l2) = fleet.tier() else {
+            if fleet.is_shut() {
+                return None;
+            }
+            // Not connected yet: what the attempts counted, the circuit open.
+            return Some(RedisStats {
+                address: start.address().to_owned(),
+                connected: false,
+                available: false,
+                open_circuits: 1,
+                circuit_openings: began_down,
+                outages: began_down,
+                errors,
+                ..RedisStats::default()
+            });
+        };
+        let counters = l2.counters();
+        Some(RedisStats {
+            address: start.address().to_owned(),
+            connected: true,
+            available: l2.is_available(),
+            open_circuits: l2.open_circuits(),
+            circuit_openings: l2.circuit_openings().saturating_add(began_down),
+            outages: l2.outages().saturating_add(began_down),
+            wakeups_by_message: counters.wakeups_by_message,
+            wakeups_by_timeout: counters.wakeups_by_timeout,
+            wakeups_with_entry: counters.wakeups_with_entry,
+            fenced_writes: counters.fenced_writes,
+            corrupt_entries: counters.corrupt_entries,
+            errors: counters.errors.saturating_add(errors),
+            unconfirmed_invalidations: counters.unconfirmed_invalidations,
+            eviction_policy: l2.eviction(),
+            nodes: l2
+                .node_circuits()
+                .into_iter()
+                .map(|c| NodeStats {
+                    address: format!("{}:{}", c.address.0, c.address.1),
+                    open: c.open,
+                    circuit_openings: c.openings,
+                })
+                .collect(),
+        })
     }
 }
 
@@ -523,15 +550,22 @@ pub enum Status {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct RedisHealth {
-    /// Whether the backend has connected to Redis (false while it connects
-    /// in the background after a start-up without Redis).
+    /// Whether the backend has connected to Redis at least once: false
+    /// while it connects in the background after a start-up without Redis.
+    /// It stays true after Redis dies; whether Redis answers *now* is
+    /// [`reachable`](Self::reachable).
     pub connected: bool,
-    /// Whether Redis answers: every circuit closed.
+    /// Whether Redis answers now: every circuit closed. False from
+    /// construction until the first connection, while calls fail, and once
+    /// the supervisor finds the link dropped (the subscriber's connection
+    /// lost and a ping on the command connection refused), with no traffic
+    /// needed; true again once a probe is answered.
     pub reachable: bool,
     /// Whether the subscription to the fleet's invalidations is confirmed
-    /// live (its lease running, no gap).
+    /// live (its lease running, no gap). False while Redis is gone, and
+    /// from a lost link until a resubscription is confirmed.
     pub subscription_live: bool,
-    /// The circuit breakers.
+    /// The circuit breakers: `Open` exactly when `reachable` is false.
     pub breaker: Breaker,
     /// On Redis Cluster, the primaries (`host:port`) whose circuit is open:
     /// only their keys run on in-process protection; every other primary's
@@ -583,7 +617,17 @@ pub struct BackendStats {
     pub redis: Option<RedisStats>,
 }
 
-/// Counters of the Redis tier, in [`BackendStats`].
+/// Counters of the Redis tier, in [`BackendStats`]: there for a Redis
+/// backend from its construction, connected or not (`None` only for the
+/// embedded backend, and after a shutdown).
+///
+/// On a bad day: `available` false and `open_circuits` above 0 while Redis
+/// fails (from construction until the first connection, for a backend
+/// that started without it); `errors`, `circuit_openings` and `outages`
+/// count each failure, opening and degraded episode. Before the first
+/// connection the counters of calls (wake-ups, fenced writes, corrupt
+/// entries, unconfirmed invalidations) are 0, `eviction_policy` is `None`
+/// and `nodes` is empty: nothing was asked yet.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), stampede_guard::Error> {
@@ -601,23 +645,38 @@ pub struct BackendStats {
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct RedisStats {
-    /// False while a circuit breaker is open (Redis failing; serving from
-    /// the in-process tier alone). On Redis Cluster each primary has its
-    /// own circuit, and this is false while any of them is open.
+    /// Where Redis is: `host:port` (a cluster's seeds, or the service and
+    /// its sentinels), never a password. Tells two backends apart.
+    pub address: String,
+    /// Whether the backend has connected to Redis at least once. It stays
+    /// true after Redis dies: what is true *now* is
+    /// [`available`](Self::available). False from construction until the
+    /// first connection, for a backend that started without Redis.
+    pub connected: bool,
+    /// Whether calls go to Redis now: false while a circuit breaker is
+    /// open (Redis failing, or not connected yet; serving from the
+    /// in-process tier alone). On Redis Cluster each primary has its own
+    /// circuit, and this is false while any of them is open.
     pub available: bool,
-    /// Circuits open now: 0 or 1 on one server or behind Sentinel; on a
-    /// cluster, the primaries whose keys are served from the in-process
-    /// tier alone.
+    /// Circuits open now: 0 or 1 on one server or behind Sentinel (1 from
+    /// construction until the first connection, for a backend that
+    /// started without Redis); on a cluster, the primaries whose keys are
+    /// served from the in-process tier alone.
     pub open_circuits: u64,
-    /// Circuits opened since the backend connected.
+    /// Circuits opened since the backend was built: a start without Redis
+    /// counts one, and so does each later opening (calls failing, or the
+    /// link found dropped while idle).
     pub circuit_openings: u64,
     /// Episodes [`health`](Backend::health) reported as
-    /// [`Status::Degraded`] since the backend connected: each logged one
-    /// WARN when it began and one INFO when it ended.
+    /// [`Status::Degraded`] since the backend was built, a start without
+    /// Redis included: each logged one WARN when it began and one INFO
+    /// when it ended.
     pub outages: u64,
     /// Waits for another instance's rebuild ended by its publish.
     pub wakeups_by_message: u64,
-    /// Waits ended by the lease or the wait budget running out.
+    /// Waits ended by the lease or the wait budget running out: it rises
+    /// when publishes are lost (Redis or the subscription failing) or the
+    /// rebuilding instance died.
     pub wakeups_by_timeout: u64,
     /// Waits answered by the entry the commit's wake-up carried (entries
     /// of at most 16 KiB encoded), without reading Redis again.
@@ -626,7 +685,8 @@ pub struct RedisStats {
     pub fenced_writes: u64,
     /// Unreadable entries found at our keys (treated as misses).
     pub corrupt_entries: u64,
-    /// Calls that failed or missed their deadline.
+    /// Calls that failed or missed their deadline, and attempts to
+    /// connect that failed before the first connection.
     pub errors: u64,
     /// Invalidations (of a key, a tag or everything) that reached Redis
     /// but whose fleet barrier was not confirmed: an instance did not
@@ -1038,6 +1098,11 @@ impl RedisBackendBuilder {
             let read = files.read().map_err(setup)?;
             tls.ca = read.ca.or(tls.ca);
             tls.client = read.client.or(tls.client);
+        }
+        let certificates = tls.ca.is_some() || tls.client.is_some();
+        if let Some(why) = crate::store::redis::connection::missing_feature(&topology, certificates)
+        {
+            return Err(setup(why.to_owned()));
         }
         let l1 = LocalTier::new(config.l1_max_bytes);
         let tier_config = TierConfig {

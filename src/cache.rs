@@ -427,10 +427,11 @@ impl<V: CacheValue> Cache<V> {
     /// # }
     /// ```
     pub async fn invalidate(&self, key: impl AsRef<[u8]>) -> Result<(), crate::Error> {
-        self.backend
-            .engine
-            .invalidate(&self.key(key.as_ref()))
-            .await
+        let key = key.as_ref();
+        // Enough bytes for the characters a log line shows, no more.
+        let shown = &key[..key.len().min(4 * crate::key::SHOWN_MAX)];
+        let what = format!("cache key {}", String::from_utf8_lossy(shown));
+        self.backend.engine.invalidate(&self.key(key), &what).await
     }
 
     /// Drops every value of this cache's [namespace](Self::namespace) (every
@@ -450,7 +451,7 @@ impl<V: CacheValue> Cache<V> {
     pub async fn invalidate_all(&self) -> Result<(), crate::Error> {
         self.backend
             .engine
-            .invalidate_field(Field::Own(self.settings.scope))
+            .invalidate_field(Field::Own(self.settings.scope), "everything")
             .await
     }
 }
@@ -506,10 +507,12 @@ impl<E> RebuildError<E> {
     }
 }
 
-impl<E: std::fmt::Display> std::fmt::Display for RebuildError<E> {
+/// The rebuild's own error is not repeated: it is the
+/// [`source`](std::error::Error::source) (and [`RebuildError::error`]).
+impl<E> std::fmt::Display for RebuildError<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            RebuildError::Failed(error) => write!(f, "rebuild failed: {error}"),
+            RebuildError::Failed(_) => f.write_str("rebuild failed"),
             RebuildError::Panicked => f.write_str("rebuild panicked"),
             RebuildError::TimedOut => f.write_str("rebuild timed out"),
             RebuildError::Other => f.write_str("rebuild failed with an error of another type"),

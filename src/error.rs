@@ -8,7 +8,10 @@ use std::fmt;
 /// Why a backend could not be set up, or the Redis tier could not answer.
 ///
 /// Match on [`kind`](Error::kind); the cause, when there is one, is the
-/// [`source`](std::error::Error::source).
+/// [`source`](std::error::Error::source). The message says this crate's
+/// part only (what failed, and what to check), never the cause's text
+/// again: a report that prints the chain (`anyhow`'s `{:#}`, `eyre`) shows
+/// each part once.
 ///
 /// ```no_run
 /// use stampede_guard::{Backend, ErrorKind};
@@ -26,6 +29,7 @@ pub struct Error {
     kind: ErrorKind,
     message: String,
     source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    queued: bool,
 }
 
 /// What kind of failure an [`Error`] is.
@@ -75,12 +79,45 @@ impl Error {
         self.kind
     }
 
+    /// Whether the invalidation that returned this error is kept by the
+    /// backend and made once Redis answers (it did not reach Redis now):
+    /// a key's or URL's purge during an outage or before the backend
+    /// first connected, a tag's or everything's before it first
+    /// connected. False when it is not kept (call it again), and for every
+    /// error that is no invalidation's.
+    ///
+    /// ```
+    /// use stampede_guard::{Backend, StampedeGuard};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let guard = StampedeGuard::new(Backend::local());
+    /// if let Err(e) = guard.invalidate_tag("report").await {
+    ///     if e.is_queued() {
+    ///         println!("kept, and made once Redis answers: {e}");
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn is_queued(&self) -> bool {
+        self.queued
+    }
+
     pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         Error {
             kind,
             message: message.into(),
             source: None,
+            queued: false,
         }
+    }
+
+    /// This error, marked as an invalidation kept to be made once Redis
+    /// answers (see [`is_queued`](Self::is_queued)).
+    #[cfg(feature = "redis")]
+    pub(crate) fn queued(mut self) -> Self {
+        self.queued = true;
+        self
     }
 
     /// An error of `kind`, caused by `source`.
@@ -94,6 +131,7 @@ impl Error {
             kind,
             message: message.into(),
             source: Some(Box::new(source)),
+            queued: false,
         }
     }
 }

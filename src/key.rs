@@ -148,6 +148,26 @@ impl fmt::Debug for Key {
     }
 }
 
+/// The most characters of a caller's purge shown in a log line.
+pub(crate) const SHOWN_MAX: usize = 200;
+
+/// What a caller purged (a URL, a tag, a cache key as given), as a log line
+/// shows it: control characters and quotes escaped (a value from a request
+/// cannot forge a line or a field), and at most [`SHOWN_MAX`] characters,
+/// cut at a character boundary and marked with `…`.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
+pub(crate) fn shown(what: &str) -> std::sync::Arc<str> {
+    let mut out = String::with_capacity(what.len().min(SHOWN_MAX + 8));
+    for (n, c) in what.chars().enumerate() {
+        if n == SHOWN_MAX {
+            out.push('…');
+            break;
+        }
+        out.extend(c.escape_debug());
+    }
+    out.into()
+}
+
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for b in self.id {

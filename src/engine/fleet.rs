@@ -59,7 +59,7 @@ use crate::store::redis::notify::{Event, Registration};
 #[cfg(feature = "redis")]
 pub(crate) use crate::store::redis::Lease;
 #[cfg(feature = "redis")]
-use crate::store::redis::{Fetched, Invalidated, Pending, RedisTier, Remote, TierConfig};
+use crate::store::redis::{Fetched, Invalidated, Pending, Purged, RedisTier, Remote, TierConfig};
 #[cfg(feature = "redis")]
 use outlived::Outlived;
 
@@ -162,7 +162,11 @@ pub(crate) struct Fleet {
     /// Tag and whole-namespace invalidations made before the tier
     /// connected: made in Redis once it connects.
     #[cfg(feature = "redis")]
-    pending_fields: std::sync::Mutex<std::collections::HashSet<Field>>,
+    pending_fields: std::sync::Mutex<std::collections::HashMap<Field, Purged>>,
+    /// What is known of the tier from construction on, before it connects
+    /// (set when the backend is to join a fleet).
+    #[cfg(feature = "redis")]
+    start: OnceLock<crate::store::redis::Start>,
 }
 
 /// Whether the in-process tier may answer now (see [`Fleet::l1_trust`]).
@@ -265,7 +269,9 @@ impl Fleet {
             #[cfg(feature = "redis")]
             pending: Pending::default(),
             #[cfg(feature = "redis")]
-            pending_fields: std::sync::Mutex::new(std::collections::HashSet::new()),
+            pending_fields: std::sync::Mutex::new(std::collections::HashMap::new()),
+            #[cfg(feature = "redis")]
+            start: OnceLock::new(),
         }
     }
 
@@ -297,6 +303,13 @@ impl Fleet {
             }
         }
         Standing::Embedded
+    }
+
+    /// What is known of the tier before it connected (see
+    /// [`Start`](crate::store::redis::Start)): `None` on the embedded backend.
+    #[cfg(feature = "redis")]
+    pub(crate) fn start(&self) -> Option<&crate::store::redis::Start> {
+        self.start.get()
     }
 
     /// The Redis tier, for the parts of the crate that call it directly
@@ -398,6 +411,10 @@ impl Fleet {
             .take();
         if let Some(task) = joining {
             task.abort();
+        }
+        // Never to connect now: its circuit is no longer reported open.
+        if let Some(start) = self.start.get() {
+            start.ended();
         }
     }
 
@@ -611,23 +628,43 @@ impl Fleet {
     /// fleet it cannot reach the others: an error, as during an outage;
     /// before the join the invalidation is kept, and made in Redis once the
     /// tier connects (see [`Pending`]).
-    pub(crate) async fn invalidate(&self, key: &Key) -> Result<(), crate::Error> {
+    /// `what` is what the caller purged, for the logs (see
+    /// [`crate::key::shown`]). An error says whether the invalidation is
+    /// kept, to be made once Redis answers ([`crate::Error::is_queued`]).
+    pub(crate) async fn invalidate(&self, key: &Key, what: &str) -> Result<(), crate::Error> {
         #[cfg(feature = "redis")]
         {
+            let what = crate::key::shown(what);
             if let Some(tier) = self.live() {
-                return tier.invalidate(key).await.map_err(crate::Error::from);
+                return tier.invalidate(key, &what).await.map_err(|e| {
+                    let e = crate::Error::from(e);
+                    if tier.is_pending(key) {
+                        e.queued()
+                    } else {
+                        e
+                    }
+                });
             }
             if let Some(refused) = self.outside_error() {
-                if self.shutdown.load(Ordering::Acquire) == OPEN {
-                    if !self.pending.remember(key) {
-                        tracing::error!(key = %key, "too many invalidations waiting for redis");
-                    }
-                    self.hand_pending();
+                if self.shutdown.load(Ordering::Acquire) != OPEN {
+                    return Err(refused);
                 }
-                return Err(refused);
+                if !self.pending.remember(key, &what) {
+                    tracing::error!(purged = %what, key = %key,
+                        "invalidation made before redis connected, and too many wait for it: not kept");
+                    return Err(crate::Error::new(
+                        crate::ErrorKind::Unavailable,
+                        "redis is not connected yet, and too many invalidations wait for it: \
+                         this one is not kept",
+                    ));
+                }
+                tracing::warn!(purged = %what, key = %key,
+                    "invalidation made before redis connected: kept, and made once it connects");
+                self.hand_pending();
+                return Err(refused.queued());
             }
         }
-        let _ = key;
+        let _ = (key, what);
         Ok(())
     }
 
@@ -656,7 +693,7 @@ impl Fleet {
             return;
         }
         tier.keep_pending(self.pending.take_all());
-        let fields: Vec<Field> = self
+        let fields: Vec<(Field, Purged)> = self
             .pending_fields
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -670,13 +707,13 @@ impl Fleet {
         };
         let tier = tier.clone();
         runtime.spawn(async move {
-            for field in fields {
+            for (field, what) in fields {
                 match tier.bump_generation(field, |_| {}).await {
                     Ok(()) => {
-                        tracing::info!(field = ?field, "a pending tag invalidation reached redis");
+                        tracing::info!(purged = %what, "a pending invalidation reached redis");
                     }
                     Err(error) => tracing::warn!(
-                        field = ?field,
+                        purged = %what,
                         error = %error,
                         "a tag invalidation kept before the join did not reach redis"
                     ),
@@ -688,29 +725,39 @@ impl Fleet {
     /// Moves `field`'s generation in Redis, calling `moved` with the new
     /// one once Redis has it. `None` without a shared tier: the generation
     /// is the process's own.
+    /// `what` is what the caller purged (a tag, everything), for the logs.
     pub(crate) async fn move_generation(
         &self,
         field: Field,
+        what: &str,
         moved: impl Fn(u64),
     ) -> Option<Result<(), crate::Error>> {
         #[cfg(feature = "redis")]
         {
             if let Some(tier) = self.live() {
                 let moved = tier.bump_generation(field, moved).await;
-                return Some(moved.map_err(crate::Error::from));
+                return Some(moved.map_err(|error| {
+                    tracing::warn!(purged = %crate::key::shown(what), error = %error,
+                        "invalidation did not reach redis, and is not kept: call it again");
+                    crate::Error::from(error)
+                }));
             }
             if let Some(refused) = self.outside_error() {
-                if self.shutdown.load(Ordering::Acquire) == OPEN {
-                    self.pending_fields
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(field);
-                    self.hand_pending();
+                if self.shutdown.load(Ordering::Acquire) != OPEN {
+                    return Some(Err(refused));
                 }
-                return Some(Err(refused));
+                let what = crate::key::shown(what);
+                tracing::warn!(purged = %what,
+                    "invalidation made before redis connected: kept, and made once it connects");
+                self.pending_fields
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(field, what);
+                self.hand_pending();
+                return Some(Err(refused.queued()));
             }
         }
-        let _ = (field, moved);
+        let _ = (field, what, moved);
         None
     }
 
@@ -775,6 +822,10 @@ pub(crate) async fn connect(
         .fleet
         .outside
         .set(Liveness::with_grace(Duration::ZERO, config.outage_grace));
+    let start = engine
+        .fleet
+        .start
+        .get_or_init(|| crate::store::redis::Start::new(config.topology.address()));
     engine.fleet.wants_redis.store(true, Ordering::Release);
     let on_invalidate = on_invalidate(&engine);
     match RedisTier::connect(config.clone(), on_invalidate.clone()).await {
@@ -784,7 +835,9 @@ pub(crate) async fn connect(
         }
         Err(error) if require || !crate::store::redis::may_mend(&error) => Err(error),
         Err(error) => {
+            start.failed();
             tracing::warn!(
+                redis = start.address(),
                 error = %error,
                 "redis cannot be reached at start-up; serving with in-process protection \
                  and connecting in the background"
@@ -831,14 +884,19 @@ async fn join_later(
                 // everything, and so do the flights running.
                 engine.invalidate_everything_here();
                 attach(&engine, tier).await;
-                tracing::info!("connected to redis; this instance joined the fleet");
+                tracing::info!(
+                    redis = engine.fleet.start.get().map_or("", |s| s.address()),
+                    "connected to redis; this instance joined the fleet"
+                );
                 return;
             }
             Err(error) if !crate::store::redis::may_mend(&error) => {
+                failed(&engine);
                 // Redis answers, and refuses: an operator must act. Said
                 // once, and tried again at the longest pause.
                 if !std::mem::replace(&mut refused, true) {
                     tracing::error!(
+                        redis = config.topology.address(),
                         error = %error,
                         "redis refuses this instance; it keeps serving with in-process \
                          protection alone"
@@ -846,8 +904,19 @@ async fn join_later(
                 }
                 pause = JOIN_PAUSE_MAX;
             }
-            Err(error) => tracing::debug!(error = %error, "redis cannot be reached yet"),
+            Err(error) => {
+                failed(&engine);
+                tracing::debug!(error = %error, "redis cannot be reached yet");
+            }
         }
+    }
+}
+
+/// Counts an attempt to connect in the background that failed.
+#[cfg(feature = "redis")]
+fn failed(engine: &std::sync::Weak<Engine>) {
+    if let Some(start) = engine.upgrade().as_ref().and_then(|e| e.fleet.start.get()) {
+        start.failed();
     }
 }
 
@@ -902,6 +971,11 @@ fn drop_outlived(l1: &LocalTier, outlived: &Arc<Outlived>, cutoff: u64) {
 #[cfg(feature = "redis")]
 async fn attach(engine: &Engine, tier: Arc<RedisTier>) {
     let fleet = &engine.fleet;
+    // Its own breakers report the circuit from now on (ended first, so a
+    // reader that sees the tier never sees the start's circuit too).
+    if let Some(start) = fleet.start.get() {
+        start.ended();
+    }
     let _ = fleet.tier.set(tier.clone());
     // Invalidations made before the join reach Redis now.
     fleet.hand_pending();

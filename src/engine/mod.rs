@@ -395,14 +395,15 @@ impl Engine {
     /// every other instance. A barrier: a rebuild already running for any
     /// key of the group may still answer the requests that were waiting on
     /// it, but it stores nothing, and a request that starts after this
-    /// returns does not join it; it gets a value built afterwards.
-    pub(crate) async fn invalidate(&self, key: &Key) -> Result<(), crate::Error> {
+    /// returns does not join it; it gets a value built afterwards. `what`
+    /// is what the caller purged (a URL, a cache key), for the logs.
+    pub(crate) async fn invalidate(&self, key: &Key, what: &str) -> Result<(), crate::Error> {
         // Redis first: a flight of this process that read the old value from
         // Redis before the purge is detached (or its value removed) by the
         // local half below; one that reads after the purge finds nothing
         // old. The other way round, a flight could fetch the old value after
         // the local half and put it back in the L1.
-        let purged = self.fleet.invalidate(key).await;
+        let purged = self.fleet.invalidate(key, what).await;
         self.invalidate_here(key);
         purged
     }
@@ -1177,9 +1178,14 @@ impl Engine {
     /// (a clock ahead of Redis's) makes entries Redis holds for the field
     /// misses here until Redis's generations pass it: more rebuilds, never
     /// a stale answer.
-    pub(crate) async fn invalidate_field(&self, field: Field) -> Result<(), crate::Error> {
+    /// `what` is what the caller purged (a tag, everything), for the logs.
+    pub(crate) async fn invalidate_field(
+        &self,
+        field: Field,
+        what: &str,
+    ) -> Result<(), crate::Error> {
         let moved = |generation| self.generation_moved(field, generation);
-        let failed = match self.fleet.move_generation(field, moved).await {
+        let failed = match self.fleet.move_generation(field, what, moved).await {
             Some(Ok(())) => return Ok(()),
             Some(Err(error)) => Some(error),
             None => None,

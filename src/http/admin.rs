@@ -9,10 +9,20 @@
 //! | `GET` `/stats` | | [`BackendStats`](crate::BackendStats) as JSON |
 //! | `GET` `/health` | | `200` when ready, `503` when degraded; the body says why |
 //!
-//! A purge that did not reach Redis answers `503` with the error's text
-//! and kind; purges take effect as [`StampedeGuard::invalidate_url`],
+//! A purge that did not reach Redis answers:
+//!
+//! - `202 Accepted` with `{"queued":"url","kind":…,"message":…}` when the
+//!   backend kept it and makes it once Redis answers (a URL's purge during
+//!   an outage or before the backend first connected; a tag's or
+//!   everything's before it first connected): do not retry;
+//! - `503 Service Unavailable` with `{"error":{"kind":…,"message":…}}`
+//!   when it is not kept (a tag's or everything's during an outage, a
+//!   backend shut down): call it again once Redis answers.
+//!
+//! Purges take effect as [`StampedeGuard::invalidate_url`],
 //! [`invalidate_tag`](StampedeGuard::invalidate_tag) and
-//! [`invalidate_all`](StampedeGuard::invalidate_all) say.
+//! [`invalidate_all`](StampedeGuard::invalidate_all) say (see
+//! [`Error::is_queued`]).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -126,13 +136,25 @@ impl Admin {
             .with_state(self)
     }
 
+    /// Every guard's key rules are purged, whatever an earlier one
+    /// answered: the answer is the worst (an error not kept, then one kept,
+    /// then done).
     async fn purge_url(State(admin): State<Admin>, Json(body): Json<UrlBody>) -> Answer {
+        let mut worst: Option<Error> = None;
         for guard in &admin.guards {
             if let Err(e) = guard.invalidate_url(&body.url).await {
-                return Answer::failed(&e);
+                if e.kind() == ErrorKind::InvalidInput {
+                    return Answer::failed("url", &e);
+                }
+                if worst.as_ref().is_none_or(Error::is_queued) {
+                    worst = Some(e);
+                }
             }
         }
-        Answer::purged("url")
+        match worst {
+            None => Answer::purged("url"),
+            Some(e) => Answer::failed("url", &e),
+        }
     }
 
     /// One guard per namespace among the guards given, in order.
@@ -149,21 +171,25 @@ impl Admin {
     }
 
     async fn purge_tag(State(admin): State<Admin>, Json(body): Json<TagBody>) -> Answer {
+        let mut worst: Option<Error> = None;
         for guard in admin.namespaces() {
-            if let Err(e) = guard.invalidate_tag(&body.tag).await {
-                return Answer::failed(&e);
-            }
+            keep_worst(&mut worst, guard.invalidate_tag(&body.tag).await);
         }
-        Answer::purged("tag")
+        match worst {
+            None => Answer::purged("tag"),
+            Some(e) => Answer::failed("tag", &e),
+        }
     }
 
     async fn purge_all(State(admin): State<Admin>) -> Answer {
+        let mut worst: Option<Error> = None;
         for guard in admin.namespaces() {
-            if let Err(e) = guard.invalidate_all().await {
-                return Answer::failed(&e);
-            }
+            keep_worst(&mut worst, guard.invalidate_all().await);
         }
-        Answer::purged("all")
+        match worst {
+            None => Answer::purged("all"),
+            Some(e) => Answer::failed("all", &e),
+        }
     }
 
     async fn stats(State(admin): State<Admin>) -> Json<crate::backend::BackendStats> {
@@ -198,30 +224,56 @@ struct TagBody {
 type Answer = (StatusCode, Json<Outcome>);
 
 #[derive(Serialize)]
-#[serde(rename_all = "snake_case")]
+#[serde(untagged)]
 enum Outcome {
-    Purged(&'static str),
-    Error { kind: String, message: String },
+    Purged {
+        purged: &'static str,
+    },
+    Queued {
+        queued: &'static str,
+        kind: String,
+        message: String,
+    },
+    Error {
+        error: Failure,
+    },
+}
+
+#[derive(Serialize)]
+struct Failure {
+    kind: String,
+    message: String,
 }
 
 trait AnswerExt {
     fn purged(what: &'static str) -> Self;
-    fn failed(error: &Error) -> Self;
+    fn failed(what: &'static str, error: &Error) -> Self;
 }
 
 impl AnswerExt for Answer {
     fn purged(what: &'static str) -> Self {
-        (StatusCode::OK, Json(Outcome::Purged(what)))
+        (StatusCode::OK, Json(Outcome::Purged { purged: what }))
     }
 
-    fn failed(error: &Error) -> Self {
+    /// `202` for a purge kept to be made once Redis answers, `400` for an
+    /// argument that is not one, else `503`.
+    fn failed(what: &'static str, error: &Error) -> Self {
+        let kind = format!("{:?}", error.kind());
+        let message = error.to_string();
+        if error.is_queued() {
+            let outcome = Outcome::Queued {
+                queued: what,
+                kind,
+                message,
+            };
+            return (StatusCode::ACCEPTED, Json(outcome));
+        }
         let status = match error.kind() {
             ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         };
         let outcome = Outcome::Error {
-            kind: format!("{:?}", error.kind()),
-            message: error.to_string(),
+            error: Failure { kind, message },
         };
         (status, Json(outcome))
     }
@@ -256,5 +308,14 @@ impl Readiness {
             why.push("serving from the in-process tier alone");
         }
         Readiness { ready, health, why }
+    }
+}
+
+/// Keeps the worse of two purge errors: one not kept over one kept.
+fn keep_worst(worst: &mut Option<Error>, result: Result<(), Error>) {
+    if let Err(e) = result
+        && worst.as_ref().is_none_or(Error::is_queued)
+    {
+        *worst = Some(e);
     }
 }

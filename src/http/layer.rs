@@ -925,7 +925,10 @@ impl StampedeGuard {
     pub async fn invalidate_tag(&self, tag: &str) -> Result<(), crate::Error> {
         self.backend
             .engine
-            .invalidate_field(Field::of_tag(self.policy.flight.scope, tag.trim()))
+            .invalidate_field(
+                Field::of_tag(self.policy.flight.scope, tag.trim()),
+                &format!("tag {}", tag.trim()),
+            )
             .await
     }
 
@@ -947,7 +950,7 @@ impl StampedeGuard {
         let scope = self.policy.flight.scope;
         self.backend
             .engine
-            .invalidate_field(Field::Own(scope))
+            .invalidate_field(Field::Own(scope), "everything")
             .await
     }
 
@@ -1138,7 +1141,10 @@ impl StampedeGuard {
     /// ```
     pub async fn invalidate<B>(&self, request: &Request<B>) -> Result<(), crate::Error> {
         match self.key_for(request) {
-            Some(key) => self.backend.engine.invalidate(&key).await,
+            Some(key) => {
+                let what = format!("url {}", request.uri());
+                self.backend.engine.invalidate(&key, &what).await
+            }
             None => Ok(()),
         }
     }

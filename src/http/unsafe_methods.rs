@@ -209,7 +209,7 @@ pub(crate) async fn invalidate(engine: &Arc<Engine>, keys: Vec<Key>, labels: Lab
             let engine = engine.clone();
             tokio::spawn(async move {
                 count(m::UNSAFE_INVALIDATIONS, labels);
-                if let Err(error) = engine.invalidate(&key).await {
+                if let Err(error) = engine.invalidate(&key, "after an unsafe method").await {
                     count(m::INVALIDATION_FAILURES, labels);
                     tracing::warn!(key = %key, error = %error, "invalidation after an unsafe method failed");
                 }

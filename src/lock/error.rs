@@ -44,7 +44,8 @@ impl fmt::Display for LockError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LockError::Timeout => f.write_str("lock not acquired within the wait budget"),
-            LockError::Unavailable(why) => write!(f, "lock backend unavailable: {why}"),
+            // The cause is the source, not repeated here.
+            LockError::Unavailable(_) => f.write_str("lock backend unavailable"),
             LockError::EvictingServer { policy, maxmemory } => write!(
                 f,
                 "lock refused: redis may evict its key (maxmemory-policy {policy}, \

@@ -166,6 +166,14 @@ pub async fn burst(app: &Router, n: usize, make: impl Fn() -> Request<Body>) -> 
     answers
 }
 
+/// An error and its sources, one per line, as `anyhow`'s `{:#}` or
+/// `eyre` print the chain: each layer's own words once.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    std::iter::successors(Some(error), |e| e.source())
+        .map(ToString::to_string)
+        .collect()
+}
+
 /// How many answers carry each x-cache value.
 pub fn tally(answers: &[Answer], status: &str) -> usize {
     answers.iter().filter(|a| a.x_cache() == status).count()
@@ -181,6 +189,7 @@ pub mod fleet;
 pub mod items;
 #[cfg(feature = "redis")]
 pub mod lock;
+pub mod logs;
 pub mod metrics;
 pub mod monitor;
 pub mod over_cap;

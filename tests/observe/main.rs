@@ -8,5 +8,6 @@ mod common;
 mod counters;
 mod dashboard;
 mod labels;
+mod outage_series;
 mod same_counts;
 mod series;

@@ -262,7 +262,7 @@ async fn sentinels_with_requirepass() {
     let error = connect(config(&setup, "app-secret"))
         .await
         .expect_err("the sentinel wants a password");
-    let message = error.to_string();
+    let message = crate::common::error_chain(&error).join(": ");
     assert_eq!(error.kind(), ErrorKind::Auth, "{message}");
     assert!(message.contains("at the sentinel"), "{message}");
     assert!(message.contains("asked without one"), "{message}");
@@ -272,7 +272,7 @@ async fn sentinels_with_requirepass() {
     let mut wrong = config(&setup, "app-secret");
     wrong.sentinel_password = Some("not-it".into());
     let error = connect(wrong).await.expect_err("a wrong sentinel password");
-    let message = error.to_string();
+    let message = crate::common::error_chain(&error).join(": ");
     assert_eq!(error.kind(), ErrorKind::Auth, "{message}");
     assert!(
         message.contains("refused the sentinel credentials"),
@@ -287,7 +287,7 @@ async fn sentinels_with_requirepass() {
     let error = connect(data_wrong)
         .await
         .expect_err("a wrong data password");
-    let message = error.to_string();
+    let message = crate::common::error_chain(&error).join(": ");
     assert_eq!(error.kind(), ErrorKind::Auth, "{message}");
     assert!(message.contains("at the data node"), "{message}");
     assert!(!message.contains("at the sentinel"), "{message}");
@@ -302,7 +302,7 @@ async fn sentinels_with_requirepass() {
     let error = connect(in_url("not-it"))
         .await
         .expect_err("a wrong sentinel password in the URL");
-    let message = error.to_string();
+    let message = crate::common::error_chain(&error).join(": ");
     assert_eq!(error.kind(), ErrorKind::Auth, "{message}");
     assert!(
         message.contains("refused the sentinel credentials"),
@@ -339,7 +339,7 @@ async fn sentinels_with_an_acl_user() {
         .connect()
         .await
         .expect_err("a wrong sentinel password");
-    let message = error.to_string();
+    let message = crate::common::error_chain(&error).join(": ");
     assert_eq!(error.kind(), ErrorKind::Auth, "{message}");
     assert!(
         message.contains("refused the sentinel credentials"),

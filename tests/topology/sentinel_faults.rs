@@ -257,7 +257,7 @@ async fn the_documented_user_works_through_sentinel() {
     let error = Backend::redis(&url)
         .await
         .expect_err("the sentinel refuses");
-    let message = error.to_string();
+    let message = crate::common::error_chain(&error).join(": ");
     assert_eq!(error.kind(), ErrorKind::Auth, "{message}");
     assert!(
         message.contains("authentication at the sentinel failed"),

@@ -252,7 +252,7 @@ impl Barrier {
     /// (see the module doc), at most one subscription lease: an
     /// instance that has not acknowledged by then has stopped trusting
     /// anything it read before the message.
-    pub(crate) async fn invalidate(&self, key: &Key) -> Result<(), TierError> {
+    pub(crate) async fn invalidate(&self, key: &Key, what: &Purged) -> Result<(), TierError> {
         let nonce = crate::random::unguessable_u64();
         let mut acks = self.notifier.acks.expect(nonce);
         let _forget = self.notifier.acks.forget_when_dropped(nonce);
@@ -268,9 +268,15 @@ impl Barrier {
         let receivers = match purged {
             Ok((_, receivers)) => receivers,
             Err(error) => {
-                tracing::warn!(key = %key, error = %error, "invalidation did not reach redis");
-                if error.retry_may_help() && !self.pending.remember(key) {
-                    tracing::error!(key = %key, "too many invalidations waiting for redis");
+                if !error.retry_may_help() {
+                    tracing::warn!(purged = %what, key = %key, error = %error,
+                        "invalidation did not reach redis, and is not retried");
+                } else if self.pending.remember(key, what) {
+                    tracing::warn!(purged = %what, key = %key, error = %error,
+                        "invalidation did not reach redis; kept, and retried until redis has it");
+                } else {
+                    tracing::error!(purged = %what, key = %key, error = %error,
+                        "invalidation did not reach redis, and too many wait for it: not kept");
                 }
                 return Err(error);
             }
@@ -312,7 +318,7 @@ impl Barrier {
 
     /// Retries the pending invalidations, once each, past the breaker.
     pub(crate) async fn retry_pending(&self) {
-        for key in self.pending.all() {
+        for (key, what) in self.pending.all() {
             let [_, _, route, ..] = self.conns.keys.entry(&key);
             let tried = self
                 .conns
@@ -323,7 +329,7 @@ impl Barrier {
             if tried.is_ok() {
                 self.pending.forget(&key);
                 self.note_purge(&key, None).await;
-                tracing::info!(key = %key, "a pending invalidation reached redis");
+                tracing::info!(purged = %what, key = %key, "a pending invalidation reached redis");
             }
         }
     }
@@ -1026,19 +1032,23 @@ fn lease_millis(notifier: &Notifier) -> u64 {
 const PENDING_MAX: usize = 10_000;
 
 /// Invalidations that did not reach Redis, by group: the key that was
-/// invalidated. While one is pending, the group's values in Redis are the
-/// old ones, and this instance does not take them; the supervisor retries
-/// until Redis has it.
+/// invalidated, and what the caller purged (see [`crate::key::shown`]), for
+/// the log line that says it reached Redis. While one is pending, the
+/// group's values in Redis are the old ones, and this instance does not
+/// take them; the supervisor retries until Redis has it.
 #[derive(Default)]
-pub(crate) struct Pending(Mutex<HashMap<Key, Key>>);
+pub(crate) struct Pending(Mutex<HashMap<Key, (Key, Purged)>>);
+
+/// What a caller purged, as shown in logs.
+pub(crate) type Purged = std::sync::Arc<str>;
 
 impl Pending {
-    pub(crate) fn remember(&self, key: &Key) -> bool {
+    pub(crate) fn remember(&self, key: &Key, what: &Purged) -> bool {
         let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if pending.len() >= PENDING_MAX && !pending.contains_key(&key.group()) {
             return false;
         }
-        pending.insert(key.group(), *key);
+        pending.insert(key.group(), (*key, what.clone()));
         true
     }
 
@@ -1047,26 +1057,26 @@ impl Pending {
         if pending.is_empty() {
             return None;
         }
-        pending.get(group).copied()
+        pending.get(group).map(|(key, _)| *key)
     }
 
     pub(crate) fn forget(&self, key: &Key) {
         let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if pending.get(&key.group()) == Some(key) {
+        if pending.get(&key.group()).map(|(k, _)| k) == Some(key) {
             pending.remove(&key.group());
         }
     }
 
-    pub(crate) fn all(&self) -> Vec<Key> {
+    pub(crate) fn all(&self) -> Vec<(Key, Purged)> {
         let pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        pending.values().copied().collect()
+        pending.values().cloned().collect()
     }
 
     /// Every pending invalidation, forgotten here (handed to another
     /// [`Pending`]).
-    pub(crate) fn take_all(&self) -> Vec<Key> {
+    pub(crate) fn take_all(&self) -> Vec<(Key, Purged)> {
         let mut pending = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        pending.drain().map(|(_, key)| key).collect()
+        pending.drain().map(|(_, kept)| kept).collect()
     }
 }
 
@@ -1080,14 +1090,18 @@ mod tests {
     #[test]
     fn pending_invalidations_are_bounded_and_kept_per_group() {
         let pending = Pending::default();
+        let what: Purged = "https://shop.example/report".into();
         let first = Key::for_value("t", b"first");
-        assert!(pending.remember(&first));
+        assert!(pending.remember(&first, &what));
         assert_eq!(pending.get(&first.group()), Some(first));
         for i in 1..PENDING_MAX {
-            assert!(pending.remember(&Key::for_value("t", &i.to_be_bytes())));
+            assert!(pending.remember(&Key::for_value("t", &i.to_be_bytes()), &what));
         }
-        assert!(!pending.remember(&Key::for_value("t", b"one too many")));
-        assert!(pending.remember(&first), "a group already pending is kept");
+        assert!(!pending.remember(&Key::for_value("t", b"one too many"), &what));
+        assert!(
+            pending.remember(&first, &what),
+            "a group already pending is kept"
+        );
         pending.forget(&first);
         assert_eq!(pending.get(&first.group()), None);
         assert_eq!(pending.all().len(), PENDING_MAX - 1);

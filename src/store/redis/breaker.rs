@@ -143,6 +143,19 @@ impl Breaker {
         !self.probing.swap(true, Ordering::AcqRel)
     }
 
+    /// Opens the circuit at once, without a run of failed calls: the
+    /// supervisor found the link dropped and Redis refusing a new one.
+    /// Returns true when this opened it (it was closed).
+    pub(crate) fn trip(&self) -> bool {
+        if self.open.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        self.openings.fetch_add(1, Ordering::Relaxed);
+        metrics::gauge!(CIRCUIT_OPEN).increment(1.0);
+        self.probing.store(true, Ordering::Release);
+        true
+    }
+
     /// Called by the supervisor's probe when Redis answered again.
     pub(crate) fn close(&self) {
         self.failures.store(0, Ordering::Relaxed);

@@ -21,7 +21,7 @@ pub(crate) use super::client::Options;
 use super::client::{client, with_timeout};
 use super::error::ErrorMeaning;
 use super::sentinel::{primary_error, resolve, resolve_by};
-pub(crate) use super::topology::Topology;
+pub(crate) use super::topology::{missing_feature, Topology};
 
 /// A command connection on any topology. Cheap to clone; clones share it.
 #[derive(Clone)]

@@ -139,6 +139,28 @@ impl Connections {
         self.outage.sign(sign);
     }
 
+    /// The link was found dropped and Redis refused a new connection
+    /// (`error`), with no request calling: on one server or behind
+    /// Sentinel the circuit opens now (counted as a failed call and an
+    /// opening, as calls that fail would), so the health, the stats and
+    /// the metrics of an idle instance say Redis is gone, and the
+    /// supervisor probes until it answers. On a cluster each primary's
+    /// circuit is opened by calls to it (or probes of it) only.
+    pub(super) fn link_refused(&self, error: &RedisError) {
+        if self.health.is_cluster() {
+            return;
+        }
+        self.stats.errors.fetch_add(1, Ordering::Relaxed);
+        m::count_backend(m::REDIS_ERRORS);
+        if self.health.whole().trip() {
+            self.health.openings.fetch_add(1, Ordering::Relaxed);
+            m::count_backend(m::CIRCUIT_OPENINGS);
+            tracing::debug!(error = %error, "redis link dropped and refused; the circuit opened");
+            self.sign(Sign::CircuitOpened);
+            self.signals.circuit_opened.notify_one();
+        }
+    }
+
     /// Opens the connections and subscribes (see [`open`]), then loads the
     /// scripts. On a cluster, the slot map is read later, by
     /// [`refresh_slots`](Self::refresh_slots).
@@ -177,6 +199,7 @@ impl Connections {
         if let Ok(Ok(())) = tokio::time::timeout(config.connect_timeout, ping).await {
             health.round_trip.sample(sent.elapsed(), config.deadline);
         }
+        let outage = Outage::at(config.topology.address());
         Ok(Connections {
             link: RwLock::new(Arc::new(link)),
             config,
@@ -189,7 +212,7 @@ impl Connections {
             signals: Signals::default(),
             node_conns: NodeConns::default(),
             stats,
-            outage: Outage::default(),
+            outage,
         })
     }
 

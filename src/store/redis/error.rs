@@ -198,8 +198,6 @@ impl ErrorMeaning for RedisError {
     }
 }
 
-/// A failure to set up the Redis tier at `shown` (a URL without its
-/// password), with a hint for the causes people meet at start-up.
 /// Whether a failure to connect may be mended by trying again later (Redis
 /// refused the connection, did not answer in time, was loading or failing
 /// over): not bad credentials, a permission, TLS or the settings.
@@ -210,18 +208,32 @@ pub(crate) fn may_mend(e: &RedisError) -> bool {
     )
 }
 
+/// A failure to set up the Redis tier at `shown` (a URL without its
+/// password). The message says what this layer knows (where, what kind of
+/// failure, what to check); the client's error is the
+/// [`source`](std::error::Error::source), never repeated in the message,
+/// so a report that prints the chain (`anyhow`, `eyre`) shows each once.
 pub(crate) fn setup_error(shown: &str, e: RedisError) -> Error {
     let kind = e.error_kind();
-    let message = format!("could not set up Redis at {shown}: {e}{}", hint(kind));
+    let message = format!("could not set up Redis at {shown}: {}", what(kind));
     Error::with_source(kind, message, e)
 }
 
 impl From<TierError> for Error {
     fn from(e: TierError) -> Self {
-        let message = e.to_string();
         match e {
-            TierError::Open => Error::new(ErrorKind::Unavailable, message),
-            TierError::Timeout | TierError::Busy => Error::new(ErrorKind::Timeout, message),
+            TierError::Open => Error::new(
+                ErrorKind::Unavailable,
+                "redis not asked: its circuit is open after repeated failures",
+            ),
+            TierError::Timeout => Error::new(
+                ErrorKind::Timeout,
+                "redis gave no answer within the deadline",
+            ),
+            TierError::Busy => Error::new(
+                ErrorKind::Timeout,
+                "redis call queued past the longest wait",
+            ),
             TierError::Redis(e) => {
                 let kind = match e.error_kind() {
                     // Past start-up, a server that cannot be reached is one
@@ -229,21 +241,36 @@ impl From<TierError> for Error {
                     ErrorKind::Connect => ErrorKind::Unavailable,
                     kind => kind,
                 };
+                let message = match kind {
+                    ErrorKind::Unavailable => "redis call failed: redis is failing or unreachable",
+                    ErrorKind::Timeout => "redis call failed: no answer in time",
+                    ErrorKind::Auth => "redis call refused: authentication failed",
+                    ErrorKind::Permission => {
+                        "redis call refused: the user lacks a permission this crate needs"
+                    }
+                    _ => "redis call failed",
+                };
                 Error::with_source(kind, message, e)
             }
         }
     }
 }
 
-/// What to tell a person about a start-up failure of this kind.
-fn hint(kind: ErrorKind) -> &'static str {
+/// What a person is told of a start-up failure of this kind: what failed,
+/// and what to check. The client's own words are the error's source.
+fn what(kind: ErrorKind) -> &'static str {
     match kind {
-        ErrorKind::Auth => " (authentication failed: check the user name and password)",
+        ErrorKind::Auth => "authentication failed (check the user name and password)",
         ErrorKind::Permission => {
-            " (the user lacks a command, key or channel permission this crate needs; see docs/TOPOLOGY.md)"
+            "the user lacks a command, key or channel permission this crate needs \
+             (see docs/TOPOLOGY.md)"
         }
-        ErrorKind::Tls => " (TLS failed: check the CA, the server name and the client certificate)",
-        _ => "",
+        ErrorKind::Tls => "TLS failed (check the CA, the server name and the client certificate)",
+        ErrorKind::Connect => "cannot connect",
+        ErrorKind::Timeout => "no answer in time",
+        ErrorKind::Unavailable => "redis is not serving (loading, failing over or down)",
+        ErrorKind::InvalidConfig => "the settings are invalid",
+        _ => "redis refused",
     }
 }
 

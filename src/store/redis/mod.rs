@@ -47,6 +47,7 @@
 //! | `carried.rs` | a commit's wake-up that carries a small entry, and its proof |
 //! | `acks.rs`, `liveness.rs` | counting acknowledgements; the subscription lease and the outage grace |
 //! | `outage.rs` | what is logged while Redis fails: one WARN, summaries, one INFO |
+//! | `start.rs` | what is known before the first connection: errors, the circuit open, the backend-wide series registered |
 //! | `lease.rs`, `renew.rs` | a rebuild lease, and the renewer that keeps a lease or a lock |
 //! | `held.rs` | every lease and lock hold this process has, for a shutdown to wait for or hand back |
 //! | `connection.rs`, `client.rs`, `topology.rs`, `sentinel.rs` | opening the link on one server, a cluster or behind Sentinel |
@@ -80,6 +81,7 @@ pub(crate) mod renew;
 mod round_trip;
 mod scripts;
 mod sentinel;
+mod start;
 mod supervisor;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -96,7 +98,7 @@ use crate::key::Key;
 use crate::metrics::Labels;
 use crate::store::generations::{Field, Scope};
 use barrier::Barrier;
-pub(crate) use barrier::Pending;
+pub(crate) use barrier::{Pending, Purged};
 use config::TlsPem;
 use connection::Topology;
 use connections::Connections;
@@ -107,6 +109,7 @@ pub(crate) use lease::Lease;
 use lock::{Attempt, Locks};
 pub(crate) use notify::Invalidated;
 use notify::{Notifier, OnInvalidate, Registration};
+pub(crate) use start::Start;
 use supervisor::SupervisorGuard;
 
 /// Settings of the Redis tier.
@@ -452,17 +455,29 @@ impl RedisTier {
 
     /// Drops the key's whole group from Redis and from every instance's L1,
     /// and waits for the fleet (see [`Barrier::invalidate`]).
-    pub(crate) async fn invalidate(self: &Arc<Self>, key: &Key) -> Result<(), TierError> {
-        self.barrier.invalidate(key).await
+    /// `what` is what the caller purged, as logged (see
+    /// [`crate::key::shown`]).
+    pub(crate) async fn invalidate(
+        self: &Arc<Self>,
+        key: &Key,
+        what: &Purged,
+    ) -> Result<(), TierError> {
+        self.barrier.invalidate(key, what).await
+    }
+
+    /// Whether the invalidation of `key` is kept here, to be retried until
+    /// Redis has it.
+    pub(crate) fn is_pending(&self, key: &Key) -> bool {
+        self.barrier.pending.get(&key.group()) == Some(*key)
     }
 
     /// Takes over invalidations that did not reach Redis before this tier
     /// existed: they are pending here from now on, retried by the
     /// supervisor until Redis has them (see [`Pending`]).
-    pub(crate) fn keep_pending(&self, keys: Vec<Key>) {
-        for key in keys {
-            if !self.barrier.pending.remember(&key) {
-                tracing::error!(key = %key, "too many invalidations waiting for redis");
+    pub(crate) fn keep_pending(&self, keys: Vec<(Key, Purged)>) {
+        for (key, what) in keys {
+            if !self.barrier.pending.remember(&key, &what) {
+                tracing::error!(purged = %what, key = %key, "too many invalidations waiting for redis");
             }
         }
     }

@@ -57,9 +57,20 @@ pub(crate) struct Outage {
     current: Mutex<Option<Began>>,
     /// Outages since the tier connected.
     pub(crate) count: AtomicU64,
+    /// Where Redis is (`host:port`, no password), named by every line, so
+    /// the lines of two backends in one process tell which one failed.
+    redis: String,
 }
 
 impl Outage {
+    /// The outage log of the tier at `redis` (an address, no password).
+    pub(crate) fn at(redis: String) -> Outage {
+        Outage {
+            redis,
+            ..Outage::default()
+        }
+    }
+
     /// Brings the log in line with the tier's state, read by `read` under
     /// the outage's lock (so readings are applied in the order they were
     /// taken): the cause if the tier is degraded, and whatever the caller
@@ -79,6 +90,7 @@ impl Outage {
                 let cause = hint.unwrap_or(cause);
                 self.count.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(
+                    redis = %self.redis,
                     cause = cause.as_str(),
                     outage_grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
                     "redis unreachable; serving from the in-process tier with local coalescing \
@@ -96,6 +108,7 @@ impl Outage {
             (None, true) => {
                 if let Some(began) = current.take() {
                     tracing::info!(
+                        redis = %self.redis,
                         down_for_ms =
                             u64::try_from(began.at.elapsed().as_millis()).unwrap_or(u64::MAX),
                         circuit_openings = began.circuit_openings,
@@ -134,6 +147,7 @@ impl Outage {
         }
         began.summarised = now;
         tracing::warn!(
+            redis = %self.redis,
             down_for_s = now.saturating_duration_since(began.at).as_secs(),
             circuit_openings = began.circuit_openings,
             silent_keepalives = began.silent_keepalives,

@@ -60,6 +60,7 @@ use super::barrier::Barrier;
 use super::client::Options;
 use super::connection::{self, Topology};
 use super::connections::Connections;
+use super::error::ErrorMeaning;
 use super::messages::AckDue;
 use super::outage::Sign;
 use super::round_trip;
@@ -164,7 +165,8 @@ async fn keepalive(shared: &Connections, barrier: &Barrier) {
         // once it was answered (a gap that opened and closed between the
         // two dropped the in-process tier when it closed).
         let subscribed = !shared.notifier.in_gap();
-        if ping_subscriber(shared).await {
+        let answer = ping_subscriber_answer(shared).await;
+        if matches!(answer, Some(Ok(()))) {
             // Only a subscription just confirmed live keeps the membership,
             // and the in-process tier is trusted only as long as the
             // membership the invalidations wait for: a keepalive whose
@@ -194,6 +196,10 @@ async fn keepalive(shared: &Connections, barrier: &Barrier) {
             shared.notifier.subscription_lost();
             shared.sign(Sign::SubscriberSilent);
             shared.notifier.disconnected.notify_one();
+            // A failure, not a silence: the connection dropped.
+            if matches!(&answer, Some(Err(e)) if refused(e)) {
+                link_dropped(shared).await;
+            }
         }
         shared.outage.summarise();
     }
@@ -311,18 +317,61 @@ async fn gather(shared: &Connections, work: &mut Work, pause: Option<Duration>) 
 /// [`super::round_trip`]): nothing queues on the subscriber but the
 /// channel's messages, so a link that grew slower is learned here.
 async fn ping_subscriber(shared: &Connections) -> bool {
+    matches!(ping_subscriber_answer(shared).await, Some(Ok(())))
+}
+
+/// The subscriber's answer to a ping ([`ping_subscriber`]): `None` if it
+/// stayed silent past the limit, an error if its connection failed.
+async fn ping_subscriber_answer(shared: &Connections) -> Option<Result<(), redis::RedisError>> {
     let ping = shared.ping_subscription();
     let limit = shared.patience(shared.config.deadline.max(KEEPALIVE / 2));
     let sent = Instant::now();
     let answer = round_trip::within(limit, shared.config.connect_timeout, ping).await;
-    let answered = matches!(answer, Some(Ok(())));
-    if answered {
+    if matches!(answer, Some(Ok(()))) {
         shared
             .health
             .round_trip
             .sample(sent.elapsed(), shared.config.deadline);
     }
-    answered
+    answer
+}
+
+/// The subscriber's connection failed (it did not merely go silent): if a
+/// new connection to the server is refused too, Redis is gone (killed,
+/// restarting, its port closed), and the circuit opens now rather than
+/// once requests find it so (see [`Connections::link_refused`]). An idle
+/// instance tells the outage within a keepalive. Nothing else opens it
+/// here: a silence (a timeout, the client's own response timeout
+/// included) or a connection merely reset is left to the calls' deadlines
+/// and the breaker, since a busy or slow link shows those too, and one
+/// slow answer must not cost the fleet's protection.
+async fn link_dropped(shared: &Connections) {
+    if shared.health.is_cluster() || !shared.health.whole().is_closed() {
+        return;
+    }
+    let limit = shared.patience(shared.config.deadline);
+    // A connection that died answers its next call with the drop, and the
+    // client reconnects on the one after: two pings, to reach the refusal.
+    for _ in 0..2 {
+        let mut conn = shared.conn();
+        let cmd = redis::cmd("PING");
+        let ping = cmd.query_async::<()>(&mut conn);
+        match tokio::time::timeout(limit, ping).await {
+            Ok(Err(error)) if error.is_connection_refusal() => {
+                shared.link_refused(&error);
+                return;
+            }
+            Ok(Err(error)) if refused(&error) => continue,
+            _ => return,
+        }
+    }
+}
+
+/// Whether a connection failed rather than went silent or answered an
+/// error: refused, reset, closed. A timeout (the client's own response
+/// timeout included) is a silence, which a busy link shows too.
+fn refused(error: &redis::RedisError) -> bool {
+    !error.is_server_reply() && !error.is_timeout()
 }
 
 /// One probe: true once Redis answered and the circuit is closed.
@@ -388,6 +437,9 @@ async fn resubscribe_once(shared: &Connections) -> bool {
         }
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "cannot re-subscribe yet");
+            if refused(&e) {
+                link_dropped(shared).await;
+            }
             false
         }
         Err(_) => false,

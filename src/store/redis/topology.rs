@@ -63,18 +63,58 @@ impl MasterUrl {
 }
 
 impl Topology {
+    /// Where Redis is, for logs and messages: `host:port` (a cluster's seeds
+    /// or the sentinels, comma-separated, and the service behind them),
+    /// never a password.
+    pub(crate) fn address(&self) -> String {
+        match self {
+            Topology::Single(url) => host_port(url).to_owned(),
+            Topology::Cluster(nodes) => nodes
+                .iter()
+                .map(|n| host_port(n))
+                .collect::<Vec<_>>()
+                .join(","),
+            Topology::Sentinel {
+                sentinels, service, ..
+            } => format!(
+                "{service} via sentinels {}",
+                sentinels
+                    .list()
+                    .iter()
+                    .map(|n| host_port(n))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        }
+    }
+
     /// Parses `redis[s]://`, `redis[s]-cluster://` and `redis[s]-sentinel://`
     /// URLs (the last two are this crate's own forms; see `RedisConfig`).
     pub(crate) fn parse(url: &str) -> Result<Topology, String> {
+        const STARTS: &str =
+            "a Redis URL starts with redis://, rediss://, redis-cluster:// or redis-sentinel://";
         let Some((scheme, rest)) = url.split_once("://") else {
-            return Err("a Redis URL starts with redis://, rediss://, redis-cluster:// or redis-sentinel://".to_owned());
+            return Err(STARTS.to_owned());
         };
         let (base, kind) = match scheme {
             "redis-cluster" => ("redis", "cluster"),
             "rediss-cluster" => ("rediss", "cluster"),
             "redis-sentinel" => ("redis", "sentinel"),
             "rediss-sentinel" => ("rediss", "sentinel"),
-            _ => return Ok(Topology::Single(url.to_owned())),
+            // The schemes the Redis client takes itself.
+            "redis" | "rediss" | "valkey" | "valkeys" | "unix" | "redis+unix" | "valkey+unix" => {
+                return Ok(Topology::Single(url.to_owned()))
+            }
+            // Named only if it looks like a scheme: whatever precedes
+            // `://` in a garbled URL might be a secret.
+            _ if scheme.len() <= 16
+                && scheme
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b)) =>
+            {
+                return Err(format!("{STARTS} (not {scheme}://)"))
+            }
+            _ => return Err(STARTS.to_owned()),
         };
         // The sentinels' own credentials may come in the query (after the
         // userinfo, whose password may hold any character).
@@ -195,6 +235,53 @@ fn sentinel_query(query: &str) -> Result<SentinelAuth, String> {
     Ok(auth)
 }
 
+/// Why these settings cannot work in this build or process: a feature
+/// they need is not compiled in, or TLS has no crypto provider to run on.
+/// Told at once, by the builder, in words that say what to do.
+pub(crate) fn missing_feature(topology: &Topology, certificates: bool) -> Option<&'static str> {
+    let secure = |url: &str| {
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        scheme.eq_ignore_ascii_case("rediss") || scheme.eq_ignore_ascii_case("valkeys")
+    };
+    let tls = match topology {
+        Topology::Single(url) => secure(url),
+        Topology::Cluster(nodes) => nodes.iter().any(|n| secure(n)),
+        Topology::Sentinel { master, .. } => master.scheme == "rediss",
+    };
+    if !cfg!(feature = "redis-tls") && tls {
+        return Some("a rediss:// URL needs stampede-guard's `redis-tls` feature");
+    }
+    if !cfg!(feature = "redis-tls") && certificates {
+        return Some("TLS certificates need stampede-guard's `redis-tls` feature");
+    }
+    if !cfg!(feature = "redis-cluster") && matches!(topology, Topology::Cluster(_)) {
+        return Some("a redis-cluster:// URL needs stampede-guard's `redis-cluster` feature");
+    }
+    #[cfg(feature = "redis-tls")]
+    if tls && rustls::crypto::CryptoProvider::get_default().is_none() {
+        return Some(
+            "a rediss:// URL needs a rustls crypto provider, and none is installed: call \
+             rustls::crypto::ring::default_provider().install_default() (or aws_lc_rs's) \
+             once at start-up, before the backend connects",
+        );
+    }
+    None
+}
+
+/// The `host:port` of a URL: past the scheme and the userinfo, up to the
+/// path or the query. Everything up to the last `@` goes first, so no part
+/// of a password (which may hold `/` or `?`) is ever shown.
+fn host_port(url: &str) -> &str {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let rest = rest.rfind('@').map_or(rest, |at| &rest[at + 1..]);
+    if scheme.ends_with("unix") {
+        // A socket's path.
+        return &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+    }
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    &rest[..end]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,5 +333,19 @@ mod tests {
             .with_sentinel_auth(Some("u".into()), None)
             .unwrap_err();
         assert!(nowhere.contains("names no sentinels"), "{nowhere}");
+    }
+
+    #[test]
+    fn the_address_shows_hosts_and_ports_and_never_a_password() {
+        let single = Topology::parse("redis://user:p/a?ss@cache.internal:6380/2?protocol=resp3");
+        assert_eq!(single.unwrap().address(), "cache.internal:6380");
+        let cluster = Topology::parse("redis-cluster://:secret@a:7000,b:7001/").unwrap();
+        assert_eq!(cluster.address(), "a:7000,b:7001");
+        let sentinel =
+            Topology::parse("redis-sentinel://:pw@s1:26379,s2:26379/shop?sentinel_password=x");
+        assert_eq!(
+            sentinel.unwrap().address(),
+            "shop via sentinels s1:26379,s2:26379"
+        );
     }
 }

@@ -136,7 +136,7 @@ async fn tier_errors_keep_their_kind_and_cause() {
     assert!(last.source().is_none(), "Redis was not asked");
     // An invalidation is still tried with the circuit open, and says why
     // it failed.
-    let purge: Error = tier.invalidate(&key).await.unwrap_err().into();
+    let purge: Error = tier.invalidate(&key, &"k".into()).await.unwrap_err().into();
     assert!(
         matches!(purge.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
         "{purge}: {:?}",

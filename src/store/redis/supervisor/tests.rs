@@ -83,7 +83,7 @@ async fn an_open_circuit_closes_once_redis_answers_again() {
         "the probe closed the circuit"
     );
     let key = Key::for_value("t", b"k");
-    assert!(tier.invalidate(&key).await.is_ok());
+    assert!(tier.invalidate(&key, &"k".into()).await.is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
