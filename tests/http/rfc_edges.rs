@@ -137,12 +137,16 @@ async fn max_age_and_s_maxage_silence_expires() {
         for cc in ["max-age=60", "s-maxage=60", "max-age=0, s-maxage=60"] {
             for expires in ["0", "Thu, 01 Jan 1970 00:00:00 GMT"] {
                 let origin = Origin::default();
-                let app = app_with(&origin, local_guard().respect_cache_control(respect), move || {
-                    vec![
-                        ("cache-control", HeaderValue::from_static(cc)),
-                        ("expires", HeaderValue::from_static(expires)),
-                    ]
-                });
+                let app = app_with(
+                    &origin,
+                    local_guard().respect_cache_control(respect),
+                    move || {
+                        vec![
+                            ("cache-control", HeaderValue::from_static(cc)),
+                            ("expires", HeaderValue::from_static(expires)),
+                        ]
+                    },
+                );
                 send(&app, get_req("/report")).await;
                 let second = send(&app, get_req("/report")).await;
                 assert_eq!(
