@@ -870,6 +870,8 @@ impl RedisBackendBuilder {
     /// timeout. An entry larger than 256 KiB is read and written under a
     /// limit that also allows for its size.
     ///
+    /// A value out of range is brought into it (1 ms to 2^31 s).
+    ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::Backend;
     /// // Builds the settings; `.connect().await` connects.
@@ -882,6 +884,8 @@ impl RedisBackendBuilder {
     }
 
     /// How long connecting may take at start-up (default 2 s).
+    ///
+    /// A value out of range is brought into it (1 ms to 2^31 s).
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::Backend;
@@ -897,6 +901,8 @@ impl RedisBackendBuilder {
     /// How often an open circuit pings Redis to see whether it is back
     /// (default 250 ms). Behind Sentinel the probe first asks the sentinels
     /// where the primary is, and follows it after a failover.
+    ///
+    /// A value out of range is brought into it (1 ms to 2^31 s).
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::Backend;
@@ -982,6 +988,8 @@ impl RedisBackendBuilder {
     /// trusts what its in-process tier holds for the grace at most (dropped
     /// once per grace), and with no grace it answers nothing from it (its
     /// requests are only coalesced in the process).
+    ///
+    /// A value out of range is brought into it (0 to 2^31 s).
     ///
     /// ```
     /// # use std::time::Duration; use stampede_guard::Backend;
@@ -1109,10 +1117,12 @@ impl RedisBackendBuilder {
             topology,
             tls,
             prefix: config.prefix,
-            deadline: config.deadline,
-            connect_timeout: config.connect_timeout,
-            probe_interval: config.probe_interval,
-            outage_grace: config.outage_grace,
+            // Set in code or read from a config file: brought into range
+            // here, so no timer overflows or spins.
+            deadline: crate::limits::REDIS_TIMER.clamp(config.deadline),
+            connect_timeout: crate::limits::REDIS_TIMER.clamp(config.connect_timeout),
+            probe_interval: crate::limits::REDIS_TIMER.clamp(config.probe_interval),
+            outage_grace: crate::limits::OUTAGE_GRACE.clamp(config.outage_grace),
         };
         let require = config.require_redis_at_start;
         let engine = crate::engine::fleet::connect(l1, tier_config, require)

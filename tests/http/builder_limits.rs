@@ -265,6 +265,50 @@ async fn lock_knobs_at_their_edges_never_panic() {
     }
 }
 
+/// The Redis backend's timers at their edges (set in code, or read from a
+/// config file): each is brought into its range when the backend connects,
+/// so a request, a purge of a tag or of everything, and a lock all answer
+/// without a panic or an overflowed `Instant`.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_backend_timers_at_their_edges_never_panic() {
+    use crate::common::redis::RedisServer;
+
+    let redis = RedisServer::start();
+    for d in DURATIONS {
+        let backend = Backend::redis_builder(&redis.url())
+            .deadline(d)
+            .connect_timeout(d)
+            .probe_interval(d)
+            .outage_grace(d)
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("{d:?}: {e}"));
+        let origin = Origin::default();
+        let app = app(
+            &origin,
+            StampedeGuard::new(backend.clone()).ttl(Duration::from_secs(60)),
+        );
+        for _ in 0..2 {
+            let answer = send(&app, get_req("/report")).await;
+            assert_eq!(answer.status, StatusCode::OK, "{d:?}");
+        }
+        // A deadline of 1 ms may be missed on a loaded machine: the answer
+        // is then an error, never a panic.
+        let guard = StampedeGuard::new(backend.clone());
+        let _ = guard.invalidate_tag("report").await;
+        let _ = guard.invalidate_all().await;
+        if let Ok(held) = Lock::new(backend.clone())
+            .wait_budget(Duration::ZERO)
+            .acquire("r")
+            .await
+        {
+            let _ = held.release().await;
+        }
+        backend.shutdown(Duration::from_secs(5)).await;
+    }
+}
+
 /// The `x-cache` header has a method of its own, which leaves
 /// `Cache-Status` alone; the old name still sets `x-cache`.
 #[tokio::test]
