@@ -530,8 +530,8 @@ pub enum Status {
     Fleet,
     /// A Redis backend running on its in-process tier alone: not connected
     /// yet, Redis failing, or its subscription not confirmed. Requests are
-    /// still answered, coalesced per process (see the README, "When things
-    /// go wrong").
+    /// still answered, coalesced per process (see the
+    /// [failures guide](crate::guide::failures)).
     Degraded,
 }
 
@@ -700,7 +700,7 @@ pub struct RedisStats {
     /// `None` if it cannot, or could not be read (`INFO` refused). Entries and
     /// fencing counters survive eviction; a lock does not, and is refused
     /// there by default (see [`Lock::allow_evicting_server`](crate::Lock::allow_evicting_server)
-    /// and docs/TOPOLOGY.md).
+    /// and the [topology guide](crate::guide::topology)).
     pub eviction_policy: Option<String>,
     /// On Redis Cluster, each primary of the slot map and its own circuit:
     /// a stalled or dead primary opens only its own, and only its keys are
@@ -1006,7 +1006,8 @@ impl RedisBackendBuilder {
     /// nodes' (the URL's). For a sentinel with `requirepass`, the user is
     /// `default`. A wrong sentinel password fails [`connect`](Self::connect)
     /// with an [`Auth`](crate::ErrorKind::Auth) error that names the
-    /// sentinel; docs/TOPOLOGY.md gives the sentinel user's minimal ACL.
+    /// sentinel; the [topology guide](crate::guide::topology) gives the
+    /// sentinel user's minimal ACL.
     ///
     /// ```
     /// # use stampede_guard::Backend;

@@ -110,8 +110,8 @@ const DESCRIBED: [(&str, Kind, Unit, &str); 21] = [
 /// a millisecond, through origin calls of a few milliseconds to seconds, up
 /// to the default rebuild timeout (30 s). Give them to the exporter, or
 /// it may render the durations as summaries, which cannot be aggregated
-/// across instances (the Grafana dashboard in `docs/` queries `_bucket`
-/// series).
+/// across instances (the Grafana dashboard in the repository's `docs/`
+/// queries `_bucket` series).
 ///
 /// ```
 /// use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};

@@ -1114,7 +1114,7 @@ impl StampedeGuard {
     /// assumes the instances' clocks tick at the same rate; on Redis Cluster
     /// the call waits only for the instances subscribed through the node
     /// that ran it, and the others rely on the cluster bus delivering the
-    /// message promptly, see `docs/TOPOLOGY.md`.)
+    /// message promptly, see the [topology guide](crate::guide::topology).)
     ///
     /// # Errors
     ///

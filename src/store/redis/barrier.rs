@@ -803,7 +803,7 @@ impl Barrier {
             Err(e) if e.error_kind() == ErrorKind::Permission => tracing::warn!(
                 error = %e,
                 "cannot acknowledge an invalidation: the redis user needs +sadd (see the \
-                 ACL in docs/TOPOLOGY.md); its sender waits a whole subscription lease"
+                 ACL in the guide, stampede_guard::guide::topology); its sender waits a whole subscription lease"
             ),
             Err(e) => tracing::debug!(error = %e, "cannot acknowledge an invalidation"),
         }

@@ -263,7 +263,7 @@ fn what(kind: ErrorKind) -> &'static str {
         ErrorKind::Auth => "authentication failed (check the user name and password)",
         ErrorKind::Permission => {
             "the user lacks a command, key or channel permission this crate needs \
-             (see docs/TOPOLOGY.md)"
+             (see the crate's guide, stampede_guard::guide::topology)"
         }
         ErrorKind::Tls => "TLS failed (check the CA, the server name and the client certificate)",
         ErrorKind::Connect => "cannot connect",
