@@ -14,6 +14,7 @@ mod carried;
 mod carried_forgery;
 mod config;
 mod driver;
+mod extreme_settings;
 mod failure_backoff;
 mod failures;
 mod invalidation_faults;
