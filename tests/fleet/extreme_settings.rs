@@ -153,3 +153,81 @@ async fn the_smallest_redis_durations_never_panic() {
     }
     assert!(panicked.is_empty(), "{panicked:#?}");
 }
+
+/// Durations every builder clamps, at their edges.
+const EDGES: [Duration; 5] = [
+    Duration::ZERO,
+    Duration::from_nanos(1),
+    Duration::from_secs((1 << 31) + 1),
+    Duration::from_secs(u64::MAX),
+    Duration::MAX,
+];
+
+/// `Lock` on Redis with every duration at an edge: acquired, refused to a
+/// second owner with no wait, released (a long lease: kept until then); a
+/// `synced` wait for more replicas
+/// than exist fails or times out, never panics.
+#[tokio::test]
+async fn lock_knobs_at_their_edges_never_panic_on_redis() {
+    let redis = RedisServer::start();
+    let backend = crate::common::fleet::backend_at(&redis.url(), Duration::from_secs(1)).await;
+    for d in EDGES {
+        let lock = stampede_guard::Lock::new(backend.clone())
+            .lease(d)
+            .wait_budget(d.min(Duration::from_secs(1)))
+            .max_hold(d);
+        let name = format!("report-{}", d.as_nanos());
+        let held = lock.acquire(&name).await.expect("free");
+        let other = stampede_guard::Lock::new(backend.clone()).wait_budget(Duration::ZERO);
+        assert!(other.try_acquire(&name).await.unwrap().is_none(), "{d:?}");
+        // A lease of a few milliseconds may lapse before the release on a
+        // loaded machine (the release then says so): no count on it.
+        let released = held.release().await.unwrap();
+        if d >= Duration::from_secs(1) {
+            assert!(released, "{d:?}");
+        }
+        let synced = stampede_guard::Lock::new(backend.clone())
+            .lease(d)
+            .wait_budget(Duration::ZERO)
+            .synced(u32::MAX, d.min(Duration::from_millis(200)));
+        if let Ok(Some(held)) = synced.try_acquire(&format!("{name}-synced")).await {
+            let _ = held.release().await;
+        }
+    }
+}
+
+/// `Cache<V>` on Redis with every duration at an edge, and the L1 limit
+/// at 0, 1 and `u64::MAX` bytes: a value is rebuilt (or times out), read
+/// again, purged by key and wholly.
+#[tokio::test]
+async fn cache_knobs_at_their_edges_never_panic_on_redis() {
+    use stampede_guard::Cache;
+    let redis = RedisServer::start();
+    for l1 in [0, 1, u64::MAX] {
+        let backend = Backend::redis_builder(&redis.url())
+            .deadline(Duration::from_secs(1))
+            .l1_max_bytes(l1)
+            .connect()
+            .await
+            .expect("redis backend");
+        for d in EDGES {
+            let cache: Cache<String> = Cache::new(backend.clone())
+                .ttl(d)
+                .stale_while_revalidate(d)
+                .stale_if_error(d)
+                .wait_budget(d)
+                .lease(d)
+                .rebuild_timeout(d.max(Duration::from_secs(1)))
+                .early_refresh(f64::MAX)
+                .namespace(format!("n{}", d.as_nanos()));
+            for _ in 0..2 {
+                let value = cache
+                    .get_or_rebuild("k", || async { Ok::<_, std::io::Error>("v".to_owned()) })
+                    .await;
+                assert!(value.is_ok(), "l1 {l1} {d:?}");
+            }
+            cache.invalidate("k").await.unwrap();
+            cache.invalidate_all().await.unwrap();
+        }
+    }
+}
