@@ -15,6 +15,7 @@ mod epoch_race;
 mod epoch_snapshot;
 mod fleet;
 mod forged_generations;
+mod namespace_forgery;
 mod namespace_names;
 mod namespace_races;
 mod namespaces;
