@@ -187,3 +187,43 @@ mod with_redis {
         assert!(calls.iter().all(|(_, n)| *n == 1), "{calls:?}");
     }
 }
+
+#[cfg(feature = "redis")]
+mod same_namespace {
+    use super::*;
+    use crate::common::fleet::backend_at;
+    use crate::common::redis::RedisServer;
+
+    /// A rebuild of `shop`'s page on one instance, its origin read before a
+    /// purge of `shop`'s tag made through another instance returned `Ok`:
+    /// what it read is never served afterwards, on either instance.
+    #[tokio::test]
+    async fn a_rebuild_overtaken_by_a_purge_of_its_namespace_is_not_served() {
+        let redis = RedisServer::start();
+        let first = backend_at(&redis.url(), Duration::from_secs(1)).await;
+        let second = backend_at(&redis.url(), Duration::from_secs(1)).await;
+        let shop = |backend: &Backend| {
+            StampedeGuard::new(backend.clone())
+                .ttl(Duration::from_secs(60))
+                .namespace("shop")
+        };
+        let origin = Origin::default();
+        let gate = Arc::new(Semaphore::new(0));
+        let here = gated_app(shop(&first), &origin, &gate);
+        let there_guard = shop(&second);
+        let there = gated_app(there_guard.clone(), &origin, &gate);
+        let rebuild = {
+            let here = here.clone();
+            tokio::spawn(async move { send(&here, page()).await })
+        };
+        until("the rebuild runs", || origin.calls() == 1).await;
+        there_guard.invalidate_tag("shared").await.unwrap();
+        gate.add_permits(100);
+        assert_eq!(rebuild.await.unwrap().text(), "p1-v1", "its own request");
+        for app in [&here, &there, &here, &there] {
+            let answer = send(app, page()).await;
+            assert_ne!(answer.text(), "p1-v1", "read before the purge");
+        }
+        assert_eq!(origin.calls(), 2, "one rebuild after the purge");
+    }
+}
