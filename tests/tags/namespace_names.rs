@@ -161,3 +161,49 @@ mod with_redis {
         assert!(crossed_pairs.is_empty(), "{crossed_pairs:#?}");
     }
 }
+
+/// An `Admin` router over guards of two namespaces (one given twice, one
+/// of them under the empty name): a tag purge and a purge of everything
+/// through it reach both, once each, and not a third namespace on the
+/// same backend.
+#[cfg(feature = "admin")]
+#[tokio::test]
+async fn an_admin_router_over_two_namespaces_purges_those_only() {
+    let backend = Backend::local();
+    let (shop, blog, other) = (
+        side(&backend, Some("shop")),
+        side(&backend, Some("")),
+        side(&backend, Some("other")),
+    );
+    let admin = stampede_guard::Admin::new(shop.guard.clone())
+        .route(blog.guard.clone())
+        .route(shop.guard.clone())
+        .route(StampedeGuard::new(backend.clone()))
+        .router::<()>();
+    for side in [&shop, &blog, &other] {
+        send(&side.app, page()).await;
+    }
+    for (path, body) in [
+        ("/purge/tag", Some(r#"{"tag": "shared"}"#)),
+        ("/purge/all", None),
+    ] {
+        let request = Request::post(path);
+        let request = match body {
+            Some(body) => request
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body)),
+            None => request.body(Body::empty()),
+        };
+        let answer = send(&admin, request.unwrap()).await;
+        assert_eq!(answer.status, http::StatusCode::OK, "{}", answer.text());
+        for side in [&shop, &blog, &other] {
+            send(&side.app, page()).await;
+        }
+    }
+    let calls = (
+        shop.origin.calls(),
+        blog.origin.calls(),
+        other.origin.calls(),
+    );
+    assert_eq!(calls, (3, 3, 1), "(shop, the empty one, other)");
+}
