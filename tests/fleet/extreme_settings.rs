@@ -231,3 +231,38 @@ async fn cache_knobs_at_their_edges_never_panic_on_redis() {
         }
     }
 }
+
+/// A `RedisConfig` read from a file takes the same durations: a deadline of
+/// `u64::MAX` seconds, as a config section can say it.
+///
+/// Measured: the section deserialises (`deadline` = 18446744073709551615 s,
+/// no range refused), and connecting with it panics ("overflow when adding
+/// duration to instant", src/store/redis/connections.rs:513/673), as the
+/// builder's does: `RedisConfig` has no `validate` and its durations no
+/// range in src/limits.rs.
+#[cfg(feature = "serde")]
+#[tokio::test]
+#[ignore = "a RedisConfig deadline of u64::MAX seconds is accepted from a file and panics in connect"]
+async fn a_config_file_deadline_out_of_range_is_refused_or_clamped() {
+    let redis = RedisServer::start();
+    let json = format!(
+        r#"{{"url": "{}", "deadline": "18446744073709551615s"}}"#,
+        redis.url()
+    );
+    let config: stampede_guard::RedisConfig = match serde_json::from_str(&json) {
+        Ok(config) => config,
+        Err(_) => return,
+    };
+    let connect = tokio::spawn(async move {
+        stampede_guard::RedisBackendBuilder::from_config(config)
+            .connect()
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    let joined = connect.await;
+    assert!(
+        !joined.as_ref().is_err_and(tokio::task::JoinError::is_panic),
+        "connect panicked"
+    );
+}
