@@ -266,3 +266,41 @@ async fn a_config_file_deadline_out_of_range_is_refused_or_clamped() {
         "connect panicked"
     );
 }
+
+/// The largest outage grace and probe interval while Redis is gone: the
+/// instance keeps answering from its in-process tier or the origin, and
+/// its purges fail, without a panic; once Redis is back it answers again.
+#[tokio::test]
+async fn the_largest_grace_and_probe_interval_through_an_outage_never_panic() {
+    let mut redis = RedisServer::start();
+    for value in [Duration::MAX, Duration::from_secs(u64::MAX)] {
+        let url = redis.url();
+        let backend = Backend::redis_builder(&url)
+            .deadline(Duration::from_millis(100))
+            .outage_grace(value)
+            .probe_interval(value)
+            .connect()
+            .await
+            .expect("redis backend");
+        let origin = Origin::default();
+        let guard = StampedeGuard::new(backend.clone()).ttl(Duration::from_secs(60));
+        let router = app(&origin, guard.clone());
+        send(&router, get_req("http://api.example.com/report")).await;
+        redis.kill();
+        let steps = {
+            let (router, guard) = (router.clone(), guard.clone());
+            tokio::spawn(async move {
+                for _ in 0..2 {
+                    send(&router, get_req("http://api.example.com/report")).await;
+                    let _ = guard.invalidate_tag("report").await;
+                }
+            })
+        };
+        let outcome = tokio::time::timeout(Duration::from_secs(60), steps).await;
+        assert!(
+            !matches!(outcome, Ok(Err(ref e)) if e.is_panic()),
+            "{value:?}: panicked through the outage"
+        );
+        redis.restart();
+    }
+}
