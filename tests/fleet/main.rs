@@ -15,6 +15,7 @@ mod carried_forgery;
 mod config;
 mod driver;
 mod error_messages;
+mod extreme_settings;
 mod failure_backoff;
 mod failures;
 mod invalidation_faults;

@@ -18,6 +18,7 @@ mod bodies_over_the_cap;
 mod builder_limits;
 mod cache_status;
 mod client_forced_passes;
+mod date_edges;
 mod dates;
 mod expired_revalidation;
 mod explicit_freshness;
