@@ -75,9 +75,11 @@ pub(crate) const REBUILD_TIMEOUT: Span = POSITIVE;
 pub(crate) const REFRESH_AHEAD_FLOOR: Span = ANY;
 /// The Redis backend's call deadline, connect timeout and probe interval:
 /// each is multiplied or waited on by its timers, so never zero.
+#[cfg(feature = "redis")]
 pub(crate) const REDIS_TIMER: Span = POSITIVE;
 /// How long an instance cut off from the fleet's invalidations keeps
 /// serving its in-process tier (0: not past the subscription lease).
+#[cfg(feature = "redis")]
 pub(crate) const OUTAGE_GRACE: Span = ANY;
 /// A lock's lease: renewed every third of it, at least a millisecond apart.
 pub(crate) const LOCK_LEASE: Span = Span {
