@@ -9,10 +9,18 @@
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use tokio::sync::{Semaphore, SemaphorePermit};
+
 use crate::metrics::CIRCUIT_OPEN;
 
 /// Consecutive failures that open the circuit.
 pub(crate) const FAILURES_TO_OPEN: u32 = 3;
+
+/// The most calls under the breaker a process has on a node's connection at
+/// once (see [`Breaker::admit`]): enough to keep a pipeline one network hop
+/// away full, few enough that what is sent is answered in one round trip
+/// plus a moment of Redis's time.
+pub(crate) const IN_FLIGHT: usize = 128;
 
 pub(crate) struct Breaker {
     failures: AtomicU32,
@@ -34,6 +42,8 @@ pub(crate) struct Breaker {
     probing: AtomicBool,
     /// Times this circuit opened.
     openings: AtomicU64,
+    /// Room for calls under the breaker on the node's connection.
+    in_flight: Semaphore,
 }
 
 impl Default for Breaker {
@@ -47,6 +57,7 @@ impl Default for Breaker {
             open: AtomicBool::new(false),
             probing: AtomicBool::new(false),
             openings: AtomicU64::new(0),
+            in_flight: Semaphore::new(IN_FLIGHT),
         }
     }
 }
@@ -92,6 +103,22 @@ impl Breaker {
             0 => None,
             us => self.base.checked_add(Duration::from_micros(us)),
         }
+    }
+
+    /// Waits for room on the node's connection for one call under the
+    /// breaker, first come first served; the room is given back when the
+    /// returned permit is dropped. A burst (a cache avalanche, every
+    /// instance asking at once) so queues in the process, where waiting
+    /// costs nothing and is judged by nobody, rather than on the socket,
+    /// where a call's time runs from its send: what is sent is answered
+    /// promptly while Redis keeps up, and the calls that make no queue (a
+    /// lease's renewal, a commit, owed past the breaker) are never behind
+    /// more than [`IN_FLIGHT`] of them. The wait ends: every call admitted
+    /// ends within its own limit (answered, or failed as silent or too
+    /// far behind), and once failures open the circuit the calls admitted
+    /// after are refused at once.
+    pub(crate) async fn admit(&self) -> Option<SemaphorePermit<'_>> {
+        self.in_flight.acquire().await.ok()
     }
 
     /// Whether calls may go to Redis.

@@ -380,6 +380,19 @@ impl Connections {
         if gate == Gate::Breaker && !breaker.is_closed() {
             return Err(TierError::Open);
         }
+        // A call under the breaker waits for room on the connection (see
+        // `Breaker::admit`); its time runs from then. The circuit may have
+        // opened meanwhile.
+        let _admitted = match gate {
+            Gate::Breaker => {
+                let permit = breaker.admit().await;
+                if !breaker.is_closed() {
+                    return Err(TierError::Open);
+                }
+                permit
+            }
+            Gate::Owed | Gate::Background => None,
+        };
         let until = Instant::now() + limit;
         let mut pause = MIGRATION_PAUSE;
         // On a cluster, the call goes to the key's primary on a connection
@@ -555,10 +568,13 @@ impl Connections {
                 Err(_) => {}
             }
             let late = Instant::now().saturating_duration_since(check.min(end));
-            if let Some(answer) = round_trip::look_again(&mut call).await {
-                node.heard(Instant::now());
-                return answer.map_err(TierError::Redis);
-            }
+            let late = match round_trip::look_again(&mut call).await {
+                Ok(answer) => {
+                    node.heard(Instant::now());
+                    return answer.map_err(TierError::Redis);
+                }
+                Err(lag) => late.max(lag),
+            };
             let now = Instant::now();
             let heard = node.last_heard().filter(|&at| at > sent);
             if now >= end {

@@ -135,11 +135,19 @@ impl Entries {
             .arg(millis(FAILURE_BACKOFF_CAP))
             .arg(INLINE_VALUE);
         let script = &invocation;
-        let run = move |mut conn: Conn| async move { script.invoke_async(&mut conn).await };
+        // The lease's validity counts from the first send of the script, not
+        // from the call's start: a call under the breaker may wait in the
+        // process for room on the connection first (see `Breaker::admit`).
+        let first_send = std::sync::OnceLock::new();
+        let first_send = &first_send;
+        let run = move |mut conn: Conn| {
+            first_send.get_or_init(std::time::Instant::now);
+            async move { script.invoke_async(&mut conn).await }
+        };
         // While the slot moves, the script (which names the lease key) is
         // refused; a fresh entry is read without it first, and only a key
         // that needs the lease waits for the move, within the deadline.
-        let sent = std::time::Instant::now();
+        let started = std::time::Instant::now();
         let reply = match self.conns.call(&keys[2]).once().run(run).await {
             Err(e) if e.is_moving() => match self.fetch_fresh(&keys).await {
                 Ok(Some(entry)) => return Ok(Fetched::Fresh(entry)),
@@ -204,7 +212,7 @@ impl Entries {
                     a.max(0) as u64,
                     lease_time,
                     generation,
-                    sent,
+                    first_send.get().copied().unwrap_or(started),
                 )),
             },
             3 => Fetched::Held {

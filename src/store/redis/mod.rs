@@ -19,7 +19,8 @@
 //!
 //! Every call has a deadline, judged by its connection's silence, not by
 //! its own wait (a call queued behind a burst, or on a link one network hop
-//! away, is not failing; see [`round_trip`]). Failures feed a circuit breaker (on Redis
+//! away, is not failing; see [`round_trip`]); a burst's calls wait for room
+//! on the connection in the process, and a call's time runs from its send. Failures feed a circuit breaker (on Redis
 //! Cluster, the one of the primary that serves the key; see [`health`]);
 //! while it is open the engine does not call Redis for those keys and
 //! protects the process with its in-process tier alone. The tier's one

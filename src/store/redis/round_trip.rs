@@ -18,14 +18,20 @@
 //! ends once it has waited the longest any call waits (the connect
 //! timeout): Redis is up but too far behind to serve requests, and the
 //! breaker counts that like a silence (a Redis that answers slowly but
-//! steadily still degrades the service to local protection).
+//! steadily still degrades the service to local protection). That wait
+//! runs from the call's send, and the calls under the breaker are sent
+//! only while fewer than a bounded number of them are on the connection
+//! (`Breaker::admit`): a burst longer than that waits in the process,
+//! unjudged, so however long it is, a call sent is answered within about a
+//! round trip while Redis keeps up.
 //!
 //! A process can only judge Redis while it keeps up itself. With every core
 //! busy (a burst of requests), the replies to the calls ahead of a waiting
 //! one may have been read and wait for their tasks to run, and its own
 //! timer may fire late: so before a wait is judged silent, it goes to the
 //! back of the run queue behind them and looks again ([`look_again`]), and
-//! a timer that fired late ([`behind`]) earns one more look.
+//! a timer that fired late ([`behind`]), its own or the short one that
+//! look waits out, earns one more look.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -78,13 +84,33 @@ impl RoundTrip {
 }
 
 /// Runs behind the tasks that are ready now (the ones whose replies came
-/// in), then polls `future` once more.
-pub(crate) async fn look_again<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
+/// in), then polls `future` once more; failing that, waits out one short
+/// timer, which fires only after the runtime has read its sockets again,
+/// and polls it again. `Err`: how much longer than that timer the look
+/// took, the process's own lag (a busy runtime reads its sockets between runs of many tasks, so a
+/// reply may sit unread while every timer fires on time).
+pub(crate) async fn look_again<F: Future + Unpin>(future: &mut F) -> Result<F::Output, Duration> {
+    let start = Instant::now();
     for _ in 0..3 {
         tokio::task::yield_now().await;
     }
-    tokio::time::timeout(Duration::ZERO, future).await.ok()
+    if let Ok(output) = tokio::time::timeout(Duration::ZERO, &mut *future).await {
+        return Ok(output);
+    }
+    tokio::time::sleep(PROBE).await;
+    // The whole look, not only the timer: behind a long run queue, the
+    // yields take long too.
+    let lag = start.elapsed().saturating_sub(PROBE);
+    for _ in 0..3 {
+        tokio::task::yield_now().await;
+    }
+    tokio::time::timeout(Duration::ZERO, future)
+        .await
+        .map_err(|_| lag)
 }
+
+/// The timer [`look_again`] waits out.
+const PROBE: Duration = Duration::from_millis(1);
 
 /// Whether a timer that fired `late` after its instant, in a wait of
 /// `limit`, says the process is behind rather than the link silent.
@@ -108,9 +134,10 @@ pub(crate) async fn within<F: Future>(
             return Some(output);
         }
         let late = Instant::now().saturating_duration_since(check.min(end));
-        if let Some(output) = look_again(&mut future).await {
-            return Some(output);
-        }
+        let late = match look_again(&mut future).await {
+            Ok(output) => return Some(output),
+            Err(lag) => late.max(lag),
+        };
         let now = Instant::now();
         if now >= end || !behind(late, limit) {
             return None;
