@@ -124,7 +124,7 @@ async fn a_thousand_cold_keys_on_every_instance_cost_one_origin_call_each() {
 async fn three_thousand_cold_keys_on_every_instance_cost_one_origin_call_each() {
     let redis = RedisServer::start();
     let origin = Origin::default();
-    let instances = fleet(&[redis.url()], &origin, Duration::from_secs(60)).await;
+    let instances = fleet(&[redis.url()], &origin, Duration::from_secs(60), false).await;
     let cost = flood(&instances, &origin, 3 * KEYS).await;
     eprintln!("{cost:?}");
     assert_eq!(cost.not_ok, 0, "{cost:?}");
