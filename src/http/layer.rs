@@ -803,7 +803,7 @@ impl StampedeGuard {
     /// [`invalidate_url`](Self::invalidate_url),
     /// [`invalidate_tag`](Self::invalidate_tag),
     /// [`invalidate_all`](Self::invalidate_all), an
-    /// [`Admin`](crate::Admin) router built from it) reaches the entries of
+    /// `Admin` router (feature `admin`) built from it) reaches the entries of
     /// its namespace only, on every instance of the fleet. Guards and caches
     /// with the same namespace (or all with none) are one service and share
     /// their purges.

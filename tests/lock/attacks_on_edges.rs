@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use crate::common::lock::{
-    a_lock_held_on, backend, held_locks, lock_on_a_server_turned_evicting, turn_evicting,
-};
+#[cfg(feature = "redis-cluster")]
+use crate::common::lock::a_lock_held_on;
+use crate::common::lock::{backend, held_locks, lock_on_a_server_turned_evicting, turn_evicting};
 use crate::common::redis::RedisServer;
 use crate::common::ROOMY_DEADLINE;
 use stampede_guard::{Lock, LockError};

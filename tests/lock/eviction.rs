@@ -17,9 +17,9 @@ use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;
 use tracing::{Event, Level, Metadata, Subscriber};
 
-use crate::common::lock::{
-    backend, held_locks, lock_on_a_server_turned_evicting, over_keys, turn_evicting,
-};
+#[cfg(feature = "redis-cluster")]
+use crate::common::lock::turn_evicting;
+use crate::common::lock::{backend, held_locks, lock_on_a_server_turned_evicting, over_keys};
 use crate::common::redis::RedisServer;
 use crate::common::ROOMY_DEADLINE;
 use stampede_guard::{Backend, Cache, FencingToken, Lock, LockError};
