@@ -163,24 +163,29 @@ impl Breaker {
         if failures < FAILURES_TO_OPEN {
             return false;
         }
-        if !self.open.swap(true, Ordering::AcqRel) {
-            self.openings.fetch_add(1, Ordering::Relaxed);
-            metrics::gauge!(CIRCUIT_OPEN).increment(1.0);
-        }
+        self.open();
         !self.probing.swap(true, Ordering::AcqRel)
+    }
+
+    /// Opens the circuit; true when this opened it (it was closed).
+    fn open(&self) -> bool {
+        if self.open.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        self.openings.fetch_add(1, Ordering::Relaxed);
+        metrics::gauge!(CIRCUIT_OPEN).increment(1.0);
+        true
     }
 
     /// Opens the circuit at once, without a run of failed calls: the
     /// supervisor found the link dropped and Redis refusing a new one.
     /// Returns true when this opened it (it was closed).
     pub(crate) fn trip(&self) -> bool {
-        if self.open.swap(true, Ordering::AcqRel) {
-            return false;
+        let opened = self.open();
+        if opened {
+            self.probing.store(true, Ordering::Release);
         }
-        self.openings.fetch_add(1, Ordering::Relaxed);
-        metrics::gauge!(CIRCUIT_OPEN).increment(1.0);
-        self.probing.store(true, Ordering::Release);
-        true
+        opened
     }
 
     /// Called by the supervisor's probe when Redis answered again.

@@ -153,12 +153,18 @@ impl Connections {
         self.stats.errors.fetch_add(1, Ordering::Relaxed);
         m::count_backend(m::REDIS_ERRORS);
         if self.health.whole().trip() {
-            self.health.openings.fetch_add(1, Ordering::Relaxed);
-            m::count_backend(m::CIRCUIT_OPENINGS);
             tracing::debug!(error = %error, "redis link dropped and refused; the circuit opened");
-            self.sign(Sign::CircuitOpened);
-            self.signals.circuit_opened.notify_one();
+            self.circuit_opened();
         }
+    }
+
+    /// Counts a circuit that just opened, has the outage log follow, and
+    /// wakes the supervisor to probe.
+    fn circuit_opened(&self) {
+        self.health.openings.fetch_add(1, Ordering::Relaxed);
+        m::count_backend(m::CIRCUIT_OPENINGS);
+        self.sign(Sign::CircuitOpened);
+        self.signals.circuit_opened.notify_one();
     }
 
     /// Opens the connections and subscribes (see [`open`]), then loads the
@@ -457,14 +463,11 @@ impl Connections {
             shared.signals.call_failed.notify_one();
         }
         if gate != Gate::Background && breaker.failure(sent) {
-            shared.health.openings.fetch_add(1, Ordering::Relaxed);
-            m::count_backend(m::CIRCUIT_OPENINGS);
             tracing::debug!(
                 redis_key = route,
                 "redis failing; a circuit opened, its keys are served from the in-process tier"
             );
-            shared.sign(Sign::CircuitOpened);
-            shared.signals.circuit_opened.notify_one();
+            shared.circuit_opened();
         }
         Err(error)
     }
