@@ -11,6 +11,7 @@ use crate::common::fleet::{
     answers_carrying, backend_at, backend_with_grace, instance, keys_like, members, purged,
     settled, wait_for_status, Instance,
 };
+use crate::common::logs::Logs;
 use crate::common::monitor::until;
 use crate::common::proxy::Proxy;
 use crate::common::redis::RedisServer;
@@ -811,64 +812,6 @@ async fn with_no_grace_a_cut_off_instance_does_not_serve_what_it_rebuilt_before_
     );
 }
 
-/// Events as (level, message), from every thread of the process.
-#[derive(Clone, Default)]
-struct Logs(std::sync::Arc<std::sync::Mutex<Vec<(tracing::Level, String)>>>);
-
-impl Logs {
-    /// The WARN and INFO lines, for a failure's message.
-    fn loud(&self) -> Vec<(tracing::Level, String)> {
-        let events = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        events
-            .iter()
-            .filter(|(l, _)| *l <= tracing::Level::INFO)
-            .cloned()
-            .collect()
-    }
-
-    fn count(&self, level: tracing::Level, starts: &str) -> usize {
-        let events = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        events
-            .iter()
-            .filter(|(l, m)| *l == level && m.starts_with(starts))
-            .count()
-    }
-}
-
-struct Message(String);
-
-impl tracing::field::Visit for Message {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.0.insert_str(0, &format!("{value:?}"));
-        } else {
-            self.0.push_str(&format!(" {}={value:?}", field.name()));
-        }
-    }
-}
-
-impl tracing::Subscriber for Logs {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut message = Message(String::new());
-        event.record(&mut message);
-        let level = *event.metadata().level();
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((level, message.0));
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 /// Runs `body` with every event of the process captured, in a process of
 /// its own: this test binary, started again on the test `name` alone. A
 /// process-wide subscriber sees every thread's events, and no other test
@@ -882,6 +825,13 @@ fn with_logs(name: &str, body: impl FnOnce(&Logs)) {
     tracing::subscriber::set_global_default(logs.clone())
         .expect("the only subscriber of the process");
     body(&logs);
+}
+
+/// The WARN and INFO lines, for a failure's message.
+fn loud(logs: &Logs) -> Vec<(tracing::Level, String)> {
+    let mut lines = logs.all();
+    lines.retain(|(level, _)| *level <= tracing::Level::INFO);
+    lines
 }
 
 /// Redis flaps three times: killed until the backend's health says
@@ -906,16 +856,21 @@ async fn outage_lines(logs: &Logs, down_long: bool) -> Vec<(usize, usize, usize)
     // Counted from the moment the health first says `Fleet`: an episode
     // the health reported while the instance joined is not one of these.
     let (w0, i0) = (
-        logs.count(tracing::Level::WARN, "redis unreachable"),
-        logs.count(tracing::Level::INFO, "redis answers again"),
+        logs.lines(tracing::Level::WARN, "redis unreachable").len(),
+        logs.lines(tracing::Level::INFO, "redis answers again")
+            .len(),
     );
     let outages = || {
         let stats = a.backend.stats().redis.expect("connected");
         usize::try_from(stats.outages).expect("a count")
     };
     let o0 = outages();
-    let warns = || logs.count(tracing::Level::WARN, "redis unreachable") - w0;
-    let infos = || logs.count(tracing::Level::INFO, "redis answers again") - i0;
+    let warns = || logs.lines(tracing::Level::WARN, "redis unreachable").len() - w0;
+    let infos = || {
+        logs.lines(tracing::Level::INFO, "redis answers again")
+            .len()
+            - i0
+    };
     let mut seen = Vec::new();
     for round in 1..=3 {
         redis.kill();
@@ -945,7 +900,7 @@ async fn outage_lines(logs: &Logs, down_long: bool) -> Vec<(usize, usize, usize)
             assert!(
                 std::time::Instant::now() < until,
                 "(WARN, INFO, outages) {lines:?}: {:#?}",
-                logs.loud()
+                loud(logs)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
@@ -974,7 +929,7 @@ fn a_short_outage_the_health_reports_is_logged_too() {
         assert!(
             seen.iter().all(|&(w, i, o)| w == o && i == o),
             "{seen:?}: {:#?}",
-            logs.loud()
+            loud(logs)
         );
     });
 }
@@ -988,7 +943,7 @@ fn a_long_outage_logs_one_warn_and_one_info() {
         assert!(
             seen.iter().all(|&(w, i, o)| w == o && i == o),
             "{seen:?}: {:#?}",
-            logs.loud()
+            loud(logs)
         );
     });
 }
